@@ -1,0 +1,207 @@
+"""Incremental, crash-safe trace writer and the validating reader.
+
+Crash safety: Parquet is readable only once its footer is written, so a SIGKILLed run would lose
+everything. The writer therefore appends each flushed group of rows (one RL step) to an Arrow IPC
+stream beside the output (`<out>.partial.arrow`), which stays readable up to its last complete
+batch, and writes the Parquet atomically (temporary file, then rename) on close. The reader
+recovers a run that died from that stream, and says so.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from replay.errors import TraceError
+from replay.schema import COLUMN_NAMES, COLUMNS, EVENT_KINDS, META_KEY, REQUIRED, SCHEMA_VERSION, arrow_schema
+
+_KIND_COLUMNS = {k: tuple(n for n, _, kinds, _ in COLUMNS if k in kinds) for k in EVENT_KINDS}
+
+
+def partial_path(path: str | os.PathLike) -> Path:
+    return Path(f"{path}.partial.arrow")
+
+
+class TraceWriter:
+    """Append events as the run goes; `flush()` after each RL step makes them survive a SIGKILL.
+
+    >>> with TraceWriter("run.parquet", meta) as w:
+    ...     w.add("gen_step", t_start=0.1, duration=0.01, step=0, policy_version=0, num_running=8, ...)
+    ...     w.flush()
+    """
+
+    def __init__(self, path: str | os.PathLike, meta: dict[str, Any], *, overwrite: bool = False):
+        self.path, self.meta, self.overwrite = Path(path), dict(meta), overwrite
+        self._rows: list[dict[str, Any]] = []
+        self._stream = self._sink = None
+        self.rows_written = 0
+
+    def __enter__(self) -> "TraceWriter":
+        return self.open()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is KeyboardInterrupt:
+            self.meta["status"] = "interrupted"
+        elif exc_type is not None:
+            self.meta["status"] = f"failed: {exc_type.__name__}"
+        self.close()
+
+    def open(self) -> "TraceWriter":
+        for p in (self.path, partial_path(self.path)):
+            if p.exists() and not self.overwrite:
+                raise TraceError(f"{p} already exists; pass --overwrite to replace it or choose another --out")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.meta.setdefault("schema_version", SCHEMA_VERSION)
+        self.meta["status"] = "partial"
+        self._sink = pa.OSFile(str(partial_path(self.path)), "wb")
+        self._stream = ipc.new_stream(self._sink, arrow_schema(json.dumps(self.meta)))
+        return self
+
+    def add(self, kind: str, **fields: Any) -> None:
+        if kind not in _KIND_COLUMNS:
+            raise ValueError(f"unknown event kind {kind!r}")
+        extra = set(fields) - set(_KIND_COLUMNS[kind])
+        if extra:
+            raise ValueError(f"columns {sorted(extra)} do not apply to {kind!r} rows")
+        self._rows.append({"kind": kind, **fields})
+
+    def flush(self) -> None:
+        if not self._rows:
+            return
+        batch = pa.RecordBatch.from_pylist(self._rows, schema=arrow_schema())
+        self._stream.write_batch(batch)
+        self._sink.flush()
+        self.rows_written += len(self._rows)
+        self._rows.clear()
+
+    def close(self) -> None:
+        if self._stream is None:
+            return
+        self.flush()
+        self._stream.close()
+        self._sink.close()
+        self._stream = None
+        if self.meta.get("status") == "partial":
+            self.meta["status"] = "complete"
+        table = _read_stream(partial_path(self.path))[0]
+        write_parquet(self.path, table, self.meta)
+        partial_path(self.path).unlink()
+
+
+def write_parquet(path: str | os.PathLike, table: pa.Table, meta: dict[str, Any]) -> None:
+    """Write atomically: a reader never sees a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    table = table.cast(arrow_schema(json.dumps(meta)))
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def write_trace(path: str | os.PathLike, meta: dict[str, Any], rows: list[dict[str, Any]]) -> Path:
+    """Write a whole trace at once (synthetic traces in tests, converters)."""
+    meta = {"schema_version": SCHEMA_VERSION, "status": "complete", **meta}
+    table = pa.Table.from_pylist([{c: r.get(c) for c in COLUMN_NAMES} for r in rows], schema=arrow_schema())
+    write_parquet(path, table, meta)
+    return Path(path)
+
+
+def _read_stream(path: Path) -> tuple[pa.Table, dict | None]:
+    """Every complete record batch of a (possibly truncated) IPC stream."""
+    batches, meta = [], None
+    try:
+        reader = ipc.open_stream(pa.memory_map(str(path)))
+    except (pa.ArrowInvalid, OSError) as e:
+        raise TraceError(f"{path} is not a readable partial trace ({e}); the run died before recording anything") from None
+    raw = (reader.schema.metadata or {}).get(META_KEY)
+    meta = json.loads(raw) if raw else None
+    try:
+        for b in reader:
+            batches.append(b)
+    except (pa.ArrowInvalid, OSError):
+        pass  # truncated tail: the batch being written when the process died
+    return pa.Table.from_batches(batches, schema=reader.schema), meta
+
+
+@dataclass
+class Trace:
+    """A validated trace: the events table, the run metadata, and per-kind column views."""
+
+    path: Path
+    meta: dict[str, Any]
+    table: pa.Table
+    recovered: bool = False
+    _cache: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self.meta.get("config", {})
+
+    @property
+    def name(self) -> str:
+        return self.path.name.removesuffix(".partial.arrow").removesuffix(".parquet")
+
+    def rows(self, kind: str) -> dict[str, np.ndarray]:
+        """Columns of one event kind as numpy arrays (int columns with nulls become float with NaN)."""
+        if kind not in self._cache:
+            sub = self.table.filter(pa.compute.equal(self.table["kind"], kind))
+            cols = {}
+            for name in _KIND_COLUMNS[kind]:
+                col = sub[name]
+                if col.null_count and pa.types.is_integer(col.type):
+                    col = col.cast(pa.float64())
+                cols[name] = col.to_numpy(zero_copy_only=False)
+            self._cache[kind] = cols
+        return self._cache[kind]
+
+    def count(self, kind: str) -> int:
+        return len(self.rows(kind)["kind"])
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    """Read and validate a trace. Raises TraceError with a one-line, actionable message."""
+    path = Path(path)
+    recovered = False
+    if str(path).endswith(".partial.arrow") and path.exists():
+        table, meta = _read_stream(path)
+        recovered = True
+    elif not path.exists():
+        if partial_path(path).exists():
+            table, meta = _read_stream(partial_path(path))
+            path, recovered = partial_path(path), True
+        else:
+            raise TraceError(f"trace not found: {path} (record one with `rlrun record --out {path}` or use one under traces/)")
+    else:
+        try:
+            pf = pq.ParquetFile(path)
+            table = pf.read()
+        except Exception as e:  # pyarrow raises several types for corrupt files
+            raise TraceError(f"{path} is not a readable Parquet file ({type(e).__name__}); pass a trace written by `rlrun record`") from None
+        raw = (pf.schema_arrow.metadata or {}).get(META_KEY)
+        meta = json.loads(raw) if raw else None
+    if meta is None:
+        raise TraceError(f"{path} has no `rlsim` metadata: it is not an rlsim trace (record one with `rlrun record`)")
+    version = meta.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise TraceError(f"{path} has trace schema version {version}, this rlsim reads version {SCHEMA_VERSION}; re-record it with this rlsim's `rlrun record`")
+    missing = [c for c in COLUMN_NAMES if c not in table.column_names]
+    if missing:
+        raise TraceError(f"{path} lacks columns {', '.join(missing)}; it was not written by a compatible `rlrun record`")
+    kinds = set(table["kind"].unique().to_pylist())
+    unknown = kinds - set(EVENT_KINDS)
+    if unknown:
+        raise TraceError(f"{path} has unknown event kinds {sorted(unknown)}; expected {', '.join(EVENT_KINDS)}")
+    trace = Trace(path=path, meta=meta, table=table.select(list(COLUMN_NAMES)), recovered=recovered)
+    for kind, required in REQUIRED.items():
+        rows = trace.rows(kind)
+        for col in required:
+            bad = int(np.sum(np.isnan(rows[col].astype(float))))
+            if bad:
+                raise TraceError(f"{path}: {bad} `{kind}` rows have no `{col}`; the trace is corrupt, re-record it")
+    return trace
