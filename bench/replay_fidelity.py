@@ -1,0 +1,55 @@
+"""`rlsim replay` errors on every shipped trace: recorded vs simulated per-update step time,
+generation time and responses/s (median and max relative error; step 0, the warm-up, left out).
+
+    flock /tmp/rlsim-heavy.lock .venv/bin/python bench/replay_fidelity.py [TRACE ...]
+
+Defaults to traces/*.parquet. Target: median step-time error <= 5% on every trace. `recorded`
+replays each step's recorded responses; `sampled` draws lengths from the fitted distribution.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from replay.io import read_trace
+    from sim.whatif import replay_trace
+
+    paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "traces").glob("*.parquet"))
+    if not paths:
+        print("no traces (pass paths or put them under traces/)")
+        return
+    tab = Table(title="rlsim replay fidelity (relative error, median / max)")
+    for c in ("trace", "lengths", "updates", "step time", "gen time", "responses/s", "gen fit R^2", "s", "ok"):
+        tab.add_column(c, justify="left" if c in ("trace", "lengths") else "right")
+    worst = 0.0
+    for p in paths:
+        tr = read_trace(p)
+        for lengths in ("recorded", "sampled"):
+            t0 = time.perf_counter()
+            res = replay_trace(tr, lengths=lengths)
+            dt = time.perf_counter() - t0
+            e = res.errors()
+            from replay.fit import fit_trace
+
+            r2 = fit_trace(tr).gen.quality.r2 if lengths == "recorded" else float("nan")
+            fmt = lambda k: f"{100 * e[k]['median']:.2f}% / {100 * e[k]['max']:.2f}%"
+            ok = e["step_time"]["median"] <= 0.05
+            if lengths == "recorded":
+                worst = max(worst, e["step_time"]["median"])
+            tab.add_row(p.name, lengths, str(len(res.step)), fmt("step_time"), fmt("gen_time"), fmt("responses_per_s"),
+                        "-" if r2 != r2 else f"{r2:.4f}", f"{dt:.2f}", "yes" if ok else "NO")
+    Console().print(tab)
+    print(f"worst median step-time error (recorded lengths): {100 * worst:.2f}%")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,461 @@
+"""Cost models fitted to a recorded run, each with its fit quality.
+
+- generation: the time of one engine step from its batch composition, roofline-shaped and linear,
+      t_step = c_step + c_seq * num_running + c_ctx * context_tokens + c_prefill * prefill_tokens,
+  fitted by non-negative least squares on `gen_step` rows after warm-up (the first RL step's rows are
+  left out when there are others; residual outliers beyond 6 robust sigmas are trimmed and refitted).
+  `c_step` is the per-step cost that amortises over concurrent sequences (weight reads, scheduling).
+  With too little concurrency range the fixed term comes from a roofline prior: model bytes over the
+  device's memory bandwidth (`hardware.mem_bandwidth_gbs`, else DEFAULT_MEM_BANDWIDTH_GBS).
+- generation overhead per round outside engine steps (adding requests, collecting outputs, gaps):
+  gen_time - sum(step durations) against responses and steps.
+- response lengths: the empirical distribution (prompt lengths per prompt, response lengths per response).
+- update time vs tokens, old-log-prob preparation vs tokens, reward time vs responses, the rest of the
+  step (other) and the weight sync vs bytes.
+
+Everything is linear in its inputs, so sums of step costs are closed forms of summed features: the
+simulator relies on that. Imports neither torch nor SimPy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from replay.errors import RlsimError
+from replay.io import Trace
+from replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE
+
+# Memory bandwidth in GB/s used for the roofline prior when the trace's `hardware.mem_bandwidth_gbs`
+# is null: matched on the device name (case-insensitive substring), else by device type.
+DEFAULT_MEM_BANDWIDTH_GBS: tuple[tuple[str, float], ...] = (
+    ("b200", 8000.0), ("h200", 4800.0), ("h100", 3350.0), ("h800", 3350.0), ("a100", 2039.0),
+    ("a800", 2039.0), ("l40", 864.0), ("a10", 600.0), ("l4", 300.0), ("v100", 900.0), ("t4", 320.0),
+    ("mi300", 5300.0),
+)
+DEFAULT_MEM_BANDWIDTH_BY_TYPE_GBS = {"cuda": 2000.0, "gpu": 2000.0, "rocm": 2000.0, "cpu": 20.0}
+
+MIN_GEN_ROWS = 50          # fewer gen_step rows after warm-up: warn that the generation fit is weak
+MIN_CONCURRENCY_SPAN = 4.0  # max/min num_running below this: roofline prior for the fixed step cost
+NARROW_RANGE = 1.5          # max/min of a regressor below this: a proportional model instead of a slope
+
+
+@dataclass(frozen=True)
+class FitQuality:
+    """How well one model fits the rows it was fitted on."""
+
+    n: int = field(metadata={"help": "rows used in the fit (after warm-up and trimming)"})
+    r2: float = field(metadata={"help": "coefficient of determination on the rows used (nan when y is constant)"})
+    rmse: float = field(metadata={"help": "root mean square residual, seconds"})
+    median_rel_err: float = field(metadata={"help": "median |residual| / y"})
+    p95_rel_err: float = field(metadata={"help": "95th percentile of |residual| / y"})
+    dropped: int = field(default=0, metadata={"help": "rows left out (warm-up and outliers)"})
+    method: str = field(default="nnls", metadata={"help": "nnls | proportional | constant | prior+nnls | default"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "r2": self.r2, "rmse": self.rmse, "median_rel_err": self.median_rel_err,
+                "p95_rel_err": self.p95_rel_err, "dropped": self.dropped, "method": self.method}
+
+
+def _quality(X: np.ndarray, y: np.ndarray, coef: np.ndarray, dropped: int, method: str) -> FitQuality:
+    if len(y) == 0:
+        return FitQuality(0, math.nan, math.nan, math.nan, math.nan, dropped, method)
+    pred = X @ coef
+    res = y - pred
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(res**2)) / ss_tot if ss_tot > 0 else math.nan
+    rel = np.abs(res) / np.maximum(np.abs(y), 1e-12)
+    return FitQuality(n=len(y), r2=r2, rmse=float(np.sqrt(np.mean(res**2))),
+                      median_rel_err=float(np.median(rel)), p95_rel_err=float(np.percentile(rel, 95)),
+                      dropped=dropped, method=method)
+
+
+def nnls_fit(X: np.ndarray, y: np.ndarray, *, trim: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Non-negative least squares with column scaling; optionally trims outliers (> 6 robust sigmas)
+    once and refits. Returns (coef, mask of rows kept)."""
+    X = np.asarray(X, float)
+    y = np.asarray(y, float)
+    scale = np.linalg.norm(X, axis=0)
+    scale[scale == 0] = 1.0
+    coef = nnls(X / scale, y)[0] / scale
+    keep = np.ones(len(y), bool)
+    if trim and len(y) >= 20:
+        res = y - X @ coef
+        med = np.median(res)
+        mad = 1.4826 * np.median(np.abs(res - med))
+        if mad > 0:
+            keep = np.abs(res - med) <= 6 * mad
+            if keep.sum() >= X.shape[1] + 2 and not keep.all():
+                coef = nnls(X[keep] / scale, y[keep])[0] / scale
+    return coef, keep
+
+
+@dataclass(frozen=True)
+class AffineModel:
+    """y = intercept + slope * x, fitted on recorded rows."""
+
+    name: str = field(metadata={"help": "what is modelled, e.g. 'update'"})
+    x_name: str = field(metadata={"help": "the regressor, e.g. 'tokens'"})
+    intercept: float = field(metadata={"help": "seconds at x = 0"})
+    slope: float = field(metadata={"help": "seconds per unit of x"})
+    quality: FitQuality = field(metadata={"help": "fit quality on the recorded rows"})
+
+    def predict(self, x):
+        return self.intercept + self.slope * np.asarray(x, float)
+
+
+def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = None) -> AffineModel:
+    """NNLS of y on [1, x] when x spans a range; otherwise (x nearly constant) a proportional model
+    through `intercept_hint` (default 0): slope = median((y - a) / x). Empty input: a zero model."""
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(y) == 0:
+        return AffineModel(name, x_name, 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
+    X = np.column_stack([np.ones_like(x), x])
+    xpos = x[x > 0]
+    span = xpos.max() / xpos.min() if len(xpos) else 1.0
+    if len(y) >= 5 and span >= NARROW_RANGE:
+        coef, keep = nnls_fit(X, y)
+        return AffineModel(name, x_name, float(coef[0]), float(coef[1]),
+                           _quality(X[keep], y[keep], coef, int((~keep).sum()), "nnls"))
+    a = float(np.clip(intercept_hint or 0.0, 0.0, np.median(y)))
+    if len(xpos) and np.median(x) > 0:
+        b = float(max(np.median((y - a) / np.maximum(x, 1e-12)), 0.0))
+        method = "proportional"
+    else:
+        a, b, method = float(np.median(y)), 0.0, "constant"
+    coef = np.array([a, b])
+    return AffineModel(name, x_name, a, b, _quality(X, y, coef, 0, method))
+
+
+GEN_FEATURES = ("step", "num_running", "context_tokens", "prefill_tokens")
+
+
+@dataclass(frozen=True)
+class GenStepModel:
+    """Seconds of one engine step: c_step + c_seq*num_running + c_ctx*context_tokens + c_prefill*prefill_tokens."""
+
+    c_step: float = field(metadata={"help": "fixed seconds per engine step, amortised over the batch (weight reads, scheduling)"})
+    c_seq: float = field(metadata={"help": "seconds per sequence in the batch"})
+    c_ctx: float = field(metadata={"help": "seconds per KV token attended"})
+    c_prefill: float = field(metadata={"help": "seconds per prompt token computed"})
+    quality: FitQuality = field(metadata={"help": "fit quality on the gen_step rows"})
+    prior: bool = field(default=False, metadata={"help": "c_step came from the roofline prior (too little concurrency range)"})
+    concurrency_range: tuple[int, int] = field(default=(0, 0), metadata={"help": "min and max num_running of the fitted rows"})
+
+    @property
+    def coef(self) -> np.ndarray:
+        return np.array([self.c_step, self.c_seq, self.c_ctx, self.c_prefill])
+
+    def predict(self, num_running, context_tokens, prefill_tokens=0.0):
+        """Seconds per step for arrays of batch composition (broadcasts)."""
+        n = np.asarray(num_running, float)
+        return (self.c_step * (n > 0) + self.c_seq * n + self.c_ctx * np.asarray(context_tokens, float)
+                + self.c_prefill * np.asarray(prefill_tokens, float))
+
+    def throughput(self, num_running, context_per_seq: float):
+        """Decode tokens per second at a steady batch of `num_running` sequences of mean context `context_per_seq`."""
+        n = np.asarray(num_running, float)
+        return n / self.predict(n, n * context_per_seq)
+
+
+def default_bandwidth_gbs(hardware: dict[str, Any]) -> tuple[float, str]:
+    """(GB/s, where it came from) for the roofline prior."""
+    bw = hardware.get("mem_bandwidth_gbs")
+    if bw:
+        return float(bw), "trace metadata hardware.mem_bandwidth_gbs"
+    name = str(hardware.get("device_name") or "").lower()
+    for key, val in DEFAULT_MEM_BANDWIDTH_GBS:
+        if key in name:
+            return val, f"default for {key.upper()}"
+    dev = str(hardware.get("device") or "cpu").lower()
+    return DEFAULT_MEM_BANDWIDTH_BY_TYPE_GBS.get(dev, 20.0), f"default for device type {dev}"
+
+
+def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
+                  model_bytes: float | None = None, hardware: dict[str, Any] | None = None) -> tuple[GenStepModel, list[str]]:
+    """Fit the step-cost model on gen_step rows; returns (model, warnings)."""
+    warnings: list[str] = []
+    n_all = len(rows["duration"])
+    steps = rows["step"].astype(float)
+    keep = np.ones(n_all, bool)
+    if warmup_step is not None and n_all and np.any(steps != warmup_step):
+        keep &= steps != warmup_step
+    keep &= np.isfinite(rows["duration"]) & (rows["num_running"] > 0)
+    y = rows["duration"][keep].astype(float)
+    X = np.column_stack([np.ones(keep.sum()), rows["num_running"][keep], rows["context_tokens"][keep],
+                         rows["prefill_tokens"][keep]]).astype(float)
+    dropped = n_all - int(keep.sum())
+    if len(y) < 4:
+        raise RlsimError(f"the trace has {len(y)} usable gen_step rows after warm-up; record more RL steps (at least 2) with per-step rows on")
+    if len(y) < MIN_GEN_ROWS:
+        warnings.append(f"only {len(y)} generation steps after warm-up to fit the step cost (want >= {MIN_GEN_ROWS}): the generation model is weak")
+    nr = X[:, 1]
+    lo, hi = int(nr.min()), int(nr.max())
+    prior = hi / max(lo, 1) < MIN_CONCURRENCY_SPAN or len(np.unique(nr)) < 3
+    if prior:
+        bw, src = default_bandwidth_gbs(hardware or {})
+        c0 = float(model_bytes or 0.0) / (bw * 1e9)
+        c0 = min(c0, float(np.percentile(y, 5)))
+        coef_rest, k2 = nnls_fit(X[:, 1:], y - c0)
+        coef = np.concatenate([[c0], coef_rest])
+        warnings.append(f"generation steps span only {lo}..{hi} concurrent sequences: the fixed step cost uses a roofline "
+                        f"prior (model bytes {model_bytes or 0:.3g} / {bw:g} GB/s, {src}) = {c0 * 1e3:.3g} ms")
+        q = _quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "prior+nnls")
+    else:
+        coef, k2 = nnls_fit(X, y)
+        q = _quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "nnls")
+    return GenStepModel(*map(float, coef), quality=q, prior=prior, concurrency_range=(lo, hi)), warnings
+
+
+@dataclass(frozen=True)
+class GenOverheadModel:
+    """Seconds of a generation round outside engine steps: a + b*responses + c*steps."""
+
+    base: float = field(metadata={"help": "seconds per round"})
+    per_response: float = field(metadata={"help": "seconds per request submitted and collected"})
+    per_step: float = field(metadata={"help": "seconds between consecutive engine steps (output processing)"})
+    quality: FitQuality = field(metadata={"help": "fit quality on the recorded rounds"})
+
+    def predict(self, responses, steps):
+        return self.base + self.per_response * np.asarray(responses, float) + self.per_step * np.asarray(steps, float)
+
+
+@dataclass(frozen=True, eq=False)
+class LengthModel:
+    """Empirical prompt and response lengths, sampled with a passed-in Generator."""
+
+    prompt_tokens: np.ndarray = field(metadata={"help": "prompt length of each recorded prompt (one per group)"})
+    response_tokens: np.ndarray = field(metadata={"help": "length of each recorded response"})
+    max_tokens: int = field(metadata={"help": "response cap of the recorded run (config.max_tokens)"})
+    prefill_ratio: float = field(metadata={"help": "prompt tokens computed / prompt tokens submitted (prefix-cache hits lower it)"})
+
+    @property
+    def mean_response(self) -> float:
+        return float(self.response_tokens.mean())
+
+    def sample(self, rng: np.random.Generator, prompts: int, group: int, rounds: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(prompt lengths, response lengths), each shaped (rounds, prompts*group), prompt-major order."""
+        p = rng.choice(self.prompt_tokens, size=(rounds, prompts))
+        r = rng.choice(self.response_tokens, size=(rounds, prompts * group))
+        return np.repeat(p, group, axis=1).astype(np.int64), r.astype(np.int64)
+
+
+@dataclass(frozen=True, eq=False)
+class Recorded:
+    """What the trace measured per RL step (for replay and for charts)."""
+
+    step: np.ndarray = field(metadata={"help": "RL step index of each update row"})
+    step_time: np.ndarray = field(metadata={"help": "recorded wall seconds of each RL step"})
+    gen_time: np.ndarray = field(metadata={"help": "recorded generation seconds of each step"})
+    train_time: np.ndarray = field(metadata={"help": "recorded update seconds (update row duration) + prep_time"})
+    sync_time: np.ndarray = field(metadata={"help": "recorded weight-sync seconds of each step"})
+    num_responses: np.ndarray = field(metadata={"help": "responses per update"})
+    gen_steps: np.ndarray = field(metadata={"help": "engine steps per RL step"})
+    # per-step workload in queue order, for an exact replay of the recorded responses
+    workload: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=(), metadata={"help": "(prompt_tokens, response_tokens) per RL step, in queue order"})
+
+    @property
+    def responses_per_s(self) -> np.ndarray:
+        return self.num_responses / self.step_time
+
+
+@dataclass(frozen=True, eq=False)
+class FittedModels:
+    """All models fitted to one trace (or to several of one setup); frozen and picklable."""
+
+    gen: GenStepModel = field(metadata={"help": "engine step cost vs batch composition"})
+    gen_overhead: GenOverheadModel = field(metadata={"help": "generation round overhead outside engine steps"})
+    lengths: LengthModel = field(metadata={"help": "prompt and response length distribution"})
+    update: AffineModel = field(metadata={"help": "optimizer update seconds vs tokens trained"})
+    prep: AffineModel = field(metadata={"help": "batch preparation (old log-probs, values) seconds vs tokens"})
+    reward: AffineModel = field(metadata={"help": "reward/advantage seconds vs responses"})
+    other: AffineModel = field(metadata={"help": "rest of the RL step (unaccounted) vs responses"})
+    sync: AffineModel = field(metadata={"help": "weight sync seconds vs bytes"})
+    sync_bytes: float = field(metadata={"help": "bytes per weight sync (median of sync rows, else model bytes)"})
+    engine: dict = field(metadata={"help": "trace metadata `engine`: max_num_seqs, kv_cache_tokens, block_size, max_model_len"})
+    config: dict = field(metadata={"help": "trace metadata `config` (algo, prompts, group, lr_rule, ...)"})
+    recorded: Recorded = field(metadata={"help": "recorded per-step timings and workload"})
+    warnings: tuple[str, ...] = field(default=(), metadata={"help": "fit warnings"})
+    source: str = field(default="", metadata={"help": "trace name(s) fitted"})
+
+    @property
+    def quality(self) -> dict[str, FitQuality]:
+        return {"gen_step": self.gen.quality, "gen_overhead": self.gen_overhead.quality,
+                "update": self.update.quality, "prep": self.prep.quality, "reward": self.reward.quality,
+                "other": self.other.quality, "sync": self.sync.quality}
+
+    @property
+    def prompts(self) -> int:
+        return int(self.config.get("prompts") or 0)
+
+    @property
+    def group(self) -> int:
+        g = self.config.get("group")
+        if g is None:
+            g = 1 if self.config.get("algo") == "ppo" else 8
+        return int(g)
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.gen.concurrency_range[1]
+
+    def predict_gen_step(self, num_running, context_tokens, prefill_tokens=0.0):
+        return self.gen.predict(num_running, context_tokens, prefill_tokens)
+
+
+def _by_step(values: np.ndarray, steps: np.ndarray, index: np.ndarray, how: str = "sum") -> np.ndarray:
+    """Aggregate values per RL step for the steps in `index`."""
+    out = np.zeros(len(index))
+    if len(values) == 0:
+        return out
+    pos = {int(s): i for i, s in enumerate(index)}
+    idx = np.array([pos.get(int(s), -1) for s in steps])
+    ok = idx >= 0
+    if how == "sum":
+        np.add.at(out, idx[ok], values[ok])
+    else:  # count
+        np.add.at(out, idx[ok], 1.0)
+    return out
+
+
+def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
+    """Fit every cost model to one trace, or to several traces of the same setup (rows pooled; the
+    first trace gives the engine, config and recorded timings)."""
+    traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
+    ref = traces[0]
+    warnings: list[str] = []
+
+    def cat(kind: str, col: str) -> np.ndarray:
+        return np.concatenate([t.rows(kind)[col].astype(float) for t in traces])
+
+    def cat_step(kind: str, col: str) -> np.ndarray:
+        # a step id unique across traces: (trace index, step)
+        return np.concatenate([t.rows(kind)[col].astype(float) + 1e6 * i for i, t in enumerate(traces)])
+
+    if sum(t.count(GEN_STEP) for t in traces) == 0:
+        raise RlsimError(f"{ref.path} has no gen_step rows; record it with per-step rows on (rlrun record without --no-record-steps)")
+    if sum(t.count(UPDATE) for t in traces) == 0:
+        raise RlsimError(f"{ref.path} has no update rows; the run recorded no complete RL step")
+    if sum(t.count(RESPONSE) for t in traces) == 0:
+        raise RlsimError(f"{ref.path} has no response rows; the trace cannot give response lengths")
+
+    model_meta = ref.meta.get("model", {}) or {}
+    gen_rows = {c: cat(GEN_STEP, c) for c in ("duration", "num_running", "context_tokens", "prefill_tokens")}
+    gen_rows["step"] = np.concatenate([np.where(t.rows(GEN_STEP)["step"].astype(float) == 0, 0.0, 1.0 + i)
+                                       for i, t in enumerate(traces)])  # warm-up = step 0 of every trace
+    gen, w = fit_gen_steps(gen_rows, warmup_step=0, model_bytes=model_meta.get("bytes"), hardware=ref.meta.get("hardware", {}))
+    warnings += w
+
+    # per-RL-step aggregates
+    up_step = cat_step(UPDATE, "step")
+    g_step = cat_step(GEN_STEP, "step")
+    g_dur = cat(GEN_STEP, "duration")
+    g_steps_n = _by_step(np.ones_like(g_dur), g_step, up_step, "count")
+    g_dur_sum = _by_step(g_dur, g_step, up_step)
+    n_resp = cat(UPDATE, "num_responses")
+    n_tok = cat(UPDATE, "num_tokens")
+    gen_time = cat(UPDATE, "gen_time")
+    step_time = cat(UPDATE, "step_time")
+    reward_time = np.nan_to_num(cat(UPDATE, "reward_time"))
+    prep_time = np.nan_to_num(cat(UPDATE, "prep_time"))
+    upd_dur = cat(UPDATE, "duration")
+    t_opt = cat(UPDATE, "t_optimizer")
+    s_step = cat_step(SYNC, "step")
+    s_dur = cat(SYNC, "duration")
+    s_bytes = cat(SYNC, "bytes")
+    sync_per_step = _by_step(s_dur, s_step, up_step)
+
+    # generation overhead: gen_time minus the engine steps, vs responses and steps (skip warm-up steps)
+    warm = np.concatenate([t.rows(UPDATE)["step"] == 0 for t in traces]) if len(traces) else np.zeros(0, bool)
+    if np.all(warm):
+        warm = np.zeros_like(warm)
+    ok = np.isfinite(gen_time) & ~warm
+    gap = gen_time - g_dur_sum
+    Xo = np.column_stack([np.ones(ok.sum()), n_resp[ok], g_steps_n[ok]])
+    if ok.sum() >= 3:
+        span_b = n_resp[ok].max() / max(n_resp[ok].min(), 1)
+        if span_b < NARROW_RANGE:
+            # responses constant: the per-round term and per-response term are not separable; a
+            # per-step gap plus a per-response share of the rest
+            per_step_coef, k = nnls_fit(Xo[:, [0, 2]], gap[ok])
+            med = float(np.median(gap[ok] - per_step_coef[1] * g_steps_n[ok]))
+            coef = np.array([0.0, max(med, 0.0) / max(float(np.median(n_resp[ok])), 1.0), per_step_coef[1]])
+            oq = _quality(Xo, gap[ok], coef, 0, "nnls(per-step)+proportional")
+        else:
+            coef, k = nnls_fit(Xo, gap[ok])
+            oq = _quality(Xo[k], gap[ok][k], coef, int((~k).sum()), "nnls")
+    else:
+        coef = np.zeros(3)
+        oq = FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default")
+    gen_overhead = GenOverheadModel(float(coef[0]), float(coef[1]), float(coef[2]), oq)
+
+    sel = ~warm
+    if not sel.any():
+        sel = np.ones_like(warm)
+    # Is prep_time inside the update row's duration (old log-probs computed by the update call)?
+    # Then the update proper is duration - prep_time; the step's other time must not subtract it twice.
+    parts = cat(UPDATE, "t_forward") + cat(UPDATE, "t_backward") + t_opt
+    prep_inside = False
+    if np.any(prep_time[sel] > 0):
+        slack = upd_dur - parts
+        ok_p = np.isfinite(slack) & sel
+        if ok_p.any():
+            prep_inside = bool(np.median(slack[ok_p]) >= 0.5 * np.median(prep_time[ok_p]))
+    upd_proper = upd_dur - prep_time if prep_inside else upd_dur
+    hint = float(np.nanmedian(t_opt[sel])) if np.isfinite(t_opt[sel]).any() else 0.0
+    update = fit_affine("update", "tokens", n_tok[sel], upd_proper[sel], intercept_hint=hint)
+    prep = fit_affine("prep", "tokens", n_tok[sel], prep_time[sel])
+    reward = fit_affine("reward", "responses", n_resp[sel], reward_time[sel])
+    other_t = step_time - gen_time - reward_time - prep_time - upd_proper - sync_per_step
+    other = fit_affine("other", "responses", n_resp[sel], np.maximum(other_t[sel], 0.0), intercept_hint=float(np.nanmedian(np.maximum(other_t[sel], 0))))
+    if len(s_dur):
+        sync = fit_affine("sync", "bytes", s_bytes, s_dur)
+        sync_bytes = float(np.median(s_bytes))
+    else:
+        sync = AffineModel("sync", "bytes", 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
+        sync_bytes = float(model_meta.get("bytes") or 0.0)
+
+    # lengths
+    resp = ref.rows(RESPONSE)
+    first = resp["group_index"] == 0
+    p_tok = resp["prompt_tokens"][first] if first.any() else resp["prompt_tokens"]
+    max_tokens = int(ref.config.get("max_tokens") or int(np.max(resp["response_tokens"])))
+    pre_total = float(np.sum(ref.rows(GEN_STEP)["prefill_tokens"]))
+    prompt_total = float(np.sum(resp["prompt_tokens"]))
+    ratio = float(np.clip(pre_total / prompt_total, 0.0, 1.5)) if prompt_total > 0 else 1.0
+    lengths = LengthModel(prompt_tokens=p_tok.astype(np.int64), response_tokens=np.maximum(resp["response_tokens"], 1).astype(np.int64),
+                          max_tokens=max_tokens, prefill_ratio=ratio)
+
+    # recorded (reference trace only)
+    ru = ref.rows(UPDATE)
+    n_ref = len(ru["step"])
+    rec_steps = ru["step"].astype(np.int64)
+    workload = []
+    order = np.lexsort((resp["group_index"], resp["prompt_id"], resp["t_queued"] if np.isfinite(resp["t_queued"]).all() else resp["prompt_id"]))
+    r_step = resp["consumed_step"] if np.isfinite(resp["consumed_step"].astype(float)).all() else resp["step"]
+    r_step = r_step[order].astype(np.int64)
+    rp, rr = resp["prompt_tokens"][order].astype(np.int64), np.maximum(resp["response_tokens"][order], 1).astype(np.int64)
+    for s in rec_steps:
+        m = r_step == s
+        workload.append((rp[m], rr[m]))
+    recorded = Recorded(step=rec_steps, step_time=step_time[:n_ref], gen_time=gen_time[:n_ref],
+                        train_time=upd_proper[:n_ref] + prep_time[:n_ref], sync_time=sync_per_step[:n_ref],
+                        num_responses=n_resp[:n_ref], gen_steps=g_steps_n[:n_ref], workload=tuple(workload))
+
+    engine = dict(ref.meta.get("engine", {}) or {})
+    if not engine.get("max_num_seqs"):
+        engine["max_num_seqs"] = int(ref.config.get("max_num_seqs") or max(gen.concurrency_range[1], 1))
+        warnings.append(f"trace metadata has no engine.max_num_seqs; using {engine['max_num_seqs']}")
+    engine.setdefault("block_size", 16)
+    engine.setdefault("max_model_len", int(ref.config.get("max_model_len") or 4096))
+    if not engine.get("kv_cache_tokens"):
+        engine["kv_cache_tokens"] = int(engine["max_num_seqs"] * engine["max_model_len"])
+    return FittedModels(gen=gen, gen_overhead=gen_overhead, lengths=lengths, update=update, prep=prep, reward=reward,
+                        other=other, sync=sync, sync_bytes=sync_bytes, engine=engine, config=dict(ref.config),
+                        recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces))

@@ -1,0 +1,156 @@
+"""Synthetic traces from a known cost model (tests, benchmarks, docs).
+
+The generator runs its own simple step loop of a continuous-batching engine (a deque of waiting
+requests, a list of running ones; independent of `sim.engine`), times each step with known
+coefficients (optionally with multiplicative noise), and writes a schema-v1 trace with
+`replay.io.write_trace`. Fitting the trace should recover the coefficients; replaying it should
+reproduce its step times.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from replay.io import write_trace
+
+
+@dataclass(frozen=True)
+class SynthSpec:
+    """A synthetic run: configuration, engine, true cost coefficients, learning behaviour."""
+
+    algo: str = field(default="grpo", metadata={"help": "grpo | ppo"})
+    prompts: int = field(default=16, metadata={"help": "P"})
+    group: int = field(default=4, metadata={"help": "G"})
+    steps: int = field(default=6, metadata={"help": "RL steps (updates)"})
+    lr_rule: str = field(default="sqrt", metadata={"help": "lr rule written to the config"})
+    max_tokens: int = field(default=24, metadata={"help": "response cap"})
+    min_tokens: int = field(default=4, metadata={"help": "shortest response"})
+    prompt_min: int = field(default=6, metadata={"help": "shortest prompt"})
+    prompt_max: int = field(default=12, metadata={"help": "longest prompt"})
+    max_num_seqs: int = field(default=32, metadata={"help": "engine max_num_seqs"})
+    kv_cache_tokens: int = field(default=1 << 16, metadata={"help": "engine KV capacity (tokens); the generator does not preempt"})
+    block_size: int = field(default=16, metadata={"help": "KV block size"})
+    c_step: float = field(default=4e-3, metadata={"help": "true fixed seconds per engine step"})
+    c_seq: float = field(default=5e-5, metadata={"help": "true seconds per running sequence"})
+    c_ctx: float = field(default=2e-7, metadata={"help": "true seconds per context token"})
+    c_prefill: float = field(default=1e-6, metadata={"help": "true seconds per prefill token"})
+    step_gap: float = field(default=2e-4, metadata={"help": "seconds between engine steps"})
+    round_base: float = field(default=5e-3, metadata={"help": "generation round overhead, seconds"})
+    per_response: float = field(default=1e-5, metadata={"help": "round overhead per request, seconds"})
+    update_a: float = field(default=0.02, metadata={"help": "update seconds at 0 tokens (optimizer step)"})
+    update_b: float = field(default=2e-5, metadata={"help": "update seconds per token"})
+    prep_b: float = field(default=5e-6, metadata={"help": "prep seconds per token"})
+    reward_b: float = field(default=2e-5, metadata={"help": "reward seconds per response"})
+    sync_s: float = field(default=0.011, metadata={"help": "seconds per weight sync"})
+    other_s: float = field(default=0.003, metadata={"help": "other seconds per step"})
+    noise: float = field(default=0.0, metadata={"help": "relative sd of multiplicative timing noise"})
+    warmup_extra: float = field(default=0.0, metadata={"help": "extra seconds on each step-0 engine step (warm-up)"})
+    g2: float = field(default=1.0, metadata={"help": "true |G|^2"})
+    tr_sigma: float = field(default=64.0, metadata={"help": "true tr(Sigma): B_noise = tr_sigma / g2"})
+    micro_batch: int = field(default=8, metadata={"help": "responses per micro-batch"})
+    eval_every: int = field(default=1, metadata={"help": "eval every N updates"})
+    score_scale: float = field(default=2000.0, metadata={"help": "score = 1 - exp(-cum_responses / scale)"})
+    model_bytes: int = field(default=2_592_000, metadata={"help": "model.bytes metadata"})
+    seed: int = field(default=0, metadata={"help": "seed"})
+
+
+def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_overrides: dict | None = None) -> Path:
+    rng = np.random.default_rng(spec.seed)
+    P, G, B = spec.prompts, spec.group, spec.prompts * spec.group
+    rows: list[dict] = []
+    t = 0.0
+    cum = 0
+    cum_tok = 0
+    pid = 0
+
+    def noisy(x: float) -> float:
+        return x * (1 + spec.noise * rng.standard_normal()) if spec.noise else x
+
+    for step in range(spec.steps):
+        t_step0 = t
+        plen = np.repeat(rng.integers(spec.prompt_min, spec.prompt_max + 1, size=P), G)
+        rlen = rng.integers(spec.min_tokens, spec.max_tokens + 1, size=B)
+        t += spec.round_base + spec.per_response * B
+        waiting = deque(range(B))
+        running: list[int] = []
+        done_tok = np.zeros(B, np.int64)
+        t_first = np.full(B, np.nan)
+        t_fin = np.full(B, np.nan)
+        t_q = np.full(B, t_step0)
+        while waiting or running:
+            pre = 0
+            while waiting and len(running) < spec.max_num_seqs:
+                j = waiting.popleft()
+                running.append(j)
+                pre += int(plen[j])
+            n = len(running)
+            ctx = int(sum(int(plen[j] + done_tok[j]) for j in running))
+            dec = sum(1 for j in running if done_tok[j] > 0)
+            dur = spec.c_step + spec.c_seq * n + spec.c_ctx * ctx + spec.c_prefill * pre
+            dur = noisy(dur) + (spec.warmup_extra if step == 0 else 0.0)
+            fin = []
+            for j in running:
+                done_tok[j] += 1
+                if done_tok[j] == 1:
+                    t_first[j] = t + dur
+                if done_tok[j] >= rlen[j]:
+                    fin.append(j)
+                    t_fin[j] = t + dur
+            rows.append(dict(kind="gen_step", t_start=t, duration=dur, step=step, policy_version=step, num_running=n,
+                             num_waiting=len(waiting), prefill_tokens=pre, decode_tokens=dec, context_tokens=ctx,
+                             kv_usage=min(ctx / spec.kv_cache_tokens, 1.0), finished=len(fin)))
+            fs = set(fin)
+            running = [j for j in running if j not in fs]
+            t += dur + spec.step_gap
+        gen_time = t - t_step0
+        for j in range(B):
+            rows.append(dict(kind="response", t_start=t_q[j], duration=t_fin[j] - t_q[j], step=step, policy_version=step,
+                             prompt_id=pid + j // G, group_index=j % G, prompt_tokens=int(plen[j]), response_tokens=int(rlen[j]),
+                             reward=float(rng.random() < 0.5), consumed_step=step, t_queued=t_q[j], t_first_token=t_first[j],
+                             t_finished=t_fin[j]))
+        pid += P
+        tokens = int(plen.sum() + rlen.sum())
+        reward_t = noisy(spec.reward_b * B)
+        prep_t = noisy(spec.prep_b * tokens)
+        upd = noisy(spec.update_a + spec.update_b * tokens)
+        t += reward_t + prep_t
+        t_upd = t
+        t += upd
+        t_sync = t
+        sync = noisy(spec.sync_s)
+        t += sync
+        other = noisy(spec.other_s)
+        t += other
+        b_small = min(spec.micro_batch, B - 1) if B > 1 else 1
+        gb = math.sqrt(spec.g2 + spec.tr_sigma / B)
+        gs = math.sqrt(spec.g2 + spec.tr_sigma / b_small)
+        rows.append(dict(kind="update", t_start=t_upd, duration=upd, step=step, policy_version=step, num_responses=B,
+                         num_tokens=tokens, response_tokens_total=int(rlen.sum()), lr=3e-4, loss=0.0, reward=0.5,
+                         t_forward=upd * 0.3, t_backward=(upd - spec.update_a) * 0.7, t_optimizer=spec.update_a,
+                         grad_norm=gb, grad_norm_micro=gs, micro_batch=b_small,
+                         critic_grad_norm=gb if spec.algo == "ppo" else None,
+                         critic_grad_norm_micro=gs if spec.algo == "ppo" else None,
+                         step_time=t - t_step0, gen_time=gen_time, reward_time=reward_t, prep_time=prep_t))
+        rows.append(dict(kind="sync", t_start=t_sync, duration=sync, step=step, policy_version=step + 1, bytes=spec.model_bytes))
+        cum += B
+        cum_tok += tokens
+        if (step + 1) % spec.eval_every == 0:
+            rows.append(dict(kind="eval", t_start=t, duration=0.01, step=step, policy_version=step + 1, cum_responses=cum,
+                             cum_tokens=cum_tok, score=1 - math.exp(-cum / spec.score_scale), eval_k=4, eval_prompts=16))
+    meta = {
+        "seed": spec.seed,
+        "config": {"algo": spec.algo, "prompts": P, "group": G, "lr": 3e-4, "lr_rule": spec.lr_rule, "lr_ref_batch": 256,
+                   "max_tokens": spec.max_tokens, "steps": spec.steps, "max_num_seqs": spec.max_num_seqs},
+        "engine": {"name": "synthetic", "max_num_seqs": spec.max_num_seqs, "kv_cache_tokens": spec.kv_cache_tokens,
+                   "block_size": spec.block_size, "max_model_len": 256},
+        "hardware": {"device": "cpu", "device_name": "synthetic", "mem_bandwidth_gbs": None},
+        "model": {"name": "synthetic", "bytes": spec.model_bytes, "parameters": spec.model_bytes // 4},
+    }
+    if meta_overrides:
+        for k, v in meta_overrides.items():
+            meta[k] = {**meta.get(k, {}), **v} if isinstance(v, dict) and isinstance(meta.get(k), dict) else v
+    return write_trace(path, meta, rows)

@@ -1,0 +1,344 @@
+"""GRPO and PPO updates on packed sequences, with gradient-noise diagnostics.
+
+GRPO variant (DeepSeekMath GRPO as simplified in nanochat's chat_rl.py, i.e. on-policy REINFORCE with a
+group baseline):
+- advantage of response i in its group: A_i = r_i - mean(r_group), divided by std(r_group) + 1e-6 when
+  `std_scale` (flag; Dr. GRPO turns it off); every response token gets A_i;
+- policy loss: -A * ratio with ratio = exp(logp - logp_old), PPO-clipped at `clip_eps`; with the
+  default one update per rollout batch and no reuse, logp_old = logp (detached) so ratio = 1 and
+  the loss is exactly REINFORCE with a group baseline; no separate old-log-prob forward pass is run;
+- aggregation: mean over all response tokens of the batch (`loss_agg=token`, DAPO/nanochat style) or
+  the mean of per-sequence means (`seq`, the original GRPO);
+- deviations from DeepSeekMath GRPO: no KL penalty and no reference model, no entropy bonus.
+
+PPO: a separate value model (a copy of the policy's decoder with a scalar head, zero-initialised), the
+reward on the last response token, GAE(gamma, lambda) per sequence from the value model's outputs,
+the clipped policy loss above and a squared-error value loss. With one update per batch the values
+that give the advantages come from the same critic forward pass that is trained (detached), so no
+separate value pass is run either.
+
+Training runs on packed rows: the sequences of a micro-batch are concatenated into rows of about
+`row_tokens` tokens with position ids restarting at every sequence, so attention stays within each
+sequence (transformers builds a block-causal mask from the position ids) and nothing is padded except
+the tail of each row. Logits are computed only at response positions.
+
+Gradient diagnostics: each micro-batch's loss is normalised as its own estimate of the batch loss;
+its gradient norm is taken before it is added, weighted, into the full-batch gradient. `grad_norm` is
+the full-batch norm (before clipping), `grad_norm_micro` the RMS of the micro-batch norms, and
+`micro_batch` their size in responses: the two batch sizes of the gradient-noise-scale estimator.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+    reward: float
+    prompt_id: int = 0
+    group_index: int = 0
+    advantage: float = 0.0  # GRPO: per-sequence advantage
+
+
+@dataclass
+class UpdateStats:
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    grad_norm_micro: float = 0.0
+    micro_batch: int = 0
+    critic_loss: float | None = None
+    critic_grad_norm: float | None = None
+    critic_grad_norm_micro: float | None = None
+    t_forward: float = 0.0
+    t_backward: float = 0.0
+    t_optimizer: float = 0.0
+    prep_time: float = 0.0
+    num_tokens: int = 0
+    response_tokens: int = 0
+    optimizer_steps: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def grpo_advantages(rewards: list[float], group: int, std_scale: bool = True) -> list[float]:
+    """Group-relative advantages; rewards are ordered group by group."""
+    r = torch.tensor(rewards, dtype=torch.float64).view(-1, group)
+    a = r - r.mean(dim=1, keepdim=True)
+    if std_scale:
+        a = a / (r.std(dim=1, keepdim=True, unbiased=True) + 1e-6) if group > 1 else a
+    return a.flatten().tolist()
+
+
+def gae(values: list[float], reward: float, gamma: float, lam: float) -> tuple[list[float], list[float]]:
+    """GAE over one response: `values[t]` is V before response token t; the reward arrives after the last."""
+    T = len(values)
+    adv = [0.0] * T
+    last = 0.0
+    for t in range(T - 1, -1, -1):
+        nxt = values[t + 1] if t + 1 < T else 0.0
+        r = reward if t == T - 1 else 0.0
+        last = r + gamma * nxt - values[t] + gamma * lam * last
+        adv[t] = last
+    return adv, [a + v for a, v in zip(adv, values)]
+
+
+def pack(samples: list[Sample], row_tokens: int, pad_id: int, device) -> dict[str, torch.Tensor]:
+    """Concatenate sequences into rows; return ids, position ids and the response-target index.
+
+    For sequence s of full length L (prompt + response), inputs are tokens[0:L-1] and the target at
+    input position j is token j+1; response targets are j >= len(prompt)-1.
+    """
+    rows: list[list[int]] = [[]]
+    pos_rows: list[list[int]] = [[]]
+    tgt_flat: list[int] = []  # flat index (row * width + col) filled later
+    tgt_tokens: list[int] = []
+    seq_of_tgt: list[int] = []
+    where: list[tuple[int, int]] = []  # (row, col) of each response target
+    for si, s in enumerate(samples):
+        full = s.prompt_ids + s.response_ids
+        inp = full[:-1]
+        if rows[-1] and len(rows[-1]) + len(inp) > row_tokens:
+            rows.append([])
+            pos_rows.append([])
+        r, c0 = len(rows) - 1, len(rows[-1])
+        rows[-1].extend(inp)
+        pos_rows[-1].extend(range(len(inp)))
+        P = len(s.prompt_ids)
+        for j in range(P - 1, len(full) - 1):
+            where.append((r, c0 + j))
+            tgt_tokens.append(full[j + 1])
+            seq_of_tgt.append(si)
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, (r, p) in enumerate(zip(rows, pos_rows)):
+        ids[i, : len(r)] = torch.tensor(r)
+        pos[i, : len(p)] = torch.tensor(p)
+        if len(r) < width:  # the pad tail is its own "sequence" (positions restart), excluded from the loss
+            pos[i, len(r):] = torch.arange(width - len(r))
+    for r, c in where:
+        tgt_flat.append(r * width + c)
+    return {
+        "input_ids": ids.to(device), "position_ids": pos.to(device),
+        "tgt_index": torch.tensor(tgt_flat, dtype=torch.long, device=device),
+        "tgt_tokens": torch.tensor(tgt_tokens, dtype=torch.long, device=device),
+        "seq_of_tgt": torch.tensor(seq_of_tgt, dtype=torch.long, device=device),
+        "num_tokens": sum(len(r) for r in rows),
+    }
+
+
+def _hidden(model, batch) -> torch.Tensor:
+    """Final hidden states of the decoder, flattened to (rows*width, hidden)."""
+    out = model.base_model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+    return h.reshape(-1, h.shape[-1])
+
+
+def token_logprobs(policy, batch, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probabilities of the response targets, logits computed only at those positions."""
+    h = _hidden(policy, batch).index_select(0, batch["tgt_index"])
+    logits = policy.get_output_embeddings()(h).float()
+    if temperature and temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    return -F.cross_entropy(logits, batch["tgt_tokens"], reduction="none")
+
+
+class ValueModel(torch.nn.Module):
+    """A copy of the policy's decoder with a zero-initialised scalar head."""
+
+    def __init__(self, policy):
+        super().__init__()
+        self.base_model = copy.deepcopy(policy.base_model)
+        hidden = policy.config.hidden_size
+        self.head = torch.nn.Linear(hidden, 1)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def values(self, batch) -> torch.Tensor:
+        # value of the state before each response token = output at the position that predicts it
+        h = _hidden(self, batch).index_select(0, batch["tgt_index"])
+        return self.head(h).squeeze(-1).float()
+
+
+class _GradAccumulator:
+    """Full-batch gradient as a weighted sum of micro-batch gradients, with each micro norm recorded."""
+
+    def __init__(self, params: list[torch.nn.Parameter]):
+        self.params = [p for p in params if p.requires_grad]
+        self.acc = [torch.zeros_like(p) for p in self.params]
+        self.micro_sq: list[float] = []
+
+    def add(self, weight: float) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        self.micro_sq.append(float(norm) ** 2)
+        torch._foreach_add_(self.acc, grads, alpha=weight)
+        for p in self.params:
+            p.grad = None
+
+    def finish(self) -> tuple[float, float]:
+        for p, a in zip(self.params, self.acc):
+            p.grad = a
+        full = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(a) for a in self.acc])))
+        rms = math.sqrt(sum(self.micro_sq) / max(1, len(self.micro_sq)))
+        return full, rms
+
+
+class Trainer:
+    """Owns the policy (and PPO critic) and their Adam optimizers; `update(samples, lr)` runs one RL step."""
+
+    def __init__(self, policy, cfg, pad_id: int, device):
+        self.policy, self.cfg, self.pad_id, self.device = policy, cfg, pad_id, device
+        self.policy.train()
+        self.opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr_effective, betas=(0.9, cfg.adam_beta2),
+                                    weight_decay=cfg.weight_decay)
+        self.critic = self.critic_opt = None
+        if cfg.algo == "ppo":
+            self.critic = ValueModel(policy).to(device)
+            self.critic.train()
+            self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, betas=(0.9, cfg.adam_beta2))
+        self.row_tokens = 1024
+        self.cuda = torch.device(device).type == "cuda"
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
+                         if self.cuda and torch.cuda.is_bf16_supported() else None)
+
+    def _sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def _policy_loss(self, logp, old_logp, adv_tok, seq_of_tgt, n_seq, denom_tokens):
+        ratio = torch.exp(logp - old_logp)
+        eps = self.cfg.clip_eps
+        per_tok = -torch.minimum(ratio * adv_tok, torch.clamp(ratio, 1 - eps, 1 + eps) * adv_tok)
+        if self.cfg.loss_agg == "token":
+            return per_tok.sum() / denom_tokens
+        lens = torch.bincount(seq_of_tgt, minlength=n_seq).clamp(min=1).float()
+        per_seq = torch.zeros(n_seq, device=per_tok.device).index_add_(0, seq_of_tgt, per_tok) / lens
+        return per_seq.sum() / max(1, n_seq)
+
+    def _old_logprobs(self, micros) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [token_logprobs(self.policy, b, self.cfg.temperature).detach() for b in micros]
+
+    def update(self, samples: list[Sample], lr: float) -> UpdateStats:
+        cfg, st = self.cfg, UpdateStats()
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        reuse = cfg.minibatches > 1 or cfg.epochs > 1
+        m = cfg.micro
+        st.micro_batch = m
+        # micro-batches, packed once and reused across epochs
+        micro_samples = [samples[i:i + m] for i in range(0, len(samples), m)]
+        micros = [pack(s, self.row_tokens, self.pad_id, self.device) for s in micro_samples]
+        st.num_tokens = sum(b["num_tokens"] for b in micros)
+        st.response_tokens = sum(len(s.response_ids) for s in samples)
+        old = None
+        if reuse:  # only with rollout reuse do the old log-probs differ from the current ones
+            t0 = time.perf_counter()
+            old = self._old_logprobs(micros)
+            self._sync()
+            st.prep_time = time.perf_counter() - t0
+        per_mb = len(micros) // cfg.minibatches if len(micros) >= cfg.minibatches else 1
+        norms, micro_norms, c_norms, c_micro, losses, c_losses = [], [], [], [], [], []
+        gen = torch.Generator().manual_seed(cfg.seed)
+        for epoch in range(cfg.epochs):
+            order = list(range(len(micros)))
+            if epoch > 0:
+                order = torch.randperm(len(micros), generator=gen).tolist()
+            for k in range(0, len(order), per_mb):
+                idx = order[k:k + per_mb]
+                f, fm, cf, cfm, lo, clo = self._step([micros[i] for i in idx], [micro_samples[i] for i in idx],
+                                                     None if old is None else [old[i] for i in idx], st)
+                norms.append(f); micro_norms.append(fm); losses.append(lo)
+                if cf is not None:
+                    c_norms.append(cf); c_micro.append(cfm); c_losses.append(clo)
+                st.optimizer_steps += 1
+        rms = lambda xs: math.sqrt(sum(x * x for x in xs) / len(xs))
+        st.grad_norm, st.grad_norm_micro, st.loss = rms(norms), rms(micro_norms), sum(losses) / len(losses)
+        if c_norms:
+            st.critic_grad_norm, st.critic_grad_norm_micro = rms(c_norms), rms(c_micro)
+            st.critic_loss = sum(c_losses) / len(c_losses)
+        return st
+
+    def _step(self, micros, micro_samples, old, st: UpdateStats):
+        cfg = self.cfg
+        n_tgt = [int(b["tgt_tokens"].numel()) for b in micros]
+        n_seq = [len(s) for s in micro_samples]
+        tot_tgt, tot_seq = sum(n_tgt), sum(n_seq)
+        acc = _GradAccumulator(list(self.policy.parameters()))
+        cacc = _GradAccumulator(list(self.critic.parameters())) if self.critic is not None else None
+        loss_sum = closs_sum = 0.0
+        for i, (b, ss) in enumerate(zip(micros, micro_samples)):
+            # each micro loss is its own estimate of the batch loss; weight w puts it into the batch sum
+            w = (n_tgt[i] / tot_tgt) if cfg.loss_agg == "token" else (n_seq[i] / tot_seq)
+            t0 = time.perf_counter()
+            ctx = self.autocast or _null()
+            with ctx:
+                logp = token_logprobs(self.policy, b, cfg.temperature)
+                if self.critic is not None:
+                    values = self.critic.values(b)
+                    adv, ret = self._gae(values, b, ss)
+                else:
+                    adv = torch.tensor([s.advantage for s in ss], dtype=torch.float32, device=logp.device)[b["seq_of_tgt"]]
+                old_logp = logp.detach() if old is None else old[i]
+                loss = self._policy_loss(logp, old_logp, adv, b["seq_of_tgt"], n_seq[i], n_tgt[i])
+                if self.critic is not None:
+                    closs = 0.5 * ((values - ret) ** 2).mean()
+            self._sync()
+            t1 = time.perf_counter()
+            loss.backward()
+            if self.critic is not None:
+                closs.backward()
+            self._sync()
+            t2 = time.perf_counter()
+            acc.add(w)
+            if cacc is not None:
+                cacc.add(n_tgt[i] / tot_tgt)
+                closs_sum += float(closs) * n_tgt[i] / tot_tgt
+            loss_sum += float(loss) * w
+            st.t_forward += t1 - t0
+            st.t_backward += t2 - t1 + (time.perf_counter() - t2)
+        t3 = time.perf_counter()
+        full, micro_rms = acc.finish()
+        if cfg.clip_grad > 0:
+            torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.clip_grad)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        cfull = cmicro = None
+        if cacc is not None:
+            cfull, cmicro = cacc.finish()
+            if cfg.clip_grad > 0:
+                torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.clip_grad)
+            self.critic_opt.step()
+            self.critic_opt.zero_grad(set_to_none=True)
+        self._sync()
+        st.t_optimizer += time.perf_counter() - t3
+        return full, micro_rms, cfull, cmicro, loss_sum, (closs_sum if cacc is not None else None)
+
+    def _gae(self, values: torch.Tensor, b, ss: list[Sample]):
+        v = values.detach().float().cpu().tolist()
+        advs, rets, start = [], [], 0
+        for s in ss:
+            n = len(s.response_ids)
+            a, r = gae(v[start:start + n], s.reward, self.cfg.gamma, self.cfg.lam)
+            advs.extend(a)
+            rets.extend(r)
+            start += n
+        dev = values.device
+        return torch.tensor(advs, device=dev), torch.tensor(rets, device=dev)
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        return False

@@ -1,0 +1,193 @@
+"""The resolved configuration of one recorded run.
+
+`RunConfig` is frozen and does no I/O at construction; `validate()` checks arithmetic and inputs and
+raises `RlsimError` with one line saying the fix. Derived values (B = P x G, the learning rate from
+the rule, the micro-batch used for gradient diagnostics) are properties computed here and only here.
+`dataclasses.asdict(cfg)` plus `derived()` is what goes into the trace metadata under `config`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from replay.errors import RlsimError
+
+ALGOS = ("grpo", "ppo")
+LR_RULES = ("sqrt", "linear", "fixed")
+
+
+def _f(default, help: str, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    algo: str = _f("grpo", "RL algorithm: grpo (group-relative advantages) or ppo (value model + GAE)")
+    prompts: int = _f(32, "P: prompts per optimizer update (verl data.train_batch_size)")
+    group: int | None = _f(None, "G: responses per prompt (GRPO default 8; PPO uses 1)")
+    steps: int = _f(50, "optimizer updates (RL steps) to run")
+    lr: float = _f(3e-4, "reference learning rate (Adam), at batch --lr-ref-batch responses")
+    lr_rule: str = _f("sqrt", "how lr scales with B: sqrt (lr*sqrt(B/B_ref)), linear (lr*B/B_ref) or fixed")
+    lr_ref_batch: int = _f(256, "B_ref: batch (responses) at which --lr applies")
+    critic_lr: float = _f(1e-3, "PPO value-model learning rate (fixed, not scaled)")
+    adam_beta2: float = _f(0.99, "Adam beta2")
+    weight_decay: float = _f(0.0, "Adam weight decay")
+    clip_grad: float = _f(1.0, "clip the full-batch gradient norm to this (0: no clipping)")
+    max_tokens: int = _f(48, "maximum new tokens per response")
+    temperature: float = _f(1.0, "sampling temperature for training rollouts and evals")
+    eval_every: int = _f(5, "evaluate on held-out prompts every N updates (0: only before and after)")
+    eval_prompts: int = _f(128, "held-out prompts per evaluation")
+    eval_k: int = _f(4, "samples per held-out prompt (score is mean@k accuracy)")
+    task: str = _f("add2", "built-in task: add2, add3 or addmix (ignored with --dataset)")
+    dataset: str | None = _f(None, "JSONL or Parquet file with prompt/answer columns instead of a built-in task")
+    reward: str = _f("exact", "dataset reward: exact (whole response) or numeric (last number)")
+    model: str | None = _f(None, "local HF causal-LM folder; default: the built-in tiny Llama (built and cached)")
+    seed: int = _f(0, "random seed for prompts, sampling and torch")
+    # algorithm variants (GRPO as in nanochat chat_rl.py / DeepSeekMath, deviations as flags)
+    std_scale: bool = _f(True, "GRPO: divide advantages by the group's reward std (Dr. GRPO: off)")
+    loss_agg: str = _f("token", "policy-loss aggregation: token (mean over all response tokens of the batch) or seq (mean of per-sequence means)")
+    clip_eps: float = _f(0.2, "PPO-clip epsilon on the ratio (inactive with one update per batch: the ratio is 1)")
+    gamma: float = _f(1.0, "PPO discount")
+    lam: float = _f(0.95, "PPO GAE lambda")
+    minibatches: int = _f(1, "optimizer updates per rollout batch per epoch (1: the article's clean protocol)")
+    epochs: int = _f(1, "passes over each rollout batch (1: no rollout reuse)")
+    micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto")
+    ranks: int = _f(1, "data-parallel training ranks the batch is split over (must divide the batch)")
+    # engine
+    max_num_seqs: int = _f(256, "vLLM max_num_seqs: sequences decoded concurrently")
+    gen_batch: int = _f(0, "responses submitted to the engine per RL step (0: = train batch B; must be >= B)")
+    kv_cache_gib: float = _f(1.0, "KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE on CPU; on GPU, converted to a memory fraction)")
+    max_model_len: int = _f(256, "vLLM max_model_len")
+    dtype: str = _f("auto", "weights dtype: auto (bf16 on CUDA where supported, else float32), float32, bfloat16")
+    # recording
+    record_steps: bool = _f(True, "record one gen_step row per engine step (off: measure the tracing overhead)")
+    progress: bool = _f(True, "show a progress bar")
+    out: str = _f("traces/run.parquet", "output trace path")
+    overwrite: bool = _f(False, "replace an existing trace at --out")
+
+    # ---- derived values: the one place they are computed -------------------------------------
+    @property
+    def G(self) -> int:
+        if self.group is not None:
+            return self.group
+        return 1 if self.algo == "ppo" else 8
+
+    @property
+    def batch(self) -> int:
+        """B = P x G responses per update."""
+        return self.prompts * self.G
+
+    @property
+    def lr_effective(self) -> float:
+        ratio = self.batch / self.lr_ref_batch
+        if self.lr_rule == "sqrt":
+            return self.lr * math.sqrt(ratio)
+        if self.lr_rule == "linear":
+            return self.lr * ratio
+        return self.lr
+
+    @property
+    def micro(self) -> int:
+        """Responses per micro-batch (per rank): explicit, or the batch split in 8 (at least 4 responses)."""
+        per_update = self.batch // (self.minibatches * self.ranks)
+        if self.micro_batch:
+            return min(self.micro_batch, per_update)
+        return max(min(per_update, 4), per_update // 8)
+
+    @property
+    def gen_responses(self) -> int:
+        return self.gen_batch or self.batch
+
+    def derived(self) -> dict[str, Any]:
+        return {"G": self.G, "batch": self.batch, "lr_effective": self.lr_effective, "micro_batch": self.micro,
+                "gen_responses": self.gen_responses}
+
+    def to_meta(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["group"] = self.G
+        d.update(self.derived())
+        return d
+
+    # ---- validation -----------------------------------------------------------------------------
+    def validate(self, check_files: bool = True) -> "RunConfig":
+        """Raise RlsimError (one line, with the fix) for impossible arithmetic or bad inputs."""
+        def bad(msg: str):
+            raise RlsimError(msg)
+
+        if self.algo not in ALGOS:
+            bad(f"unknown --algo {self.algo!r}; choose grpo or ppo")
+        if self.lr_rule not in LR_RULES:
+            bad(f"unknown --lr-rule {self.lr_rule!r}; choose sqrt, linear or fixed")
+        if self.loss_agg not in ("token", "seq"):
+            bad(f"unknown --loss-agg {self.loss_agg!r}; choose token or seq")
+        if self.reward not in ("exact", "numeric"):
+            bad(f"unknown --reward {self.reward!r}; choose exact or numeric")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            bad(f"unknown --dtype {self.dtype!r}; choose auto, float32, bfloat16 or float16")
+        for name in ("steps", "max_tokens", "eval_prompts", "eval_k", "minibatches", "epochs", "ranks",
+                     "max_num_seqs", "lr_ref_batch", "max_model_len"):
+            v = getattr(self, name)
+            if v < 1:
+                bad(f"--{name.replace('_', '-')} is {v}; it must be at least 1")
+        for name in ("eval_every", "micro_batch", "gen_batch", "seed"):
+            v = getattr(self, name)
+            if v < 0:
+                bad(f"--{name.replace('_', '-')} is {v}; it must be 0 or more")
+        if self.prompts < 1:
+            bad(f"--prompts (P) is {self.prompts}; it must be at least 1 prompt per update")
+        if self.group is not None and self.group < 1:
+            bad(f"--group (G) is {self.group}; it must be at least 1 (GRPO needs at least 2)")
+        if self.algo == "grpo" and self.G < 2:
+            bad(f"GRPO needs --group (G) of at least 2 responses per prompt to compare within a group; got {self.G}")
+        if self.algo == "ppo" and self.G != 1:
+            bad(f"PPO uses one response per prompt (G = 1); drop --group {self.G} or use --algo grpo")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            bad(f"--lr is {self.lr}; it must be a positive number")
+        if self.critic_lr <= 0:
+            bad(f"--critic-lr is {self.critic_lr}; it must be positive")
+        if self.temperature < 0:
+            bad(f"--temperature is {self.temperature}; it must be 0 or more")
+        if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
+            bad("--gamma and --lam must lie in [0, 1]")
+        if self.gen_batch and self.gen_batch < self.batch:
+            bad(f"--gen-batch {self.gen_batch} is smaller than the train batch B = P x G = {self.batch}; generate at least B responses per step")
+        if self.batch % self.ranks:
+            bad(f"batch B = P x G = {self.batch} is not divisible by --ranks {self.ranks}; choose P so that P x G is a multiple of {self.ranks}")
+        per_rank = self.batch // self.ranks
+        if per_rank % self.minibatches:
+            bad(f"batch per rank {per_rank} is not divisible by --minibatches {self.minibatches}; choose P or --minibatches so it divides")
+        if self.micro_batch and (per_rank // self.minibatches) % self.micro:
+            bad(f"minibatch of {per_rank // self.minibatches} responses is not divisible by --micro-batch {self.micro_batch}")
+        if self.max_tokens >= self.max_model_len:
+            bad(f"--max-tokens {self.max_tokens} must be below --max-model-len {self.max_model_len}")
+        if self.dataset is None:
+            from runner.tasks import BUILTIN_TASKS
+
+            if self.task not in BUILTIN_TASKS:
+                bad(f"unknown --task {self.task!r}; choose one of {', '.join(BUILTIN_TASKS)} or pass --dataset FILE")
+        if check_files:
+            if self.model is not None:
+                from runner.model import check_model_dir
+
+                check_model_dir(self.model)
+            if self.dataset is not None:
+                from runner.tasks import load_dataset
+
+                load_dataset(self.dataset)
+            if self.dataset is not None and self.model is None:
+                bad("--dataset needs --model DIR: the built-in tiny model only knows the arithmetic character set")
+            out = Path(self.out)
+            if out.suffix != ".parquet":
+                bad(f"--out {self.out} should end in .parquet")
+            if not self.overwrite and (out.exists() or Path(f"{out}.partial.arrow").exists()):
+                bad(f"{self.out} already exists; pass --overwrite to replace it or choose another --out")
+        return self
+
+    def with_(self, **kw) -> "RunConfig":
+        return replace(self, **kw)
+
+
+def field_help() -> dict[str, str]:
+    return {f.name: f.metadata.get("help", "") for f in fields(RunConfig)}

@@ -1,0 +1,169 @@
+"""A vLLM engine driven one `step()` at a time, so every engine step is timed with its batch composition.
+
+- The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), built with `enforce_eager=True`
+  and `disable_log_stats=False`.
+- Prompts are given as token ids made by the trainer's tokenizer, so the policy gradient is computed on
+  exactly the contexts the engine saw.
+- Batch composition per step comes from the scheduler's own output (wrapped `Scheduler.schedule`):
+  sequences scheduled, prompt tokens computed (prefill), generated tokens fed (decode), and the KV
+  length attended (context). Nothing here is CPU-specific: on CUDA the same calls apply.
+- Weight sync: `collective_rpc("reload_weights", weights_iterator=...)`, then the prefix cache is reset
+  (cached prompt KV was computed by the old weights).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+GiB = 1 << 30
+
+
+@dataclass
+class StepStats:
+    t_start: float
+    duration: float
+    num_running: int
+    num_waiting: int
+    prefill_tokens: int
+    decode_tokens: int
+    context_tokens: int
+    kv_usage: float
+    finished: int
+
+
+@dataclass
+class Completion:
+    tag: Any
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    t_queued: float = 0.0
+    t_first_token: float | None = None
+    t_finished: float | None = None
+    finish_reason: str | None = None
+
+
+def resolve_dtype(dtype: str) -> str:
+    import torch
+
+    if dtype != "auto":
+        return dtype
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bfloat16"
+    return "float32"
+
+
+class Engine:
+    """Owns one `vllm.LLM`; `generate()` runs requests to completion step by step."""
+
+    def __init__(self, model_dir: str, *, max_num_seqs: int, max_model_len: int, kv_cache_gib: float,
+                 dtype: str = "auto", seed: int = 0, clock: Callable[[], float] = time.perf_counter):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must live in this process
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        import torch
+        import vllm
+
+        threads = torch.get_num_threads()
+        self.dtype = resolve_dtype(dtype)
+        t0 = time.perf_counter()
+        self.llm = vllm.LLM(
+            model=str(model_dir), dtype=self.dtype, max_model_len=max_model_len, enforce_eager=True,
+            max_num_seqs=max_num_seqs, seed=seed, disable_log_stats=False,
+            kv_cache_memory_bytes=int(kv_cache_gib * GiB), enable_prefix_caching=True,
+        )
+        self.start_time_s = time.perf_counter() - t0
+        torch.set_num_threads(threads)  # the CPU backend may re-pin OpenMP threads; keep the trainer's
+        self.clock = clock
+        self.engine = self.llm.llm_engine
+        self.core = self.engine.engine_core.engine_core  # in-process EngineCore
+        self.scheduler = self.core.scheduler
+        self._last: tuple[int, int, int, int] = (0, 0, 0, 0)
+        orig = self.scheduler.schedule
+
+        def schedule(*a, **k):
+            out = orig(*a, **k)
+            pre = dec = ctx = 0
+            reqs = self.scheduler.requests
+            for rid, n in out.num_scheduled_tokens.items():
+                req = reqs.get(rid)
+                if req is None:
+                    continue
+                after = req.num_computed_tokens  # already advanced by this schedule
+                before = after - n
+                p = max(0, min(req.num_prompt_tokens, after) - before)
+                pre += p
+                dec += n - p
+                ctx += after
+            self._last = (len(out.num_scheduled_tokens), pre, dec, ctx)
+            return out
+
+        self.scheduler.schedule = schedule
+        self._next_id = 0
+        cc = self.engine.vllm_config.cache_config
+        self.block_size = int(cc.block_size)
+        self.kv_cache_tokens = int((cc.num_gpu_blocks or 0) * cc.block_size)
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.version = vllm.__version__
+
+    def facts(self) -> dict[str, Any]:
+        return {"name": "vllm", "version": self.version, "max_num_seqs": self.max_num_seqs,
+                "kv_cache_tokens": self.kv_cache_tokens, "block_size": self.block_size,
+                "max_model_len": self.max_model_len, "dtype": self.dtype, "start_time_s": self.start_time_s,
+                "prefix_caching": True, "enforce_eager": True}
+
+    def sampling(self, max_tokens: int, temperature: float):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=1.0,
+                              output_kind=RequestOutputKind.DELTA, detokenize=False)
+
+    def generate(self, prompts: list[tuple[Any, list[int]]], sampling,
+                 on_step: Callable[[StepStats], None] | None = None) -> list[Completion]:
+        """Run all prompts (tag, token ids) to completion; call `on_step` after every engine step."""
+        eng, clock = self.engine, self.clock
+        live: dict[str, Completion] = {}
+        done: list[Completion] = []
+        for tag, ids in prompts:
+            rid = f"r{self._next_id}"
+            self._next_id += 1
+            c = Completion(tag=tag, prompt_ids=list(ids), t_queued=clock())
+            eng.add_request(rid, {"prompt_token_ids": list(ids)}, sampling)
+            live[rid] = c
+        while eng.has_unfinished_requests():
+            t0 = clock()
+            outs = eng.step()
+            t1 = clock()
+            finished = 0
+            for o in outs:
+                c = live.get(o.request_id)
+                if c is None:
+                    continue
+                seq = o.outputs[0]
+                if seq.token_ids:
+                    if c.t_first_token is None:
+                        c.t_first_token = t1
+                    c.token_ids.extend(seq.token_ids)
+                if o.finished:
+                    c.t_finished, c.finish_reason = t1, seq.finish_reason
+                    done.append(live.pop(o.request_id))
+                    finished += 1
+            if on_step is not None:
+                n, pre, dec, ctx = self._last
+                on_step(StepStats(t_start=t0, duration=t1 - t0, num_running=n,
+                                  num_waiting=len(self.scheduler.waiting), prefill_tokens=pre,
+                                  decode_tokens=dec, context_tokens=ctx,
+                                  kv_usage=float(self.scheduler.kv_cache_manager.usage), finished=finished))
+            self._last = (0, 0, 0, 0)
+        return done
+
+    def sync(self, state_dict: dict[str, Any]) -> int:
+        """Load new weights into the engine; returns bytes sent."""
+        items = list(state_dict.items())
+        nbytes = sum(t.numel() * t.element_size() for _, t in items)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": items})
+        self.engine.reset_prefix_cache()
+        return nbytes

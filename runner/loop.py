@@ -1,0 +1,276 @@
+"""The record loop: generate -> reward -> advantages -> one update -> weight sync -> (eval), traced.
+
+Every event goes through `replay.io.TraceWriter`; rows of an RL step are added and flushed together
+when the step completes (after its sync), so a SIGKILL keeps every completed update and no half step.
+Ctrl-C finishes cleanly: the trace is closed with status "interrupted".
+"""
+from __future__ import annotations
+
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from replay.errors import RlsimError
+from runner.config import RunConfig
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def hardware_info(device) -> dict[str, Any]:
+    import torch
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover
+        cores = os.cpu_count()
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (ValueError, OSError):  # pragma: no cover
+        mem = None
+    info = {"device": device.type, "cpu_name": _cpu_name(), "cpu_cores": cores,
+            "memory_gb": round(mem, 1) if mem else None, "mem_bandwidth_gbs": None,
+            "torch_threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        info.update(device_name=torch.cuda.get_device_name(0), device_count=torch.cuda.device_count(),
+                    device_memory_gb=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1))
+    else:
+        info.update(device_name=info["cpu_name"], device_count=1)
+    return info
+
+
+def package_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("rlsim", "torch", "vllm", "transformers", "tokenizers", "pyarrow"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    try:
+        import torch
+        import vllm
+
+        out["torch"], out["vllm"] = torch.__version__, vllm.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+class _Progress:
+    """A rich progress bar with step, reward, eval score and responses/s (or nothing)."""
+
+    def __init__(self, enabled: bool, total: int):
+        self.bar = None
+        if enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("[bold]rlrun"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.fields[info]}"), console=Console(stderr=True), transient=False)
+            self.task = self.bar.add_task("record", total=total, info="")
+            self.bar.start()
+
+    def update(self, done: int, info: str) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=done, info=info)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
+    """Run and record one RL run as a trace at `cfg.out`; returns its path."""
+    cfg.validate()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import random
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from replay.io import TraceWriter
+    from runner.algo import Sample, Trainer, grpo_advantages
+    from runner.engine import Engine, resolve_dtype
+    from runner.model import Recipe, check_model_dir, ensure_model, model_info
+    from runner.tasks import make_task
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model_dir = check_model_dir(cfg.model) if cfg.model else ensure_model(Recipe(task=cfg.task), log=log)
+    task = make_task(cfg.task, cfg.dataset, cfg.reward)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(model_dir))
+        policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
+    except (OSError, ValueError) as e:
+        raise RlsimError(f"cannot load the model in {model_dir} ({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    engine = Engine(str(model_dir), max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
+                    kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype, seed=cfg.seed)
+    log(f"engine started in {engine.start_time_s:.1f} s ({engine.kv_cache_tokens} KV tokens, dtype {engine.dtype})")
+    trainer = Trainer(policy, cfg, pad_id, device)
+    sampling = engine.sampling(cfg.max_tokens, cfg.temperature)
+
+    def encode(prompt: str) -> list[int]:
+        return list(tok(prompt)["input_ids"])
+
+    eval_set = task.eval_set(cfg.eval_prompts, cfg.seed)
+    eval_ids = [encode(ex.prompt) for ex in eval_set]
+    # warm-up outside the recorded run: the first engine steps carry one-time costs
+    t_w = time.perf_counter()
+    engine.generate([(None, ids) for ids in eval_ids[: min(len(eval_ids), 64)]], sampling)
+    log(f"engine warm-up generate: {time.perf_counter() - t_w:.2f} s")
+
+    minfo = model_info(policy, Path(model_dir))
+    meta = {
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "seed": cfg.seed, "config": cfg.to_meta(), "engine": {**engine.facts(), "warmup_excluded": True},
+        "hardware": hardware_info(device), "model": minfo, "packages": package_versions(),
+        "task": {"name": task.name, "eval_prompts": len(eval_set)},
+        "command": " ".join(sys.argv) if sys.argv and "rlrun" in sys.argv[0] else None,
+    }
+    stream = task.train_stream(cfg.seed)
+    P, G, B = cfg.prompts, cfg.G, cfg.batch
+    lr = cfg.lr_effective
+    T0 = time.perf_counter()
+    clock = lambda: time.perf_counter() - T0  # noqa: E731
+    engine.clock = clock
+    prog = _Progress(cfg.progress and sys.stderr.isatty(), cfg.steps)
+    cum_resp = cum_tok = 0
+    next_prompt_id = 0
+    last_score = float("nan")
+    writer = TraceWriter(cfg.out, meta, overwrite=cfg.overwrite)
+
+    def evaluate(version: int) -> dict[str, Any]:
+        t0 = clock()
+        reqs = [(i, ids) for i, ids in enumerate(eval_ids) for _ in range(cfg.eval_k)]
+        outs = engine.generate(reqs, sampling)
+        rewards = [task.reward(tok.decode(c.token_ids, skip_special_tokens=True), eval_set[c.tag]) for c in outs]
+        score = sum(rewards) / max(1, len(rewards))
+        t1 = clock()
+        return dict(t_start=t1, duration=t1 - t0, step=version, policy_version=version, cum_responses=cum_resp,
+                    cum_tokens=cum_tok, score=score, eval_k=cfg.eval_k, eval_prompts=len(eval_set))
+
+    interrupted = False
+    try:
+        writer.open()
+        ev = evaluate(0)
+        last_score = ev["score"]
+        writer.add("eval", **ev)
+        writer.flush()
+        log(f"step 0: eval score {last_score:.3f}")
+        for step in range(cfg.steps):
+            rows: list[tuple[str, dict[str, Any]]] = []
+            t_step = clock()
+            examples = [next(stream) for _ in range(P)]
+            pids = list(range(next_prompt_id, next_prompt_id + P))
+            next_prompt_id += P
+            reqs = []
+            for j, ex in enumerate(examples):
+                ids = encode(ex.prompt)
+                for g in range(G):
+                    reqs.append(((j, g), ids))
+            extra = cfg.gen_responses - B  # over-generation: the first B to finish are trained on
+            for e in range(extra):
+                j = e % P
+                reqs.append(((j, G + e // P), encode(examples[j].prompt)))
+
+            def on_step(s, _step=step):
+                rows.append(("gen_step", dict(t_start=s.t_start, duration=s.duration, step=_step, policy_version=_step,
+                                              num_running=s.num_running, num_waiting=s.num_waiting,
+                                              prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
+                                              context_tokens=s.context_tokens, kv_usage=s.kv_usage,
+                                              finished=s.finished)))
+
+            outs = engine.generate(reqs, sampling, on_step if cfg.record_steps else None)
+            gen_time = clock() - t_step
+            t_r = clock()
+            if extra:
+                by_prompt: dict[int, list] = {}
+                for c in sorted(outs, key=lambda c: c.t_finished):
+                    lst = by_prompt.setdefault(c.tag[0], [])
+                    if len(lst) < G:
+                        lst.append(c)
+                outs = [c for j in range(P) for c in by_prompt.get(j, [])]
+            outs.sort(key=lambda c: c.tag)
+            samples = []
+            for c in outs:
+                j, g = c.tag
+                text = tok.decode(c.token_ids, skip_special_tokens=True)
+                r = task.reward(text, examples[j])
+                samples.append(Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id], reward=r,
+                                      prompt_id=pids[j], group_index=g))
+            if cfg.algo == "grpo":
+                for s, a in zip(samples, grpo_advantages([s.reward for s in samples], G, cfg.std_scale)):
+                    s.advantage = a
+            reward_time = clock() - t_r
+            t_u = clock()
+            st = trainer.update(samples, lr)
+            u_dur = clock() - t_u
+            t_s = clock()
+            nbytes = engine.sync(policy.state_dict())
+            s_dur = clock() - t_s
+            step_time = clock() - t_step
+            mean_r = sum(s.reward for s in samples) / len(samples)
+            for c, s in zip(outs, samples):
+                rows.append(("response", dict(t_start=c.t_queued, duration=(c.t_finished or c.t_queued) - c.t_queued,
+                                              step=step, policy_version=step, prompt_id=s.prompt_id,
+                                              group_index=s.group_index, prompt_tokens=len(c.prompt_ids),
+                                              response_tokens=len(c.token_ids), reward=s.reward, consumed_step=step,
+                                              t_queued=c.t_queued, t_first_token=c.t_first_token,
+                                              t_finished=c.t_finished)))
+            rows.append(("update", dict(t_start=t_u, duration=u_dur, step=step, policy_version=step,
+                                        num_responses=len(samples), num_tokens=st.num_tokens,
+                                        response_tokens_total=st.response_tokens, lr=lr, loss=st.loss,
+                                        reward=mean_r, t_forward=st.t_forward, t_backward=st.t_backward,
+                                        t_optimizer=st.t_optimizer, grad_norm=st.grad_norm,
+                                        grad_norm_micro=st.grad_norm_micro, micro_batch=st.micro_batch,
+                                        critic_loss=st.critic_loss, critic_grad_norm=st.critic_grad_norm,
+                                        critic_grad_norm_micro=st.critic_grad_norm_micro, step_time=step_time,
+                                        gen_time=gen_time, reward_time=reward_time, prep_time=st.prep_time)))
+            rows.append(("sync", dict(t_start=t_s, duration=s_dur, step=step, policy_version=step + 1, bytes=nbytes)))
+            cum_resp += len(samples)
+            cum_tok += st.num_tokens
+            done = step + 1
+            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+                ev = evaluate(done)
+                last_score = ev["score"]
+                rows.append(("eval", ev))
+            for kind, r in rows:
+                writer.add(kind, **r)
+            writer.flush()
+            rps = len(samples) / step_time
+            info = f"reward {mean_r:.3f}  eval {last_score:.3f}  {rps:.0f} resp/s"
+            prog.update(done, info)
+            if prog.bar is None and (done % max(1, cfg.eval_every or 10) == 0 or done == cfg.steps):
+                log(f"step {done}/{cfg.steps}: {info}  (step {step_time:.2f} s: gen {gen_time:.2f}, train {u_dur:.2f}, sync {s_dur:.3f})")
+    except KeyboardInterrupt:
+        interrupted = True
+        writer.meta["status"] = "interrupted"
+    except BaseException as e:
+        writer.meta["status"] = f"failed: {type(e).__name__}"
+        prog.close()
+        writer.close()
+        raise
+    finally:
+        prog.close()
+    writer.close()
+    log(f"{'interrupted; ' if interrupted else ''}trace written: {cfg.out} ({writer.rows_written} rows)")
+    return Path(cfg.out)

@@ -1,0 +1,98 @@
+"""A human summary of a trace (`rlrun inspect`). Needs only the trace format (no torch)."""
+from __future__ import annotations
+
+import numpy as np
+
+from replay.io import read_trace
+from replay.schema import EVENT_KINDS
+
+
+def _f(x, fmt=".3f") -> str:
+    try:
+        return format(float(x), fmt) if x is not None and np.isfinite(float(x)) else "-"
+    except (TypeError, ValueError):
+        return str(x)
+
+
+def step_split(trace) -> dict[str, float]:
+    """Totals (seconds) of the RL-step phases and eval over the recorded run."""
+    u, s, e = trace.rows("update"), trace.rows("sync"), trace.rows("eval")
+    n = len(u["kind"])
+    if n == 0:
+        return {}
+    step = float(np.nansum(u["step_time"]))
+    gen = float(np.nansum(u["gen_time"]))
+    train = float(np.nansum(u["duration"]))
+    sync = float(np.nansum(s["duration"]))
+    reward = float(np.nansum(u["reward_time"]))
+    ev = float(np.nansum(e["duration"]))
+    return {"steps": n, "step": step, "gen": gen, "train": train, "sync": sync, "reward": reward,
+            "other": max(0.0, step - gen - train - sync - reward), "eval": ev,
+            "responses": float(np.nansum(u["num_responses"]))}
+
+
+def summarize(path: str) -> str:
+    t = read_trace(path)
+    m, c = t.meta, t.config
+    lines = [f"trace      {t.path}"]
+    status = m.get("status", "?")
+    if t.recovered:
+        status += " (RECOVERED from the partial stream of a run that did not finish: every completed step is kept)"
+    lines.append(f"status     {status}; schema v{m.get('schema_version')}; created {m.get('created', '?')}")
+    if c:
+        lines.append(
+            f"config     {c.get('algo')} P={c.get('prompts')} G={c.get('group')} B={c.get('batch')} "
+            f"lr={_f(c.get('lr_effective'), '.2e')} ({c.get('lr_rule')} rule from {_f(c.get('lr'), '.1e')} at B_ref={c.get('lr_ref_batch')}) "
+            f"steps={c.get('steps')} task={c.get('dataset') or c.get('task')} max_tokens={c.get('max_tokens')} "
+            f"T={c.get('temperature')} eval every {c.get('eval_every')} (k={c.get('eval_k')}, {c.get('eval_prompts')} prompts) "
+            f"seed={m.get('seed')}")
+    hw = m.get("hardware", {})
+    if hw:
+        lines.append(f"hardware   {hw.get('device')} {hw.get('device_name')} x{hw.get('device_count')}; "
+                     f"{hw.get('cpu_cores')} CPU cores; {hw.get('memory_gb')} GB memory")
+    mo = m.get("model", {})
+    if mo:
+        lines.append(f"model      {mo.get('architecture')} {mo.get('name')}: {mo.get('parameters'):,} parameters, "
+                     f"hidden {mo.get('hidden')}, {mo.get('layers')} layers, {mo.get('heads')} heads x {mo.get('head_dim')}, vocab {mo.get('vocab')}")
+    en = m.get("engine", {})
+    if en:
+        lines.append(f"engine     {en.get('name')} {en.get('version')}: start {_f(en.get('start_time_s'), '.1f')} s, "
+                     f"max_num_seqs {en.get('max_num_seqs')}, KV cache {en.get('kv_cache_tokens')} tokens "
+                     f"(block {en.get('block_size')}), dtype {en.get('dtype')}")
+    pk = m.get("packages", {})
+    if pk:
+        lines.append("packages   " + ", ".join(f"{k} {v}" for k, v in pk.items()))
+    lines.append("events     " + ", ".join(f"{k} {t.count(k)}" for k in EVENT_KINDS))
+    sp = step_split(t)
+    if sp:
+        tot = sp["step"] or float("nan")
+        lines.append(f"step time  {sp['steps']} steps, {_f(sp['step'] / sp['steps'])} s mean: "
+                     f"generation {100 * sp['gen'] / tot:.1f}%, training {100 * sp['train'] / tot:.1f}%, "
+                     f"sync {100 * sp['sync'] / tot:.1f}%, reward/adv {100 * sp['reward'] / tot:.1f}%, "
+                     f"other {100 * sp['other'] / tot:.1f}%; evals took {_f(sp['eval'], '.1f')} s more")
+        wall = sp["step"] + sp["eval"]
+        lines.append(f"throughput {_f(sp['responses'] / sp['step'], '.1f')} responses/s over RL steps "
+                     f"({_f(sp['responses'] / wall, '.1f')} incl. evals); {int(sp['responses'])} responses")
+        u = t.rows("update")
+        lines.append(f"update     loss {_f(u['loss'][-1])} (last), reward {_f(u['reward'][0])} -> {_f(u['reward'][-1])}, "
+                     f"grad norm {_f(np.nanmean(u['grad_norm']))} full / {_f(np.nanmean(u['grad_norm_micro']))} micro "
+                     f"(micro-batch {int(u['micro_batch'][0])}), forward {_f(np.nansum(u['t_forward']), '.1f')} s, "
+                     f"backward {_f(np.nansum(u['t_backward']), '.1f')} s, optimizer {_f(np.nansum(u['t_optimizer']), '.1f')} s")
+        if np.isfinite(u["critic_loss"].astype(float)).any():
+            lines.append(f"critic     loss {_f(u['critic_loss'][-1])} (last), grad norm {_f(np.nanmean(u['critic_grad_norm']))} full / "
+                         f"{_f(np.nanmean(u['critic_grad_norm_micro']))} micro")
+    r = t.rows("response")
+    if len(r["kind"]):
+        L = r["response_tokens"].astype(float)
+        lines.append(f"responses  length mean {L.mean():.1f}, p50 {np.percentile(L, 50):.0f}, p95 {np.percentile(L, 95):.0f}, "
+                     f"max {L.max():.0f} tokens; mean reward {np.nanmean(r['reward'].astype(float)):.3f}")
+    g = t.rows("gen_step")
+    if len(g["kind"]):
+        lines.append(f"gen steps  {len(g['kind'])} engine steps, {_f(np.mean(g['duration']) * 1e3, '.1f')} ms mean, "
+                     f"{_f(np.mean(g['num_running']), '.0f')} running mean, {_f(np.max(g['num_running']), '.0f')} max")
+    e = t.rows("eval")
+    if len(e["kind"]):
+        lines.append("eval       version  responses   wall s   score")
+        for v, n, ts, s in zip(e["policy_version"], e["cum_responses"], e["t_start"], e["score"]):
+            lines.append(f"           {int(v):7d}  {int(n):9d}  {ts:7.1f}  {s:.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""`rlsim run`, `rlsim replay`, `rlsim rank`: parse options, call one library function, print."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+
+from replay.errors import RlsimError, cli_errors
+from sim.config import WhatIf, help_text
+
+_H = help_text(WhatIf)
+
+
+def _fmt(v: Any, kind: str = "") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if kind == "s":
+        return f"{v:.4g} s" if v < 3600 else f"{v / 3600:.3g} h"
+    if kind == "x":
+        return f"{v:.3f}x"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _print_run(res) -> None:
+    from rich.table import Table
+
+    ref, cand = res.reference, res.candidate
+    t = Table(title=f"rlsim run: reference vs P={cand.prompts}, G={cand.group} (lr {cand.lr_rule})")
+    t.add_column("")
+    t.add_column("reference (trace)", justify="right")
+    t.add_column("candidate", justify="right")
+    rows = [("prompts P", "prompts", ""), ("group G", "group", ""), ("batch B = P x G", "batch", ""),
+            ("lr rule", "lr_rule", ""), ("responses/s", "responses_per_s", ""), ("step time", "step_time_s", "s"),
+            ("  generation", "gen_s", "s"), ("  training", "train_s", "s"), ("  sync", "sync_s", "s"),
+            ("  idle (rewards, other)", "idle_s", "s"), ("engine steps / round", "gen_steps", ""),
+            ("sigma (throughput gain)", "sigma", "x"), ("rho (sample cost)", "rho", "x"),
+            ("T / T_ref = rho / sigma", "time_to_target_ratio", "x"), ("time to target", "time_to_target_s", "s"),
+            ("regime", "regime", "")]
+    for label, key, kind in rows:
+        t.add_row(label, _fmt(getattr(ref, key), kind), _fmt(getattr(cand, key), kind))
+    con = _console()
+    con.print(t)
+    extra = f" (B_crit = {res.b_crit:.4g} responses)" if res.rho_model == "noise-scale" else ""
+    con.print(f"rho model: {res.rho_model}{extra}")
+    if math.isfinite(res.target):
+        n = f"{res.n_star_ref:.4g} responses" if math.isfinite(res.n_star_ref) else "never"
+        rec = f", recorded wall time {res.recorded_time_to_target_s:.4g} s incl. evals" if math.isfinite(res.recorded_time_to_target_s) else ""
+        con.print(f"target: eval score {res.target:.4g}; reference reached it after {n}{rec}")
+    for w in list(res.warnings) + list(cand.warnings):
+        con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def _load(paths: List[Path]):
+    from replay.io import read_trace
+
+    if not paths:
+        raise RlsimError("pass a trace with --trace (e.g. --trace traces/grpo_p128.parquet)")
+    return [read_trace(p) for p in paths]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    @cli_errors
+    def run_cmd(
+        trace: List[Path] = typer.Option([], "--trace", "-t", help="recorded trace (first = reference); repeat for learning curves at other batch sizes"),
+        batch: Optional[int] = typer.Option(None, "--batch", "-b", help=_H["prompts"]),
+        group: Optional[int] = typer.Option(None, "--group", "-g", help=_H["group"]),
+        lr_rule: Optional[str] = typer.Option(None, "--lr-rule", help=_H["lr_rule"]),
+        target: Optional[float] = typer.Option(None, "--target", help="eval score that defines time-to-target (default: the best the reference reached)"),
+        rho: str = typer.Option("auto", "--rho", help="sample-cost model: invariant | noise-scale | curves | auto"),
+        updates: int = typer.Option(100, "--updates", help=_H["updates"]),
+        seed: int = typer.Option(0, "--seed", help=_H["seed"]),
+        max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help=_H["max_num_seqs"]),
+        kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", help=_H["kv_cache_tokens"]),
+        as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    ) -> None:
+        """Predict throughput, sample cost and time-to-target of a batch size from a recorded trace."""
+        from sim.whatif import run
+
+        cfg = WhatIf(prompts=batch, group=group, lr_rule=lr_rule, updates=updates, seed=seed,
+                     max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens)
+        cfg.validate()
+        res = run(_load(trace), cfg, rho_model=rho, target=target)
+        if as_json:
+            typer.echo(json.dumps(res.to_dict(), indent=2))
+        else:
+            _print_run(res)
+
+    @app.command("replay")
+    @cli_errors
+    def replay_cmd(
+        trace: Path = typer.Argument(..., help="recorded trace to replay"),
+        seed: int = typer.Option(0, "--seed", help=_H["seed"]),
+        sampled: bool = typer.Option(False, "--sampled", help="draw response lengths from the fitted distribution instead of replaying the recorded ones"),
+        per_update: bool = typer.Option(False, "--per-update", help="also print every update"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    ) -> None:
+        """Simulate exactly the recorded configuration; print recorded vs simulated times and errors."""
+        from replay.io import read_trace
+        from sim.whatif import replay_trace
+
+        res = replay_trace(read_trace(trace), seed=seed, lengths="sampled" if sampled else "recorded")
+        if as_json:
+            typer.echo(json.dumps(res.to_dict(), indent=2))
+            return
+        from rich.table import Table
+
+        con = _console()
+        errs = res.errors()
+        t = Table(title=f"rlsim replay {res.trace}: {len(res.step)} updates"
+                        f"{' (step 0, the warm-up, left out)' if res.skipped_warmup else ''}, {res.lengths} lengths")
+        for c in ("metric", "recorded mean", "simulated mean", "median error", "max error"):
+            t.add_column(c, justify="right" if c != "metric" else "left")
+        units = {"step_time": "s", "gen_time": "s", "responses_per_s": ""}
+        for k, e in errs.items():
+            t.add_row(k, _fmt(e["recorded_mean"], units[k]), _fmt(e["simulated_mean"], units[k]),
+                      f"{100 * e['median']:.2f}%", f"{100 * e['max']:.2f}%")
+        con.print(t)
+        if per_update:
+            pu = Table(title="per update")
+            for c in ("step", "rec step", "sim step", "rec gen", "sim gen", "rec resp/s", "sim resp/s"):
+                pu.add_column(c, justify="right")
+            for i, s in enumerate(res.step):
+                pu.add_row(str(int(s)), *(_fmt(float(d[k][i])) for k in ("step_time", "gen_time", "responses_per_s")
+                                          for d in (res.recorded, res.simulated)))
+            con.print(pu)
+        for w in res.warnings:
+            con.print(f"[yellow]warning:[/yellow] {w}")
+
+    @app.command("rank")
+    @cli_errors
+    def rank_cmd(
+        measurements: Path = typer.Option(..., "--measurements", "-m", help="CSV: config,sigma,rho or config,responses_per_s,samples_to_target"),
+        reference: str = typer.Option(..., "--reference", "-r", help="config name of the reference row"),
+        as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    ) -> None:
+        """Rank configurations by time-to-target ratio rho / sigma from your own measurements."""
+        from sim.rank import rank_file
+
+        ranked, present = rank_file(measurements, reference)
+        best = ranked[0]
+        if as_json:
+            typer.echo(json.dumps({"reference": reference, "best": best.config, "rows": [r.to_dict() for r in ranked]}, indent=2))
+            return
+        from rich.table import Table
+
+        t = Table(title=f"rlsim rank (reference {reference})")
+        for c in ("config", "sigma", "rho", "T / T_ref", "regime"):
+            t.add_column(c, justify="left" if c in ("config", "regime") else "right")
+        for r in ranked:
+            t.add_row(r.config, f"{r.sigma:.3f}", f"{r.rho:.3f}", f"{r.time_to_target_ratio:.3f}", r.regime)
+        con = _console()
+        con.print(t)
+        if not present:
+            con.print(f"note: no row named {reference!r}; sigma and rho are taken as already relative to it")
+        con.print(f"best: {best.config} (T / T_ref = {best.time_to_target_ratio:.3f}, {best.regime})")

@@ -1,0 +1,247 @@
+"""The generation engine at engine-step granularity: continuous batching (vLLM V1-like).
+
+Scheduling semantics (the same in both paths below):
+- requests queue FIFO; at the start of every step the engine admits waiting requests while fewer than
+  `max_num_seqs` run and the KV cache has blocks for their prompt;
+- an admitted request computes its prompt (prefill) and samples its first token in that step; every
+  later step it decodes one token; a request of L tokens occupies L consecutive steps and frees its
+  slot for the next step;
+- the step's cost is the fitted linear model of its composition: num_running, context tokens (KV
+  length after the step: prompt + tokens generated before the step), prefill tokens computed;
+- when a running sequence needs a KV block and none is free, the latest admitted running request is
+  preempted (its blocks freed; it re-queues at the front and recomputes prompt + output on readmission).
+
+Two implementations:
+- `schedule_rounds`: the exact fast path when the KV cache cannot bind (max_num_seqs sequences of the
+  longest context fit). All rounds are scheduled at once, vectorised across rounds with a calendar of
+  slot releases; per-round costs are closed forms of summed features because the cost is linear.
+- `run_round_steps`: the general step-level loop with KV accounting and preemption. Between two events
+  that change the batch (an admission, a finish, a preemption) the composition is fixed and the
+  context grows by num_running per step, so the stretch's cost is a closed form and it is advanced at
+  once (one SimPy timeout per stretch in `Engine.round_process`).
+Per-sequence state lives in numpy arrays; there is no process per request.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from replay.fit import GenStepModel
+from sim.config import EngineConfig
+
+
+@dataclass(frozen=True, eq=False)
+class RoundPlan:
+    """Schedules of a set of generation rounds (one per update)."""
+
+    start: np.ndarray = field(metadata={"help": "(rounds, B) step at which each request was admitted"})
+    steps: np.ndarray = field(metadata={"help": "(rounds,) engine steps in each round"})
+    sum_running: np.ndarray = field(metadata={"help": "(rounds,) sum over steps of num_running"})
+    sum_context: np.ndarray = field(metadata={"help": "(rounds,) sum over steps of context tokens"})
+    sum_prefill: np.ndarray = field(metadata={"help": "(rounds,) sum over steps of prefill tokens"})
+    preemptions: np.ndarray = field(metadata={"help": "(rounds,) preemptions (0 on the fast path)"})
+    peak_kv_tokens: np.ndarray = field(metadata={"help": "(rounds,) most KV tokens allocated in one step"})
+    peak_running: np.ndarray = field(metadata={"help": "(rounds,) most sequences in one step"})
+
+
+def schedule_rounds(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, prefill: np.ndarray | None = None,
+                    block_size: int = 16) -> RoundPlan:
+    """Exact continuous-batching schedule of independent rounds when the KV cache never binds.
+
+    prompt, length: (rounds, B) integer arrays in queue order. Returns admission steps and summed
+    features. Vectorised across rounds: one loop iteration per engine step of the longest admission phase.
+    """
+    prompt = np.asarray(prompt, np.int64)
+    length = np.asarray(length, np.int64)
+    U, B = length.shape
+    if prefill is None:
+        prefill = prompt
+    start = np.zeros((U, B), np.int64)
+    if B == 0:
+        z = np.zeros(U)
+        return RoundPlan(start, z.astype(np.int64), z, z, z, z.astype(np.int64), z, z.astype(np.int64))
+    lmax = int(length.max())
+    R = lmax + 1  # ring of slot releases: a request admitted at s frees its slot at s + L (L <= lmax)
+    ring = np.zeros(U * R, np.int64)
+    free = np.full(U, int(max_num_seqs), np.int64)
+    ptr = np.zeros(U, np.int64)
+    rows_all = np.arange(U)
+    flat_len = length.ravel()
+    start_flat = start.ravel()
+    s = 0
+    while True:
+        pending = ptr < B
+        if not pending.any():
+            break
+        m = np.minimum(free, B - ptr)
+        m[~pending] = 0
+        tot = int(m.sum())
+        if tot:
+            rows = np.repeat(rows_all, m)
+            first = np.cumsum(m) - m
+            idx = rows * B + np.repeat(ptr - first, m) + np.arange(tot)
+            start_flat[idx] = s
+            ring += np.bincount(rows * R + (s + flat_len[idx]) % R, minlength=U * R)
+            free -= m
+            ptr += m
+        s += 1
+        slot = s % R
+        col = ring[slot::R]
+        free += col
+        ring[slot::R] = 0
+    end = start + length
+    steps = end.max(axis=1)
+    L = length.astype(float)
+    p = prompt.astype(float)
+    sum_running = L.sum(axis=1)
+    sum_context = (L * p + L * (L - 1) / 2).sum(axis=1)
+    sum_prefill = np.asarray(prefill, float).sum(axis=1)
+    n_peak = np.minimum(max_num_seqs, B)
+    # peak KV tokens: bounded by the running sequences' longest contexts; exact value needs the step
+    # arrays, the bound is enough for the capacity warning (the fast path is only used when it fits)
+    peak_kv = np.full(U, float(n_peak * (prompt.max() + lmax)))
+    return RoundPlan(start=start, steps=steps, sum_running=sum_running, sum_context=sum_context,
+                     sum_prefill=sum_prefill, preemptions=np.zeros(U, np.int64), peak_kv_tokens=peak_kv,
+                     peak_running=np.full(U, n_peak, np.int64))
+
+
+def round_cost(gen: GenStepModel, plan: RoundPlan) -> np.ndarray:
+    """Seconds of engine steps per round (closed form of the linear step model)."""
+    return (gen.c_step * plan.steps + gen.c_seq * plan.sum_running + gen.c_ctx * plan.sum_context
+            + gen.c_prefill * plan.sum_prefill)
+
+
+def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray, prefill: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-step composition of one round from its schedule: num_running, context_tokens, prefill_tokens, finished."""
+    start = np.asarray(start, np.int64)
+    length = np.asarray(length, np.int64)
+    prompt = np.asarray(prompt, np.int64)
+    prefill = prompt if prefill is None else np.asarray(prefill, float)
+    end = start + length
+    K = int(end.max()) if len(end) else 0
+    n = np.cumsum(np.bincount(start, minlength=K + 1) - np.bincount(end, minlength=K + 1))[:K]
+    a = (prompt - start).astype(float)  # context of a request at step s is a + s
+    ctx = np.cumsum(np.bincount(start, a, minlength=K + 1) - np.bincount(end, a, minlength=K + 1))[:K] + np.arange(K) * n
+    pre = np.bincount(start, np.asarray(prefill, float), minlength=K + 1)[:K]
+    fin = np.bincount(end - 1, minlength=K + 1)[:K]
+    return {"num_running": n.astype(np.int64), "context_tokens": ctx, "prefill_tokens": pre, "finished": fin}
+
+
+@dataclass
+class Stretch:
+    """A run of engine steps with one composition (mutable scratch record of the step loop)."""
+
+    step: int          # index of its first step in the round
+    steps: int         # how many steps
+    num_running: int
+    context0: float    # context tokens of its first step (grows by num_running per step)
+    prefill: float     # prefill tokens of its first step
+    finished: int      # requests finishing in its last step
+    kv_tokens: int     # KV tokens allocated at its first step (blocks x block size)
+
+    def cost(self, gen: GenStepModel) -> float:
+        k, n = self.steps, self.num_running
+        return (k * (gen.c_step + gen.c_seq * n) + gen.c_ctx * (k * self.context0 + n * k * (k - 1) / 2)
+                + gen.c_prefill * self.prefill)
+
+
+def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig, prefill_ratio: float = 1.0,
+                    finish: np.ndarray | None = None):
+    """The general step-level loop of one round (KV accounting, preemption). Yields (Stretch, requests
+    preempted at its first step).
+
+    State: per-request numpy arrays (prompt, target length, generated, admission order); the running
+    set is an index array in admission order; the waiting queue a FIFO of indices. `finish`, when
+    given, receives each request's last step.
+    """
+    p = np.asarray(prompt, np.int64)
+    L = np.asarray(length, np.int64)
+    B = len(L)
+    bs = engine.block_size
+    cap = engine.kv_blocks
+    gen_done = np.zeros(B, np.int64)      # tokens generated so far
+    waiting = list(range(B - 1, -1, -1))  # a stack: pop() gives the queue head
+    running = np.zeros(0, np.int64)
+    s = 0
+    need_first = np.ceil(np.maximum(p, 1) / bs).astype(np.int64)  # blocks to admit a fresh request
+    while len(running) or waiting:
+        # 1. blocks the running set needs for this step; preempt the latest admitted until it fits
+        preempted_now = 0
+        ctx_run = p[running] + gen_done[running]
+        blocks = np.ceil(ctx_run / bs).astype(np.int64)
+        used = int(blocks.sum())
+        while used > cap and len(running):
+            victim = running[-1]
+            running = running[:-1]
+            used -= int(blocks[-1])
+            blocks = blocks[:-1]
+            waiting.append(int(victim))
+            preempted_now += 1
+        # 2. admit while slots and blocks allow (not in a step that preempted)
+        pre_tok = 0.0
+        admitted = []
+        if not preempted_now:
+            while waiting and len(running) + len(admitted) < engine.max_num_seqs:
+                j = waiting[-1]
+                c = int(p[j] + gen_done[j])  # a preempted request recomputes prompt + output
+                nb = -(-c // bs)
+                if used + nb > cap:
+                    if not len(running) and not admitted:
+                        raise ValueError(f"a request of {c} context tokens does not fit the KV cache of {cap * bs} tokens")
+                    break
+                waiting.pop()
+                admitted.append(j)
+                used += nb
+                pre_tok += p[j] * prefill_ratio if gen_done[j] == 0 else c
+        if admitted:
+            running = np.concatenate([running, np.asarray(admitted, np.int64)])
+        n = len(running)
+        if n == 0:
+            raise ValueError("engine stalled: no request fits")
+        ctx = p[running] + gen_done[running]
+        remaining = L[running] - gen_done[running]
+        k = int(remaining.min())
+        # 3. KV overflow inside the stretch: blocks needed at step j = sum ceil((ctx + j) / bs)
+        if k > 1:
+            j = np.arange(k)
+            need = np.ceil((ctx[:, None] + j[None, :]) / bs).sum(axis=0)
+            over = np.nonzero(need > cap)[0]
+            if len(over):
+                k = max(int(over[0]), 1)
+        gen_done[running] += k
+        fin = gen_done[running] >= L[running]
+        if finish is not None:
+            finish[running[fin]] = s + k - 1
+        yield Stretch(step=s, steps=k, num_running=n, context0=float(ctx.sum()), prefill=float(pre_tok),
+                      finished=int(fin.sum()), kv_tokens=used * bs), preempted_now
+        running = running[~fin]
+        s += k
+
+
+def round_plan_exact(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig, prefill_ratio: float = 1.0):
+    """Run `run_round_steps` for each round: (steps, sum_running, sum_context, sum_prefill, preemptions,
+    peak_kv_tokens, peak_running, stretches) per round (the reference implementation)."""
+    out = []
+    for u in range(len(length)):
+        st = [(x, pre) for x, pre in run_round_steps(prompt[u], length[u], engine, prefill_ratio)]
+        K = sum(x.steps for x, _ in st)
+        sr = sum(x.steps * x.num_running for x, _ in st)
+        sc = sum(x.steps * x.context0 + x.num_running * x.steps * (x.steps - 1) / 2 for x, _ in st)
+        sp = sum(x.prefill for x, _ in st)
+        out.append((K, sr, sc, sp, sum(pre for _, pre in st), max(x.kv_tokens for x, _ in st),
+                    max(x.num_running for x, _ in st), [x for x, _ in st]))
+    return out
+
+
+def trained_mask(prompt_of: np.ndarray, finish: np.ndarray, group: int) -> np.ndarray:
+    """Over-generation: per prompt, the first `group` responses to finish (ties: queue order)."""
+    n = len(finish)
+    order = np.lexsort((np.arange(n), finish, prompt_of))
+    po = prompt_of[order]
+    first = np.r_[0, np.nonzero(np.diff(po))[0] + 1]
+    rank = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+    mask = np.zeros(n, bool)
+    mask[order[rank < group]] = True
+    return mask

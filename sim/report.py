@@ -1,0 +1,348 @@
+"""The study's charts (shared by `rlsim sweep` and `rlsim report`), the ranking table, and the one-page
+self-contained HTML report: trace summary, fitted models with their fit quality, every chart, and the
+sweep's ranking. The Vega / Vega-Lite / vega-embed bundle is inlined once (from vl-convert), so the page
+opens with no network.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import html
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from replay.errors import RlsimError
+
+CHARTS = (
+    ("time_to_target", "Time to target vs batch size"),
+    ("sigma_rho", "Throughput gain and sample cost vs batch size"),
+    ("gen_throughput", "Generation throughput vs concurrency"),
+    ("learning_curves", "Learning curves vs cumulative responses"),
+    ("timeline", "Timeline of the best configuration (simulated)"),
+)
+TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3f"), ("gen_s", "gen s", ".3f"),
+                 ("train_s", "train s", ".3f"), ("sync_s", "sync s", ".4f"), ("sigma", "sigma", ".3f"),
+                 ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""))
+GANTT_STEPS = 3
+
+
+def _fmt(v: Any, spec: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return format(v, spec or ".4g")
+    return str(v)
+
+
+TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3g"),
+                    ("sigma", "sigma", ".3f"), ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"),
+                    ("regime", "regime", ""))
+
+
+def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top: int = 10,
+                  labels: Mapping[str, str] | None = None):
+    """A rich table of the best `top` rows (rows already ranked): the axes that vary, then the key results."""
+    from rich.table import Table
+
+    labels = labels or {}
+    varying = [a for a in axes if len({repr(r.get(a)) for r in rows}) > 1] or list(axes)[:1]
+    t = Table(title=f"Ranking by time to target, best {min(top, len(rows))} of {len(rows)}", title_justify="left")
+    t.add_column("#", justify="right", no_wrap=True)
+    for a in varying:
+        t.add_column(labels.get(a, a).lstrip("-"), justify="right", no_wrap=True)
+    cols = [c for c in TERMINAL_COLUMNS if any(c[0] in r for r in rows)]
+    for _, label, _ in cols:
+        t.add_column(label, justify="right", no_wrap=True)
+    for r in rows[:top]:
+        t.add_row(str(r.get("rank", "")), *[_fmt(r.get(a)) for a in varying],
+                  *[_fmt(_short_regime(r.get(k)) if k == "regime" else r.get(k), f) for k, _, f in cols])
+    return t
+
+
+def _short_regime(v: Any) -> Any:
+    from sim.charts import regime_key
+
+    return regime_key(v) or v
+
+
+# ----------------------------------------------------------------------------------------------
+# charts
+
+
+def fitted_models(study: Any, traces: Sequence[Any]):
+    """The FittedModels inside the study if it holds one, else a fresh fit of the traces."""
+    from replay.fit import FittedModels, fit_trace
+
+    for name in ("models", "fitted", "fit", "model"):
+        v = getattr(study, name, None)
+        if isinstance(v, FittedModels):
+            return v
+    if dataclasses.is_dataclass(study):
+        for f in dataclasses.fields(study):
+            v = getattr(study, f.name, None)
+            if isinstance(v, FittedModels):
+                return v
+            if isinstance(v, (list, tuple)) and v and isinstance(v[0], FittedModels):
+                return v[0]
+    return fit_trace(list(traces))
+
+
+def throughput_curve(fitted, trace, *, points: int = 48) -> list[dict]:
+    g = trace.rows("gen_step")
+    n = np.asarray(g["num_running"], float)
+    ctx = np.asarray(g["context_tokens"], float)
+    ok = n > 0
+    if not ok.any():
+        return []
+    ctx_per_seq = float(np.median(ctx[ok] / n[ok]))
+    hi = max(float(n.max()) * 2, float((fitted.engine or {}).get("max_num_seqs") or 0), 4.0)
+    ns = np.unique(np.round(np.geomspace(1, hi, points)))
+    tps = fitted.gen.throughput(ns, ctx_per_seq)
+    return [{"num_running": float(a), "tokens_per_s": float(b)} for a, b in zip(ns, tps) if np.isfinite(b)]
+
+
+def _axes_of(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    axes = list(((meta.get("grid") or {}).get("axes") or {}).keys())
+    return axes or [k for k in ("prompts", "group", "lr_rule") if rows and k in rows[0]]
+
+
+def _whatif_from_row(row: Mapping[str, Any]):
+    from sim.config import WhatIf
+
+    names = {f.name for f in dataclasses.fields(WhatIf) if f.init}
+    kwargs = {k: row[k] for k in names if k in row and row[k] is not None}
+    cfg = WhatIf(**kwargs)
+    if "updates" in names and getattr(cfg, "updates", GANTT_STEPS) > GANTT_STEPS:
+        cfg = dataclasses.replace(cfg, updates=GANTT_STEPS)
+    return cfg
+
+
+def _gantt_until(spans: Sequence[Any], steps: int = GANTT_STEPS) -> float | None:
+    ends = sorted(s.start + s.dur for s in spans if s.kind in ("sync",))
+    if len(ends) < steps:
+        ends = sorted(s.start + s.dur for s in spans if s.kind in ("update",))
+    return ends[steps - 1] * 1.0001 if len(ends) >= steps else None
+
+
+def build_charts(*, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[str, Any]] = (),
+                 meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """name -> altair chart for every chart the study has data for (sweep charts need rows)."""
+    from sim import charts as ch
+
+    meta = meta or {}
+    out: dict[str, Any] = {}
+    fitted = fitted_models(study, traces)
+    if rows:
+        axes = _axes_of(meta, rows)
+        series = ch.varying_keys(rows, axes)
+        ref_cfg = traces[0].config
+        prefer = {k: ref_cfg.get(k) for k in series if k in ref_cfg}
+        ref_batch = (ref_cfg.get("prompts") or 0) * (ref_cfg.get("group") or 1) or None
+        primary = ch.primary_series([dict(r) for r in rows], series, prefer)
+        crit = critical_batches(study, rows, primary)
+        out["time_to_target"] = ch.time_to_target_chart(rows, series=series, prefer=prefer, critical=crit,
+                                                        reference_batch=ref_batch)
+        out["sigma_rho"] = ch.sigma_rho_chart(rows, series=series)
+    out["gen_throughput"] = ch.throughput_chart(ch.measured_throughput_points(traces[0]), throughput_curve(fitted, traces[0]),
+                                                title=f"Generation throughput vs concurrency ({traces[0].name})")
+    out["learning_curves"] = ch.learning_chart(ch.trace_learning_curves(traces), target=(meta.get("study") or {}).get("target"))
+    try:
+        from sim.perfetto import spans_from_simrun
+        from sim.whatif import timeline
+
+        best = rows[0] if rows else {k: traces[0].config.get(k) for k in ("prompts", "group")}
+        cfg = _whatif_from_row(best)
+        spans, counters = spans_from_simrun(timeline(study, cfg))
+        label = ", ".join(f"{k}={best.get(k)}" for k in _axes_of(meta, rows)) if rows else "the recorded config"
+        out["timeline"] = ch.gantt_chart(spans, counters, title=f"Simulated timeline: {label} (first {GANTT_STEPS} steps)",
+                                         until=_gantt_until(spans))
+    except ImportError:
+        pass
+    return out
+
+
+def critical_batches(study: Any, rows: Sequence[Mapping[str, Any]], primary: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+    """The two boundaries of the time-to-target chart.
+    Critical generation batch: where the simulated end-to-end throughput of the primary series plateaus
+    (reaches 90% of its best). Critical training batch: the gradient noise scale B_crit of the reference
+    trace when it is estimable (rho(B) bends upward there), else the largest batch whose rho stays within 10%."""
+    from sim import charts as ch
+
+    crit = ch.critical_batches(primary)
+    b_crit = getattr(getattr(study, "noise", None), "b_crit", None)
+    if isinstance(b_crit, (int, float)) and math.isfinite(b_crit) and b_crit > 0:
+        crit["critical_train_batch"] = float(b_crit)
+    return crit
+
+
+def sweep_charts(out_dir: str | os.PathLike, *, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[str, Any]],
+                 meta: Mapping[str, Any] | None = None, png: bool = True) -> dict[str, dict[str, Path]]:
+    from sim.charts import save_chart
+
+    charts = build_charts(traces=traces, study=study, rows=rows, meta=meta)
+    return {name: save_chart(c, out_dir, name, png=png) for name, c in charts.items()}
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+
+
+def trace_summary(trace: Any) -> dict[str, Any]:
+    u = trace.rows("update")
+    e = trace.rows("eval")
+    counts = {k: trace.count(k) for k in ("gen_step", "response", "update", "sync", "eval")}
+    t_end = float(np.nanmax(trace.table["t_start"].to_numpy(zero_copy_only=False))) if trace.table.num_rows else 0.0
+    st = np.asarray(u["step_time"], float)
+    nr = np.asarray(u["num_responses"], float)
+    ok = np.isfinite(st) & (st > 0)
+    out = {
+        "path": str(trace.path), "status": trace.meta.get("status"), "recovered": bool(trace.recovered),
+        "rows": counts, "duration_s": t_end,
+        "mean_step_time_s": float(np.mean(st[ok])) if ok.any() else None,
+        "mean_gen_time_s": float(np.nanmean(u["gen_time"])) if len(u["gen_time"]) and np.isfinite(u["gen_time"]).any() else None,
+        "responses_per_s": float(nr[ok].sum() / st[ok].sum()) if ok.any() else None,
+        "best_score": float(np.max(e["score"])) if len(e["score"]) else None,
+        "final_score": float(e["score"][np.argmax(e["cum_responses"])]) if len(e["score"]) else None,
+        "max_running": int(np.max(trace.rows("gen_step")["num_running"])) if counts["gen_step"] else None,
+    }
+    return out
+
+
+def _kv_table(d: Mapping[str, Any]) -> str:
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v, default=str))}</td></tr>"
+                   for k, v in d.items())
+    return f"<table class='kv'>{rows}</table>"
+
+
+def _table(header: Sequence[str], body: Sequence[Sequence[Any]], cls: str = "grid") -> str:
+    h = "".join(f"<th>{html.escape(str(x))}</th>" for x in header)
+    b = "".join("<tr>" + "".join(f"<td>{html.escape(str(x))}</td>" for x in r) + "</tr>" for r in body)
+    return f"<table class='{cls}'><thead><tr>{h}</tr></thead><tbody>{b}</tbody></table>"
+
+
+def models_section(fitted) -> str:
+    g = fitted.gen
+    parts = ["<h3>Generation step cost</h3>",
+             f"<p class='eq'>t_step = {g.c_step * 1e3:.4g} ms + {g.c_seq * 1e6:.4g} &micro;s &times; running "
+             f"+ {g.c_ctx * 1e9:.4g} ns &times; context tokens + {g.c_prefill * 1e9:.4g} ns &times; prefill tokens"
+             f"{' (fixed term from the roofline prior)' if g.prior else ''}; fitted on concurrency "
+             f"{g.concurrency_range[0]}..{g.concurrency_range[1]}</p>"]
+    aff = [(m.name, m.x_name, f"{m.intercept:.4g}", f"{m.slope:.4g}") for m in
+           (fitted.update, fitted.prep, fitted.reward, fitted.other, fitted.sync)]
+    o = fitted.gen_overhead
+    parts.append("<h3>Other cost models (seconds = intercept + slope &times; x)</h3>")
+    parts.append(_table(["model", "x", "intercept", "slope"], aff +
+                        [("gen overhead", "responses, steps", f"{o.base:.4g}", f"{o.per_response:.4g}, {o.per_step:.4g}")]))
+    q = [(name, fq.n, _fmt(fq.r2, ".4f"), _fmt(fq.rmse, ".3g"), _fmt(fq.median_rel_err, ".2%"),
+          _fmt(fq.p95_rel_err, ".2%"), fq.dropped, fq.method) for name, fq in fitted.quality.items()]
+    parts.append("<h3>Fit quality</h3>")
+    parts.append(_table(["model", "rows", "R²", "RMSE (s)", "median |rel err|", "p95 |rel err|", "dropped", "method"], q))
+    ln = fitted.lengths
+    parts.append(f"<p>Response lengths: mean {ln.mean_response:.1f} tokens, p50 {np.median(ln.response_tokens):.0f}, "
+                 f"p95 {np.percentile(ln.response_tokens, 95):.0f}, cap {ln.max_tokens}; prompt lengths mean "
+                 f"{np.mean(ln.prompt_tokens):.1f}.</p>")
+    if fitted.warnings:
+        parts.append("<ul class='warn'>" + "".join(f"<li>{html.escape(w)}</li>" for w in fitted.warnings) + "</ul>")
+    return "\n".join(parts)
+
+
+def ranking_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], *, limit: int = 200) -> str:
+    axes = _axes_of(meta, rows)
+    cols = [c for c in TABLE_COLUMNS if any(c[0] in r for r in rows)]
+    body = [[r.get("rank")] + [_fmt(r.get(a)) for a in axes] + [_fmt(r.get(k), f) for k, _, f in cols] for r in rows[:limit]]
+    grid = (meta.get("grid") or {})
+    desc = "; ".join(f"{(grid.get('options') or {}).get(a, a)} {', '.join(map(str, v))}" for a, v in (grid.get("axes") or {}).items())
+    head = f"<p>{len(rows)} configs ({html.escape(desc)}); ranked by T_new / T_ref = rho / sigma, smallest first."
+    if len(rows) > limit:
+        head += f" The best {limit} are shown; all are in results.csv."
+    head += "</p>"
+    return head + _table(["rank", *axes, *[c[1] for c in cols]], body)
+
+
+def _chart_div(name: str, title: str, spec: dict) -> str:
+    js = json.dumps(spec, allow_nan=False).replace("</", "<\\/")
+    return (f"<section class='chart' id='chart-{name}'><h3>{html.escape(title)}</h3><div id='vis-{name}'></div>"
+            f"<script type='application/json' id='spec-{name}'>{js}</script></section>")
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.6em 0;font-size:13px} td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+table.kv th{text-align:left;background:#f6f6f6} table.grid thead th{background:#f0f3f7;position:sticky;top:0}
+.eq{font-family:ui-monospace,monospace;background:#f7f7f7;padding:.5em} .warn{color:#9a5b00} .muted{color:#777}
+section.chart{margin:1.5em 0}
+"""
+
+
+def build_report(trace_paths: Sequence[str | os.PathLike], sweep_dir: str | os.PathLike | None, out: str | os.PathLike, *,
+                 rho_model: str | None = None, target: float | None = None) -> Path:
+    """Write the report; returns its path."""
+    import altair as alt  # noqa: F401  (charts)
+    import vl_convert as vlc
+
+    from replay.io import read_trace
+    from sim.sweep import read_results, trace_identity
+    from sim.whatif import prepare
+
+    if not trace_paths:
+        raise RlsimError("give a trace with --trace")
+    traces = [read_trace(p) for p in trace_paths]
+    rows, meta = read_results(sweep_dir) if sweep_dir is not None else ([], {})
+    study_opts = dict(meta.get("study") or {})
+    if rho_model is not None:
+        study_opts["rho_model"] = rho_model
+    if target is not None:
+        study_opts["target"] = target
+    if meta.get("traces"):
+        swept = {t.get("sha256") for t in meta["traces"]}
+        mine = {trace_identity(t)["sha256"] for t in traces}
+        if not mine & swept:
+            raise RlsimError(f"the sweep in {sweep_dir} was run on other traces ({', '.join(t['path'] for t in meta['traces'])}); "
+                             "pass the same --trace")
+    study = prepare(traces, rho_model=study_opts.get("rho_model") or "auto", target=study_opts.get("target"))
+    fitted = fitted_models(study, traces)
+    charts = build_charts(traces=traces, study=study, rows=rows, meta={**meta, "study": study_opts})
+
+    parts = [f"<h1>rlsim report</h1><p class='muted'>generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}"
+             f"{' from sweep ' + html.escape(str(sweep_dir)) if sweep_dir else ''}</p>"]
+    parts.append("<h2 id='traces'>Traces</h2>")
+    for t in traces:
+        s = trace_summary(t)
+        ident = trace_identity(t)
+        parts.append(f"<h3>{html.escape(t.name)}</h3>")
+        parts.append(_kv_table({"path": s["path"], "sha256": ident["sha256"], "status": s["status"],
+                                "rows": s["rows"], "recorded seconds": s["duration_s"],
+                                "mean step time (s)": s["mean_step_time_s"], "mean generation time (s)": s["mean_gen_time_s"],
+                                "responses / s": s["responses_per_s"], "max running sequences": s["max_running"],
+                                "best eval score": s["best_score"], "final eval score": s["final_score"],
+                                "config": t.config, "engine": t.meta.get("engine", {}), "model": t.meta.get("model", {}),
+                                "hardware": t.meta.get("hardware", {})}))
+    parts.append("<h2 id='models'>Fitted models</h2>" + models_section(fitted))
+    parts.append("<h2 id='charts'>Charts</h2>")
+    titles = dict(CHARTS)
+    for name, chart in charts.items():
+        parts.append(_chart_div(name, titles.get(name, name), chart.to_dict()))
+    if rows:
+        parts.append("<h2 id='ranking'>Sweep ranking</h2>" + ranking_section(rows, meta))
+    names = json.dumps(list(charts))
+    script = ("<script>(function(){for(const n of " + names + "){const s=JSON.parse(document.getElementById('spec-'+n).textContent);"
+              "vegaEmbed('#vis-'+n,s,{mode:'vega-lite',actions:{export:true,source:false,compiled:false,editor:false}})"
+              ".catch(e=>{document.getElementById('vis-'+n).textContent='chart failed: '+e;});}})();</script>")
+    bundle = vlc.javascript_bundle().replace("</script", "<\\/script")
+    page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>rlsim report</title>"
+            f"<style>{CSS}</style><script type='text/javascript'>{bundle}</script></head><body>"
+            + "\n".join(parts) + script + "</body></html>")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, out)
+    return out

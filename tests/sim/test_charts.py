@@ -1,0 +1,95 @@
+"""Charts: PNGs are valid images of non-trivial size; HTML opens offline (JS inlined); regime and boundary helpers."""
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from study_synth import make_trace  # noqa: E402
+
+from replay.io import read_trace  # noqa: E402
+from sim import charts as ch  # noqa: E402
+from sim.perfetto import spans_from_trace  # noqa: E402
+
+
+def _rows():
+    rows = []
+    for g in (4, 8):
+        for p in (8, 16, 32, 64, 128):
+            b = p * g
+            sigma = (min(b, 512) / 32) ** 0.5
+            rho = 1.0 if b <= 256 else b / 256
+            r = rho / sigma
+            rows.append({"prompts": p, "group": g, "lr_rule": "sqrt", "sigma": sigma, "rho": rho, "responses_per_s": 50 * sigma,
+                         "time_to_target_ratio": r, "regime": "time falls" if r < 0.95 else ("time rises" if r > 1.05 else "flat")})
+    return rows
+
+
+def _check_png(path, min_w=300, min_h=150, min_bytes=5000):
+    w, h = ch.png_size(path)
+    assert w >= min_w and h >= min_h, (w, h)
+    assert Path(path).stat().st_size >= min_bytes
+
+
+def _check_html(path):
+    text = Path(path).read_text()
+    assert "vegaEmbed" in text and "window.vegaEmbed=" in text  # the bundle itself is inlined
+    assert not re.search(r"<script[^>]+src=", text)  # no network fetch for scripts
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    return read_trace(make_trace(tmp_path_factory.mktemp("tr") / "syn.parquet", updates=4))
+
+
+def test_sweep_charts_save_valid_png_and_offline_html(tmp_path):
+    rows = _rows()
+    for name, chart in [("ttt", ch.time_to_target_chart(rows, series=["group"], prefer={"group": 4}, reference_batch=32)),
+                        ("sigma_rho", ch.sigma_rho_chart(rows, series=["group"]))]:
+        paths = ch.save_chart(chart, tmp_path, name)
+        _check_png(paths["png"])
+        _check_html(paths["html"])
+
+
+def test_trace_charts_save_valid_png(tmp_path, trace):
+    pts = ch.measured_throughput_points(trace)
+    assert len(pts) == trace.count("gen_step")
+    curve = [{"num_running": n, "tokens_per_s": n / (4e-3 + 1.5e-4 * n)} for n in (1, 2, 4, 8, 16, 32)]
+    spans, counters = spans_from_trace(trace)
+    for name, chart in [("tp", ch.throughput_chart(pts, curve)),
+                        ("lc", ch.learning_chart(ch.trace_learning_curves([trace]), target=0.6)),
+                        ("gantt", ch.gantt_chart(spans, counters, title="recorded"))]:
+        paths = ch.save_chart(chart, tmp_path, name)
+        _check_png(paths["png"])
+
+
+def test_regime_bands_merge_and_split_at_geometric_midpoints():
+    bands = ch.regime_bands([(64, "time falls"), (128, "falls"), (256, "flat"), (512, "time rises")])
+    assert [b["regime"] for b in bands] == ["falls", "flat", "rises"]
+    assert bands[0]["x1"] == pytest.approx((128 * 256) ** 0.5)
+    assert bands[1]["x1"] == pytest.approx((256 * 512) ** 0.5)
+    assert bands[0]["x0"] < 64 and bands[-1]["x1"] > 512
+
+
+def test_critical_batches_from_a_series():
+    rows = [r for r in _rows() if r["group"] == 4]
+    crit = ch.critical_batches(rows)
+    # throughput saturates at B = 512 (>= 90% of the best there); rho stays <= 1.1 up to B = 256
+    assert crit == {"critical_gen_batch": 512.0, "critical_train_batch": 256.0}
+
+
+def test_gantt_merges_consecutive_engine_steps(trace):
+    spans, _ = spans_from_trace(trace)
+    bars = ch.merge_spans(spans)
+    gen = [b for b in bars if b["kind"] == "gen_step"]
+    assert len(gen) == trace.count("update")  # one generation phase per RL step
+    assert sum(b["slices"] for b in gen) == trace.count("gen_step")
+    assert not [b for b in bars if b["kind"] == "response"]
+
+
+def test_png_size_rejects_non_png(tmp_path):
+    p = tmp_path / "x.png"
+    p.write_bytes(b"GIF89a" + b"\0" * 30)
+    with pytest.raises(ValueError):
+        ch.png_size(p)

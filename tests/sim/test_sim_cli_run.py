@@ -1,0 +1,99 @@
+"""`rlsim run | replay | rank` through typer's CliRunner, and bad input: one line, exit 2, no traceback."""
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from replay.io import write_trace
+from replay.synthetic import SynthSpec, synthetic_trace
+from sim.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory):
+    return synthetic_trace(tmp_path_factory.mktemp("cli") / "p16.parquet", SynthSpec(prompts=16, group=4, steps=5))
+
+
+def _ok(args):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def test_run_json_keys_and_values(trace):
+    d = json.loads(_ok(["run", "--trace", str(trace), "--batch", "64", "--json"]))
+    for k in ("prompts", "group", "responses_per_s", "step_time_s", "sigma", "rho", "time_to_target_ratio",
+              "gen_s", "train_s", "sync_s", "idle_s", "regime", "rho_model", "reference"):
+        assert k in d
+    assert (d["prompts"], d["group"]) == (64, 4)
+    assert d["reference"]["prompts"] == 16 and d["reference"]["sigma"] == 1.0
+    assert d["time_to_target_ratio"] == pytest.approx(d["rho"] / d["sigma"])
+
+
+def test_run_is_deterministic_with_seed(trace):
+    args = ["run", "--trace", str(trace), "--batch", "32", "--seed", "5", "--updates", "10", "--json"]
+    assert _ok(args) == _ok(args)
+
+
+def test_run_table_names_the_rho_model(trace):
+    out = _ok(["run", "--trace", str(trace), "--batch", "64", "--group", "8", "--lr-rule", "fixed", "--rho", "invariant"])
+    assert "rho model: invariant" in out and "T / T_ref" in out
+    assert "--lr-rule fixed" in out  # the warning
+
+
+def test_replay_prints_errors(trace):
+    out = _ok(["replay", str(trace)])
+    assert "step_time" in out and "median error" in out and "0.00%" in out
+    d = json.loads(_ok(["replay", str(trace), "--json"]))
+    assert d["errors"]["step_time"]["median"] < 1e-9
+
+
+def test_rank(tmp_path):
+    f = tmp_path / "runs.csv"
+    f.write_text("config,sigma,rho\np128,1,1\np1024,1.41,1\np2048,1.30,1.6\n")
+    out = _ok(["rank", "--measurements", str(f), "--reference", "p128"])
+    assert "best: p1024" in out and "0.709" in out
+
+
+def _bad_files(tmp_path):
+    text = tmp_path / "not.parquet"
+    text.write_text("hello")
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(pa.table({"a": [1, 2]}), plain)
+    v2 = write_trace(tmp_path / "v2.parquet", {"schema_version": 2}, [])
+    cols = tmp_path / "cols.parquet"
+    t = pq.read_table(synthetic_trace(tmp_path / "full.parquet", SynthSpec(steps=2)))
+    pq.write_table(t.drop(["context_tokens"]).replace_schema_metadata(t.schema.metadata), cols)
+    return {"missing": tmp_path / "nope.parquet", "text": text, "plain": plain, "v2": v2, "cols": cols}
+
+
+@pytest.mark.parametrize("case,msg", [("missing", "not found"), ("text", "not a readable Parquet"),
+                                      ("plain", "no `rlsim` metadata"), ("v2", "schema version 2"),
+                                      ("cols", "lacks columns context_tokens")])
+def test_bad_trace_files(tmp_path, case, msg):
+    path = _bad_files(tmp_path)[case]
+    for args in (["run", "--trace", str(path), "--batch", "64"], ["replay", str(path)]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2
+        assert msg in r.output and "Traceback" not in r.output
+        assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("args,msg", [(["--batch", "0"], "--batch must be a positive integer"),
+                                      (["--batch", "-4"], "--batch must be a positive integer"),
+                                      (["--group", "1"], "GRPO needs a group of at least 2"),
+                                      (["--lr-rule", "cubic"], "--lr-rule must be one of"),
+                                      (["--rho", "magic"], "--rho must be one of"),
+                                      (["--updates", "0"], "--updates must be a positive integer")])
+def test_bad_options(trace, args, msg):
+    r = runner.invoke(app, ["run", "--trace", str(trace), *args])
+    assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
+
+
+def test_rank_bad_input(tmp_path):
+    r = runner.invoke(app, ["rank", "--measurements", str(tmp_path / "none.csv"), "--reference", "a"])
+    assert r.exit_code == 2 and "not found" in r.output

@@ -1,0 +1,116 @@
+"""What-if: prepare / evaluate / run on synthetic traces: sigma, rho, T ratio, warnings, determinism."""
+import math
+import pickle
+
+import numpy as np
+import pytest
+
+from replay.errors import RlsimError
+from replay.io import read_trace
+from replay.synthetic import SynthSpec, synthetic_trace
+from sim.config import WhatIf
+from sim.whatif import evaluate, prepare, replay_trace, run, timeline
+
+SPEC = SynthSpec(prompts=16, group=4, steps=6, max_num_seqs=32)
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    d = tmp_path_factory.mktemp("whatif")
+    ref = read_trace(synthetic_trace(d / "p16.parquet", SPEC))
+    # the same setup at 4x the batch, learning slower per response
+    big = read_trace(synthetic_trace(d / "p64.parquet", SynthSpec(prompts=64, group=4, steps=3, max_num_seqs=32, score_scale=3000.0)))
+    return ref, big
+
+
+@pytest.fixture(scope="module")
+def study(traces):
+    return prepare([traces[0]])
+
+
+def test_reference_config_gives_unit_ratios(traces, study):
+    out = evaluate(study, WhatIf())
+    assert (out.prompts, out.group, out.batch) == (16, 4, 64)
+    assert out.sigma == pytest.approx(1.0) and out.rho == pytest.approx(1.0)
+    assert out.time_to_target_ratio == pytest.approx(1.0) and out.regime == "flat"
+
+
+def test_noise_scale_rho_and_t_ratio(study):
+    assert study.noise.b_crit == pytest.approx(SPEC.tr_sigma / SPEC.g2)
+    out = evaluate(study, WhatIf(prompts=64))
+    assert out.rho_model == "noise-scale"
+    assert out.rho == pytest.approx((1 + 256 / 64) / (1 + 64 / 64))
+    assert out.sigma == pytest.approx(out.responses_per_s / study.q_ref)
+    assert out.time_to_target_ratio == pytest.approx(out.rho / out.sigma)
+    assert out.sigma > 1  # the fixed step cost amortises over more concurrent sequences
+    assert out.time_to_target_s == pytest.approx(out.rho * study.n_star_ref / out.responses_per_s)
+    assert out.step_time_s == pytest.approx(out.gen_s + out.train_s + out.sync_s + out.idle_s)
+
+
+def test_invariant_and_curves_models(traces):
+    inv = evaluate(prepare([traces[0]], rho_model="invariant"), WhatIf(prompts=64))
+    assert inv.rho == 1.0 and inv.rho_model == "invariant"
+    st = prepare(list(traces), rho_model="curves", target=0.1)
+    out = evaluate(st, WhatIf(prompts=64))
+    n_ref = st.curves[0].samples_to_target(0.1)
+    n_big = st.curves[1].samples_to_target(0.1)
+    assert out.rho_model == "curves" and out.rho == pytest.approx(n_big / n_ref)
+    # halfway in log batch between 64 and 256 responses
+    mid = evaluate(st, WhatIf(prompts=32))
+    assert mid.rho == pytest.approx((n_ref + n_big) / 2 / n_ref)
+    assert prepare(list(traces), target=0.1).rho_for(256, "sqrt")[1] == "curves"  # auto prefers curves
+    with pytest.raises(RlsimError):
+        prepare([traces[0]], rho_model="curves")
+
+
+def test_fixed_lr_beyond_reference_warns_without_curves(study):
+    out = evaluate(study, WhatIf(prompts=32, lr_rule="fixed"))
+    assert any("--lr-rule fixed" in w for w in out.warnings)
+    assert not any("--lr-rule fixed" in w for w in evaluate(study, WhatIf(prompts=32)).warnings)
+
+
+def test_extrapolation_and_kv_warnings(study):
+    big = evaluate(study, WhatIf(prompts=256, max_num_seqs=1024, updates=3))
+    assert any("16x the measured" in w for w in big.warnings)
+    kv = evaluate(study, WhatIf(kv_cache_tokens=256, updates=3))
+    assert kv.preemptions > 0 and any("KV-cache capacity" in w for w in kv.warnings)
+
+
+def test_grpo_group_of_one_refused(study):
+    with pytest.raises(RlsimError, match="group of at least 2"):
+        evaluate(study, WhatIf(group=1))
+    for bad in (WhatIf(prompts=0), WhatIf(prompts=-3), WhatIf(lr_rule="cubic"), WhatIf(updates=0)):
+        with pytest.raises(RlsimError):
+            bad.validate()
+
+
+def test_deterministic_picklable_and_run_matches_evaluate(traces, study):
+    cfg = WhatIf(prompts=48, seed=3, updates=20)
+    a = evaluate(study, cfg)
+    b = evaluate(pickle.loads(pickle.dumps(study)), cfg)
+    assert a.to_dict() == b.to_dict()
+    assert evaluate(study, WhatIf(prompts=48, seed=4, updates=20)).responses_per_s != a.responses_per_s
+    r = run([traces[0]], WhatIf(prompts=48))
+    assert r.candidate.to_dict() == evaluate(study, WhatIf(prompts=48)).to_dict()
+    d = r.to_dict()
+    for k in ("prompts", "group", "responses_per_s", "step_time_s", "sigma", "rho", "time_to_target_ratio", "reference"):
+        assert k in d
+    assert all(not isinstance(v, (list, dict)) for k, v in evaluate(study, cfg).to_dict().items())
+
+
+def test_timeline_lanes_and_counters(study):
+    tl = timeline(study, WhatIf(prompts=8, updates=2))
+    names = {s.name for s in tl.timeline}
+    assert {"gen.step", "gen.round", "train.update", "sync.weights", "rl.step"} <= names
+    assert {c[1] for c in tl.counters} == {"gen.running", "gen.kv_usage"}
+    steps = sorted((s for s in tl.timeline if s.name == "gen.step"), key=lambda s: s.start)
+    assert all(a.start + a.dur <= b.start + 1e-12 for a, b in zip(steps, steps[1:]))  # no overlap on the engine lane
+
+
+def test_replay_of_a_synthetic_trace_is_exact(traces):
+    res = replay_trace(traces[0])
+    e = res.errors()
+    assert e["step_time"]["max"] < 1e-9 and e["gen_time"]["max"] < 1e-9
+    assert res.skipped_warmup and len(res.step) == SPEC.steps - 1
+    sampled = replay_trace(traces[0], lengths="sampled").errors()
+    assert sampled["step_time"]["median"] < 0.1

@@ -1,0 +1,169 @@
+"""`rlsim sweep` and `rlsim export perfetto` end to end on a synthetic trace with the real simulator;
+sweep rows equal single `evaluate` results; bad input is one line and exit 2."""
+import json
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).parent))
+from study_synth import make_trace  # noqa: E402
+
+from replay.io import read_trace  # noqa: E402
+from sim import perfetto as pf  # noqa: E402
+from sim import sweep as sw  # noqa: E402
+from sim.cli import app  # noqa: E402
+from sim.config import WhatIf  # noqa: E402
+from sim.whatif import evaluate, prepare, run  # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def trace_path(tmp_path_factory):
+    return make_trace(tmp_path_factory.mktemp("tr") / "grpo.parquet", prompts=8, group=4, updates=6, max_num_seqs=32)
+
+
+def _invoke(args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_sweep_cli_writes_ranked_results_equal_to_single_evaluate(trace_path, tmp_path):
+    out = tmp_path / "sweep"
+    res = _invoke(["sweep", "--trace", trace_path, "--batch", "4,8,16,64", "--group", "4,8", "--lr-rule", "sqrt,fixed",
+                   "--updates", "8", "--out", out, "--workers", "2", "--no-charts"])
+    assert res.exit_code == 0, res.output
+    assert "Ranking by time to target" in res.output
+    table = pq.read_table(out / "results.parquet")
+    assert table.num_rows == 16
+    meta = json.loads(table.schema.metadata[sw.SWEEP_META_KEY])
+    assert meta["grid"]["axes"] == {"prompts": [4, 8, 16, 64], "group": [4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [8]}
+    assert meta["grid"]["options"]["prompts"] == "--batch"
+    ident = meta["traces"][0]
+    assert ident["sha256"] == sw.sha256_file(trace_path) and ident["config"]["prompts"] == 8
+    assert json.loads((out / "sweep.json").read_text()) == meta
+    rows = table.to_pylist()
+    ratios = [r["time_to_target_ratio"] for r in rows]
+    assert ratios == sorted(ratios)
+    traces = [read_trace(trace_path)]
+    for r in rows:
+        cfg = WhatIf(prompts=r["prompts"], group=r["group"], lr_rule=r["lr_rule"], updates=8)
+        single = run(traces, cfg).candidate.to_dict()  # what `rlsim run` computes for this config
+        for k, v in single.items():
+            assert r[k] == v, (k, r[k], v)
+    assert len((out / "results.csv").read_text().splitlines()) == 17
+
+
+def test_sweep_local_pool_equals_in_process_and_single_evaluate(trace_path):
+    traces = [read_trace(trace_path)]
+    grid = sw.build_grid(WhatIf, {"prompts": [4, 8, 16, 32], "group": [2, 4, 8], "seed": [0, 1], "updates": [6]})
+    studies = sw.prepare_studies(traces, grid)
+    assert sorted(studies.studies) == [(6, 0), (6, 1)]  # the reference simulated per (updates, seed), as `run` does
+    pooled = sw.run_sweep(studies, grid, workers=2, chunk_size=5)
+    assert pooled == sw.run_sweep(studies, grid, workers=1)
+    for cfg, row in zip(grid, pooled):
+        study = prepare(traces, updates=cfg.updates, seed=cfg.seed)
+        assert row == {**sw.config_dict(cfg), **evaluate(study, cfg).to_dict()}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch", "64,,x"], "--batch: empty element in the list"),
+    (["--batch", "64,x"], "--batch: 'x' is not a valid value"),
+    (["--batch", ""], "--batch: empty list"),
+    (["--batch", "0,64"], "--batch must be a positive integer"),
+    (["--lr-rule", "sqrt,cubic"], "--lr-rule must be one of"),
+    ([], "nothing to sweep"),
+])
+def test_sweep_bad_input_is_one_line_exit_2(trace_path, tmp_path, args, message):
+    res = _invoke(["sweep", "--trace", trace_path, "--out", tmp_path / "o", *args])
+    assert res.exit_code == 2, res.output
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_rejects_a_grpo_group_of_one_before_running(trace_path, tmp_path):
+    res = _invoke(["sweep", "--trace", trace_path, "--batch", "8,16", "--group", "1,4", "--out", tmp_path / "o"])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+    assert "config [--batch 8 --group 1" in res.output and "GRPO needs a group of at least 2" in res.output
+
+
+def test_sweep_refuses_existing_output_unless_overwrite(trace_path, tmp_path):
+    out = tmp_path / "exists"
+    out.mkdir()
+    res = _invoke(["sweep", "--trace", trace_path, "--batch", "8,16", "--updates", "4", "--out", out, "--no-charts"])
+    assert res.exit_code == 2 and res.output.strip().count("\n") == 0
+    assert "already exists; pass --overwrite" in res.output
+    res = _invoke(["sweep", "--trace", trace_path, "--batch", "8,16", "--updates", "4", "--out", out, "--no-charts",
+                   "--overwrite", "--workers", "1"])
+    assert res.exit_code == 0, res.output
+    assert (out / "results.parquet").exists()
+
+
+def test_sweep_missing_trace_is_one_line(tmp_path):
+    res = _invoke(["sweep", "--trace", tmp_path / "nope.parquet", "--batch", "8", "--out", tmp_path / "o"])
+    assert res.exit_code == 2 and "trace not found" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_ray_address_without_ray_says_how_to_install(trace_path, tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_ray(name, *a, **k):
+        if name == "ray" or name.startswith("ray."):
+            raise ImportError("no ray")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_ray)
+    res = _invoke(["sweep", "--trace", trace_path, "--batch", "8,16", "--out", tmp_path / "o", "--ray-address", "auto"])
+    assert res.exit_code == 2
+    assert res.output.strip() == "error: --ray-address needs Ray, an optional extra: pip install 'rlsim[ray]'"
+
+
+def test_export_perfetto_recorded_cli(trace_path, tmp_path):
+    out = tmp_path / "recorded.json"
+    res = _invoke(["export", "perfetto", trace_path, "-o", out])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(out.read_text())
+    counts = pf.check_chrome_trace(obj)
+    trace = read_trace(trace_path)
+    assert all(counts[k] == trace.count(k) for k in ("gen_step", "response", "update", "sync", "eval"))
+    res = _invoke(["export", "perfetto", trace_path, "-o", out])
+    assert res.exit_code == 2 and "already exists" in res.output
+
+
+def test_export_perfetto_simulated_has_the_recorded_lanes(trace_path, tmp_path):
+    rec = pf.recorded_chrome_trace(read_trace(trace_path))
+    out = tmp_path / "simulated.json"
+    res = _invoke(["export", "perfetto", "--simulate", "--trace", trace_path, "--batch", "16", "--updates", "3", "-o", out])
+    assert res.exit_code == 0, res.output
+    obj = json.loads(out.read_text())
+    counts = pf.check_chrome_trace(obj)
+    assert counts["update"] == counts["sync"] == counts["gen_round"] == counts["rl_step"] == 3
+    assert counts["response"] == 3 * 16 * 4  # every simulated response on a slot track
+    assert counts["gen_step"] > 0
+
+    def lanes(o):
+        procs = {e["pid"]: e["args"]["name"] for e in o["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+        return {(procs[e["pid"]], e["args"]["name"].rstrip("0123456789 ")) for e in o["traceEvents"]
+                if e["ph"] == "M" and e["name"] == "thread_name"}
+
+    assert lanes(rec) - {("eval", "evals")} <= lanes(obj)
+    names = {e["name"] for e in obj["traceEvents"] if e["ph"] == "C"}
+    assert {"gen.running", "gen.kv_usage"} <= names
+
+
+@pytest.mark.parametrize("args, message", [
+    (["export", "perfetto", "-o", "x.json"], "give the trace to export"),
+    (["export", "perfetto", "missing.parquet", "-o", "x.json"], "trace not found"),
+    (["export", "perfetto", "--simulate", "-o", "x.json"], "give a trace with --trace"),
+    (["export", "perfetto", "--simulate", "--trace", "T", "--batch", "8,16", "-o", "x.json"], "give one value here"),
+])
+def test_export_bad_input(trace_path, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)
+    res = _invoke([str(trace_path) if a == "T" else a for a in args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and len(res.output.strip().splitlines()) == 1

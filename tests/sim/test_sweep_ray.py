@@ -1,0 +1,33 @@
+"""The same sweep as Ray tasks on a local Ray instance gives results identical to the local pool."""
+import sys
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+sys.path.insert(0, str(Path(__file__).parent))
+from study_synth import make_trace  # noqa: E402
+
+from replay.io import read_trace  # noqa: E402
+from sim import sweep as sw  # noqa: E402
+from sim.config import WhatIf  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    yield
+    ray.shutdown()
+
+
+def test_ray_results_identical_to_local(tmp_path, local_ray):
+    traces = [read_trace(make_trace(tmp_path / "t.parquet", prompts=8, group=4, updates=5))]
+    grid = sw.build_grid(WhatIf, {"prompts": [4, 8, 16, 32], "group": [2, 4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [5]})
+    study = sw.prepare_studies(traces, grid)
+    local = sw.run_sweep(study, grid, workers=2)
+    seen = []
+    remote = sw.run_sweep(study, grid, ray_address="local", chunk_size=5, progress=seen.append)
+    assert remote == local
+    assert sum(seen) == len(grid) and len(seen) == -(-len(grid) // 5)  # several configs per task
