@@ -45,6 +45,8 @@ if str(ROOT) not in sys.path:  # run as `python bench/runner_vs_trl.py`
     sys.path.insert(0, str(ROOT))
 
 INSTALL_HINT = "pip install -e '.[cpu,bench]'"
+BUSY: list[tuple[str, float]] = []  # runs that started on a CPU already busy with other work
+WAIT_IDLE = [120.0]  # seconds to wait for other work to leave the CPU before each run (--wait-idle)
 
 
 def _log(msg: str) -> None:
@@ -133,7 +135,37 @@ def run_rlrun(a, P: int, model_dir: str, work: Path, k: int) -> dict[str, Any]:
     return rlrun_stats(read_trace(trace_path), a.warmup)
 
 
+def cpu_busy(seconds: float = 1.0) -> float | None:
+    """Fraction of all cores busy over `seconds` (from /proc/stat; None where it is missing)."""
+    def snap():
+        vals = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        return vals[3] + vals[4], sum(vals)  # idle + iowait, total
+    try:
+        i0, t0 = snap()
+        time.sleep(seconds)
+        i1, t1 = snap()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def wait_idle(max_wait: float, threshold: float = 0.15) -> float | None:
+    """Wait (up to `max_wait` s) until other work leaves the CPU; return the last busy fraction seen."""
+    t0, busy, said = time.perf_counter(), cpu_busy(), False
+    while busy is not None and busy > threshold and time.perf_counter() - t0 < max_wait:
+        if not said:
+            _log(f"the CPU is {busy:.0%} busy with other work: waiting up to {max_wait:.0f} s for it to go idle")
+            said = True
+        time.sleep(2.0)
+        busy = cpu_busy()
+    return busy
+
+
 def _run(cmd: list[str], logf: Path, label: str) -> None:
+    busy = wait_idle(WAIT_IDLE[0])
+    if busy is not None and busy > 0.15:
+        _log(f"warning: before {label} the CPU was {busy:.0%} busy with other work; its timings are not trustworthy")
+        BUSY.append((label, busy))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
     t0 = time.perf_counter()
     with open(logf, "w") as f:
@@ -204,8 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rlrun-args", default="", help="extra arguments for `rlrun record`, e.g. '--dtype bfloat16'")
     ap.add_argument("--eval-prompts", type=int, default=32, help="rlrun held-out prompts (evals only before/after)")
     ap.add_argument("--workdir", help="where traces, results and logs go (default: a new temporary folder)")
+    ap.add_argument("--wait-idle", type=float, default=120.0,
+                    help="before each run, wait up to this many seconds for other work to leave the CPU (default 120)")
     ap.add_argument("--json", help="write all results here")
     a = ap.parse_args(argv)
+    WAIT_IDLE[0] = a.wait_idle
 
     tools = [t.strip() for t in a.tools.split(",") if t.strip()]
     if not set(tools) <= {"trl", "rlrun"} or not tools:
@@ -322,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"prep {s.get('prep_s', float('nan')):.2f})")
             print(f"  rlrun vs its bound: generation {b['gen_s'] / s['gen_s']:.0%}, training "
                   f"{b['train_s'] / s['train_s']:.0%}")
+    if BUSY:
+        print("warning: other work was using the CPU before " + ", ".join(f"{l} ({b:.0%})" for l, b in BUSY)
+              + ": those timings are not trustworthy")
     if a.json:
         Path(a.json).write_text(json.dumps({"model": facts, "matmul": [rate, rate_sq, rate_bf16],
                                             "summary": {str(k): v for k, v in summary.items()}}, indent=1,

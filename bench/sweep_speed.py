@@ -105,7 +105,13 @@ def main() -> None:
             remote = sw.run_sweep(study, grid, ray_address="local")
             t_ray = time.perf_counter() - t0
             ray.shutdown()
-            same = remote == local
+            same = sw.same_rows(remote, local)
+            if not same:
+                for i, (a, b) in enumerate(zip(local, remote)):
+                    diff = [k for k in a if not sw.same_rows([{k: a[k]}], [{k: b.get(k)}])]
+                    if diff:
+                        print(f"config {i} differs in {diff}: local {[a[k] for k in diff]} ray {[b.get(k) for k in diff]}")
+                        break
             rows.append((f"sweep, Ray local instance ({args.workers} CPUs), excluding start-up", str(n), f"{t_ray:.1f} s",
                          f"<= {1.2 * t_local:.1f} s (local + 20%): {'ok' if t_ray <= 1.2 * t_local else 'MISSED'}; "
                          f"identical results: {same}"))

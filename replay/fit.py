@@ -73,24 +73,90 @@ def _quality(X: np.ndarray, y: np.ndarray, coef: np.ndarray, dropped: int, metho
                       dropped=dropped, method=method)
 
 
-def nnls_fit(X: np.ndarray, y: np.ndarray, *, trim: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Non-negative least squares with column scaling; optionally trims outliers (> 6 robust sigmas)
-    once and refits. Returns (coef, mask of rows kept)."""
-    X = np.asarray(X, float)
-    y = np.asarray(y, float)
+def _nnls_scaled(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     scale = np.linalg.norm(X, axis=0)
     scale[scale == 0] = 1.0
-    coef = nnls(X / scale, y)[0] / scale
-    keep = np.ones(len(y), bool)
-    if trim and len(y) >= 20:
-        res = y - X @ coef
-        med = np.median(res)
-        mad = 1.4826 * np.median(np.abs(res - med))
-        if mad > 0:
-            keep = np.abs(res - med) <= 6 * mad
-            if keep.sum() >= X.shape[1] + 2 and not keep.all():
-                coef = nnls(X[keep] / scale, y[keep])[0] / scale
-    return coef, keep
+    return nnls(X / scale, y)[0] / scale
+
+
+def nnls_fit(X: np.ndarray, y: np.ndarray, *, trim: bool = True, keep_frac: float = 0.5, groups: np.ndarray | None = None,
+             iters: int = 15) -> tuple[np.ndarray, np.ndarray]:
+    """Robust non-negative least squares. Returns (coef, mask of rows kept).
+
+    Timings on a shared machine are contaminated one-sidedly (contention only slows things down, by
+    varying factors) and in whole time windows. So: least trimmed squares on log(measured/predicted), by
+    concentration steps (keep the `keep_frac` of rows that fit best, refit) from several starts (a
+    plain fit, an L1 fit, and one fit per group of rows, e.g. per RL step, when `groups` is given);
+    the start with the smallest trimmed loss wins; then every row within 3 robust sigmas of it is
+    kept and a final NNLS is fitted on those. Without `trim`, or with few rows, plain NNLS."""
+    X = np.asarray(X, float)
+    y = np.asarray(y, float)
+    n, k = X.shape
+    coef = _nnls_scaled(X, y)
+    keep = np.ones(n, bool)
+    if not trim or n < 12:
+        return coef, keep
+    floor = 1e-6 * max(float(np.median(np.abs(y))), 1e-12)
+    ylog = np.log(np.maximum(y, floor))
+
+    def lres(c):  # multiplicative residual: log(measured / predicted)
+        return ylog - np.log(np.maximum(X @ c, floor))
+
+    denom = np.maximum(np.abs(y), floor)
+    starts = [coef]
+    c1 = coef
+    for _ in range(10):  # L1 start by iteratively reweighted least squares (relative residuals)
+        w = 1.0 / np.sqrt(np.maximum(np.abs(y - X @ c1) / denom, 1e-6)) / denom
+        c1 = _nnls_scaled(X * w[:, None], y * w)
+    starts.append(c1)
+    if groups is not None:
+        for gval in np.unique(groups):
+            m = groups == gval
+            if m.sum() >= k + 2:
+                starts.append(_nnls_scaled(X[m], y[m]))
+    h = max(int(np.ceil(keep_frac * n)), k + 2)
+    best, best_loss = coef, math.inf
+    for c in starts:
+        prev = None
+        for _ in range(iters):  # concentration steps
+            rel = np.abs(lres(c))
+            idx = np.sort(np.argpartition(rel, h - 1)[:h])
+            key = idx.tobytes()
+            if key == prev:
+                break
+            prev = key
+            c = _nnls_scaled(X[idx], y[idx])
+        rel = np.abs(lres(c))
+        loss = float(np.sum(np.partition(rel, h - 1)[:h] ** 2))
+        if loss < best_loss - 1e-15:
+            best, best_loss = c, loss
+    rel = lres(best)
+    # consistency: the inner half of a normal sample has RMS 0.378 sigma
+    sigma = math.sqrt(best_loss / h) / 0.378 if keep_frac == 0.5 else 1.4826 * float(np.median(np.abs(rel)))
+    keep = np.abs(rel) <= max(3.0 * sigma, 1e-9)
+    if keep.sum() >= k + 2:
+        best = _nnls_scaled(X[keep], y[keep])
+    else:
+        keep = np.ones(n, bool)
+    return best, keep
+
+
+def robust_location(v: np.ndarray) -> float:
+    """Mode-seeking location of one-sidedly contaminated values: the mean of the shortest half, then
+    the mean of the values within 3 robust sigmas of it."""
+    v = np.sort(np.asarray(v, float)[np.isfinite(v)])
+    n = len(v)
+    if n == 0:
+        return math.nan
+    if n < 4:
+        return float(np.median(v))
+    h = (n + 1) // 2
+    widths = v[h - 1:] - v[: n - h + 1]
+    i = int(np.argmin(widths))
+    loc = float(v[i:i + h].mean())
+    s = 1.4826 * float(np.median(np.abs(v - loc)))
+    near = v[np.abs(v - loc) <= max(3 * s, 1e-12 * abs(loc))]
+    return float(near.mean()) if len(near) else loc
 
 
 @dataclass(frozen=True)
@@ -123,12 +189,12 @@ def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = N
         coef, keep = nnls_fit(X, y)
         return AffineModel(name, x_name, float(coef[0]), float(coef[1]),
                            _quality(X[keep], y[keep], coef, int((~keep).sum()), "nnls"))
-    a = float(np.clip(intercept_hint or 0.0, 0.0, np.median(y)))
+    a = float(np.clip(intercept_hint or 0.0, 0.0, robust_location(y)))
     if len(xpos) and np.median(x) > 0:
-        b = float(max(np.median((y - a) / np.maximum(x, 1e-12)), 0.0))
+        b = float(max(robust_location((y - a) / np.maximum(x, 1e-12)), 0.0))
         method = "proportional"
     else:
-        a, b, method = float(np.median(y)), 0.0, "constant"
+        a, b, method = robust_location(y), 0.0, "constant"
     coef = np.array([a, b])
     return AffineModel(name, x_name, a, b, _quality(X, y, coef, 0, method))
 
@@ -188,6 +254,7 @@ def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
         keep &= steps != warmup_step
     keep &= np.isfinite(rows["duration"]) & (rows["num_running"] > 0)
     y = rows["duration"][keep].astype(float)
+    groups = rows["round"][keep] if "round" in rows else None
     X = np.column_stack([np.ones(keep.sum()), rows["num_running"][keep], rows["context_tokens"][keep],
                          rows["prefill_tokens"][keep]]).astype(float)
     dropped = n_all - int(keep.sum())
@@ -202,13 +269,13 @@ def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
         bw, src = default_bandwidth_gbs(hardware or {})
         c0 = float(model_bytes or 0.0) / (bw * 1e9)
         c0 = min(c0, float(np.percentile(y, 5)))
-        coef_rest, k2 = nnls_fit(X[:, 1:], y - c0)
+        coef_rest, k2 = nnls_fit(X[:, 1:], y - c0, groups=groups)
         coef = np.concatenate([[c0], coef_rest])
         warnings.append(f"generation steps span only {lo}..{hi} concurrent sequences: the fixed step cost uses a roofline "
                         f"prior (model bytes {model_bytes or 0:.3g} / {bw:g} GB/s, {src}) = {c0 * 1e3:.3g} ms")
         q = _quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "prior+nnls")
     else:
-        coef, k2 = nnls_fit(X, y)
+        coef, k2 = nnls_fit(X, y, groups=groups)
         q = _quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "nnls")
     return GenStepModel(*map(float, coef), quality=q, prior=prior, concurrency_range=(lo, hi)), warnings
 
@@ -324,6 +391,11 @@ def _by_step(values: np.ndarray, steps: np.ndarray, index: np.ndarray, how: str 
     return out
 
 
+def warmup_excluded(trace: Trace) -> bool:
+    """True when the runner warmed the engine up before recording (metadata engine.warmup_excluded)."""
+    return bool((trace.meta.get("engine") or {}).get("warmup_excluded"))
+
+
 def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     """Fit every cost model to one trace, or to several traces of the same setup (rows pooled; the
     first trace gives the engine, config and recorded timings)."""
@@ -347,8 +419,10 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
 
     model_meta = ref.meta.get("model", {}) or {}
     gen_rows = {c: cat(GEN_STEP, c) for c in ("duration", "num_running", "context_tokens", "prefill_tokens")}
-    gen_rows["step"] = np.concatenate([np.where(t.rows(GEN_STEP)["step"].astype(float) == 0, 0.0, 1.0 + i)
-                                       for i, t in enumerate(traces)])  # warm-up = step 0 of every trace
+    # warm-up = step 0 of every trace, unless the runner warmed the engine up before recording
+    gen_rows["step"] = np.concatenate([np.where((t.rows(GEN_STEP)["step"].astype(float) == 0) & (not warmup_excluded(t)), 0.0, 1.0 + i)
+                                       for i, t in enumerate(traces)])
+    gen_rows["round"] = cat_step(GEN_STEP, "step")
     gen, w = fit_gen_steps(gen_rows, warmup_step=0, model_bytes=model_meta.get("bytes"), hardware=ref.meta.get("hardware", {}))
     warnings += w
 
@@ -370,9 +444,13 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     s_dur = cat(SYNC, "duration")
     s_bytes = cat(SYNC, "bytes")
     sync_per_step = _by_step(s_dur, s_step, up_step)
+    # a trace without gen_time / step_time: rebuild them from the parts it has
+    gen_time = np.where(np.isfinite(gen_time), gen_time, g_dur_sum)
+    parts_sum = gen_time + reward_time + upd_dur + sync_per_step
+    step_time = np.where(np.isfinite(step_time), step_time, parts_sum)
 
     # generation overhead: gen_time minus the engine steps, vs responses and steps (skip warm-up steps)
-    warm = np.concatenate([t.rows(UPDATE)["step"] == 0 for t in traces]) if len(traces) else np.zeros(0, bool)
+    warm = np.concatenate([(t.rows(UPDATE)["step"] == 0) & (not warmup_excluded(t)) for t in traces])
     if np.all(warm):
         warm = np.zeros_like(warm)
     ok = np.isfinite(gen_time) & ~warm
@@ -384,7 +462,7 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
             # responses constant: the per-round term and per-response term are not separable; a
             # per-step gap plus a per-response share of the rest
             per_step_coef, k = nnls_fit(Xo[:, [0, 2]], gap[ok])
-            med = float(np.median(gap[ok] - per_step_coef[1] * g_steps_n[ok]))
+            med = robust_location(gap[ok] - per_step_coef[1] * g_steps_n[ok])
             coef = np.array([0.0, max(med, 0.0) / max(float(np.median(n_resp[ok])), 1.0), per_step_coef[1]])
             oq = _quality(Xo, gap[ok], coef, 0, "nnls(per-step)+proportional")
         else:
@@ -408,12 +486,12 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
         if ok_p.any():
             prep_inside = bool(np.median(slack[ok_p]) >= 0.5 * np.median(prep_time[ok_p]))
     upd_proper = upd_dur - prep_time if prep_inside else upd_dur
-    hint = float(np.nanmedian(t_opt[sel])) if np.isfinite(t_opt[sel]).any() else 0.0
+    hint = robust_location(t_opt[sel]) if np.isfinite(t_opt[sel]).any() else 0.0
     update = fit_affine("update", "tokens", n_tok[sel], upd_proper[sel], intercept_hint=hint)
     prep = fit_affine("prep", "tokens", n_tok[sel], prep_time[sel])
     reward = fit_affine("reward", "responses", n_resp[sel], reward_time[sel])
     other_t = step_time - gen_time - reward_time - prep_time - upd_proper - sync_per_step
-    other = fit_affine("other", "responses", n_resp[sel], np.maximum(other_t[sel], 0.0), intercept_hint=float(np.nanmedian(np.maximum(other_t[sel], 0))))
+    other = fit_affine("other", "responses", n_resp[sel], np.maximum(other_t[sel], 0.0), intercept_hint=robust_location(np.maximum(other_t[sel], 0)))
     if len(s_dur):
         sync = fit_affine("sync", "bytes", s_bytes, s_dur)
         sync_bytes = float(np.median(s_bytes))

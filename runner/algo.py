@@ -302,8 +302,8 @@ class Trainer:
             acc.add(w)
             if cacc is not None:
                 cacc.add(n_tgt[i] / tot_tgt)
-                closs_sum += float(closs) * n_tgt[i] / tot_tgt
-            loss_sum += float(loss) * w
+                closs_sum += float(closs.detach()) * n_tgt[i] / tot_tgt
+            loss_sum += float(loss.detach()) * w
             st.t_forward += t1 - t0
             st.t_backward += t2 - t1 + (time.perf_counter() - t2)
         t3 = time.perf_counter()

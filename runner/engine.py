@@ -61,7 +61,7 @@ class Engine:
                  dtype: str = "auto", seed: int = 0, clock: Callable[[], float] = time.perf_counter):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler must live in this process
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         import torch
         import vllm
 

@@ -88,7 +88,8 @@ def _axis_params(specs: list[AxisSpec], *, as_list: bool) -> list[inspect.Parame
         names = [s.option] + ([SHORT_NAMES[s.field]] if s.field in SHORT_NAMES else [])
         params.append(inspect.Parameter(
             "ax_" + s.field, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-            default=typer.Option(None, *names, help=helptext, rich_help_panel="Config" if not as_list else "Grid")))
+            default=typer.Option(None, *names, help=helptext, metavar="V1,V2,..." if as_list else "VALUE",
+                                 rich_help_panel="Config" if not as_list else "Grid")))
     return params
 
 

@@ -313,6 +313,19 @@ def build_report(trace_paths: Sequence[str | os.PathLike], sweep_dir: str | os.P
 
     parts = [f"<h1>rlsim report</h1><p class='muted'>generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}"
              f"{' from sweep ' + html.escape(str(sweep_dir)) if sweep_dir else ''}</p>"]
+    if rows:
+        best = rows[0]
+        ref = meta.get("reference") or {}
+        axes = _axes_of(meta, rows)
+        opts = (meta.get("grid") or {}).get("options") or {}
+        desc = " ".join(f"{opts.get(a, a)} {best.get(a)}" for a in axes)
+        parts.append("<h2 id='summary'>Summary</h2><p>Best of " + str(len(rows)) + " configs: <b>" + html.escape(desc) +
+                     f"</b> (B = {_fmt(best.get('batch'))} responses per update): T / T_ref = "
+                     f"{_fmt(best.get('time_to_target_ratio'), '.3f')} ({html.escape(str(best.get('regime')))}), sigma "
+                     f"{_fmt(best.get('sigma'), '.3f')}, rho {_fmt(best.get('rho'), '.3f')} ({html.escape(str(best.get('rho_model')))}), "
+                     f"{_fmt(best.get('responses_per_s'), '.1f')} responses/s"
+                     + (f" against {_fmt(ref.get('responses_per_s'), '.1f')} for the reference (P={ref.get('prompts')}, "
+                        f"G={ref.get('group')})" if ref else "") + ".</p>")
     parts.append("<h2 id='traces'>Traces</h2>")
     for t in traces:
         s = trace_summary(t)

@@ -5,8 +5,8 @@
 - `run_sweep`: evaluates every config with `sim.whatif.evaluate` on a fitted `Study`:
   in-process for one worker, on a local process pool by default (the study pickled once and
   unpickled once per worker, by the pool's initializer; several configs per task), or as Ray tasks
-  (`ray_address`): the study is `ray.put` once into the object store, each task gets a chunk of
-  configs and each Ray worker process deserializes the study once. `evaluate` is pure, so every
+  (`ray_address`): the study is `ray.put` once into the object store and each task (a chunk of
+  configs) reads it from there. `evaluate` is pure, so every
   path gives identical results, returned in grid order.
 - `rank_rows`, `write_results`: best first (smallest T_new / T_ref), `results.parquet` (with the
   grid and trace identity as key-value metadata), `results.csv`, `sweep.json`.
@@ -301,20 +301,11 @@ def run_local(study: Any, cfgs: Sequence[Any], *, workers: int | None = None, ch
     return rows  # type: ignore[return-value]
 
 
-_RAY_CACHE: dict[str, Any] = {}
-
-
-def _ray_chunk(study_box: list, chunk: Sequence[tuple[int, Any]], evaluate: Callable | None) -> list[tuple[int, dict]]:
-    """A Ray task. The study's ref arrives boxed in a list so Ray does not resolve it per task: each Ray
-    worker process fetches and deserializes it once and keeps it for the next chunks."""
-    import ray
-
-    ref = study_box[0]
-    key = ref.hex()
-    if key not in _RAY_CACHE:
-        _RAY_CACHE.clear()
-        _RAY_CACHE[key] = ray.get(ref)
-    return evaluate_chunk(_RAY_CACHE[key], chunk, evaluate)
+def _ray_chunk(study: Any, chunk: Sequence[tuple[int, Any]], evaluate: Callable | None) -> list[tuple[int, dict]]:
+    """A Ray task. The study arrives as a top-level ObjectRef argument, so Ray resolves it from the object
+    store before the task starts (numpy arrays zero-copy). A `ray.get` inside the task would block the
+    worker, release its CPU, and make Ray start extra worker processes that then compete for the cores."""
+    return evaluate_chunk(study, chunk, evaluate)
 
 
 def import_ray():
@@ -333,11 +324,12 @@ def run_ray(study: Any, cfgs: Sequence[Any], *, address: str | None, chunk_size:
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
         if address and address != "local":
-            import replay
-            import sim
+            import replay.errors
 
-            # the cluster's workers import the simulator from these two packages
-            kwargs["runtime_env"] = {"py_modules": [os.path.dirname(sim.__file__), os.path.dirname(replay.__file__)]}
+            # the cluster's workers import the simulator from these two packages, shipped from this checkout
+            sim_dir = os.path.dirname(os.path.abspath(__file__))
+            replay_dir = os.path.dirname(os.path.abspath(replay.errors.__file__))
+            kwargs["runtime_env"] = {"py_modules": [sim_dir, replay_dir]}
         try:
             ray.init(address=None if address in (None, "", "local") else address, **kwargs)
         except ConnectionError as e:
@@ -349,7 +341,7 @@ def run_ray(study: Any, cfgs: Sequence[Any], *, address: str | None, chunk_size:
     task = ray.remote(num_cpus=1)(_ray_chunk)
     pending = {}
     for ch in chunks_of(list(enumerate(cfgs)), chunk_size):
-        pending[task.remote([study_ref], ch, evaluate)] = len(ch)
+        pending[task.remote(study_ref, ch, evaluate)] = len(ch)
     rows: list[dict | None] = [None] * n
     while pending:
         done, _ = ray.wait(list(pending), num_returns=1)
@@ -370,6 +362,16 @@ def run_sweep(study: Any, cfgs: Sequence[Any], *, workers: int | None = None, ra
     if ray_address:
         return run_ray(study, cfgs, address=ray_address, chunk_size=chunk_size, progress=progress, evaluate=evaluate)
     return run_local(study, cfgs, workers=workers, chunk_size=chunk_size, progress=progress, evaluate=evaluate)
+
+
+def same_rows(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) -> bool:
+    """Exact equality of two result lists, NaN equal to NaN (NaN != NaN would make equal sweeps differ)."""
+    def same(x: Any, y: Any) -> bool:
+        if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+            return True
+        return type(x) is type(y) and x == y
+
+    return len(a) == len(b) and all(ra.keys() == rb.keys() and all(same(ra[k], rb[k]) for k in ra) for ra, rb in zip(a, b))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from replay.errors import RlsimError
-from replay.fit import FittedModels, fit_trace
+from replay.fit import FittedModels, fit_trace, warmup_excluded
 from replay.io import Trace
 from replay.learning import (RHO_MODELS, LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve,
                              invariant_rho, noise_scale, noise_scale_rho, regime)
@@ -336,11 +336,12 @@ def replay_trace(trace: Trace, *, seed: int = 0, lengths: str = "recorded") -> R
     cfg = SimConfig(prompts=models.prompts, group=models.group, updates=U, engine=eng, lengths=lengths,
                     gen_batch=gen_batch if gen_batch > B else 0)
     sim_run = simulate(models, cfg, rng=np.random.default_rng(seed))
-    keep = rec.step != 0 if U > 1 else np.ones(U, bool)
+    skip = U > 1 and not warmup_excluded(trace)
+    keep = rec.step != 0 if skip else np.ones(U, bool)
     resp = rec.num_responses
     recorded = {"step_time": rec.step_time[keep], "gen_time": rec.gen_time[keep], "responses_per_s": (resp / rec.step_time)[keep]}
     sim_resp = sim_run.responses
     simulated = {"step_time": sim_run.step_time[keep], "gen_time": sim_run.gen_time[keep],
                  "responses_per_s": (sim_resp / sim_run.step_time)[keep]}
     return ReplayResult(trace=trace.name, step=rec.step[keep], recorded=recorded, simulated=simulated,
-                        skipped_warmup=bool(U > 1), lengths=lengths, warnings=models.warnings)
+                        skipped_warmup=bool(skip), lengths=lengths, warnings=models.warnings)

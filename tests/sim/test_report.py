@@ -53,7 +53,7 @@ def test_report_is_self_contained_with_every_chart_and_the_ranking(swept, tmp_pa
         spec = json.loads(re.search(rf"<script type='application/json' id='spec-{name}'>(.*?)</script>", html, re.S).group(1))
         svg = vlc.vegalite_to_svg(spec)  # the embedded spec renders
         assert svg.startswith("<svg") and len(svg) > 2000, name
-    for section in ("id='traces'", "id='models'", "id='ranking'", "id='charts'", "Fit quality", "gen_step", "R²"):
+    for section in ("id='summary'", "id='traces'", "id='models'", "id='ranking'", "id='charts'", "Fit quality", "gen_step", "R²"):
         assert section in html, section
     assert html.count("<tr>") >= 10 + 1  # the 10 configs of the ranking, and more
     res = runner.invoke(app, ["report", "--trace", str(trace), "--sweep", str(out), "-o", str(page)])
@@ -71,3 +71,14 @@ def test_report_without_sweep_results_is_one_line(swept, tmp_path):
     trace, _ = swept
     res = runner.invoke(app, ["report", "--trace", str(trace), "--sweep", str(tmp_path), "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 2 and "no results.parquet" in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_report_without_a_sweep_has_the_trace_charts(swept, tmp_path):
+    trace, _ = swept
+    page = tmp_path / "r.html"
+    res = runner.invoke(app, ["report", "--trace", str(trace), "-o", str(page)])
+    assert res.exit_code == 0, res.output
+    html = page.read_text()
+    for name in ("gen_throughput", "learning_curves", "timeline"):
+        assert f"id='chart-{name}'" in html
+    assert "id='chart-time_to_target'" not in html and "id='ranking'" not in html

@@ -1,0 +1,171 @@
+"""RunConfig arithmetic and validation, tasks, and the rlrun CLI's bad-input handling (no engine needed)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from replay.errors import RlsimError
+from runner.cli import app
+from runner.config import RunConfig
+from runner.tasks import ArithmeticTask, DatasetTask, load_dataset, make_task, scratchpad
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_derived_values_and_lr_rules():
+    c = RunConfig(prompts=128, group=8, lr=3e-4, lr_ref_batch=256)
+    assert c.batch == 1024 and c.G == 8
+    assert c.lr_effective == pytest.approx(3e-4 * 2.0)  # sqrt(1024/256)
+    assert dataclasses.replace(c, lr_rule="linear").lr_effective == pytest.approx(3e-4 * 4)
+    assert dataclasses.replace(c, lr_rule="fixed").lr_effective == pytest.approx(3e-4)
+    assert RunConfig(algo="ppo", prompts=256).batch == 256  # PPO: G defaults to 1
+    meta = RunConfig(prompts=16).to_meta()
+    for key in ("algo", "prompts", "group", "lr", "lr_rule", "lr_ref_batch", "max_tokens", "temperature",
+                "eval_every", "task", "batch", "lr_effective", "micro_batch"):
+        assert key in meta
+    assert meta["group"] == 8 and meta["batch"] == 128
+    json.dumps(meta)  # goes into the trace metadata
+
+
+def test_micro_batch_divides_batch():
+    for P in (1, 3, 16, 128):
+        c = RunConfig(prompts=P, group=8)
+        assert c.micro >= 1 and c.micro <= c.batch
+
+
+def test_construction_does_no_io(tmp_path):
+    RunConfig(model=str(tmp_path / "missing"), dataset=str(tmp_path / "missing.jsonl"))  # no error until validate
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(prompts=0), "--prompts"),
+    (dict(group=1), "GRPO needs --group"),
+    (dict(algo="ppo", group=4), "PPO uses one response"),
+    (dict(steps=-1), "--steps"),
+    (dict(prompts=5, ranks=3), "not divisible by --ranks"),
+    (dict(prompts=4, group=4, minibatches=3), "--minibatches"),
+    (dict(prompts=4, group=4, gen_batch=8), "--gen-batch"),
+    (dict(task="mul"), "unknown --task"),
+    (dict(algo="dpo"), "unknown --algo"),
+    (dict(lr_rule="cubic"), "--lr-rule"),
+    (dict(lr=-1.0), "--lr"),
+    (dict(max_tokens=300), "--max-tokens"),
+])
+def test_validate_rejects(kw, needle, tmp_path):
+    with pytest.raises(RlsimError, match=needle.replace("-", "\\-")) as e:
+        RunConfig(out=str(tmp_path / "t.parquet"), **kw).validate()
+    assert "\n" not in str(e.value)
+
+
+def test_validate_files(tmp_path):
+    with pytest.raises(RlsimError, match="model folder not found"):
+        RunConfig(model=str(tmp_path / "nope"), out=str(tmp_path / "t.parquet")).validate()
+    (tmp_path / "m").mkdir()
+    with pytest.raises(RlsimError, match="no config.json"):
+        RunConfig(model=str(tmp_path / "m"), out=str(tmp_path / "t.parquet")).validate()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(RlsimError, match="cannot read dataset"):
+        RunConfig(dataset=str(bad), out=str(tmp_path / "t.parquet")).validate()
+    (tmp_path / "t.parquet").write_text("x")
+    with pytest.raises(RlsimError, match="--overwrite"):
+        RunConfig(out=str(tmp_path / "t.parquet")).validate()
+
+
+def test_scratchpad_and_reward():
+    assert scratchpad(59, 63) == "9+3+0=12;5+6+1=12#122"
+    assert scratchpad(7, 215) == "7+5+0=12;0+1+1=2;0+2+0=2#222"
+    t = ArithmeticTask("add2")
+    ex = t.example(59, 63)
+    assert ex.prompt == "59+63=" and t.reward("9+3+0=12;5+6+1=12#122", ex) == 1.0
+    assert t.reward("9+3+0=12;5+6+1=12#121", ex) == 0.0
+    assert t.reward("122", ex) == 0.0  # the answer must follow '#'
+
+
+def test_streams_deterministic_and_eval_disjoint():
+    t = ArithmeticTask("add2")
+    a = [next(s) for s in [t.train_stream(1)] for _ in range(200)]
+    s = t.train_stream(1)
+    b = [next(s) for _ in range(200)]
+    assert a == b
+    s2 = t.train_stream(2)
+    assert [next(s2) for _ in range(200)] != a
+    ev = {e.prompt for e in t.eval_set(200)}
+    s = t.train_stream(0)
+    train = {next(s).prompt for _ in range(5000)}
+    assert len(ev) == 200 and not (ev & train)
+    lens = [len(scratchpad(*map(int, e.prompt[:-1].split("+")))) for e in ArithmeticTask("addmix").eval_set(200)]
+    assert max(lens) - min(lens) >= 15  # addmix has a real length spread
+
+
+def test_dataset_jsonl_and_parquet(tmp_path):
+    rows = [{"prompt": f"q{i}", "answer": str(i)} for i in range(20)]
+    j = tmp_path / "d.jsonl"
+    j.write_text("\n".join(json.dumps(r) for r in rows))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    p = tmp_path / "d.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), p)
+    assert load_dataset(str(j)) == load_dataset(str(p))
+    t = make_task("add2", str(j), "numeric")
+    ev = t.eval_set(100)
+    assert len(ev) == 2 and not ({e.prompt for e in ev} & {e.prompt for e in t.train})
+    assert t.reward("the answer is 19.0", ev[-1]) == 1.0 and t.reward("18", ev[-1]) == 0.0
+    assert DatasetTask(str(j), "exact").reward(" 19 ", ev[-1]) == 1.0
+    (tmp_path / "e.jsonl").write_text('{"prompt": "x"}\n')
+    with pytest.raises(RlsimError, match="lacks `prompt` or `answer`"):
+        load_dataset(str(tmp_path / "e.jsonl"))
+
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--prompts", "0"], "--prompts (P) is 0"),
+    (["--group", "1"], "GRPO needs --group"),
+    (["--algo", "ppo", "--group", "8"], "PPO uses one response"),
+    (["--prompts", "5", "--ranks", "3"], "not divisible by --ranks 3"),
+    (["--model", "/no/such/model"], "model folder not found"),
+    (["--task", "sudoku"], "unknown --task"),
+    (["--dataset", "/no/such.jsonl"], "dataset not found"),
+    (["--steps", "0"], "--steps is 0"),
+])
+def test_cli_bad_input_one_line_exit_2(args, needle, tmp_path):
+    res = runner.invoke(app, ["record", "--out", str(tmp_path / "t.parquet"), *args])
+    assert res.exit_code == 2, res.output
+    err = res.stderr if hasattr(res, "stderr") else res.output
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], err
+    assert "Traceback" not in res.output
+
+
+def test_cli_unreadable_dataset(tmp_path):
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    bad = tmp_path / "d.parquet"
+    bad.write_bytes(b"not parquet at all")
+    res = runner.invoke(app, ["record", "--out", str(tmp_path / "t.parquet"), "--dataset", str(bad), "--model", str(model)])
+    assert res.exit_code == 2 and "cannot read dataset" in res.stderr
+
+
+def test_cli_inspect_missing_trace(tmp_path):
+    res = runner.invoke(app, ["inspect", str(tmp_path / "none.parquet")])
+    assert res.exit_code == 2 and "trace not found" in res.stderr
+
+
+def test_help_and_errors_fast_without_torch():
+    code = ("import sys; from typer.testing import CliRunner; from runner.cli import app; "
+            "r = CliRunner().invoke(app, ['record', '--out', '/tmp/x.parquet', '--prompts', '0']); "
+            "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; "
+            "print(r.exit_code, bad); sys.exit(0 if r.exit_code == 2 and not bad else 1)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
