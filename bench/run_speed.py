@@ -69,7 +69,7 @@ def main() -> None:
     for what, best, med, target in rows:
         tab.add_row(what, f"{best:.3f}", f"{med:.3f}", "-" if target is None else f"{target:g}",
                     "-" if target is None else ("yes" if med <= target else "NO"))
-    Console().print(tab)
+    Console(width=120).print(tab)
 
 
 if __name__ == "__main__":

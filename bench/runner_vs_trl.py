@@ -111,7 +111,7 @@ def run_trl(a, P: int, model_dir: str, work: Path, k: int) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "bench.trl_grpo", "--model", model_dir, "--task", a.task, "--prompts", str(P),
            "--group", str(a.group), "--updates", str(a.updates), "--warmup", str(a.warmup), "--lr", str(a.lr),
            "--max-tokens", str(a.max_tokens), "--seed", str(a.seed), "--micro-batches", str(a.trl_micro_batches),
-           "--json", str(out)] + (["--bf16"] if a.trl_bf16 else [])
+           "--json", str(out)] + (["--bf16"] if a.trl_bf16 else []) + (["--trl-defaults"] if a.trl_defaults else [])
     _run(cmd, logf, f"TRL P={P}")
     return json.loads(out.read_text())
 
@@ -233,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trl-micro-batches", type=int, default=1,
                     help="TRL gradient-accumulation micro-batches per update (default 1: the whole batch at once)")
     ap.add_argument("--trl-bf16", action="store_true", help="TRL with bf16 mixed precision (default fp32)")
+    ap.add_argument("--trl-defaults", action="store_true",
+                    help="TRL with its own defaults (bf16 autocast and gradient checkpointing) instead of fp32 without "
+                         "checkpointing, its fastest setting on this CPU")
     ap.add_argument("--rlrun-args", default="", help="extra arguments for `rlrun record`, e.g. '--dtype bfloat16'")
     ap.add_argument("--eval-prompts", type=int, default=32, help="rlrun held-out prompts (evals only before/after)")
     ap.add_argument("--workdir", help="where traces, results and logs go (default: a new temporary folder)")
@@ -318,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
           f"non-embedding), hidden {facts['hidden']}, {facts['layers']} layers, {facts['heads']} heads")
     print(f"task {a.task}, G={a.group}, temperature 1, lr {a.lr:g} fixed, no KL, max {a.max_tokens} new tokens, "
           f"{a.updates} updates per run (first {a.warmup} left out), {a.rounds} round(s), tools alternating")
-    print(f"TRL: GRPOTrainer, Hugging Face generation, fp32{' + bf16 autocast' if a.trl_bf16 else ''}, "
+    trl_prec = "bf16 + gradient checkpointing (TRL defaults)" if a.trl_defaults else (
+        "fp32 + bf16 autocast" if a.trl_bf16 else "fp32, no gradient checkpointing")
+    print(f"TRL: GRPOTrainer, Hugging Face generation, {trl_prec}, "
           f"{a.trl_micro_batches} micro-batch(es) per update; rlrun: `rlrun record` {a.rlrun_args}".rstrip())
     print(f"compute bound = (6 x N x tokens trained + 2 x N x tokens generated) / matmul rate; N = "
           f"{facts['params_non_embedding']:,}; rate = {rate['gflops']:.0f} GFLOP/s (fp32 torch.matmul, "

@@ -99,7 +99,7 @@ def main() -> None:
             rows.append(("sweep, Ray", str(n), "ray not installed (pip install 'rlsim[ray]')", "-"))
         else:
             t0 = time.perf_counter()
-            ray.init(num_cpus=args.workers, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            ray.init(address="local", num_cpus=args.workers, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
             t_init = time.perf_counter() - t0
             t0 = time.perf_counter()
             remote = sw.run_sweep(study, grid, ray_address="local")

@@ -507,7 +507,7 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     pre_total = float(np.sum(ref.rows(GEN_STEP)["prefill_tokens"]))
     prompt_total = float(np.sum(resp["prompt_tokens"]))
     ratio = float(np.clip(pre_total / prompt_total, 0.0, 1.5)) if prompt_total > 0 else 1.0
-    lengths = LengthModel(prompt_tokens=p_tok.astype(np.int64), response_tokens=np.maximum(resp["response_tokens"], 1).astype(np.int64),
+    lengths = LengthModel(prompt_tokens=p_tok.astype(np.int32), response_tokens=np.maximum(resp["response_tokens"], 1).astype(np.int32),
                           max_tokens=max_tokens, prefill_ratio=ratio)
 
     # recorded (reference trace only)
@@ -518,7 +518,7 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     order = np.lexsort((resp["group_index"], resp["prompt_id"], resp["t_queued"] if np.isfinite(resp["t_queued"]).all() else resp["prompt_id"]))
     r_step = resp["consumed_step"] if np.isfinite(resp["consumed_step"].astype(float)).all() else resp["step"]
     r_step = r_step[order].astype(np.int64)
-    rp, rr = resp["prompt_tokens"][order].astype(np.int64), np.maximum(resp["response_tokens"][order], 1).astype(np.int64)
+    rp, rr = resp["prompt_tokens"][order].astype(np.int32), np.maximum(resp["response_tokens"][order], 1).astype(np.int32)
     for s in rec_steps:
         m = r_step == s
         workload.append((rp[m], rr[m]))

@@ -35,13 +35,20 @@ class LearningCurve:
     name: str = field(default="", metadata={"help": "trace name"})
 
     @property
+    def smoothed(self) -> np.ndarray:
+        """The scores made non-decreasing by isotonic regression (pool adjacent violators): eval noise
+        averaged over neighbouring evals, so one lucky eval does not decide the crossing."""
+        return isotonic(self.score)
+
+    @property
     def best(self) -> float:
-        return float(np.max(self.score)) if len(self.score) else math.nan
+        """Best score of the smoothed curve."""
+        return float(np.max(self.smoothed)) if len(self.score) else math.nan
 
     def samples_to_target(self, target: float) -> float | None:
-        """Responses at which the score first reaches `target`, linearly interpolated between the eval
-        before and the eval that reached it; None when never reached."""
-        s, n = self.score, self.cum_responses
+        """Responses at which the smoothed score first reaches `target`, linearly interpolated between
+        the eval before and the eval that reached it; None when never reached."""
+        s, n = self.smoothed, self.cum_responses
         hit = np.nonzero(s >= target - 1e-12)[0]
         if len(hit) == 0:
             return None
@@ -51,6 +58,23 @@ class LearningCurve:
         s0, s1, n0, n1 = s[i - 1], s[i], n[i - 1], n[i]
         frac = (target - s0) / (s1 - s0) if s1 > s0 else 1.0
         return float(n0 + frac * (n1 - n0))
+
+
+def isotonic(y) -> np.ndarray:
+    """Least-squares non-decreasing fit (pool adjacent violators)."""
+    y = np.asarray(y, float)
+    vals: list[float] = []
+    counts: list[int] = []
+    for v in y:
+        vals.append(float(v))
+        counts.append(1)
+        while len(vals) > 1 and vals[-2] > vals[-1]:
+            c = counts[-2] + counts[-1]
+            vals[-2] = (vals[-2] * counts[-2] + vals[-1] * counts[-1]) / c
+            counts[-2] = c
+            vals.pop()
+            counts.pop()
+    return np.repeat(vals, counts) if vals else np.zeros(0)
 
 
 def fit_learning_curve(trace: Trace) -> LearningCurve:

@@ -27,7 +27,7 @@ def record(
     steps: int = typer.Option(50, help=H["steps"]),
     lr: float = typer.Option(3e-4, help=H["lr"]),
     lr_rule: str = typer.Option("sqrt", help=H["lr_rule"]),
-    lr_ref_batch: int = typer.Option(256, help=H["lr_ref_batch"]),
+    lr_ref_batch: int = typer.Option(1024, help=H["lr_ref_batch"]),
     critic_lr: float = typer.Option(1e-3, help=H["critic_lr"]),
     max_tokens: int = typer.Option(48, help=H["max_tokens"]),
     temperature: float = typer.Option(1.0, help=H["temperature"]),
@@ -67,7 +67,11 @@ def record(
     ).validate()
     from runner.loop import record as run_record
 
-    run_record(cfg)
+    try:
+        run_record(cfg)
+    except KeyboardInterrupt:  # before the trace was opened (model build, engine start)
+        typer.echo("interrupted before recording started; no trace written", err=True)
+        raise typer.Exit(130) from None
 
 
 @app.command()

@@ -106,13 +106,15 @@ class Engine:
         self.kv_cache_tokens = int((cc.num_gpu_blocks or 0) * cc.block_size)
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
+        self.max_num_batched_tokens = int(self.engine.vllm_config.scheduler_config.max_num_batched_tokens)
         self.version = vllm.__version__
 
     def facts(self) -> dict[str, Any]:
         return {"name": "vllm", "version": self.version, "max_num_seqs": self.max_num_seqs,
                 "kv_cache_tokens": self.kv_cache_tokens, "block_size": self.block_size,
                 "max_model_len": self.max_model_len, "dtype": self.dtype, "start_time_s": self.start_time_s,
-                "prefix_caching": True, "enforce_eager": True}
+                "max_num_batched_tokens": self.max_num_batched_tokens, "prefix_caching": True,
+                "enforce_eager": True}
 
     def sampling(self, max_tokens: int, temperature: float):
         from vllm import SamplingParams

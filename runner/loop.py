@@ -92,6 +92,16 @@ class _Progress:
             self.bar.stop()
 
 
+def _command() -> str | None:
+    """The rlrun command line that made the run (None when called as a library)."""
+    argv0 = Path(sys.argv[0]).name if sys.argv else ""
+    if argv0 == "rlrun" or sys.argv[0].endswith(("runner/cli.py", "runner.cli")):
+        import shlex
+
+        return " ".join(["rlrun", *map(shlex.quote, sys.argv[1:])])
+    return None
+
+
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -144,7 +154,7 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
         "seed": cfg.seed, "config": cfg.to_meta(), "engine": {**engine.facts(), "warmup_excluded": True},
         "hardware": hardware_info(device), "model": minfo, "packages": package_versions(),
         "task": {"name": task.name, "eval_prompts": len(eval_set)},
-        "command": " ".join(sys.argv) if sys.argv and "rlrun" in sys.argv[0] else None,
+        "command": _command(),
     }
     stream = task.train_stream(cfg.seed)
     P, G, B = cfg.prompts, cfg.G, cfg.batch

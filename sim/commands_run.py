@@ -77,7 +77,7 @@ def register(app: typer.Typer) -> None:
         batch: Optional[int] = typer.Option(None, "--batch", "-b", help=_H["prompts"]),
         group: Optional[int] = typer.Option(None, "--group", "-g", help=_H["group"]),
         lr_rule: Optional[str] = typer.Option(None, "--lr-rule", help=_H["lr_rule"]),
-        target: Optional[float] = typer.Option(None, "--target", help="eval score that defines time-to-target (default: the best the reference reached)"),
+        target: Optional[float] = typer.Option(None, "--target", help="eval score that defines time-to-target (default: the best the reference reached; with several traces, the best all reached)"),
         rho: str = typer.Option("auto", "--rho", help="sample-cost model: invariant | noise-scale | curves | auto"),
         updates: int = typer.Option(100, "--updates", help=_H["updates"]),
         seed: int = typer.Option(0, "--seed", help=_H["seed"]),
@@ -118,13 +118,15 @@ def register(app: typer.Typer) -> None:
 
         con = _console()
         errs = res.errors()
-        t = Table(title=f"rlsim replay {res.trace}: {len(res.step)} updates"
+        t = Table(caption="per-update relative errors; recorded/simulated: means over the updates",
+                  title=f"rlsim replay {res.trace}: {len(res.step)} updates"
                         f"{' (step 0, the warm-up, left out)' if res.skipped_warmup else ''}, {res.lengths} lengths")
-        for c in ("metric", "recorded mean", "simulated mean", "median error", "max error"):
+        for c in ("metric", "recorded", "simulated", "mean err", "median err", "max err"):
             t.add_column(c, justify="right" if c != "metric" else "left")
         units = {"step_time": "s", "gen_time": "s", "responses_per_s": ""}
+        labels = {"step_time": "step time", "gen_time": "gen time", "responses_per_s": "responses/s"}
         for k, e in errs.items():
-            t.add_row(k, _fmt(e["recorded_mean"], units[k]), _fmt(e["simulated_mean"], units[k]),
+            t.add_row(labels[k], _fmt(e["recorded_mean"], units[k]), _fmt(e["simulated_mean"], units[k]), f"{100 * e['mean_error']:.2f}%",
                       f"{100 * e['median']:.2f}%", f"{100 * e['max']:.2f}%")
         con.print(t)
         if per_update:

@@ -31,7 +31,7 @@ import os
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -439,11 +439,3 @@ def export_recorded(trace_path: str | os.PathLike, out: str | os.PathLike, *, ov
     counts = check_chrome_trace(obj)
     write_json(obj, out, overwrite=overwrite)
     return counts
-
-
-def count_events(obj: dict[str, Any], ph: str = "X") -> int:
-    return sum(1 for e in obj["traceEvents"] if e.get("ph") == ph)
-
-
-def kinds_present(spans: Iterable[Span]) -> set[str]:
-    return {s.kind for s in spans}

@@ -76,8 +76,8 @@ def _workload(models: FittedModels, cfg: SimConfig, rng: np.random.Generator) ->
         wl = models.recorded.workload
         if not wl or any(len(w[1]) == 0 for w in wl):
             raise RlsimError("the trace's response rows do not cover its updates; replay with sampled lengths")
-        ps = [wl[u % len(wl)][0] for u in range(U)]
-        ls = [wl[u % len(wl)][1] for u in range(U)]
+        ps = [wl[u % len(wl)][0].astype(np.int64) for u in range(U)]
+        ls = [wl[u % len(wl)][1].astype(np.int64) for u in range(U)]
     else:
         p, L = models.lengths.sample(rng, P, G, rounds=U)
         ps, ls = list(p), list(L)

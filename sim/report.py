@@ -285,7 +285,6 @@ section.chart{margin:1.5em 0}
 def build_report(trace_paths: Sequence[str | os.PathLike], sweep_dir: str | os.PathLike | None, out: str | os.PathLike, *,
                  rho_model: str | None = None, target: float | None = None) -> Path:
     """Write the report; returns its path."""
-    import altair as alt  # noqa: F401  (charts)
     import vl_convert as vlc
 
     from replay.io import read_trace

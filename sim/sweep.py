@@ -2,12 +2,13 @@
 
 - `parse_list` / `build_grid`: comma lists (`--batch 64,128 --group 4,8 --lr-rule sqrt,fixed`) into
   validated `WhatIf` configs, in a fixed order (the order of the axes, then of the values).
-- `run_sweep`: evaluates every config with `sim.whatif.evaluate` on a fitted `Study`:
-  in-process for one worker, on a local process pool by default (the study pickled once and
-  unpickled once per worker, by the pool's initializer; several configs per task), or as Ray tasks
-  (`ray_address`): the study is `ray.put` once into the object store and each task (a chunk of
-  configs) reads it from there. `evaluate` is pure, so every
-  path gives identical results, returned in grid order.
+- `prepare_studies`: the fitted `Study` for each (updates, seed) in the grid, exactly as `rlsim run`
+  prepares it, so every sweep row equals `rlsim run`'s result for that config.
+- `run_sweep`: evaluates every config with `sim.whatif.evaluate`: in-process for one worker, on a
+  local process pool by default (the studies pickled once and unpickled once per worker, by the
+  pool's initializer; several configs per task), or as Ray tasks (`ray_address`): the studies are
+  `ray.put` once into the object store and each task (a chunk of configs) reads them from there.
+  `evaluate` is pure, so every path gives identical results, returned in grid order.
 - `rank_rows`, `write_results`: best first (smallest T_new / T_ref), `results.parquet` (with the
   grid and trace identity as key-value metadata), `results.csv`, `sweep.json`.
 """
@@ -27,7 +28,7 @@ import types
 import typing
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from replay.errors import RlsimError
 
@@ -331,7 +332,7 @@ def run_ray(study: Any, cfgs: Sequence[Any], *, address: str | None, chunk_size:
             replay_dir = os.path.dirname(os.path.abspath(replay.errors.__file__))
             kwargs["runtime_env"] = {"py_modules": [sim_dir, replay_dir]}
         try:
-            ray.init(address=None if address in (None, "", "local") else address, **kwargs)
+            ray.init(address=address or "local", **kwargs)
         except ConnectionError as e:
             raise RlsimError(f"cannot reach the Ray cluster at {address!r}: {e}") from None
     n = len(cfgs)
@@ -542,8 +543,3 @@ def sweep_metadata(*, traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], 
         "traces": [trace_identity(t) for t in traces],
         "ranking": "ascending time_to_target_ratio (T_new / T_ref = rho / sigma), then step_time_s",
     }
-
-
-def iter_axes_desc(axes: Mapping[str, Sequence[Any]], labels: Mapping[str, str]) -> Iterable[str]:
-    for name, vals in axes.items():
-        yield f"{labels.get(name, name)} {','.join(map(str, vals))}"

@@ -189,7 +189,10 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     warnings = list(models.warnings) + setup_warnings
     ref_curve = curves[0]
     if target is None:
-        target = ref_curve.best if len(ref_curve.score) else math.nan
+        # the best score the reference reached; with several traces, the best score all of them reached
+        # (so that their samples-to-target can be compared)
+        bests = [c.best for c in curves if len(c.score)]
+        target = (min(bests) if len(curves) > 1 and len(bests) == len(curves) else ref_curve.best) if len(ref_curve.score) else math.nan
     n_star = ref_curve.samples_to_target(target) if math.isfinite(target) else None
     if n_star is None:
         if math.isfinite(target) and len(ref_curve.score):
@@ -312,7 +315,8 @@ class ReplayResult:
             rec, sim = np.asarray(self.recorded[k], float), np.asarray(self.simulated[k], float)
             e = np.abs(sim - rec) / np.maximum(np.abs(rec), 1e-12)
             out[k] = {"median": float(np.median(e)), "max": float(np.max(e)),
-                      "recorded_mean": float(rec.mean()), "simulated_mean": float(sim.mean())}
+                      "recorded_mean": float(rec.mean()), "simulated_mean": float(sim.mean()),
+                      "mean_error": float(abs(sim.mean() - rec.mean()) / max(abs(rec.mean()), 1e-12))}
         return out
 
     def to_dict(self) -> dict[str, Any]:

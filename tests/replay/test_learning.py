@@ -74,3 +74,13 @@ def test_regimes():
     assert regime(0.71) == "time falls"
     assert regime(1.02) == "flat"
     assert regime(1.23) == "time rises"
+
+
+def test_isotonic_smoothing_of_noisy_evals():
+    from replay.learning import isotonic
+
+    assert isotonic([0.1, 0.5, 0.3, 0.6]).tolist() == pytest.approx([0.1, 0.4, 0.4, 0.6])
+    c = LearningCurve(np.array([0.0, 100, 200, 300, 400]), np.array([0.2, 0.6, 0.4, 0.55, 0.7]))
+    # smoothed: 0.2, 0.5, 0.5, 0.55, 0.7 -> a lucky 0.6 at 100 responses does not decide the crossing of 0.55
+    assert c.best == pytest.approx(0.7)
+    assert c.samples_to_target(0.55) == pytest.approx(300.0)

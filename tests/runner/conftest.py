@@ -30,7 +30,13 @@ def tiny_model():
     return ensure_model()
 
 
-def small_config(tmp_path, **kw):
+@pytest.fixture
+def small_config():
+    """Make a small RunConfig for a quick real run: `small_config(tmp_path, steps=2, ...)`."""
+    return _small_config
+
+
+def _small_config(tmp_path, **kw):
     from runner.config import RunConfig
 
     base = dict(prompts=4, group=4, steps=3, eval_every=2, eval_prompts=16, eval_k=2, kv_cache_gib=0.1,

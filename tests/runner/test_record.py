@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 
 from replay.io import partial_path, read_trace
-from tests.runner.conftest import small_config
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_grpo_run_records_a_complete_trace(tmp_path, tiny_model):
+def test_grpo_run_records_a_complete_trace(tmp_path, tiny_model, small_config):
     from runner.loop import record
 
     cfg = small_config(tmp_path, prompts=4, group=4, steps=3, eval_every=2)
@@ -26,7 +25,7 @@ def test_grpo_run_records_a_complete_trace(tmp_path, tiny_model):
     assert t.meta["status"] == "complete" and not t.recovered
     c = t.config
     assert (c["algo"], c["prompts"], c["group"], c["batch"], c["task"]) == ("grpo", 4, 4, 16, "add2")
-    assert c["lr_effective"] == pytest.approx(3e-4 * (16 / 256) ** 0.5)
+    assert c["lr_effective"] == pytest.approx(3e-4 * (16 / c["lr_ref_batch"]) ** 0.5)
     for key in ("engine", "hardware", "model", "packages", "seed"):
         assert key in t.meta
     e = t.meta["engine"]
@@ -56,13 +55,18 @@ def test_grpo_run_records_a_complete_trace(tmp_path, tiny_model):
     assert sorted(set(r["group_index"].astype(int))) == [0, 1, 2, 3]
 
 
-def test_ppo_run_records_critic_fields(tmp_path, tiny_model):
+def test_ppo_run_records_critic_fields(tmp_path, tiny_model, small_config):
     from runner.loop import record
 
-    cfg = small_config(tmp_path, algo="ppo", prompts=8, group=None, steps=2, eval_every=0, record_steps=False)
+    cfg = small_config(tmp_path, algo="ppo", prompts=8, group=None, steps=2, eval_every=0, record_steps=False,
+                       gen_batch=12)
     t = read_trace(record(cfg))
     u = t.rows("update")
     assert t.config["group"] == 1 and t.config["batch"] == 8 and t.count("update") == 2
+    assert t.config["gen_responses"] == 12 and list(u["num_responses"]) == [8, 8]  # first 8 to finish train
+    r = t.rows("response")
+    for step in range(2):  # one response per prompt, the 8 prompts of the step
+        assert len(set(r["prompt_id"][r["step"] == step].astype(int))) == 8
     assert np.all(np.isfinite(u["critic_loss"])) and np.all(u["critic_grad_norm"] > 0)
     assert np.all(u["critic_grad_norm_micro"] > 0)
     assert t.count("gen_step") == 0 and t.count("response") == 16  # per-step recording off
@@ -187,7 +191,7 @@ def test_ctrl_c_finishes_cleanly(tmp_path, tiny_model):
     assert t.count("update") >= 1 and t.count("response") == 16 * t.count("update")
 
 
-def test_grpo_raises_the_validation_score(tmp_path, tiny_model):
+def test_grpo_raises_the_validation_score(tmp_path, tiny_model, small_config):
     """A short real GRPO run: the held-out mean@k rises measurably (base policy ~30%)."""
     from runner.loop import record
 

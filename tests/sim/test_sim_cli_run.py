@@ -47,7 +47,7 @@ def test_run_table_names_the_rho_model(trace):
 
 def test_replay_prints_errors(trace):
     out = _ok(["replay", str(trace)])
-    assert "step_time" in out and "median error" in out and "0.00%" in out
+    assert "step time" in out and "median err" in out and "0.00%" in out
     d = json.loads(_ok(["replay", str(trace), "--json"]))
     assert d["errors"]["step_time"]["median"] < 1e-9
 
