@@ -5,6 +5,8 @@ generation time and responses/s (median and max relative error; step 0, the warm
 
 Defaults to traces/*.parquet. Target: median step-time error <= 5% on every trace. `recorded`
 replays each step's recorded responses; `sampled` draws lengths from the fitted distribution.
+`floor`: the smallest median step-time error any constant prediction reaches on the recorded steps
+(the run-to-run noise of the machine the trace was recorded on).
 """
 from __future__ import annotations
 
@@ -14,6 +16,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+
+def noise_floor(x) -> float:
+    """The smallest median relative error any constant prediction reaches on these recorded step
+    times: what run-to-run noise alone costs a predictor that does not know the machine's load."""
+    import numpy as np
+
+    x = np.asarray(x, float)
+    cs = np.linspace(x.min(), x.max(), 2001)
+    return float(min(np.median(np.abs(c - x) / x) for c in cs))
 
 
 def main() -> None:
@@ -28,7 +40,7 @@ def main() -> None:
         print("no traces (pass paths or put them under traces/)")
         return
     tab = Table(title="rlsim replay fidelity: per-update relative error, median/max (mean err: error of the run's mean step time)")
-    for c in ("trace", "lengths", "updates", "step time", "gen time", "resp/s", "mean err", "R^2 gen", "s", "ok"):
+    for c in ("trace", "lengths", "updates", "step time", "gen time", "resp/s", "mean err", "floor", "R^2 gen", "s", "ok"):
         tab.add_column(c, justify="left" if c in ("trace", "lengths") else "right")
     worst = 0.0
     for p in paths:
@@ -46,7 +58,8 @@ def main() -> None:
             if lengths == "recorded":
                 worst = max(worst, e["step_time"]["median"])
             tab.add_row(p.name, lengths, str(len(res.step)), fmt("step_time"), fmt("gen_time"), fmt("responses_per_s"),
-                        f"{100 * e['step_time']['mean_error']:.1f}%", "-" if r2 != r2 else f"{r2:.3f}", f"{dt:.2f}", "yes" if ok else "NO")
+                        f"{100 * e['step_time']['mean_error']:.1f}%", f"{100 * noise_floor(res.recorded['step_time']):.1f}%",
+                        "-" if r2 != r2 else f"{r2:.3f}", f"{dt:.2f}", "yes" if ok else "NO")
     Console(width=150).print(tab)
     print(f"worst median step-time error (recorded lengths): {100 * worst:.2f}%")
 

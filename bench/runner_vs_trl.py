@@ -200,13 +200,17 @@ def rlrun_stats(tr, warmup: int) -> dict[str, Any]:
         gen_tokens_by_step[st] = gen_tokens_by_step.get(st, 0) + pt + rt
     B = int(np.median(u["num_responses"]))
     med = lambda x: _median_after(list(x), warmup)  # noqa: E731
+    # the breakdown is a mean over the steady-state updates, so that its parts add up to the mean step
+    sl = slice(warmup, None) if len(step_time) > warmup else slice(None)
+    mean = lambda x: float(np.nanmean(np.asarray(x, dtype=float)[sl]))  # noqa: E731
     wall_med = med(wall)
     return {
         "tool": "rlrun", "batch": B, "updates": len(step_time), "wall_times": wall.tolist(),
-        "step_s": wall_med, "resp_per_s": B / wall_med, "step_time_s": med(step_time),
-        "gen_s": med(gen), "train_s": med(train), "t_forward": med(col("t_forward")),
-        "t_backward": med(col("t_backward")), "t_optimizer": med(col("t_optimizer")),
-        "update_s": med(upd), "prep_s": med(prep), "reward_s": med(rew), "sync_s": med(sync), "other_s": med(other),
+        "step_s": wall_med, "resp_per_s": B / wall_med, "step_time_s": mean(step_time),
+        "gen_s": mean(gen), "train_s": mean(train), "t_forward": mean(col("t_forward")),
+        "t_backward": mean(col("t_backward")), "t_optimizer": mean(col("t_optimizer")),
+        "update_s": mean(upd), "prep_s": mean(np.nan_to_num(prep)), "reward_s": mean(np.nan_to_num(rew)),
+        "sync_s": mean(sync), "other_s": mean(other),
         "train_tokens": med(col("num_tokens")), "response_tokens": med(col("response_tokens_total")),
         "gen_tokens": med([gen_tokens_by_step.get(int(k), np.nan) for k in np.asarray(u["step"])[order]]),
         "reward_first": float(col("reward")[0]) if len(step_time) else None,
@@ -304,7 +308,12 @@ def main(argv: list[str] | None = None) -> int:
                       "prompt_tokens_mean"):
                 vals = [r[f] for r in runs if r.get(f) is not None]
                 if vals:
-                    agg[f] = statistics.median(vals)
+                    agg[f] = statistics.fmean(vals)
+            if tool == "trl":  # mean generation+scoring and mean rest of the update, over the same updates
+                w = a.warmup
+                gens = [t for r in runs for t in (r["gen_times"][w:] if len(r["gen_times"]) > w else r["gen_times"])]
+                agg["gen_s"] = statistics.fmean(gens)
+                agg["rest_s"] = statistics.fmean(pooled) - agg["gen_s"]
             summary[P][tool] = agg
         # tokens per update for the bound: from rlrun's trace, else from TRL's sampled lengths
         rl, tr = summary[P].get("rlrun"), summary[P].get("trl")
@@ -330,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{rate['threads']} threads, best of {', '.join(rate['by_shape'])}; 1024^3: {rate_sq['gflops']:.0f}, "
           f"bf16 model shapes: {rate_bf16['gflops']:.0f})")
     print()
+    print("resp/s and step s: median update wall time after warm-up; gen/train/sync/other: mean seconds per "
+          "update over the same updates; bound s: the compute bound per update; of bound: bound s / step s")
     hdr = f"{'P':>4} {'tool':<6} {'resp/s':>7} {'step s':>7} {'gen s':>6} {'train s':>7} {'sync s':>7} {'other s':>7} {'bound s':>7} {'of bound':>8}"
     print(hdr)
     print("-" * len(hdr))
@@ -341,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             if tool == "rlrun":
                 cells = f"{g:>6.2f} {s['train_s']:>7.2f} {s['sync_s']:>7.3f} {s['other_s']:>7.2f}"
             else:  # TRL: generation+scoring from the wrapper, the rest is training and overhead
-                cells = f"{g:>6.2f} {s['step_s'] - g:>7.2f} {'-':>7} {'-':>7}"
+                cells = f"{g:>6.2f} {s['rest_s']:>7.2f} {'-':>7} {'-':>7}"
             print(f"{P:>4} {tool:<6} {s['resp_per_s']:>7.0f} {s['step_s']:>7.2f} {cells} {b['total_s']:>7.2f} "
                   f"{b['total_s'] / s['step_s']:>8.0%}")
     print()
@@ -354,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         if "rlrun" in tools:
             s = summary[P]["rlrun"]
             st = s["step_time_s"]
-            print(f"  rlrun step {st:.2f} s (wall between steps {s['step_s']:.2f} s): generation {s['gen_s']:.2f} s "
+            print(f"  rlrun mean step {st:.2f} s (median wall between steps {s['step_s']:.2f} s): generation {s['gen_s']:.2f} s "
                   f"({s['gen_s'] / st:.0%}), training {s['train_s']:.2f} s ({s['train_s'] / st:.0%}; forward "
                   f"{s['t_forward']:.2f}, backward {s['t_backward']:.2f}, optimizer {s['t_optimizer']:.3f}), "
                   f"sync {s['sync_s']:.3f} s ({s['sync_s'] / st:.0%}), other {s['other_s']:.2f} s "

@@ -80,7 +80,7 @@ def _nnls_scaled(X: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def nnls_fit(X: np.ndarray, y: np.ndarray, *, trim: bool = True, keep_frac: float = 0.5, groups: np.ndarray | None = None,
-             iters: int = 15) -> tuple[np.ndarray, np.ndarray]:
+             iters: int = 15, relative: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Robust non-negative least squares. Returns (coef, mask of rows kept).
 
     Timings on a shared machine are contaminated one-sidedly (contention only slows things down, by
@@ -135,7 +135,11 @@ def nnls_fit(X: np.ndarray, y: np.ndarray, *, trim: bool = True, keep_frac: floa
     sigma = math.sqrt(best_loss / h) / 0.378 if keep_frac == 0.5 else 1.4826 * float(np.median(np.abs(rel)))
     keep = np.abs(rel) <= max(3.0 * sigma, 1e-9)
     if keep.sum() >= k + 2:
-        best = _nnls_scaled(X[keep], y[keep])
+        if relative:  # least squares on relative residuals: every row counts alike, whatever its size
+            w = 1.0 / denom[keep]
+            best = _nnls_scaled(X[keep] * w[:, None], y[keep] * w)
+        else:
+            best = _nnls_scaled(X[keep], y[keep])
     else:
         keep = np.ones(n, bool)
     return best, keep

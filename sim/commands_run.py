@@ -53,6 +53,9 @@ def _print_run(res) -> None:
     con.print(t)
     extra = f" (B_crit = {res.b_crit:.4g} responses)" if res.rho_model == "noise-scale" else ""
     con.print(f"rho model: {res.rho_model}{extra}")
+    if math.isfinite(res.b_crit_critic):
+        con.print(f"gradient noise scale: actor B_crit = {res.b_crit:.4g}, critic B_crit = {res.b_crit_critic:.4g} responses "
+                  "(rho uses the actor's)")
     if math.isfinite(res.target):
         n = f"{res.n_star_ref:.4g} responses" if math.isfinite(res.n_star_ref) else "never"
         rec = f", recorded wall time {res.recorded_time_to_target_s:.4g} s incl. evals" if math.isfinite(res.recorded_time_to_target_s) else ""

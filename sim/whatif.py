@@ -275,10 +275,12 @@ class RunResult:
     b_crit: float
     recorded_time_to_target_s: float
     warnings: tuple[str, ...]
+    b_crit_critic: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
         d = self.candidate.to_dict()
         d.update(rho_model=self.rho_model, target=self.target, n_star_ref=self.n_star_ref, b_crit=self.b_crit,
+                 b_crit_critic=self.b_crit_critic,
                  recorded_time_to_target_s=self.recorded_time_to_target_s,
                  warnings=list(self.warnings) + list(self.candidate.warnings),
                  reference=self.reference.to_dict())
@@ -291,7 +293,8 @@ def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target
     cand = evaluate(study, cfg)
     ref = reference_outcome(study)
     return RunResult(reference=ref, candidate=cand, rho_model=cand.rho_model, target=study.target, n_star_ref=study.n_star_ref,
-                     b_crit=study.noise.b_crit, recorded_time_to_target_s=study.recorded_time_to_target_s, warnings=study.warnings)
+                     b_crit=study.noise.b_crit, recorded_time_to_target_s=study.recorded_time_to_target_s, warnings=study.warnings,
+                     b_crit_critic=study.noise.critic_b_crit)
 
 
 # ---- replay: simulate exactly the recorded configuration ---------------------------------------

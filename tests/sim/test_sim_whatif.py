@@ -114,3 +114,23 @@ def test_replay_of_a_synthetic_trace_is_exact(traces):
     assert res.skipped_warmup and len(res.step) == SPEC.steps - 1
     sampled = replay_trace(traces[0], lengths="sampled").errors()
     assert sampled["step_time"]["median"] < 0.1
+
+
+def test_over_generation_option(study):
+    base = evaluate(study, WhatIf(prompts=16, updates=20))
+    over = evaluate(study, WhatIf(prompts=16, gen_batch=96, updates=20))
+    assert over.batch == 64 and over.gen_s > base.gen_s  # more requests generated, the same trained
+    with pytest.raises(RlsimError, match="smaller than the train batch"):
+        evaluate(study, WhatIf(prompts=16, gen_batch=32))
+
+
+def test_traces_of_other_algorithms_refused(tmp_path, traces):
+    ppo = read_trace(synthetic_trace(tmp_path / "ppo.parquet", SynthSpec(algo="ppo", prompts=32, group=1, steps=3)))
+    with pytest.raises(RlsimError, match="ppo run"):
+        prepare([traces[0], ppo])
+
+
+def test_default_target_with_several_traces_is_reached_by_all(traces):
+    st = prepare(list(traces))
+    assert st.target == pytest.approx(min(c.best for c in st.curves))
+    assert all(c.samples_to_target(st.target) is not None for c in st.curves)
