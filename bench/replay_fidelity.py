@@ -62,6 +62,40 @@ def main() -> None:
                         "-" if r2 != r2 else f"{r2:.3f}", f"{dt:.2f}", "yes" if ok else "NO")
     Console(width=150).print(tab)
     print(f"worst median step-time error (recorded lengths): {100 * worst:.2f}%")
+    cross_batch(paths)
+
+
+def cross_batch(paths) -> None:
+    """What-if accuracy: predict each trace's responses/s (median over its updates) from other traces of
+    the same setup at other batch sizes: from each single one, and from all the others together."""
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    from replay.fit import fit_trace
+    from replay.io import read_trace
+    from sim.config import WhatIf
+    from sim.whatif import evaluate, prepare, same_setup
+
+    traces = [read_trace(p) for p in paths]
+    tab = Table(title="what-if accuracy: predicted vs recorded responses/s of a trace from traces at other batch sizes")
+    for c in ("target trace", "B", "recorded resp/s", "from", "predicted", "error"):
+        tab.add_column(c, justify="left" if c in ("target trace", "from") else "right")
+    n = 0
+    for t in traces:
+        others = [o for o in traces if o is not t and same_setup(t, o) and o.config.get("prompts") != t.config.get("prompts")]
+        if not others:
+            continue
+        m = fit_trace(t)
+        rec = float(np.median(m.recorded.responses_per_s))
+        cfg = WhatIf(prompts=m.prompts, group=m.group, updates=60)
+        sources = [[o] for o in others] + ([others] if len(others) > 1 else [])
+        for src in sources:
+            q = evaluate(prepare(src, rho_model="invariant"), cfg).responses_per_s
+            tab.add_row(t.name, str(m.prompts * m.group), f"{rec:.1f}", "+".join(o.name for o in src), f"{q:.1f}", f"{100 * (q / rec - 1):+.1f}%")
+            n += 1
+    if n:
+        Console(width=150).print(tab)
 
 
 if __name__ == "__main__":

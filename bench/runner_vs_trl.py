@@ -61,6 +61,16 @@ def _median_after(xs: list[float], warmup: int) -> float:
     return statistics.median(tail)
 
 
+def middle_half(xs: list[float], warmup: int) -> list[int]:
+    """Indices of the updates after warm-up whose value lies between the 25th and 75th percentile."""
+    idx = list(range(warmup, len(xs))) if len(xs) > warmup else list(range(len(xs)))
+    if len(idx) < 4:
+        return idx
+    srt = sorted(idx, key=lambda i: xs[i])
+    q = len(srt) // 4
+    return sorted(srt[q:len(srt) - q])
+
+
 # ---------------------------------------------------------------------------------------------
 # compute bound
 # ---------------------------------------------------------------------------------------------
@@ -112,7 +122,8 @@ def run_trl(a, P: int, model_dir: str, work: Path, k: int) -> dict[str, Any]:
            "--group", str(a.group), "--updates", str(a.updates), "--warmup", str(a.warmup), "--lr", str(a.lr),
            "--max-tokens", str(a.max_tokens), "--seed", str(a.seed), "--micro-batches", str(a.trl_micro_batches),
            "--json", str(out)] + (["--bf16"] if a.trl_bf16 else []) + (["--trl-defaults"] if a.trl_defaults else [])
-    _run(cmd, logf, f"TRL P={P}")
+    if not (a.reuse and out.exists()):
+        _run(cmd, logf, f"TRL P={P}")
     return json.loads(out.read_text())
 
 
@@ -131,7 +142,8 @@ def run_rlrun(a, P: int, model_dir: str, work: Path, k: int) -> dict[str, Any]:
            "--temperature", "1.0", "--task", a.task, "--model", model_dir, "--seed", str(a.seed),
            "--eval-every", "0", "--eval-prompts", str(a.eval_prompts), "--no-progress", "--overwrite",
            "--out", str(trace_path)] + a.rlrun_args.split()
-    _run(cmd, logf, f"rlrun P={P}")
+    if not (a.reuse and trace_path.exists()):
+        _run(cmd, logf, f"rlrun P={P}")
     return rlrun_stats(read_trace(trace_path), a.warmup)
 
 
@@ -200,8 +212,9 @@ def rlrun_stats(tr, warmup: int) -> dict[str, Any]:
         gen_tokens_by_step[st] = gen_tokens_by_step.get(st, 0) + pt + rt
     B = int(np.median(u["num_responses"]))
     med = lambda x: _median_after(list(x), warmup)  # noqa: E731
-    # the breakdown is a mean over the steady-state updates, so that its parts add up to the mean step
-    sl = slice(warmup, None) if len(step_time) > warmup else slice(None)
+    # the breakdown: means over the steady-state updates whose step time lies in the middle half, so that
+    # its parts add up to that mean step and a run slowed by other work on the machine does not skew it
+    sl = np.asarray(middle_half(step_time.tolist(), warmup), dtype=int)
     mean = lambda x: float(np.nanmean(np.asarray(x, dtype=float)[sl]))  # noqa: E731
     wall_med = med(wall)
     return {
@@ -245,8 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="where traces, results and logs go (default: a new temporary folder)")
     ap.add_argument("--wait-idle", type=float, default=120.0,
                     help="before each run, wait up to this many seconds for other work to leave the CPU (default 120)")
+    ap.add_argument("--reuse", action="store_true",
+                    help="report from the results already in --workdir instead of running again where they exist")
     ap.add_argument("--json", help="write all results here")
     a = ap.parse_args(argv)
+    if a.reuse and not a.workdir:
+        ap.error("--reuse needs --workdir")
     WAIT_IDLE[0] = a.wait_idle
 
     tools = [t.strip() for t in a.tools.split(",") if t.strip()]
@@ -279,9 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     facts = model_facts(model_dir)
     h, i = facts["hidden"], facts["intermediate"] or 4 * facts["hidden"]
     shapes = [(8192, h, i), (8192, i, h), (8192, h, h), (1024, 1024, 1024)]
-    rate = matmul_rate(shapes[:3])
-    rate_sq = matmul_rate(shapes[3:])
-    rate_bf16 = matmul_rate(shapes[:3], "bfloat16")
+    wait_idle(WAIT_IDLE[0])
+    best = lambda sh, dt="float32": max((matmul_rate(sh, dt) for _ in range(3)), key=lambda r: r["gflops"])  # noqa: E731
+    rate, rate_sq, rate_bf16 = best(shapes[:3]), best(shapes[3:]), best(shapes[:3], "bfloat16")
     _log(f"matmul fp32 {rate['gflops']:.0f} GFLOP/s (model shapes), {rate_sq['gflops']:.0f} (1024^3); "
          f"bf16 {rate_bf16['gflops']:.0f}; workdir {work}")
 
@@ -309,11 +326,11 @@ def main(argv: list[str] | None = None) -> int:
                 vals = [r[f] for r in runs if r.get(f) is not None]
                 if vals:
                     agg[f] = statistics.fmean(vals)
-            if tool == "trl":  # mean generation+scoring and mean rest of the update, over the same updates
-                w = a.warmup
-                gens = [t for r in runs for t in (r["gen_times"][w:] if len(r["gen_times"]) > w else r["gen_times"])]
-                agg["gen_s"] = statistics.fmean(gens)
-                agg["rest_s"] = statistics.fmean(pooled) - agg["gen_s"]
+            if tool == "trl":  # generation+scoring and the rest, means over the middle half of the updates
+                sel = [(r["update_times"][i], r["gen_times"][i]) for r in runs
+                       for i in middle_half(r["update_times"], a.warmup) if i < len(r["gen_times"])]
+                agg["gen_s"] = statistics.fmean(g for _, g in sel)
+                agg["rest_s"] = statistics.fmean(u for u, _ in sel) - agg["gen_s"]
             summary[P][tool] = agg
         # tokens per update for the bound: from rlrun's trace, else from TRL's sampled lengths
         rl, tr = summary[P].get("rlrun"), summary[P].get("trl")
@@ -339,8 +356,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{rate['threads']} threads, best of {', '.join(rate['by_shape'])}; 1024^3: {rate_sq['gflops']:.0f}, "
           f"bf16 model shapes: {rate_bf16['gflops']:.0f})")
     print()
-    print("resp/s and step s: median update wall time after warm-up; gen/train/sync/other: mean seconds per "
-          "update over the same updates; bound s: the compute bound per update; of bound: bound s / step s")
+    print("resp/s and step s: median update wall time after warm-up; gen/train/sync/other: mean seconds over the "
+          "updates after warm-up whose time lies in the middle half; bound s: the compute bound per update; "
+          "of bound: bound s / step s")
     hdr = f"{'P':>4} {'tool':<6} {'resp/s':>7} {'step s':>7} {'gen s':>6} {'train s':>7} {'sync s':>7} {'other s':>7} {'bound s':>7} {'of bound':>8}"
     print(hdr)
     print("-" * len(hdr))
@@ -365,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         if "rlrun" in tools:
             s = summary[P]["rlrun"]
             st = s["step_time_s"]
-            print(f"  rlrun mean step {st:.2f} s (median wall between steps {s['step_s']:.2f} s): generation {s['gen_s']:.2f} s "
+            print(f"  rlrun step {st:.2f} s (mean of the middle half; median wall between steps {s['step_s']:.2f} s): generation {s['gen_s']:.2f} s "
                   f"({s['gen_s'] / st:.0%}), training {s['train_s']:.2f} s ({s['train_s'] / st:.0%}; forward "
                   f"{s['t_forward']:.2f}, backward {s['t_backward']:.2f}, optimizer {s['t_optimizer']:.3f}), "
                   f"sync {s['sync_s']:.3f} s ({s['sync_s'] / st:.0%}), other {s['other_s']:.2f} s "

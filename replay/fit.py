@@ -177,9 +177,11 @@ class AffineModel:
         return self.intercept + self.slope * np.asarray(x, float)
 
 
-def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = None) -> AffineModel:
+def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = None, groups=None) -> AffineModel:
     """NNLS of y on [1, x] when x spans a range; otherwise (x nearly constant) a proportional model
-    through `intercept_hint` (default 0): slope = median((y - a) / x). Empty input: a zero model."""
+    through `intercept_hint` (default 0): slope = robust location of (y - a) / x. Empty input: a zero
+    model. With `groups` (rows of several traces at different batch sizes): a line by NNLS through the
+    robust centre of each group, so a noisy trace cannot tilt it and no trace is trimmed away whole."""
     x = np.asarray(x, float)
     y = np.asarray(y, float)
     ok = np.isfinite(x) & np.isfinite(y)
@@ -187,6 +189,16 @@ def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = N
     if len(y) == 0:
         return AffineModel(name, x_name, 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
     X = np.column_stack([np.ones_like(x), x])
+    if groups is not None:
+        g = np.asarray(groups)[ok]
+        ug = np.unique(g)
+        cx = np.array([robust_location(x[g == k]) for k in ug])
+        cy = np.array([robust_location(y[g == k]) for k in ug])
+        pos = cx[cx > 0]
+        if len(ug) >= 2 and len(pos) >= 2 and pos.max() / pos.min() >= NARROW_RANGE:
+            w = np.sqrt([np.sum(g == k) for k in ug])
+            coef = _nnls_scaled(np.column_stack([np.ones_like(cx), cx]) * w[:, None], cy * w)
+            return AffineModel(name, x_name, float(coef[0]), float(coef[1]), _quality(X, y, coef, 0, f"nnls over {len(ug)} traces"))
     xpos = x[x > 0]
     span = xpos.max() / xpos.min() if len(xpos) else 1.0
     if len(y) >= 5 and span >= NARROW_RANGE:
@@ -401,8 +413,10 @@ def warmup_excluded(trace: Trace) -> bool:
 
 
 def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
-    """Fit every cost model to one trace, or to several traces of the same setup (rows pooled; the
-    first trace gives the engine, config and recorded timings)."""
+    """Fit every cost model to one trace, or to several traces of the same setup: then the step
+    costs (update, prep, reward, other, sync) are fitted across them (their batch sizes give the
+    slopes a range), while the generation side (engine-step model, round overhead, lengths), the
+    engine, the config and the recorded timings come from the first."""
     traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
     ref = traces[0]
     warnings: list[str] = []
@@ -422,11 +436,12 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
         raise RlsimError(f"{ref.path} has no response rows; the trace cannot give response lengths")
 
     model_meta = ref.meta.get("model", {}) or {}
-    gen_rows = {c: cat(GEN_STEP, c) for c in ("duration", "num_running", "context_tokens", "prefill_tokens")}
-    # warm-up = step 0 of every trace, unless the runner warmed the engine up before recording
-    gen_rows["step"] = np.concatenate([np.where((t.rows(GEN_STEP)["step"].astype(float) == 0) & (not warmup_excluded(t)), 0.0, 1.0 + i)
-                                       for i, t in enumerate(traces)])
-    gen_rows["round"] = cat_step(GEN_STEP, "step")
+    # the engine-step model comes from the first trace only (one machine state, one engine)
+    rg = ref.rows(GEN_STEP)
+    gen_rows = {c: rg[c].astype(float) for c in ("duration", "num_running", "context_tokens", "prefill_tokens")}
+    # warm-up = step 0, unless the runner warmed the engine up before recording
+    gen_rows["step"] = np.where((rg["step"].astype(float) == 0) & (not warmup_excluded(ref)), 0.0, 1.0)
+    gen_rows["round"] = rg["step"].astype(float)
     gen, w = fit_gen_steps(gen_rows, warmup_step=0, model_bytes=model_meta.get("bytes"), hardware=ref.meta.get("hardware", {}))
     warnings += w
 
@@ -457,7 +472,8 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     warm = np.concatenate([(t.rows(UPDATE)["step"] == 0) & (not warmup_excluded(t)) for t in traces])
     if np.all(warm):
         warm = np.zeros_like(warm)
-    ok = np.isfinite(gen_time) & ~warm
+    is_ref = np.concatenate([np.full(t.count(UPDATE), i == 0) for i, t in enumerate(traces)])
+    ok = np.isfinite(gen_time) & ~warm & is_ref  # generation side: the first trace only
     gap = gen_time - g_dur_sum
     Xo = np.column_stack([np.ones(ok.sum()), n_resp[ok], g_steps_n[ok]])
     if ok.sum() >= 3:
@@ -491,11 +507,12 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
             prep_inside = bool(np.median(slack[ok_p]) >= 0.5 * np.median(prep_time[ok_p]))
     upd_proper = upd_dur - prep_time if prep_inside else upd_dur
     hint = robust_location(t_opt[sel]) if np.isfinite(t_opt[sel]).any() else 0.0
-    update = fit_affine("update", "tokens", n_tok[sel], upd_proper[sel], intercept_hint=hint)
-    prep = fit_affine("prep", "tokens", n_tok[sel], prep_time[sel])
-    reward = fit_affine("reward", "responses", n_resp[sel], reward_time[sel])
+    grp = np.concatenate([np.full(t.count(UPDATE), i) for i, t in enumerate(traces)])[sel] if len(traces) > 1 else None
+    update = fit_affine("update", "tokens", n_tok[sel], upd_proper[sel], intercept_hint=hint, groups=grp)
+    prep = fit_affine("prep", "tokens", n_tok[sel], prep_time[sel], groups=grp)
+    reward = fit_affine("reward", "responses", n_resp[sel], reward_time[sel], groups=grp)
     other_t = step_time - gen_time - reward_time - prep_time - upd_proper - sync_per_step
-    other = fit_affine("other", "responses", n_resp[sel], np.maximum(other_t[sel], 0.0), intercept_hint=robust_location(np.maximum(other_t[sel], 0)))
+    other = fit_affine("other", "responses", n_resp[sel], np.maximum(other_t[sel], 0.0), intercept_hint=robust_location(np.maximum(other_t[sel], 0)), groups=grp)
     if len(s_dur):
         sync = fit_affine("sync", "bytes", s_bytes, s_dur)
         sync_bytes = float(np.median(s_bytes))

@@ -196,7 +196,7 @@ def curves_rho(b_ref: float, curves: list[LearningCurve], target: float) -> RhoM
     rules: dict[float, str] = {}
     for c in curves:
         n = c.samples_to_target(target)
-        if n is None or c.batch <= 0:
+        if n is None or n <= 0 or c.batch <= 0:  # never reached, or already at the start
             continue
         pts.setdefault(float(c.batch), []).append(n)
         rules[float(c.batch)] = c.lr_rule

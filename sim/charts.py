@@ -274,7 +274,8 @@ def gantt_chart(spans: Sequence[Any], counters: Sequence[Any] = (), *, title: st
         tooltip=["lane:N", "kind:N", alt.Tooltip("start:Q", format=".3f"), alt.Tooltip("duration_s:Q", format=".4f"),
                  "slices:Q"],
     ).properties(width=WIDTH + 140, height=36 * max(len(lanes), 1), title=title)
-    run = [{"t": c.t, "running": c.value} for c in counters if c.name == "gen.running" and (until is None or c.t <= until)]
+    run = sorted(({"t": c.t, "running": c.value} for c in counters if c.name == "gen.running" and (until is None or c.t <= until)),
+                 key=lambda r: r["t"])
     if len(run) > MAX_POINTS:
         idx = np.linspace(0, len(run) - 1, MAX_POINTS).astype(int)
         run = [run[i] for i in idx]

@@ -51,6 +51,9 @@ def _print_run(res) -> None:
         t.add_row(label, _fmt(getattr(ref, key), kind), _fmt(getattr(cand, key), kind))
     con = _console()
     con.print(t)
+    if math.isfinite(res.recorded_step_time_s):
+        con.print(f"recorded (median of the trace's updates): {res.recorded_responses_per_s:.4g} responses/s, "
+                  f"step time {res.recorded_step_time_s:.4g} s")
     extra = f" (B_crit = {res.b_crit:.4g} responses)" if res.rho_model == "noise-scale" else ""
     con.print(f"rho model: {res.rho_model}{extra}")
     if math.isfinite(res.b_crit_critic):
@@ -86,13 +89,14 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help=_H["seed"]),
         max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help=_H["max_num_seqs"]),
         kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", help=_H["kv_cache_tokens"]),
+        gen_batch: Optional[int] = typer.Option(None, "--gen-batch", help=_H["gen_batch"]),
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
         """Predict throughput, sample cost and time-to-target of a batch size from a recorded trace."""
         from sim.whatif import run
 
         cfg = WhatIf(prompts=batch, group=group, lr_rule=lr_rule, updates=updates, seed=seed,
-                     max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens)
+                     max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, gen_batch=gen_batch)
         cfg.validate()
         res = run(_load(trace), cfg, rho_model=rho, target=target)
         if as_json:

@@ -23,7 +23,6 @@ Per-sequence state lives in numpy arrays; there is no process per request.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -129,17 +128,17 @@ def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray, prefi
     return {"num_running": n.astype(np.int64), "context_tokens": ctx, "prefill_tokens": pre, "finished": fin}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Stretch:
-    """A run of engine steps with one composition (mutable scratch record of the step loop)."""
+    """A run of engine steps with one composition."""
 
-    step: int          # index of its first step in the round
-    steps: int         # how many steps
-    num_running: int
-    context0: float    # context tokens of its first step (grows by num_running per step)
-    prefill: float     # prefill tokens of its first step
-    finished: int      # requests finishing in its last step
-    kv_tokens: int     # KV tokens allocated at its first step (blocks x block size)
+    step: int = field(metadata={"help": "index of its first step in the round"})
+    steps: int = field(metadata={"help": "how many steps"})
+    num_running: int = field(metadata={"help": "sequences in each of its steps"})
+    context0: float = field(metadata={"help": "context tokens of its first step (grows by num_running per step)"})
+    prefill: float = field(metadata={"help": "prefill tokens of its first step"})
+    finished: int = field(metadata={"help": "requests finishing in its last step"})
+    kv_tokens: int = field(metadata={"help": "KV tokens allocated at its first step (blocks x block size)"})
 
     def cost(self, gen: GenStepModel) -> float:
         k, n = self.steps, self.num_running

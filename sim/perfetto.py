@@ -175,6 +175,7 @@ def spans_from_trace(trace) -> tuple[list[Span], list[CounterSample]]:
         t0, d = float(e["t_start"][i]), float(e["duration"][i])
         spans.append(Span("eval", "eval", "eval", t0, 0.0 if np.isnan(d) else d, args))
         counters.append(CounterSample("eval", "eval.score", t0, float(e["score"][i])))
+    counters += _round_end_samples(spans)
     return spans, counters
 
 
@@ -217,7 +218,19 @@ def spans_from_simrun(run) -> tuple[list[Span], list[CounterSample]]:
         t, name, value = (c.t, c.name, c.value) if hasattr(c, "name") else c
         lane = getattr(c, "lane", None) or _counter_lane(name, spans)
         counters.append(CounterSample(lane, name, float(t), float(value)))
+    counters += _round_end_samples(spans)
     return spans, counters
+
+
+def _round_end_samples(spans: Sequence[Span]) -> list[CounterSample]:
+    """The engine is empty when a generation round ends: running sequences and KV use drop to 0 there
+    (the per-step samples only say what ran in each step)."""
+    out = []
+    for s in spans:
+        if s.kind == "gen_round":
+            out.append(CounterSample(s.lane, "gen.running", s.start + s.dur, 0.0))
+            out.append(CounterSample(s.lane, "gen.kv_usage", s.start + s.dur, 0.0))
+    return out
 
 
 def _responses_from_steps(steps: Sequence[Span], round_start: dict) -> list[Span]:

@@ -41,19 +41,20 @@ def _fmt(v: Any, spec: str = "") -> str:
     return str(v)
 
 
-TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3g"),
-                    ("sigma", "sigma", ".3f"), ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"),
-                    ("regime", "regime", ""))
+TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
+                    ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""))
 
 
 def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top: int = 10,
                   labels: Mapping[str, str] | None = None):
     """A rich table of the best `top` rows (rows already ranked): the axes that vary, then the key results."""
+    from rich import box
     from rich.table import Table
 
     labels = labels or {}
     varying = [a for a in axes if len({repr(r.get(a)) for r in rows}) > 1] or list(axes)[:1]
-    t = Table(title=f"Ranking by time to target, best {min(top, len(rows))} of {len(rows)}", title_justify="left")
+    t = Table(title=f"Ranking by time to target, best {min(top, len(rows))} of {len(rows)} (all in results.csv)",
+              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("#", justify="right", no_wrap=True)
     for a in varying:
         t.add_column(labels.get(a, a).lstrip("-"), justify="right", no_wrap=True)

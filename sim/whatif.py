@@ -168,7 +168,6 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     if rho_model not in RHO_MODELS:
         raise RlsimError(f"--rho must be one of {', '.join(RHO_MODELS)}, got {rho_model!r}")
     ref = traces[0]
-    models = fit_trace(ref)
     cfg = ref.config
     algo = str(cfg.get("algo") or "grpo")
     setup_warnings = []
@@ -181,12 +180,17 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
             b = (t.config.get(key) if key == "task" else (t.meta.get("model") or {}).get("name"))
             if a != b:
                 setup_warnings.append(f"{t.name} has {what} {b!r}, the reference {a!r}: its learning curve may not be comparable")
+    # step costs fitted across the traces of the same setup (their batch sizes give the slopes a range)
+    pooled = [ref] + [t for t in traces[1:] if same_setup(ref, t)]
+    models = fit_trace(pooled if len(pooled) > 1 else ref)
     reference = WhatIf(prompts=models.prompts, group=models.group, lr_rule=str(cfg.get("lr_rule") or "sqrt"))
     if not reference.prompts:
         raise RlsimError(f"{ref.path}: metadata config has no `prompts`; the trace was not written by `rlrun record`")
     curves = tuple(fit_learning_curve(t) for t in traces)
     noise = noise_scale(ref)
     warnings = list(models.warnings) + setup_warnings
+    warnings += [f"{t.name} was recovered from a partial recording ({t.meta.get('status')}): only its complete steps are used"
+                 for t in traces if t.recovered]
     ref_curve = curves[0]
     if target is None:
         # the best score the reference reached; with several traces, the best score all of them reached
@@ -194,7 +198,10 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
         bests = [c.best for c in curves if len(c.score)]
         target = (min(bests) if len(curves) > 1 and len(bests) == len(curves) else ref_curve.best) if len(ref_curve.score) else math.nan
     n_star = ref_curve.samples_to_target(target) if math.isfinite(target) else None
-    if n_star is None:
+    if n_star is not None and n_star <= 0:
+        warnings.append(f"the reference's first eval already reaches {target:.4g}: pass a higher --target for a time-to-target")
+        n_star = None
+    elif n_star is None:
         if math.isfinite(target) and len(ref_curve.score):
             warnings.append(f"the reference never reached the target {target:.4g} (best {ref_curve.best:.4g}): no absolute time-to-target")
         elif not len(ref_curve.score):
@@ -216,6 +223,14 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     return replace(study, ref_run=run_)
 
 
+def same_setup(a: Trace, b: Trace) -> bool:
+    """Same algorithm, model, device and engine limits: step costs may be fitted across the two."""
+    def key(t: Trace):
+        e, h, m = t.meta.get("engine") or {}, t.meta.get("hardware") or {}, t.meta.get("model") or {}
+        return (t.config.get("algo"), m.get("name"), h.get("device_name"), e.get("max_num_seqs"), e.get("kv_cache_tokens"))
+    return key(a) == key(b)
+
+
 def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False) -> Outcome:
     P, G, rule = _resolve(study.reference, study.models, cfg)
     B = P * G
@@ -229,6 +244,9 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
         warnings += notes
     ratio = rho / sigma
     t_abs = rho * study.n_star_ref / q if math.isfinite(study.n_star_ref) else math.nan
+    if not reference and study.models.update.quality.method == "proportional" and not (2 / 3 <= B / study.b_ref <= 1.5):
+        warnings.append("training time is extrapolated in proportion to tokens from one batch size (a fixed per-update "
+                        "cost cannot be separated from one trace); pass traces at other batch sizes (--trace) to fit it")
     measured = max(study.models.max_concurrency, 1)
     peak = int(run_.peak_running.max())
     if not reference and peak > CONCURRENCY_EXTRAPOLATION * measured:
@@ -267,20 +285,23 @@ def timeline(study: Study, cfg: WhatIf) -> SimRun:
 class RunResult:
     """`rlsim run`: the reference and the candidate."""
 
-    reference: Outcome
-    candidate: Outcome
-    rho_model: str
-    target: float
-    n_star_ref: float
-    b_crit: float
-    recorded_time_to_target_s: float
-    warnings: tuple[str, ...]
-    b_crit_critic: float = math.nan
+    reference: Outcome = field(metadata={"help": "the trace's own configuration, simulated"})
+    candidate: Outcome = field(metadata={"help": "the configuration asked for"})
+    rho_model: str = field(metadata={"help": "rho model used for the candidate"})
+    target: float = field(metadata={"help": "eval score defining time-to-target"})
+    n_star_ref: float = field(metadata={"help": "reference responses to reach the target (nan if never)"})
+    b_crit: float = field(metadata={"help": "gradient noise scale of the reference (actor), responses"})
+    recorded_time_to_target_s: float = field(metadata={"help": "wall seconds at which the reference's evals reached the target"})
+    warnings: tuple[str, ...] = field(metadata={"help": "fit and learning-model warnings"})
+    b_crit_critic: float = field(default=math.nan, metadata={"help": "gradient noise scale of the PPO value model"})
+    recorded_responses_per_s: float = field(default=math.nan, metadata={"help": "median responses/s over the trace's updates"})
+    recorded_step_time_s: float = field(default=math.nan, metadata={"help": "median step time over the trace's updates"})
 
     def to_dict(self) -> dict[str, Any]:
         d = self.candidate.to_dict()
         d.update(rho_model=self.rho_model, target=self.target, n_star_ref=self.n_star_ref, b_crit=self.b_crit,
-                 b_crit_critic=self.b_crit_critic,
+                 b_crit_critic=self.b_crit_critic, recorded_responses_per_s=self.recorded_responses_per_s,
+                 recorded_step_time_s=self.recorded_step_time_s,
                  recorded_time_to_target_s=self.recorded_time_to_target_s,
                  warnings=list(self.warnings) + list(self.candidate.warnings),
                  reference=self.reference.to_dict())
@@ -292,9 +313,12 @@ def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target
     study = prepare(traces, rho_model=rho_model, target=target, updates=cfg.updates, seed=cfg.seed)
     cand = evaluate(study, cfg)
     ref = reference_outcome(study)
+    rec = study.models.recorded
     return RunResult(reference=ref, candidate=cand, rho_model=cand.rho_model, target=study.target, n_star_ref=study.n_star_ref,
                      b_crit=study.noise.b_crit, recorded_time_to_target_s=study.recorded_time_to_target_s, warnings=study.warnings,
-                     b_crit_critic=study.noise.critic_b_crit)
+                     b_crit_critic=study.noise.critic_b_crit,
+                     recorded_responses_per_s=float(np.median(rec.responses_per_s)) if len(rec.step) else math.nan,
+                     recorded_step_time_s=float(np.median(rec.step_time)) if len(rec.step) else math.nan)
 
 
 # ---- replay: simulate exactly the recorded configuration ---------------------------------------
@@ -351,4 +375,5 @@ def replay_trace(trace: Trace, *, seed: int = 0, lengths: str = "recorded") -> R
     simulated = {"step_time": sim_run.step_time[keep], "gen_time": sim_run.gen_time[keep],
                  "responses_per_s": (sim_resp / sim_run.step_time)[keep]}
     return ReplayResult(trace=trace.name, step=rec.step[keep], recorded=recorded, simulated=simulated,
-                        skipped_warmup=bool(skip), lengths=lengths, warnings=models.warnings)
+                        skipped_warmup=bool(skip), lengths=lengths,
+                        warnings=models.warnings + ((f"{trace.name} was recovered from a partial recording",) if trace.recovered else ()))

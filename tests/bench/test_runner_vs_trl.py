@@ -69,3 +69,9 @@ def test_matmul_rate_measures_something():
     pytest.importorskip("torch")
     r = rvt.matmul_rate([(256, 64, 64)], seconds=0.02)
     assert r["gflops"] > 0 and r["best_shape"] == "256x64x64"
+
+
+def test_middle_half_skips_warmup_and_outliers():
+    xs = [9.0, 9.0, 1.0, 5.0, 1.1, 1.2, 1.3, 0.1]
+    assert rvt.middle_half(xs, warmup=2) == [2, 4, 5, 6]  # 1.0 .. 1.3: drops the fastest (0.1) and slowest (5.0)
+    assert rvt.middle_half([3.0, 1.0], warmup=5) == [0, 1]

@@ -145,3 +145,17 @@ def test_missing_step_time_rebuilt_from_parts(tmp_path):
     pq.write_table(t, p)
     m = fit_trace(read_trace(p))
     assert np.all(np.isfinite(m.recorded.step_time)) and np.all(m.recorded.step_time > m.recorded.gen_time)
+
+
+def test_step_costs_fitted_across_traces_of_several_batch_sizes(tmp_path):
+    # one trace only spans its own batch: the update intercept is the optimizer time; two traces at
+    # 4x apart recover the true intercept and slope, while the generation model stays the first's
+    a = read_trace(synthetic_trace(tmp_path / "a.parquet", SynthSpec(prompts=16, steps=4, update_a=0.2)))
+    b = read_trace(synthetic_trace(tmp_path / "b.parquet", SynthSpec(prompts=64, steps=3, update_a=0.2, c_step=9.0)))
+    spec = SynthSpec(update_a=0.2)
+    m = fit_trace([a, b])
+    assert m.update.intercept == pytest.approx(0.2, rel=1e-6)
+    assert m.update.slope == pytest.approx(spec.update_b, rel=1e-6)
+    assert "2 traces" in m.update.quality.method
+    assert m.gen.c_step == pytest.approx(spec.c_step, rel=1e-6)  # not the second trace's 9 s
+    assert m.prompts == 16 and len(m.recorded.step) == 4

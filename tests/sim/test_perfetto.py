@@ -44,8 +44,9 @@ def test_recorded_export_parses_nests_and_counts_match(trace_path, tmp_path):
     assert len(slot_tracks) == int(trace.rows("gen_step")["num_running"].max()) == 12
     assert "engine steps" in threads.values() and "updates" in threads.values() and "weight sync" in threads.values()
     counters = Counter(e["name"] for e in obj["traceEvents"] if e["ph"] == "C")
-    assert counters["gen.running"] == trace.count("gen_step")
-    assert counters["gen.kv_usage"] == trace.count("gen_step")
+    # one sample per engine step, and 0 when each generation round ends
+    assert counters["gen.running"] == trace.count("gen_step") + trace.count("update")
+    assert counters["gen.kv_usage"] == trace.count("gen_step") + trace.count("update")
     assert counters["eval.score"] == trace.count("eval")
     for e in obj["traceEvents"]:
         if e["ph"] == "X":

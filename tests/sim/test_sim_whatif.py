@@ -1,8 +1,6 @@
 """What-if: prepare / evaluate / run on synthetic traces: sigma, rho, T ratio, warnings, determinism."""
-import math
 import pickle
 
-import numpy as np
 import pytest
 
 from replay.errors import RlsimError
