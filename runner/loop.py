@@ -124,7 +124,7 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model_dir = check_model_dir(cfg.model) if cfg.model else ensure_model(Recipe(task=cfg.task), log=log)
+    model_dir = check_model_dir(cfg.model) if cfg.model else ensure_model(Recipe.for_task(cfg.task), log=log)
     task = make_task(cfg.task, cfg.dataset, cfg.reward)
     try:
         tok = AutoTokenizer.from_pretrained(str(model_dir))

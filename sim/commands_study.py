@@ -156,11 +156,17 @@ def register(app: typer.Typer) -> None:
         sw.check_configs(studies, grid, labels)
         err = Console(stderr=True)
         t0 = time.perf_counter()
+        # no auto-refresh thread: the local pool forks its workers while the bar is shown
         with Progress(TextColumn("[bold]sweep[/]"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      TimeRemainingColumn(), console=err, transient=False) as bar:
+                      TimeRemainingColumn(), console=err, transient=False, auto_refresh=False) as bar:
             task = bar.add_task("configs", total=len(grid))
+
+            def advance(k: int) -> None:
+                bar.advance(task, k)
+                bar.refresh()
+
             rows = sw.run_sweep(studies, grid, workers=kw["workers"], ray_address=kw["ray_address"],
-                                chunk_size=kw["chunk_size"], progress=lambda k: bar.advance(task, k))
+                                chunk_size=kw["chunk_size"], progress=advance)
         seconds = time.perf_counter() - t0
         ranked = sw.rank_rows(rows)
         backend = ({"kind": "ray", "address": kw["ray_address"]} if kw["ray_address"] else

@@ -228,11 +228,19 @@ def _table(header: Sequence[str], body: Sequence[Sequence[Any]], cls: str = "gri
     return f"<table class='{cls}'><thead><tr>{h}</tr></thead><tbody>{b}</tbody></table>"
 
 
+def _dur(seconds: float) -> str:
+    """Seconds in the unit that reads best (s, ms, &micro;s, ns)."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "&micro;s")):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.4g} {unit}"
+    return f"{seconds * 1e9:.4g} ns"
+
+
 def models_section(fitted) -> str:
     g = fitted.gen
     parts = ["<h3>Generation step cost</h3>",
-             f"<p class='eq'>t_step = {g.c_step * 1e3:.4g} ms + {g.c_seq * 1e6:.4g} &micro;s &times; running "
-             f"+ {g.c_ctx * 1e9:.4g} ns &times; context tokens + {g.c_prefill * 1e9:.4g} ns &times; prefill tokens"
+             f"<p class='eq'>t_step = {_dur(g.c_step)} + {_dur(g.c_seq)} &times; running "
+             f"+ {_dur(g.c_ctx)} &times; context tokens + {_dur(g.c_prefill)} &times; prefill tokens"
              f"{' (fixed term from the roofline prior)' if g.prior else ''}; fitted on concurrency "
              f"{g.concurrency_range[0]}..{g.concurrency_range[1]}</p>"]
     aff = [(m.name, m.x_name, f"{m.intercept:.4g}", f"{m.slope:.4g}") for m in
