@@ -34,3 +34,17 @@ test: $(VENV)/.installed
 
 test-all: $(VENV)/.installed
 	$(VENV)/bin/python -m pytest -q
+
+# rlrun against TRL's GRPOTrainer (issue: runner throughput); TRL lives in its own venv, never a product dependency.
+BENCH_VENV := .venv-bench
+$(BENCH_VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/pip install -q torch==2.13.0
+	$(BENCH_VENV)/bin/pip install -q -e ".[cpu,bench]"
+	$(BENCH_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
+	touch $@
+
+.PHONY: bench-trl
+bench-trl: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python bench/runner_vs_trl.py

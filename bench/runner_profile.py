@@ -60,6 +60,29 @@ def stats(path: Path, skip: int = 1) -> dict[str, float]:
     }
 
 
+def writer_cost(n_gen_rows: int, n_resp: int, steps: int = 20) -> float:
+    """Seconds per RL step to add and flush one step's rows (direct cost of the trace, no engine)."""
+    import time
+
+    from replay.io import TraceWriter
+
+    with tempfile.TemporaryDirectory() as d:
+        w = TraceWriter(Path(d) / "t.parquet", {"config": {}}).open()
+        t0 = time.perf_counter()
+        for step in range(steps):
+            for i in range(n_gen_rows):
+                w.add("gen_step", t_start=0.01 * i, duration=0.01, step=step, policy_version=step, num_running=200,
+                      num_waiting=0, prefill_tokens=0, decode_tokens=200, context_tokens=4000, kv_usage=0.1, finished=3)
+            for i in range(n_resp):
+                w.add("response", t_start=0.1, duration=1.0, step=step, policy_version=step, prompt_id=i, group_index=0,
+                      prompt_tokens=7, response_tokens=21, reward=1.0, consumed_step=step, t_queued=0.1,
+                      t_first_token=0.2, t_finished=1.1)
+            w.flush()
+        dt = (time.perf_counter() - t0) / steps
+        w.close()
+    return dt
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", default="16,64,128", help="comma-separated P values (G=8)")
@@ -91,7 +114,12 @@ def main() -> None:
     print(f"  with gen_step rows:    {s_on['wall_s']:.3f} s per step wall ({s_on['gen_steps']} engine-step rows), "
           f"gen {s_on['step_s'] * s_on['gen']:.3f} s")
     print(f"  without gen_step rows: {s_off['wall_s']:.3f} s per step wall, gen {s_off['step_s'] * s_off['gen']:.3f} s")
-    print(f"  overhead: {100 * (s_on['wall_s'] / s_off['wall_s'] - 1):+.1f}% of wall per step")
+    print(f"  overhead: {100 * (s_on['wall_s'] / s_off['wall_s'] - 1):+.1f}% of wall per step "
+          "(A/B of two real runs: includes run-to-run noise on a shared machine)")
+    n_rows = round(s_on["gen_steps"] / a.steps)
+    c_on, c_off = writer_cost(n_rows, 8 * P), writer_cost(0, 8 * P)
+    print(f"  direct cost of writing a step's rows: {1e3 * c_off:.2f} ms without, {1e3 * c_on:.2f} ms with "
+          f"{n_rows} gen_step rows ({100 * (c_on - c_off) / s_on['wall_s']:.3f}% of a step)")
     print(f"traces in {work}")
 
 

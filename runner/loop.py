@@ -117,7 +117,7 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
 
     from replay.io import TraceWriter
     from runner.algo import Sample, Trainer, grpo_advantages
-    from runner.engine import Engine, resolve_dtype
+    from runner.engine import Engine
     from runner.model import Recipe, check_model_dir, ensure_model, model_info
     from runner.tasks import make_task
 
