@@ -107,17 +107,7 @@ def test_sweep_missing_trace_is_one_line(tmp_path):
     assert res.exit_code == 2 and "trace not found" in res.output and len(res.output.strip().splitlines()) == 1
 
 
-def test_ray_address_without_ray_says_how_to_install(trace_path, tmp_path, monkeypatch):
-    import builtins
-
-    real = builtins.__import__
-
-    def no_ray(name, *a, **k):
-        if name == "ray" or name.startswith("ray."):
-            raise ImportError("no ray")
-        return real(name, *a, **k)
-
-    monkeypatch.setattr(builtins, "__import__", no_ray)
+def test_ray_address_without_ray_says_how_to_install(trace_path, tmp_path, without_ray):
     res = _invoke(["sweep", "--trace", trace_path, "--batch", "8,16", "--out", tmp_path / "o", "--ray-address", "auto"])
     assert res.exit_code == 2
     assert res.output.strip() == "error: --ray-address needs Ray, an optional extra: pip install 'rlsim[ray]'"

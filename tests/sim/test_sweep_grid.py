@@ -120,17 +120,7 @@ def test_output_folder_is_refused_unless_overwrite(tmp_path):
         sw.prepare_out_dir(f, True)
 
 
-def test_ray_missing_says_how_to_install(monkeypatch):
-    import builtins
-
-    real = builtins.__import__
-
-    def no_ray(name, *a, **k):
-        if name == "ray" or name.startswith("ray."):
-            raise ImportError("no ray")
-        return real(name, *a, **k)
-
-    monkeypatch.setattr(builtins, "__import__", no_ray)
+def test_ray_missing_says_how_to_install(without_ray):
     with pytest.raises(RlsimError) as e:
         sw.run_sweep(STUDY, _grid(), ray_address="auto", evaluate=fake_evaluate)
     assert str(e.value) == "--ray-address needs Ray, an optional extra: pip install 'rlsim[ray]'"
