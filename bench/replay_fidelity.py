@@ -1,12 +1,14 @@
 """`rlsim replay` errors on every shipped trace: recorded vs simulated per-update step time,
 generation time and responses/s (median and max relative error; step 0, the warm-up, left out).
 
-    flock /tmp/rlsim-heavy.lock .venv/bin/python bench/replay_fidelity.py [TRACE ...]
+    flock /tmp/rlsim-heavy.lock .venv/bin/python bench/replay_fidelity.py [--probe N] [TRACE ...]
 
 Defaults to traces/*.parquet. Target: median step-time error <= 5% on every trace. `recorded`
 replays each step's recorded responses; `sampled` draws lengths from the fitted distribution.
 `floor`: the smallest median step-time error any constant prediction reaches on the recorded steps
-(the run-to-run noise of the machine the trace was recorded on).
+(the run-to-run noise of the machine the trace was recorded on). The last line repeats that floor for
+a fixed pure-compute workload (numpy matmuls, ~1 s windows) on this machine now: jitter that no
+cost model can predict, because the work is identical in every window. `--probe 0` skips it.
 """
 from __future__ import annotations
 
@@ -28,6 +30,27 @@ def noise_floor(x) -> float:
     return float(min(np.median(np.abs(c - x) / x) for c in cs))
 
 
+def machine_floor(windows: int = 30, window_s: float = 1.0) -> tuple[float, float]:
+    """Noise floor (as above) and coefficient of variation of the times of identical ~1 s matmul windows."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((256, 512), np.float32), rng.standard_normal((512, 512), np.float32)
+    t0, k = time.perf_counter(), 0
+    while time.perf_counter() - t0 < 0.2:  # calibrate the work per window
+        a @ b
+        k += 1
+    reps = max(1, int(k * window_s / 0.2))
+    times = []
+    for _ in range(windows + 1):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        times.append(time.perf_counter() - t0)
+    x = np.array(times[1:])
+    return noise_floor(x), float(x.std() / x.mean())
+
+
 def main() -> None:
     from rich.console import Console
     from rich.table import Table
@@ -35,7 +58,13 @@ def main() -> None:
     from replay.io import read_trace
     from sim.whatif import replay_trace
 
-    paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "traces").glob("*.parquet"))
+    args = sys.argv[1:]
+    probe = 30
+    if "--probe" in args:
+        i = args.index("--probe")
+        probe = int(args[i + 1])
+        del args[i:i + 2]
+    paths = [Path(p) for p in args] or sorted((ROOT / "traces").glob("*.parquet"))
     if not paths:
         print("no traces (pass paths or put them under traces/)")
         return
@@ -63,6 +92,9 @@ def main() -> None:
     Console(width=150).print(tab)
     print(f"worst median step-time error (recorded lengths): {100 * worst:.2f}%")
     cross_batch(paths)
+    if probe:
+        floor, cv = machine_floor(probe)
+        print(f"machine noise now: {probe} identical ~1 s matmul windows: floor {100 * floor:.1f}%, CV {100 * cv:.1f}%")
 
 
 def cross_batch(paths) -> None:

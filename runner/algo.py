@@ -205,8 +205,9 @@ class Trainer:
             self.critic = ValueModel(policy).to(device)
             self.critic.train()
             self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, betas=(0.9, cfg.adam_beta2))
-        # packed row length: short rows keep the wasted (masked) attention small; 256 was fastest on CPU
-        self.row_tokens = 256
+        # packed row length: short rows keep the wasted (masked) attention small; 128 was fastest on 2 CPU
+        # cores for ~30-token sequences (B=1024, 5 alternating runs: 96: 1.61 s, 128: 1.45 s, 256: 1.56 s)
+        self.row_tokens = 128
         self.cuda = torch.device(device).type == "cuda"
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
                          if self.cuda and torch.cuda.is_bf16_supported() else None)

@@ -47,7 +47,7 @@ def record(
     epochs: int = typer.Option(1, help=H["epochs"]),
     micro_batch: int = typer.Option(0, help=H["micro_batch"]),
     ranks: int = typer.Option(1, help=H["ranks"]),
-    max_num_seqs: int = typer.Option(256, help=H["max_num_seqs"]),
+    max_num_seqs: int = typer.Option(1024, help=H["max_num_seqs"]),
     gen_batch: int = typer.Option(0, help=H["gen_batch"]),
     kv_cache_gib: float = typer.Option(1.0, help=H["kv_cache_gib"]),
     dtype: str = typer.Option("auto", help=H["dtype"]),

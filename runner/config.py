@@ -56,7 +56,7 @@ class RunConfig:
     micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto")
     ranks: int = _f(1, "data-parallel training ranks the batch is split over (must divide the batch)")
     # engine
-    max_num_seqs: int = _f(256, "vLLM max_num_seqs: sequences decoded concurrently")
+    max_num_seqs: int = _f(1024, "vLLM max_num_seqs: sequences decoded concurrently (1024 holds a P=128, G=8 batch in one wave: on CPU an engine step costs mostly per-step and per-request overhead, so fewer, fuller steps are faster)")
     gen_batch: int = _f(0, "responses submitted to the engine per RL step (0: = train batch B; must be >= B)")
     kv_cache_gib: float = _f(1.0, "KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE on CPU; on GPU, converted to a memory fraction)")
     max_model_len: int = _f(256, "vLLM max_model_len")

@@ -1,7 +1,11 @@
 """A vLLM engine driven one `step()` at a time, so every engine step is timed with its batch composition.
 
 - The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), built with `enforce_eager=True`
-  and `disable_log_stats=False`.
+  and `disable_log_stats=True` (request timing is taken here; vLLM's own stats cost ~5% of a CPU step).
+- A GRPO group is one request with `n = G` (vLLM parallel sampling): the prompt is processed once on
+  the way in and the G children are decoded as independent sequences. On CPU, where an engine step is
+  dominated by per-request Python work, this and a `max_num_seqs` that holds the whole batch are the
+  two settings that matter (measured: bench/runner_profile.py).
 - Prompts are given as token ids made by the trainer's tokenizer, so the policy gradient is computed on
   exactly the contexts the engine saw.
 - Batch composition per step comes from the scheduler's own output (wrapped `Scheduler.schedule`):
@@ -37,6 +41,7 @@ class StepStats:
 class Completion:
     tag: Any
     prompt_ids: list[int]
+    index: int = 0  # sample index within its prompt's request (0..n-1)
     token_ids: list[int] = field(default_factory=list)
     t_queued: float = 0.0
     t_first_token: float | None = None
@@ -70,7 +75,7 @@ class Engine:
         t0 = time.perf_counter()
         self.llm = vllm.LLM(
             model=str(model_dir), dtype=self.dtype, max_model_len=max_model_len, enforce_eager=True,
-            max_num_seqs=max_num_seqs, seed=seed, disable_log_stats=False,
+            max_num_seqs=max_num_seqs, seed=seed, disable_log_stats=True,
             kv_cache_memory_bytes=int(kv_cache_gib * GiB), enable_prefix_caching=True,
         )
         self.start_time_s = time.perf_counter() - t0
@@ -123,36 +128,44 @@ class Engine:
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=1.0,
                               output_kind=RequestOutputKind.DELTA, detokenize=False)
 
-    def generate(self, prompts: list[tuple[Any, list[int]]], sampling,
+    def generate(self, prompts: list[tuple[Any, list[int], int]], sampling,
                  on_step: Callable[[StepStats], None] | None = None) -> list[Completion]:
-        """Run all prompts (tag, token ids) to completion; call `on_step` after every engine step."""
+        """Run all prompts `(tag, token ids, n)` to completion, n samples each; call `on_step` after
+        every engine step. Returns one Completion per sample (tag, index 0..n-1), in finishing order."""
         eng, clock = self.engine, self.clock
-        live: dict[str, Completion] = {}
+        params: dict[int, Any] = {}
+        live: dict[tuple[str, int], Completion] = {}
         done: list[Completion] = []
-        for tag, ids in prompts:
+        for tag, ids, n in prompts:
+            if n < 1:
+                continue
             rid = f"r{self._next_id}"
             self._next_id += 1
-            c = Completion(tag=tag, prompt_ids=list(ids), t_queued=clock())
-            eng.add_request(rid, {"prompt_token_ids": list(ids)}, sampling)
-            live[rid] = c
+            if n not in params:
+                params[n] = sampling.clone()
+                params[n].n = n
+            t = clock()
+            for i in range(n):
+                live[(rid, i)] = Completion(tag=tag, prompt_ids=list(ids), index=i, t_queued=t)
+            eng.add_request(rid, {"prompt_token_ids": list(ids)}, params[n])
         while eng.has_unfinished_requests():
             t0 = clock()
             outs = eng.step()
             t1 = clock()
             finished = 0
             for o in outs:
-                c = live.get(o.request_id)
-                if c is None:
-                    continue
-                seq = o.outputs[0]
-                if seq.token_ids:
-                    if c.t_first_token is None:
-                        c.t_first_token = t1
-                    c.token_ids.extend(seq.token_ids)
-                if o.finished:
-                    c.t_finished, c.finish_reason = t1, seq.finish_reason
-                    done.append(live.pop(o.request_id))
-                    finished += 1
+                for seq in o.outputs:  # DELTA: the children that advanced in this step
+                    c = live.get((o.request_id, seq.index))
+                    if c is None:
+                        continue
+                    if seq.token_ids:
+                        if c.t_first_token is None:
+                            c.t_first_token = t1
+                        c.token_ids.extend(seq.token_ids)
+                    if seq.finish_reason is not None:
+                        c.t_finished, c.finish_reason = t1, seq.finish_reason
+                        done.append(live.pop((o.request_id, seq.index)))
+                        finished += 1
             if on_step is not None:
                 n, pre, dec, ctx = self._last
                 on_step(StepStats(t_start=t0, duration=t1 - t0, num_running=n,
@@ -160,6 +173,8 @@ class Engine:
                                   decode_tokens=dec, context_tokens=ctx,
                                   kv_usage=float(self.scheduler.kv_cache_manager.usage), finished=finished))
             self._last = (0, 0, 0, 0)
+        if live:  # pragma: no cover - the engine reported no output for these
+            raise RuntimeError(f"{len(live)} samples never finished in the engine")
         return done
 
     def sync(self, state_dict: dict[str, Any]) -> int:

@@ -145,7 +145,7 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
     eval_ids = [encode(ex.prompt) for ex in eval_set]
     # warm-up outside the recorded run: the first engine steps carry one-time costs
     t_w = time.perf_counter()
-    engine.generate([(None, ids) for ids in eval_ids[: min(len(eval_ids), 64)]], sampling)
+    engine.generate([(None, ids, 1) for ids in eval_ids[: min(len(eval_ids), 64)]], sampling)
     log(f"engine warm-up generate: {time.perf_counter() - t_w:.2f} s")
 
     minfo = model_info(policy, Path(model_dir))
@@ -170,8 +170,7 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
 
     def evaluate(version: int) -> dict[str, Any]:
         t0 = clock()
-        reqs = [(i, ids) for i, ids in enumerate(eval_ids) for _ in range(cfg.eval_k)]
-        outs = engine.generate(reqs, sampling)
+        outs = engine.generate([(i, ids, cfg.eval_k) for i, ids in enumerate(eval_ids)], sampling)
         rewards = [task.reward(tok.decode(c.token_ids, skip_special_tokens=True), eval_set[c.tag]) for c in outs]
         score = sum(rewards) / max(1, len(rewards))
         t1 = clock()
@@ -192,15 +191,10 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
             examples = [next(stream) for _ in range(P)]
             pids = list(range(next_prompt_id, next_prompt_id + P))
             next_prompt_id += P
-            reqs = []
-            for j, ex in enumerate(examples):
-                ids = encode(ex.prompt)
-                for g in range(G):
-                    reqs.append(((j, g), ids))
-            extra = cfg.gen_responses - B  # over-generation: the first B to finish are trained on
-            for e in range(extra):
-                j = e % P
-                reqs.append(((j, G + e // P), encode(examples[j].prompt)))
+            # one request per prompt with n = G samples; over-generation (gen_batch > B) adds samples
+            # G, G+1, ... round-robin over the prompts, and the first G of each prompt to finish are kept
+            extra = cfg.gen_responses - B
+            reqs = [(j, encode(ex.prompt), G + extra // P + (j < extra % P)) for j, ex in enumerate(examples)]
 
             def on_step(s, _step=step):
                 rows.append(("gen_step", dict(t_start=s.t_start, duration=s.duration, step=_step, policy_version=_step,
@@ -215,14 +209,14 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
             if extra:
                 by_prompt: dict[int, list] = {}
                 for c in sorted(outs, key=lambda c: c.t_finished):
-                    lst = by_prompt.setdefault(c.tag[0], [])
+                    lst = by_prompt.setdefault(c.tag, [])
                     if len(lst) < G:
                         lst.append(c)
                 outs = [c for j in range(P) for c in by_prompt.get(j, [])]
-            outs.sort(key=lambda c: c.tag)
+            outs.sort(key=lambda c: (c.tag, c.index))
             samples = []
-            for c in outs:
-                j, g = c.tag
+            for k, c in enumerate(outs):
+                j, g = c.tag, k % G  # G per prompt, in prompt order: k % G is the index within the group
                 text = tok.decode(c.token_ids, skip_special_tokens=True)
                 r = task.reward(text, examples[j])
                 samples.append(Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id], reward=r,

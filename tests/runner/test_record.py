@@ -73,6 +73,18 @@ def test_ppo_run_records_critic_fields(tmp_path, tiny_model, small_config):
     assert list(t.rows("eval")["policy_version"]) == [0, 2]
 
 
+def test_grpo_over_generation_keeps_the_first_g_of_each_prompt(tmp_path, tiny_model, small_config):
+    """--gen-batch > B: every prompt gets extra samples; the first G to finish form its group."""
+    from runner.loop import record
+
+    t = read_trace(record(small_config(tmp_path, prompts=3, group=2, steps=1, gen_batch=10, eval_every=0)))
+    r, g = t.rows("response"), t.rows("gen_step")
+    assert t.rows("update")["num_responses"][0] == 6 and g["finished"].sum() == 10  # 10 generated, 6 trained on
+    for pid in set(r["prompt_id"].tolist()):
+        m = r["prompt_id"] == pid
+        assert sorted(r["group_index"][m].tolist()) == [0, 1]
+
+
 def test_sync_puts_the_trained_weights_into_the_engine(tiny_model):
     """After an update the weights differ; after sync the engine's log-probs are the new policy's."""
     import torch
@@ -152,6 +164,30 @@ def _wait_updates(out, n, proc, timeout=240):
                 pass
         time.sleep(0.5)
     raise AssertionError("run did not reach the wanted updates in time")
+
+
+def test_engine_samples_n_per_prompt_and_counts_every_finish(tiny_model):
+    """A prompt with n samples comes back as n completions (indices 0..n-1) on that prompt; the
+    per-step `finished` counts add up to all samples; the step rows cover the whole generation."""
+    from transformers import AutoTokenizer
+
+    from runner.engine import Engine
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_model))
+    eng = Engine(str(tiny_model), max_num_seqs=8, max_model_len=128, kv_cache_gib=0.05)
+    prompts = [("a", tok("12+34=")["input_ids"], 3), ("b", tok("5+6=")["input_ids"], 1), ("c", tok("7+8=")["input_ids"], 6)]
+    steps = []
+    outs = eng.generate(prompts, eng.sampling(8, 1.0), steps.append)
+    by_tag = {}
+    for c in outs:
+        by_tag.setdefault(c.tag, []).append(c)
+    assert {t: sorted(c.index for c in cs) for t, cs in by_tag.items()} == {"a": [0, 1, 2], "b": [0], "c": list(range(6))}
+    for tag, ids, _ in prompts:
+        assert all(c.prompt_ids == list(ids) and 1 <= len(c.token_ids) <= 8 for c in by_tag[tag])
+    assert sum(s.finished for s in steps) == 10
+    assert max(s.num_running for s in steps) == 8  # 10 samples, max_num_seqs 8: the engine was full
+    # each sample's first token comes from its prefill step, every later one from feeding the previous
+    assert sum(s.decode_tokens for s in steps) == sum(len(c.token_ids) - 1 for c in outs)
 
 
 def test_sigkill_leaves_a_readable_trace(tmp_path, tiny_model):
