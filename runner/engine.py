@@ -139,18 +139,18 @@ class Engine:
         params: dict[int, Any] = {}
         live: dict[tuple[str, int], Completion] = {}
         done: list[Completion] = []
+        greedy = not sampling.temperature  # vLLM refuses n > 1 with greedy sampling: n requests then
         for tag, ids, n in prompts:
-            if n < 1:
-                continue
-            rid = f"r{self._next_id}"
-            self._next_id += 1
-            if n not in params:
-                params[n] = sampling.clone()
-                params[n].n = n
-            t = clock()
-            for i in range(n):
-                live[(rid, i)] = Completion(tag=tag, prompt_ids=list(ids), index=i, t_queued=t)
-            eng.add_request(rid, {"prompt_token_ids": list(ids)}, params[n])
+            t, k = clock(), (1 if greedy else n)  # samples per request
+            for first in range(0, n, max(k, 1)):
+                rid = f"r{self._next_id}"
+                self._next_id += 1
+                if k not in params:
+                    params[k] = sampling.clone()
+                    params[k].n = k
+                for i in range(k):
+                    live[(rid, i)] = Completion(tag=tag, prompt_ids=list(ids), index=first + i, t_queued=t)
+                eng.add_request(rid, {"prompt_token_ids": list(ids)}, params[k])
         while eng.has_unfinished_requests():
             t0 = clock()
             outs = eng.step()

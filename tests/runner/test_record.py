@@ -186,6 +186,9 @@ def test_engine_samples_n_per_prompt_and_counts_every_finish(tiny_model):
         assert all(c.prompt_ids == list(ids) and 1 <= len(c.token_ids) <= 8 for c in by_tag[tag])
     assert sum(s.finished for s in steps) == 10
     assert max(s.num_running for s in steps) == 8  # 10 samples, max_num_seqs 8: the engine was full
+    # greedy sampling (vLLM refuses n > 1 there): n identical samples all the same
+    greedy = eng.generate([("g", tok("12+34=")["input_ids"], 3)], eng.sampling(8, 0.0))
+    assert sorted(c.index for c in greedy) == [0, 1, 2] and len({tuple(c.token_ids) for c in greedy}) == 1
     # each sample's first token comes from its prefill step, every later one from feeding the previous
     assert sum(s.decode_tokens for s in steps) == sum(len(c.token_ids) - 1 for c in outs)
 
