@@ -123,6 +123,7 @@ def run_trl(a, P: int, model_dir: str, work: Path, k: int) -> dict[str, Any]:
            "--group", str(a.group), "--updates", str(a.updates), "--warmup", str(a.warmup), "--lr", str(a.lr),
            "--max-tokens", str(a.max_tokens), "--seed", str(a.seed), "--micro-batches", str(a.trl_micro_batches),
            "--json", str(out)] + (["--bf16"] if a.trl_bf16 else []) + (["--trl-defaults"] if a.trl_defaults else [])
+    cmd += ["--compile"] if a.trl_compile else []
     if not (a.reuse and out.exists()):
         _run(cmd, logf, f"TRL P={P}")
     return json.loads(out.read_text())
@@ -269,7 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trl-defaults", action="store_true",
                     help="TRL with its own defaults (bf16 autocast and gradient checkpointing) instead of fp32 without "
                          "checkpointing, its fastest setting on this CPU")
-    ap.add_argument("--rlrun-args", default="", help="extra arguments for `rlrun record`, e.g. '--dtype bfloat16'")
+    ap.add_argument("--trl-compile", action="store_true", help="TRL with torch_compile=True (default off, TRL's default)")
+    ap.add_argument("--rlrun-args", default="--compile",
+                    help="extra arguments for `rlrun record` (default '--compile'; pass as --rlrun-args='...')")
     ap.add_argument("--eval-prompts", type=int, default=32, help="rlrun held-out prompts (evals only before/after)")
     ap.add_argument("--workdir", help="where traces, results and logs go (default: a new temporary folder)")
     ap.add_argument("--wait-idle", type=float, default=120.0,
@@ -375,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.updates} updates per run (first {a.warmup} left out), {a.rounds} round(s), tools alternating")
     trl_prec = "bf16 + gradient checkpointing (TRL defaults)" if a.trl_defaults else (
         "fp32 + bf16 autocast" if a.trl_bf16 else "fp32, no gradient checkpointing")
+    trl_prec += ", torch_compile" if a.trl_compile else ""
     if PRELOAD:
         print(f"both tools ran with LD_PRELOAD={':'.join(PRELOAD)}")
     print(f"TRL: GRPOTrainer, Hugging Face generation, {trl_prec}, "

@@ -53,8 +53,8 @@ def steady_state(times: list[float], warmup: int) -> float:
 
 def run_trl(model_dir: str, *, task: str = "add2", prompts: int = 32, group: int = 8, updates: int = 12,
             lr: float = 3e-4, max_tokens: int = 48, temperature: float = 1.0, seed: int = 0,
-            micro_batches: int = 1, bf16: bool = False, grad_ckpt: bool = False, warmup: int = 2,
-            log=None) -> dict[str, Any]:
+            micro_batches: int = 1, bf16: bool = False, grad_ckpt: bool = False, compile: bool = False,
+            warmup: int = 2, log=None) -> dict[str, Any]:
     """Run TRL GRPO for `updates` optimizer updates; return per-update timings and the steady-state rate."""
     require_trl()
     import torch
@@ -89,7 +89,7 @@ def run_trl(model_dir: str, *, task: str = "add2", prompts: int = 32, group: int
     out_dir = tempfile.mkdtemp(prefix="trl-grpo-")
     cfg = GRPOConfig(
         output_dir=out_dir, use_cpu=True, bf16=bf16, fp16=False, gradient_checkpointing=grad_ckpt,
-        seed=seed, data_seed=seed, max_steps=updates, learning_rate=lr, lr_scheduler_type="constant",
+        torch_compile=compile, seed=seed, data_seed=seed, max_steps=updates, learning_rate=lr, lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.0, adam_beta2=0.99, max_grad_norm=1.0, optim="adamw_torch",
         per_device_train_batch_size=B // micro_batches, gradient_accumulation_steps=micro_batches,
         steps_per_generation=micro_batches, num_generations=group, num_iterations=1, beta=0.0,
@@ -138,7 +138,8 @@ def run_trl(model_dir: str, *, task: str = "add2", prompts: int = 32, group: int
         "tool": "trl", "trl_version": __import__("trl").__version__, "model": str(model_dir), "task": task,
         "prompts": prompts, "group": group, "batch": B, "updates": updates, "warmup": warmup, "lr": lr,
         "max_tokens": max_tokens, "temperature": temperature, "seed": seed, "micro_batches": micro_batches,
-        "bf16": bf16, "gradient_checkpointing": grad_ckpt, "torch_threads": torch.get_num_threads(), "setup_s": t_setup,
+        "bf16": bf16, "gradient_checkpointing": grad_ckpt, "torch_compile": compile,
+        "torch_threads": torch.get_num_threads(), "setup_s": t_setup,
         "update_times": times, "gen_times": gen_times,
         "step_s": step, "gen_s": gen, "resp_per_s": B / step,
         "prompt_tokens_mean": statistics.fmean(len(tok(e.prompt)["input_ids"]) for e in exs),
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="gradient checkpointing (TRL's default; off by default here: it only costs time on this model)")
     ap.add_argument("--trl-defaults", action="store_true",
                     help="TRL's own defaults for precision and memory: bf16 and gradient checkpointing")
+    ap.add_argument("--compile", action="store_true", help="TRL's torch_compile=True (TrainingArguments; default off)")
     ap.add_argument("--json", help="write the result here")
     a = ap.parse_args(argv)
     require_trl()
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         model = str(ensure_model(Recipe(task=a.task)))
     r = run_trl(model, task=a.task, prompts=a.prompts, group=a.group, updates=a.updates, lr=a.lr,
                 max_tokens=a.max_tokens, temperature=a.temperature, seed=a.seed, micro_batches=a.micro_batches,
-                bf16=a.bf16 or a.trl_defaults, grad_ckpt=a.grad_ckpt or a.trl_defaults, warmup=a.warmup)
+                bf16=a.bf16 or a.trl_defaults, grad_ckpt=a.grad_ckpt or a.trl_defaults, compile=a.compile,
+                warmup=a.warmup)
     print(f"TRL P={r['prompts']} G={r['group']}: {r['resp_per_s']:.0f} resp/s, step {r['step_s']:.2f} s "
           f"(generation+scoring {r['gen_s']:.2f} s), reward {r['mean_reward_first']:.2f} -> {r['mean_reward_last']:.2f}")
     if a.json:

@@ -211,6 +211,13 @@ class Trainer:
         self.cuda = torch.device(device).type == "cuda"
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
                          if self.cuda and torch.cuda.is_bf16_supported() else None)
+        if cfg.compile:
+            # in place (Module.compile), so state_dict keys, the weight sync and the optimizer see the same
+            # parameters; dynamic: micro-batches differ in rows and row width. Inductor fuses the norms,
+            # rotary and SiLU-gate elementwise ops that dominate after the matmuls at hidden 128.
+            for m in (self.policy, self.critic):
+                if m is not None:
+                    m.base_model.compile(dynamic=True)
 
     def _sync(self):
         if self.cuda:
@@ -225,6 +232,28 @@ class Trainer:
         lens = torch.bincount(seq_of_tgt, minlength=n_seq).clamp(min=1).float()
         per_seq = torch.zeros(n_seq, device=per_tok.device).index_add_(0, seq_of_tgt, per_tok) / lens
         return per_seq.sum() / max(1, n_seq)
+
+    def warmup(self, samples: list[Sample]) -> float:
+        """Run the training graphs once (forward, backward, and the no-grad log-prob pass when rollouts are
+        reused) on `samples` without touching weights or optimizer state, so compilation and first-call
+        costs stay out of the recorded updates. Returns the seconds it took."""
+        t0 = time.perf_counter()
+        # as many responses as a real micro-batch: compiled graphs carry size guards (one seen:
+        # rows x width <= 4096), so a smaller warm-up batch would recompile at the first real update
+        samples = [samples[i % len(samples)] for i in range(max(len(samples), self.cfg.micro))]
+        b = pack(samples, self.row_tokens, self.pad_id, self.device)
+        with self.autocast or _null():
+            loss = token_logprobs(self.policy, b, self.cfg.temperature).mean()
+            if self.critic is not None:
+                loss = loss + self.critic.values(b).mean()
+        loss.backward()
+        for m in (self.policy, self.critic):
+            if m is not None:
+                m.zero_grad(set_to_none=True)
+        if self.cfg.minibatches > 1 or self.cfg.epochs > 1:
+            self._old_logprobs([b])
+        self._sync()
+        return time.perf_counter() - t0
 
     def _old_logprobs(self, micros) -> list[torch.Tensor]:
         with torch.no_grad():

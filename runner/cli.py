@@ -47,6 +47,7 @@ def record(
     epochs: int = typer.Option(1, help=H["epochs"]),
     micro_batch: int = typer.Option(0, help=H["micro_batch"]),
     ranks: int = typer.Option(1, help=H["ranks"]),
+    compile: bool = typer.Option(False, "--compile/--no-compile", help=H["compile"]),
     max_num_seqs: int = typer.Option(1024, help=H["max_num_seqs"]),
     gen_batch: int = typer.Option(0, help=H["gen_batch"]),
     kv_cache_gib: float = typer.Option(1.0, help=H["kv_cache_gib"]),
@@ -61,7 +62,7 @@ def record(
         critic_lr=critic_lr, max_tokens=max_tokens, temperature=temperature, eval_every=eval_every,
         eval_prompts=eval_prompts, eval_k=eval_k, task=task, dataset=dataset, reward=reward, model=model, seed=seed,
         std_scale=std_scale, loss_agg=loss_agg, gamma=gamma, lam=lam, minibatches=minibatches, epochs=epochs,
-        micro_batch=micro_batch, ranks=ranks, max_num_seqs=max_num_seqs, gen_batch=gen_batch,
+        micro_batch=micro_batch, ranks=ranks, compile=compile, max_num_seqs=max_num_seqs, gen_batch=gen_batch,
         kv_cache_gib=kv_cache_gib, dtype=dtype, record_steps=record_steps, progress=progress, out=out,
         overwrite=overwrite,
     ).validate()

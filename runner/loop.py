@@ -145,13 +145,18 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
     eval_ids = [encode(ex.prompt) for ex in eval_set]
     # warm-up outside the recorded run: the first engine steps carry one-time costs
     t_w = time.perf_counter()
-    engine.generate([(None, ids, 1) for ids in eval_ids[: min(len(eval_ids), 64)]], sampling)
+    warm = engine.generate([(None, ids, 1) for ids in eval_ids[: min(len(eval_ids), 64)]], sampling)
     log(f"engine warm-up generate: {time.perf_counter() - t_w:.2f} s")
+    # trainer warm-up (compilation with --compile) on the warm-up responses; weights are not changed
+    t_train_warm = trainer.warmup([Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id],
+                                          reward=0.0, advantage=1.0) for c in warm])
+    log(f"trainer warm-up{' (torch.compile)' if cfg.compile else ''}: {t_train_warm:.2f} s")
 
     minfo = model_info(policy, Path(model_dir))
     meta = {
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "seed": cfg.seed, "config": cfg.to_meta(), "engine": {**engine.facts(), "warmup_excluded": True},
+        "trainer": {"compile": cfg.compile, "warmup_s": t_train_warm, "row_tokens": trainer.row_tokens},
         "hardware": hardware_info(device), "model": minfo, "packages": package_versions(),
         "task": {"name": task.name, "eval_prompts": len(eval_set)},
         "command": _command(),
