@@ -69,6 +69,18 @@ def _full_grad(policy, samples, cfg):
     return g
 
 
+def _assert_update_gradient(tr, ss, ref):
+    """Run one update; the gradient the optimizer sees (and its norm) must be `ref`. Returns the stats."""
+    seen = {}
+    orig = tr.opt.step
+    params = list(tr.policy.parameters())
+    tr.opt.step = lambda: seen.setdefault("g", torch.cat([p.grad.flatten() for p in params])) is not None and orig()
+    st = tr.update(ss, lr=1e-3)
+    assert torch.allclose(seen["g"], ref, atol=1e-5, rtol=1e-4)
+    assert st.grad_norm == pytest.approx(float(ref.norm()), rel=1e-4)
+    return st
+
+
 def test_micro_batch_accumulation_is_the_full_batch_gradient(policy):
     import copy
 
@@ -78,13 +90,7 @@ def test_micro_batch_accumulation_is_the_full_batch_gradient(policy):
     cfg = RunConfig(prompts=4, group=4, micro_batch=4, clip_grad=0.0)
     tr = Trainer(pol, cfg, 0, "cpu")
     before = [p.detach().clone() for p in pol.parameters()]
-    # capture the gradient the optimizer sees
-    seen = {}
-    orig = tr.opt.step
-    tr.opt.step = lambda: seen.setdefault("g", torch.cat([p.grad.flatten() for p in pol.parameters()])) is not None and orig()
-    st = tr.update(ss, lr=1e-3)
-    assert torch.allclose(seen["g"], ref, atol=1e-5, rtol=1e-4)
-    assert st.grad_norm == pytest.approx(float(ref.norm()), rel=1e-4)
+    st = _assert_update_gradient(tr, ss, ref)
     assert st.micro_batch == 4 and st.grad_norm_micro > st.grad_norm  # micro estimates are noisier
     assert st.num_tokens > st.response_tokens > 0 and st.t_forward > 0 and st.t_backward > 0
     assert any(not torch.equal(a, p) for a, p in zip(before, pol.parameters()))  # weights moved
@@ -131,9 +137,4 @@ def test_compiled_training_step_matches_the_reference(policy):
     b = pack(ss, 128, 0, "cpu")
     with torch.no_grad():
         assert torch.allclose(token_logprobs(pol, b), token_logprobs(ref_pol, b), atol=1e-5)
-    seen = {}
-    orig = tr.opt.step
-    tr.opt.step = lambda: seen.setdefault("g", torch.cat([p.grad.flatten() for p in pol.parameters()])) is not None and orig()
-    st = tr.update(ss, lr=1e-3)
-    assert torch.allclose(seen["g"], ref, atol=1e-5, rtol=1e-4)
-    assert st.grad_norm == pytest.approx(float(ref.norm()), rel=1e-4)
+    _assert_update_gradient(tr, ss, ref)

@@ -149,7 +149,10 @@ def _start(tmp_path, out, steps=200):
     cmd = [sys.executable, "-m", "runner.cli", "record", "--out", str(out), "-P", "4", "-G", "4", "--steps",
            str(steps), "--eval-every", "0", "--eval-prompts", "8", "--eval-k", "1", "--kv-cache-gib", "0.1",
            "--max-num-seqs", "32", "--no-progress"]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # SIGINT back to default in the child: a test run started in the background (`cmd &`) inherits SIGINT
+    # ignored, and Python then never installs its KeyboardInterrupt handler
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_updates(out, n, proc, timeout=240):
