@@ -168,15 +168,17 @@ def read_trace(path: str | os.PathLike) -> Trace:
     """Read and validate a trace. Raises TraceError with a one-line, actionable message."""
     path = Path(path)
     recovered = False
+    part = partial_path(path)
     if str(path).endswith(".partial.arrow") and path.exists():
         table, meta = _read_stream(path)
         recovered = True
+    elif part.exists() and (not path.exists() or part.stat().st_mtime > path.stat().st_mtime):
+        # a run in progress or one that died; after `--overwrite` it sits beside the older complete
+        # trace (kept until the new run finishes) and is the newer recording of this path
+        table, meta = _read_stream(part)
+        path, recovered = part, True
     elif not path.exists():
-        if partial_path(path).exists():
-            table, meta = _read_stream(partial_path(path))
-            path, recovered = partial_path(path), True
-        else:
-            raise TraceError(f"trace not found: {path} (record one with `rlrun record --out {path}` or use one under traces/)")
+        raise TraceError(f"trace not found: {path} (record one with `rlrun record --out {path}` or use one under traces/)")
     else:
         try:
             pf = pq.ParquetFile(path)

@@ -68,6 +68,23 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert list(t.rows("sync")["step"]) == [0, 1, 2, 3]
 
 
+def test_newer_partial_stream_wins_over_an_older_complete_trace(tmp_path):
+    """An --overwrite run that dies leaves its stream beside the older complete trace: the reader takes
+    the newer of the two; the old trace is not touched until a new run completes."""
+    out = tmp_path / "run.parquet"
+    write_trace(out, {"config": {"prompts": 1}}, [{"kind": "gen_step", **_gen(0)}])
+    w = TraceWriter(out, {"config": {"prompts": 2}}, overwrite=True).open()
+    for s in range(2):
+        w.add("gen_step", **_gen(s))
+    w.flush()  # the run "dies" here: the stream is never closed
+    os.utime(out, (1, 1))  # the complete trace is older
+    t = read_trace(out)
+    assert t.recovered and t.config == {"prompts": 2} and t.count("gen_step") == 2
+    os.utime(partial_path(out), (0, 0))  # a stale stream older than the complete trace
+    t = read_trace(out)
+    assert not t.recovered and t.config == {"prompts": 1} and t.count("gen_step") == 1
+
+
 def test_interrupt_finishes_cleanly(tmp_path):
     out = tmp_path / "int.parquet"
     with pytest.raises(KeyboardInterrupt):
