@@ -1,9 +1,10 @@
 """rlrun's training step, eager against `--compile` (torch.compile, inductor), on the same batches.
 
     flock /tmp/rlsim-heavy.lock .venv/bin/python bench/train_step.py [--prompts 128] [--group 8] [--updates 8]
+    ... bench/train_step.py --variants eager:96,eager:128,eager:256     # packed row length
 
-Two Trainers on copies of the same tiny policy, one compiled (and warmed up as `rlrun record` does,
-outside the timing), take turns on the same synthetic GRPO batches (the task's prompt and response
+Trainers on copies of the same tiny policy (by default: eager and compiled, both on 128-token rows;
+each warmed up as `rlrun record` does, outside the timing) take turns on the same synthetic GRPO batches (the task's prompt and response
 length range, random tokens and advantages), so machine drift hits both alike. Prints per-update
 seconds (median, with forward and backward), the speed-up, and how far the two sets of weights are
 apart after all updates (same math: only float summation order differs).
@@ -27,6 +28,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=128, help="P: prompts per update")
     ap.add_argument("--group", type=int, default=8, help="G: responses per prompt")
     ap.add_argument("--updates", type=int, default=8, help="timed updates per trainer")
+    ap.add_argument("--variants", default="eager:128,compile:128",
+                    help="comma-separated MODE:ROW_TOKENS trainers, MODE eager or compile (default eager:128,compile:128)")
     a = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
@@ -49,9 +52,11 @@ def main() -> None:
         return out
 
     trainers = {}
-    for name, comp in (("eager", False), ("compile", True)):
-        cfg = RunConfig(prompts=a.prompts, group=a.group, compile=comp)
+    for name in a.variants.split(","):
+        mode, rows = name.split(":")
+        cfg = RunConfig(prompts=a.prompts, group=a.group, compile=mode == "compile")
         tr = Trainer(copy.deepcopy(policy), cfg, 0, "cpu")
+        tr.row_tokens = int(rows)
         warm = tr.warmup(batch())
         trainers[name] = tr
         print(f"{name}: warm-up {warm:.1f} s (micro-batch {cfg.micro} responses, {cfg.batch} per update)")
@@ -64,18 +69,19 @@ def main() -> None:
             st = tr.update(b, 1e-4)
             times[name].append(time.perf_counter() - t0)
             parts[name].append((st.t_forward, st.t_backward, st.num_tokens))
-    print(f"\n{'trainer':<8} {'update s':>9} {'forward s':>10} {'backward s':>11} {'tokens/s':>9}")
+    print(f"\n{'trainer':<12} {'update s':>9} {'forward s':>10} {'backward s':>11} {'tokens/s':>9}")
     for name in trainers:
         med = statistics.median(times[name])
         fwd = statistics.median(p[0] for p in parts[name])
         bwd = statistics.median(p[1] for p in parts[name])
         tok = statistics.median(p[2] for p in parts[name])
-        print(f"{name:<8} {med:9.3f} {fwd:10.3f} {bwd:11.3f} {tok / med:9.0f}")
-    e, c = (statistics.median(times[k]) for k in ("eager", "compile"))
-    diff = max(float((p - q).detach().abs().max()) for p, q in zip(trainers["eager"].policy.parameters(),
-                                                             trainers["compile"].policy.parameters()))
-    print(f"\ncompile / eager update time: {c / e:.2f} ({a.updates} alternating updates each); "
-          f"max |weight difference| after them: {diff:.1e}")
+        print(f"{name:<12} {med:9.3f} {fwd:10.3f} {bwd:11.3f} {tok / med:9.0f}")
+    base, *others = trainers
+    for name in others:
+        diff = max(float((p - q).detach().abs().max()) for p, q in zip(trainers[base].policy.parameters(),
+                                                                         trainers[name].policy.parameters()))
+        print(f"{name} / {base} update time: {statistics.median(times[name]) / statistics.median(times[base]):.2f} "
+              f"({a.updates} alternating updates each); max |weight difference| after them: {diff:.1e}")
 
 
 if __name__ == "__main__":
