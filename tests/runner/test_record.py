@@ -28,6 +28,7 @@ def test_grpo_run_records_a_complete_trace(tmp_path, tiny_model, small_config):
     assert c["lr_effective"] == pytest.approx(3e-4 * (16 / c["lr_ref_batch"]) ** 0.5)
     for key in ("engine", "hardware", "model", "packages", "seed"):
         assert key in t.meta
+    assert t.meta["trainer"]["compile"] is False and t.meta["trainer"]["warmup_s"] > 0
     e = t.meta["engine"]
     assert e["max_num_seqs"] == 64 and e["kv_cache_tokens"] > 0 and e["block_size"] > 0 and e["start_time_s"] > 0
     assert t.meta["model"]["head_dim"] == 64 and t.meta["model"]["parameters"] > 100_000
@@ -59,8 +60,9 @@ def test_ppo_run_records_critic_fields(tmp_path, tiny_model, small_config):
     from runner.loop import record
 
     cfg = small_config(tmp_path, algo="ppo", prompts=8, group=None, steps=2, eval_every=0, record_steps=False,
-                       gen_batch=12)
+                       gen_batch=12, compile=True)  # policy and critic under torch.compile, end to end
     t = read_trace(record(cfg))
+    assert t.meta["trainer"]["compile"] is True and t.config["compile"] is True
     u = t.rows("update")
     assert t.config["group"] == 1 and t.config["batch"] == 8 and t.count("update") == 2
     assert t.config["gen_responses"] == 12 and list(u["num_responses"]) == [8, 8]  # first 8 to finish train
