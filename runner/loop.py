@@ -148,8 +148,15 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
     warm = engine.generate([(None, ids, 1) for ids in eval_ids[: min(len(eval_ids), 64)]], sampling)
     log(f"engine warm-up generate: {time.perf_counter() - t_w:.2f} s")
     # trainer warm-up (compilation with --compile) on the warm-up responses; weights are not changed
-    t_train_warm = trainer.warmup([Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id],
-                                          reward=0.0, advantage=1.0) for c in warm])
+    try:
+        t_train_warm = trainer.warmup([Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id],
+                                              reward=0.0, advantage=1.0) for c in warm])
+    except Exception as e:  # inductor needs a working C++ compiler on CPU; nothing has been recorded yet
+        if not cfg.compile:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:160]
+        raise RlsimError(f"--compile failed in torch.compile ({type(e).__name__}: {first}); install a C++ compiler "
+                         "(e.g. apt install g++) or record without --compile") from None
     log(f"trainer warm-up{' (torch.compile)' if cfg.compile else ''}: {t_train_warm:.2f} s")
 
     minfo = model_info(policy, Path(model_dir))
