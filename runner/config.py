@@ -56,7 +56,7 @@ class RunConfig:
     micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto")
     ranks: int = _f(1, "data-parallel training ranks the batch is split over (must divide the batch)")
     compile: bool = _f(False, "torch.compile the policy (and critic) decoder for training, dynamic shapes; compiled "
-                              "before recording starts (on 2 CPU cores ~40 s cold, ~15 s with inductor's cache; needs a C compiler on CPU)")
+                              "before recording starts (tens of seconds on CPU, recorded as trainer.warmup_s; needs a C++ compiler on CPU)")
     # engine
     max_num_seqs: int = _f(1024, "vLLM max_num_seqs: sequences decoded concurrently (1024 holds a P=128, G=8 batch in one wave: on CPU an engine step costs mostly per-step and per-request overhead, so fewer, fuller steps are faster)")
     gen_batch: int = _f(0, "responses submitted to the engine per RL step (0: = train batch B; must be >= B)")
