@@ -2,6 +2,7 @@
 
     flock /tmp/rlsim-heavy.lock .venv/bin/python bench/train_step.py [--prompts 128] [--group 8] [--updates 8]
     ... bench/train_step.py --variants eager:96,eager:128,eager:256     # packed row length
+    ... bench/train_step.py --variants compile:128,compile:128:noshare  # a group's prompt once, or per sample
 
 Trainers on copies of the same tiny policy (by default: eager and compiled, both on 128-token rows;
 each warmed up as `rlrun record` does, outside the timing) take turns on the same synthetic GRPO batches (the task's prompt and response
@@ -29,7 +30,8 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8, help="G: responses per prompt")
     ap.add_argument("--updates", type=int, default=8, help="timed updates per trainer")
     ap.add_argument("--variants", default="eager:128,compile:128",
-                    help="comma-separated MODE:ROW_TOKENS trainers, MODE eager or compile (default eager:128,compile:128)")
+                    help="comma-separated MODE:ROW_TOKENS[:noshare] trainers, MODE eager or compile; noshare: "
+                         "every sample lays out its own prompt (default eager:128,compile:128)")
     a = ap.parse_args()
     import torch
     from transformers import AutoModelForCausalLM
@@ -53,10 +55,10 @@ def main() -> None:
 
     trainers = {}
     for name in a.variants.split(","):
-        mode, rows = name.split(":")
+        mode, rows, *share = name.split(":")
         cfg = RunConfig(prompts=a.prompts, group=a.group, compile=mode == "compile")
         tr = Trainer(copy.deepcopy(policy), cfg, 0, "cpu")
-        tr.row_tokens = int(rows)
+        tr.row_tokens, tr.share_prompts = int(rows), share != ["noshare"]
         warm = tr.warmup(batch())
         trainers[name] = tr
         print(f"{name}: warm-up {warm:.1f} s (micro-batch {cfg.micro} responses, {cfg.batch} per update)")
@@ -69,13 +71,13 @@ def main() -> None:
             st = tr.update(b, 1e-4)
             times[name].append(time.perf_counter() - t0)
             parts[name].append((st.t_forward, st.t_backward, st.num_tokens))
-    print(f"\n{'trainer':<12} {'update s':>9} {'forward s':>10} {'backward s':>11} {'tokens/s':>9}")
+    print(f"\n{'trainer':<20} {'update s':>9} {'forward s':>10} {'backward s':>11} {'tokens/s':>9}")
     for name in trainers:
         med = statistics.median(times[name])
         fwd = statistics.median(p[0] for p in parts[name])
         bwd = statistics.median(p[1] for p in parts[name])
         tok = statistics.median(p[2] for p in parts[name])
-        print(f"{name:<12} {med:9.3f} {fwd:10.3f} {bwd:11.3f} {tok / med:9.0f}")
+        print(f"{name:<20} {med:9.3f} {fwd:10.3f} {bwd:11.3f} {tok / med:9.0f}")
     base, *others = trainers
     for name in others:
         diff = max(float((p - q).detach().abs().max()) for p, q in zip(trainers[base].policy.parameters(),

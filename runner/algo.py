@@ -17,10 +17,12 @@ the clipped policy loss above and a squared-error value loss. With one update pe
 that give the advantages come from the same critic forward pass that is trained (detached), so no
 separate value pass is run either.
 
-Training runs on packed rows: the sequences of a micro-batch are concatenated into rows of about
-`row_tokens` tokens with position ids restarting at every sequence, so attention stays within each
-sequence (transformers builds a block-causal mask from the position ids) and nothing is padded except
-the tail of each row. Logits are computed only at response positions.
+Training runs on packed rows with shared prompts (`pack`): a GRPO group's prompt is laid out once,
+followed by its G responses, and an explicit attention mask lets each response see the prompt and
+itself only; groups are packed into rows of about `row_tokens` tokens, nothing is padded except the
+tail of each row. Each response's log-probs and gradients are those of the sequence on its own; the
+prompt's forward and backward are done once per group instead of G times. Logits are computed only at
+response positions.
 
 Gradient diagnostics: each micro-batch's loss is normalised as its own estimate of the batch loss;
 its gradient norm is taken before it is added, weighted, into the full-batch gradient. `grad_norm` is
@@ -90,54 +92,79 @@ def gae(values: list[float], reward: float, gamma: float, lam: float) -> tuple[l
     return adv, [a + v for a, v in zip(adv, values)]
 
 
-def pack(samples: list[Sample], row_tokens: int, pad_id: int, device) -> dict[str, torch.Tensor]:
-    """Concatenate sequences into rows; return ids, position ids and the response-target index.
+def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prompts: bool = True) -> dict[str, torch.Tensor]:
+    """Lay sequences out in rows; return ids, position ids, the attention mask and the response targets.
 
-    For sequence s of full length L (prompt + response), inputs are tokens[0:L-1] and the target at
-    input position j is token j+1; response targets are j >= len(prompt)-1.
+    A unit is a run of consecutive samples with the same prompt (a GRPO group; one sample when
+    `share_prompts` is off or prompts differ): the prompt once, then each response without its last
+    token, positions restarting at the prompt's length for every response. Units are packed greedily
+    into rows of about `row_tokens` (a longer unit gets a row of its own). Attention (bool mask, True =
+    attend): within a unit, causal, and a response token sees the prompt and its own response only.
+    The target of response token k is predicted at the position before it: the prompt's last token for
+    k = 0. So each log-prob and gradient is the one of the sequence on its own, while a group's prompt
+    is computed once instead of G times.
+
+    Returns input_ids, position_ids (rows, width), attention_mask (rows, 1, width, width), tgt_index
+    (flat row * width + col), tgt_tokens and seq_of_tgt (one per response token, in sample order).
     """
-    rows: list[list[int]] = [[]]
-    pos_rows: list[list[int]] = [[]]
-    tgt_flat: list[int] = []  # flat index (row * width + col) filled later
+    units: list[tuple[list[int], list[Sample]]] = []
+    for smp in samples:
+        if share_prompts and units and units[-1][0] == smp.prompt_ids:
+            units[-1][1].append(smp)
+        else:
+            units.append((smp.prompt_ids, [smp]))
+    # per row: token ids, positions, branch (0: prompt, i: response i of the unit), unit id
+    rows: list[tuple[list[int], list[int], list[int], list[int]]] = []
+    where: list[tuple[int, int]] = []  # (row, col) predicting each target
     tgt_tokens: list[int] = []
     seq_of_tgt: list[int] = []
-    where: list[tuple[int, int]] = []  # (row, col) of each response target
-    for si, s in enumerate(samples):
-        full = s.prompt_ids + s.response_ids
-        inp = full[:-1]
-        if rows[-1] and len(rows[-1]) + len(inp) > row_tokens:
-            rows.append([])
-            pos_rows.append([])
-        r, c0 = len(rows) - 1, len(rows[-1])
-        rows[-1].extend(inp)
-        pos_rows[-1].extend(range(len(inp)))
-        P = len(s.prompt_ids)
-        for j in range(P - 1, len(full) - 1):
-            where.append((r, c0 + j))
-            tgt_tokens.append(full[j + 1])
-            seq_of_tgt.append(si)
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    pos = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (r, p) in enumerate(zip(rows, pos_rows)):
-        ids[i, : len(r)] = torch.tensor(r)
-        pos[i, : len(p)] = torch.tensor(p)
-        if len(r) < width:  # the pad tail is its own "sequence" (positions restart), excluded from the loss
-            pos[i, len(r):] = torch.arange(width - len(r))
-    for r, c in where:
-        tgt_flat.append(r * width + c)
+    si = 0
+    for uid, (prompt, group) in enumerate(units):
+        P = len(prompt)
+        length = P + sum(len(smp.response_ids) - 1 for smp in group)
+        if not rows or (rows[-1][0] and len(rows[-1][0]) + length > row_tokens):
+            rows.append(([], [], [], []))
+        ids, pos, br, un = rows[-1]
+        r, col = len(rows) - 1, len(ids)
+        last_prompt = col + P - 1
+        ids.extend(prompt); pos.extend(range(P)); br.extend([0] * P); un.extend([uid] * P)
+        col += P
+        for b, smp in enumerate(group, start=1):
+            resp = smp.response_ids
+            inp = resp[:-1]
+            ids.extend(inp); pos.extend(range(P, P + len(inp))); br.extend([b] * len(inp)); un.extend([uid] * len(inp))
+            where.extend([(r, last_prompt)] + [(r, col + k) for k in range(len(inp))])
+            tgt_tokens.extend(resp)
+            seq_of_tgt.extend([si] * len(resp))
+            col += len(inp)
+            si += 1
+    width = max(len(r[0]) for r in rows)
+    n = len(rows)
+    ids_t = torch.full((n, width), pad_id, dtype=torch.long)
+    pos_t = torch.zeros((n, width), dtype=torch.long)
+    br_t = torch.zeros((n, width), dtype=torch.long)
+    un_t = -2 - torch.arange(width).repeat(n, 1)  # pad tokens: a unit each, attending to themselves only
+    for i, (ids, pos, br, un) in enumerate(rows):
+        L = len(ids)
+        ids_t[i, :L], pos_t[i, :L] = torch.tensor(ids), torch.tensor(pos)
+        br_t[i, :L], un_t[i, :L] = torch.tensor(br), torch.tensor(un)
+    c = torch.arange(width)
+    # (rows, query, key): same unit, key not after query, key in the prompt or in the query's own response
+    mask = ((un_t[:, :, None] == un_t[:, None, :]) & (c[None, None, :] <= c[None, :, None])
+            & ((br_t[:, None, :] == 0) | (br_t[:, :, None] == br_t[:, None, :])))
     return {
-        "input_ids": ids.to(device), "position_ids": pos.to(device),
-        "tgt_index": torch.tensor(tgt_flat, dtype=torch.long, device=device),
+        "input_ids": ids_t.to(device), "position_ids": pos_t.to(device), "attention_mask": mask[:, None].to(device),
+        "tgt_index": torch.tensor([r * width + col for r, col in where], dtype=torch.long, device=device),
         "tgt_tokens": torch.tensor(tgt_tokens, dtype=torch.long, device=device),
         "seq_of_tgt": torch.tensor(seq_of_tgt, dtype=torch.long, device=device),
-        "num_tokens": sum(len(r) for r in rows),
+        "num_tokens": sum(len(r[0]) for r in rows),
     }
 
 
 def _hidden(model, batch) -> torch.Tensor:
     """Final hidden states of the decoder, flattened to (rows*width, hidden)."""
-    out = model.base_model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False)
+    out = model.base_model(input_ids=batch["input_ids"], position_ids=batch["position_ids"],
+                           attention_mask=batch["attention_mask"], use_cache=False)
     h = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return h.reshape(-1, h.shape[-1])
 
@@ -205,10 +232,13 @@ class Trainer:
             self.critic = ValueModel(policy).to(device)
             self.critic.train()
             self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, betas=(0.9, cfg.adam_beta2))
-        # packed row length: short rows keep the wasted (masked) attention small; 128 was fastest on 2 CPU
-        # cores for ~30-token sequences, eager (B=1024, update time relative to 128: 96 1.09, 256 1.08), and
-        # equal to 256 under --compile: `bench/train_step.py --variants eager:128,eager:96,eager:256,compile:128,compile:256`
+        # packed row length: short rows keep the masked-out attention small. With shared prompts an add2
+        # group (G=8, ~167 tokens) fills a row on its own at 128-256 (B=1024, 2 CPU cores, update time
+        # relative to 128: 192 1.02, 256 0.98 eager, 0.99 compiled):
+        # `bench/train_step.py --variants eager:128,eager:256,eager:192,compile:128,compile:256`
         self.row_tokens = 128
+        # lay each group's prompt out once (see `pack`); off: one unit per sample, for A/B measurements
+        self.share_prompts = True
         self.cuda = torch.device(device).type == "cuda"
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16)
                          if self.cuda and torch.cuda.is_bf16_supported() else None)
@@ -242,7 +272,7 @@ class Trainer:
         # as many responses as a real micro-batch: compiled graphs carry size guards (one seen:
         # rows x width <= 4096), so a smaller warm-up batch would recompile at the first real update
         samples = [samples[i % len(samples)] for i in range(max(len(samples), self.cfg.micro))]
-        b = pack(samples, self.row_tokens, self.pad_id, self.device)
+        b = pack(samples, self.row_tokens, self.pad_id, self.device, self.share_prompts)
         with self.autocast or _null():
             loss = token_logprobs(self.policy, b, self.cfg.temperature).mean()
             if self.critic is not None:
@@ -269,7 +299,7 @@ class Trainer:
         st.micro_batch = m
         # micro-batches, packed once and reused across epochs
         micro_samples = [samples[i:i + m] for i in range(0, len(samples), m)]
-        micros = [pack(s, self.row_tokens, self.pad_id, self.device) for s in micro_samples]
+        micros = [pack(s, self.row_tokens, self.pad_id, self.device, self.share_prompts) for s in micro_samples]
         st.num_tokens = sum(b["num_tokens"] for b in micros)
         st.response_tokens = sum(len(s.response_ids) for s in samples)
         old = None

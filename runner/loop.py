@@ -163,7 +163,8 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
     meta = {
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "seed": cfg.seed, "config": cfg.to_meta(), "engine": {**engine.facts(), "warmup_excluded": True},
-        "trainer": {"compile": cfg.compile, "warmup_s": t_train_warm, "row_tokens": trainer.row_tokens},
+        "trainer": {"compile": cfg.compile, "warmup_s": t_train_warm, "row_tokens": trainer.row_tokens,
+                    "share_prompts": trainer.share_prompts},
         "hardware": hardware_info(device), "model": minfo, "packages": package_versions(),
         "task": {"name": task.name, "eval_prompts": len(eval_set)},
         "command": _command(),

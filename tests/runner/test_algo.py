@@ -21,26 +21,41 @@ def policy(tiny_model):
     return AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
 
 
-def _samples(n, seed=0):
+def _samples(n, seed=0, group=1):
+    """n samples; each run of `group` consecutive samples shares its prompt (a GRPO group)."""
     rng = random.Random(seed)
-    return [Sample(prompt_ids=[1] + [rng.randint(4, 13) for _ in range(rng.randint(4, 8))],
-                   response_ids=[rng.randint(4, 18) for _ in range(rng.randint(3, 25))],
-                   reward=float(rng.random() < 0.5), advantage=rng.gauss(0, 1)) for _ in range(n)]
+    out = []
+    for i in range(n):
+        if i % group == 0:
+            prompt = [1] + [rng.randint(4, 13) for _ in range(rng.randint(4, 8))]
+        out.append(Sample(prompt_ids=prompt, response_ids=[rng.randint(4, 18) for _ in range(rng.randint(1, 25))],
+                          reward=float(rng.random() < 0.5), advantage=rng.gauss(0, 1)))
+    return out
 
 
-def test_packed_logprobs_equal_unpacked(policy):
-    ss = _samples(12)
-    packed = token_logprobs(policy, pack(ss, 64, 0, "cpu"))  # several rows, pad tails
-    ref = []
+def _reference_logprobs(policy, samples):
+    """Straightforward: each sequence alone, unpadded, full logits, log-probs of its response tokens."""
+    out = []
+    for s in samples:
+        full = torch.tensor([s.prompt_ids + s.response_ids])
+        logp = torch.log_softmax(policy(input_ids=full).logits[0, :-1], -1)
+        out.append(logp.gather(-1, full[0, 1:, None])[len(s.prompt_ids) - 1:, 0])
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_packed_logprobs_equal_unpacked(policy, share):
+    """Shared-prompt packing (a group's prompt once, responses masked from each other), several rows
+    with pad tails, gives each sequence's own log-probs; sharing lays out fewer tokens."""
+    ss = _samples(12, group=4)
+    b = pack(ss, 64, 0, "cpu", share_prompts=share)
     with torch.no_grad():
-        for s in ss:
-            full = torch.tensor([s.prompt_ids + s.response_ids])
-            logp = torch.log_softmax(policy(input_ids=full).logits[0, :-1], -1)
-            tgt = full[0, 1:]
-            lp = logp.gather(-1, tgt[:, None])[:, 0]
-            ref.append(lp[len(s.prompt_ids) - 1:])
-    assert packed.shape[0] == sum(len(s.response_ids) for s in ss)
-    assert torch.allclose(packed.detach(), torch.cat(ref), atol=1e-4)
+        packed = token_logprobs(policy, b)
+        ref = _reference_logprobs(policy, ss)
+    assert b["input_ids"].shape[0] > 1 and packed.shape[0] == sum(len(s.response_ids) for s in ss)
+    assert torch.allclose(packed, ref, atol=1e-4)
+    n_flat = sum(len(s.prompt_ids) + len(s.response_ids) - 1 for s in ss)
+    assert (b["num_tokens"] < n_flat) if share else (b["num_tokens"] == n_flat)
 
 
 def test_grpo_advantages():
@@ -57,12 +72,11 @@ def test_gae():
     assert adv == pytest.approx([0.0, 0.5]) and ret == pytest.approx([0.5, 1.0])
 
 
-def _full_grad(policy, samples, cfg):
-    """Reference: the batch loss in one piece, plain autograd."""
+def _full_grad(policy, samples):
+    """Reference gradient: the token-mean policy loss over the whole batch, sequence by sequence."""
     policy.zero_grad(set_to_none=True)
-    b = pack(samples, 10_000, 0, "cpu")
-    logp = token_logprobs(policy, b)
-    adv = torch.tensor([s.advantage for s in samples])[b["seq_of_tgt"]]
+    logp = _reference_logprobs(policy, samples)
+    adv = torch.cat([torch.full((len(s.response_ids),), s.advantage) for s in samples])
     (-(adv * logp).sum() / logp.numel()).backward()
     g = torch.cat([p.grad.flatten() for p in policy.parameters()])
     policy.zero_grad(set_to_none=True)
@@ -85,8 +99,8 @@ def test_micro_batch_accumulation_is_the_full_batch_gradient(policy):
     import copy
 
     pol = copy.deepcopy(policy)
-    ss = _samples(16, seed=3)
-    ref = _full_grad(pol, ss, None)
+    ss = _samples(16, seed=3, group=4)
+    ref = _full_grad(pol, ss)
     cfg = RunConfig(prompts=4, group=4, micro_batch=4, clip_grad=0.0)
     tr = Trainer(pol, cfg, 0, "cpu")
     before = [p.detach().clone() for p in pol.parameters()]
@@ -124,9 +138,9 @@ def test_compiled_training_step_matches_the_reference(policy):
     changes neither weights nor optimizer state. Tolerance as above: fused kernels reorder float sums."""
     import copy
 
-    ss = _samples(48, seed=11)
+    ss = _samples(48, seed=11, group=4)
     ref_pol = copy.deepcopy(policy)
-    ref = _full_grad(ref_pol, ss, None)
+    ref = _full_grad(ref_pol, ss)
     pol = copy.deepcopy(policy)
     cfg = RunConfig(prompts=12, group=4, micro_batch=12, clip_grad=0.0, compile=True)
     tr = Trainer(pol, cfg, 0, "cpu")
