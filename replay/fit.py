@@ -366,6 +366,9 @@ class FittedModels:
     recorded: Recorded = field(metadata={"help": "recorded per-step timings and workload"})
     warnings: tuple[str, ...] = field(default=(), metadata={"help": "fit warnings"})
     source: str = field(default="", metadata={"help": "trace name(s) fitted"})
+    shared_prompts: bool = field(default=False, metadata={
+        "help": "the trainer laid each group's prompt out once (metadata trainer.share_prompts): tokens trained "
+                "per update = one prompt per group + all response tokens, else prompt + response per sample"})
 
     @property
     def quality(self) -> dict[str, FitQuality]:
@@ -555,6 +558,11 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     engine.setdefault("max_model_len", int(ref.config.get("max_model_len") or 4096))
     if not engine.get("kv_cache_tokens"):
         engine["kv_cache_tokens"] = int(engine["max_num_seqs"] * engine["max_model_len"])
+    shared = [bool((t.meta.get("trainer") or {}).get("share_prompts")) for t in traces]
+    if len(set(shared)) > 1:
+        warnings.append("the traces differ in trainer.share_prompts, so their num_tokens count prompts differently "
+                        "and the update-cost fit mixes the two; fit traces recorded by the same rlrun version")
     return FittedModels(gen=gen, gen_overhead=gen_overhead, lengths=lengths, update=update, prep=prep, reward=reward,
                         other=other, sync=sync, sync_bytes=sync_bytes, engine=engine, config=dict(ref.config),
-                        recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces))
+                        recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces),
+                        shared_prompts=shared[0])

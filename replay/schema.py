@@ -44,7 +44,7 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("t_finished", f64, (RESPONSE,), "time it finished"),
     # update: one optimizer update (plus the timing of the whole RL step it closes)
     ("num_responses", i64, (UPDATE,), "responses in the update (B = P x G)"),
-    ("num_tokens", i64, (UPDATE,), "tokens trained on (prompt + response) in the update"),
+    ("num_tokens", i64, (UPDATE,), "tokens trained on in the update: prompt + response per sample, or each group's prompt once + all response tokens when metadata trainer.share_prompts"),
     ("response_tokens_total", i64, (UPDATE,), "response tokens in the update"),
     ("lr", f64, (UPDATE,), "learning rate of the update"),
     ("loss", f64, (UPDATE,), "policy loss"),

@@ -105,7 +105,9 @@ def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prom
     is computed once instead of G times.
 
     Returns input_ids, position_ids (rows, width), attention_mask (rows, 1, width, width), tgt_index
-    (flat row * width + col), tgt_tokens and seq_of_tgt (one per response token, in sample order).
+    (flat row * width + col), tgt_tokens and seq_of_tgt (one per response token, in sample order), and
+    num_tokens: the tokens trained on, each unit's prompt once plus every response token (what the
+    simulator's update-cost model counts).
     """
     units: list[tuple[list[int], list[Sample]]] = []
     for smp in samples:
@@ -157,7 +159,7 @@ def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prom
         "tgt_index": torch.tensor([r * width + col for r, col in where], dtype=torch.long, device=device),
         "tgt_tokens": torch.tensor(tgt_tokens, dtype=torch.long, device=device),
         "seq_of_tgt": torch.tensor(seq_of_tgt, dtype=torch.long, device=device),
-        "num_tokens": sum(len(r[0]) for r in rows),
+        "num_tokens": sum(len(prompt) + sum(len(smp.response_ids) for smp in group) for prompt, group in units),
     }
 
 

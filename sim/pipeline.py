@@ -123,14 +123,16 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
             costs = np.asarray(costs)
 
     def trained_tokens(u: int, finish: np.ndarray | None) -> tuple[int, float]:
+        """Responses trained on and tokens trained on, counted as the trace's num_tokens counts them."""
         p, L = prompts_u[u], lengths_u[u]
-        if not extra:
-            return len(L), float(p.sum() + L.sum())
         n = len(L) - extra
-        n_prompts = max(n // G, 1)
-        prompt_of = np.concatenate([np.arange(n) // G, np.arange(extra) % n_prompts])
-        m = trained_mask(prompt_of, finish, G)
-        return int(m.sum()), float(p[m].sum() + L[m].sum())
+        prompt_of = np.concatenate([np.arange(n) // G, np.arange(extra) % max(n // G, 1)])
+        m = trained_mask(prompt_of, finish, G) if extra else np.ones(len(L), bool)
+        if models.shared_prompts:  # one prompt per group (queue order is prompt-major: prompt j at j * G)
+            ptok = p[np.unique(prompt_of[m]) * G].sum() if extra else p[0:n:G].sum()
+        else:
+            ptok = p[m].sum()
+        return int(m.sum()), float(ptok + L[m].sum())
 
     env = simpy.Environment()
     ids = itertools.count()

@@ -54,8 +54,9 @@ def test_packed_logprobs_equal_unpacked(policy, share):
         ref = _reference_logprobs(policy, ss)
     assert b["input_ids"].shape[0] > 1 and packed.shape[0] == sum(len(s.response_ids) for s in ss)
     assert torch.allclose(packed, ref, atol=1e-4)
-    n_flat = sum(len(s.prompt_ids) + len(s.response_ids) - 1 for s in ss)
-    assert (b["num_tokens"] < n_flat) if share else (b["num_tokens"] == n_flat)
+    per_sample = sum(len(s.prompt_ids) + len(s.response_ids) for s in ss)
+    per_group = sum(len(s.prompt_ids) for s in ss[::4]) + sum(len(s.response_ids) for s in ss)
+    assert b["num_tokens"] == (per_group if share else per_sample)  # what the simulator counts
 
 
 def test_grpo_advantages():

@@ -128,3 +128,18 @@ def test_over_generation_trains_the_first_g_of_each_prompt():
         assert run.gen_steps[0] == 5
         assert run.responses[0] == 2
         assert run.tokens[0] == (4 + 1) + (4 + 2)
+
+
+def test_shared_prompt_traces_count_one_prompt_per_group():
+    """A trace whose trainer laid each group's prompt out once: tokens trained = one prompt per group plus
+    every response token, with and without over-generation; the update cost follows."""
+    from dataclasses import replace
+
+    m = replace(hand_models([([4, 4], [5, 2])], max_num_seqs=4), shared_prompts=True)
+    cfg = SimConfig(prompts=1, group=2, updates=1, engine=EngineConfig(max_num_seqs=4, kv_cache_tokens=4096),
+                    lengths="recorded")
+    run = simulate(m, cfg, rng=np.random.default_rng(0))
+    assert run.tokens[0] == 4 + 5 + 2 and run.train_time[0] == pytest.approx(0.5 + 0.1 * 11)
+    m = replace(m, lengths=replace(m.lengths, prompt_tokens=np.array([4]), response_tokens=np.array([1])))
+    run = simulate(m, replace(cfg, gen_batch=3), rng=np.random.default_rng(0))  # the extra (1 token) is trained
+    assert run.responses[0] == 2 and run.tokens[0] == 4 + 1 + 2
