@@ -368,7 +368,8 @@ class FittedModels:
     source: str = field(default="", metadata={"help": "trace name(s) fitted"})
     shared_prompts: bool = field(default=False, metadata={
         "help": "the trainer laid each group's prompt out once (metadata trainer.share_prompts): tokens trained "
-                "per update = one prompt per group + all response tokens, else prompt + response per sample"})
+                "per update = one prompt per group + all response tokens, else prompt + response per sample "
+                "(a group longer than the trainer's row repeats its prompt there; not modelled)"})
 
     @property
     def quality(self) -> dict[str, FitQuality]:

@@ -95,8 +95,8 @@ def gae(values: list[float], reward: float, gamma: float, lam: float) -> tuple[l
 def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prompts: bool = True) -> dict[str, torch.Tensor]:
     """Lay sequences out in rows; return ids, position ids, the attention mask and the response targets.
 
-    A unit is a run of consecutive samples with the same prompt (a GRPO group; one sample when
-    `share_prompts` is off or prompts differ): the prompt once, then each response without its last
+    A unit is a run of consecutive samples with the same prompt (a GRPO group, split where it would
+    exceed `row_tokens`; one sample when `share_prompts` is off): the prompt once, then each response without its last
     token, positions restarting at the prompt's length for every response. Units are packed greedily
     into rows of about `row_tokens` (a longer unit gets a row of its own). Attention (bool mask, True =
     attend): within a unit, causal, and a response token sees the prompt and its own response only.
@@ -110,11 +110,17 @@ def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prom
     simulator's update-cost model counts).
     """
     units: list[tuple[list[int], list[Sample]]] = []
+    unit_len = 0
     for smp in samples:
-        if share_prompts and units and units[-1][0] == smp.prompt_ids:
+        add = len(smp.response_ids) - 1
+        # a unit stays within one row (a group longer than that repeats its prompt), so the row width and
+        # the (width x width) mask stay bounded by row_tokens or one sequence, as without sharing
+        if share_prompts and units and units[-1][0] == smp.prompt_ids and unit_len + add <= row_tokens:
             units[-1][1].append(smp)
+            unit_len += add
         else:
             units.append((smp.prompt_ids, [smp]))
+            unit_len = len(smp.prompt_ids) + add
     # per row: token ids, positions, branch (0: prompt, i: response i of the unit), unit id
     rows: list[tuple[list[int], list[int], list[int], list[int]]] = []
     where: list[tuple[int, int]] = []  # (row, col) predicting each target
@@ -234,11 +240,11 @@ class Trainer:
             self.critic = ValueModel(policy).to(device)
             self.critic.train()
             self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, betas=(0.9, cfg.adam_beta2))
-        # packed row length: short rows keep the masked-out attention small. With shared prompts an add2
-        # group (G=8, ~167 tokens) fills a row on its own at 128-256 (B=1024, 2 CPU cores, update time
-        # relative to 128: 192 1.02, 256 0.98 eager, 0.99 compiled):
-        # `bench/train_step.py --variants eager:128,eager:256,eager:192,compile:128,compile:256`
-        self.row_tokens = 128
+        # packed row length: short rows keep the masked-out attention small; a group longer than a row
+        # repeats its prompt per row. 256 holds a whole add2 group (G=8, ~167 tokens) in one row: B=1024,
+        # 2 CPU cores, compiled 0.98 s vs 1.36 s at 128 (groups split 6 + 2), eager 1.21 vs 1.60 s
+        # (`bench/train_step.py --variants compile:128,compile:256,eager:128,eager:256`)
+        self.row_tokens = 256
         # lay each group's prompt out once (see `pack`); off: one unit per sample, for A/B measurements
         self.share_prompts = True
         self.cuda = torch.device(device).type == "cuda"
