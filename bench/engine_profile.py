@@ -40,10 +40,10 @@ def main() -> None:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from runner.config import RunConfig
-    from runner.engine import Engine
-    from runner.model import Recipe, ensure_model
-    from runner.tasks import make_task
+    from rlsim.runner.config import RunConfig
+    from rlsim.runner.engine import Engine
+    from rlsim.runner.model import Recipe, ensure_model
+    from rlsim.runner.tasks import make_task
 
     cfg = RunConfig()
     model_dir = ensure_model(Recipe.for_task(cfg.task), log=lambda m: None)

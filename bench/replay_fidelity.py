@@ -55,8 +55,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from replay.io import read_trace
-    from sim.whatif import replay_trace
+    from rlsim.replay.io import read_trace
+    from rlsim.whatif import replay_trace
 
     args = sys.argv[1:]
     probe = 30
@@ -79,7 +79,7 @@ def main() -> None:
             res = replay_trace(tr, lengths=lengths)
             dt = time.perf_counter() - t0
             e = res.errors()
-            from replay.fit import fit_trace
+            from rlsim.replay.fit import fit_trace
 
             r2 = fit_trace(tr).gen.quality.r2 if lengths == "recorded" else float("nan")
             fmt = lambda k: f"{100 * e[k]['median']:.1f}/{100 * e[k]['max']:.0f}%"
@@ -104,10 +104,10 @@ def cross_batch(paths) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from replay.fit import fit_trace
-    from replay.io import read_trace
-    from sim.config import WhatIf
-    from sim.whatif import evaluate, prepare, same_setup
+    from rlsim.replay.fit import fit_trace
+    from rlsim.replay.io import read_trace
+    from rlsim.config import WhatIf
+    from rlsim.whatif import evaluate, prepare, same_setup
 
     traces = [read_trace(p) for p in paths]
     tab = Table(title="what-if accuracy: predicted vs recorded responses/s of a trace from traces at other batch sizes")

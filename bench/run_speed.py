@@ -25,7 +25,7 @@ def trace_path(argv: list[str]) -> Path:
     default = ROOT / "traces" / "grpo_p128.parquet"
     if default.exists():
         return default
-    from replay.synthetic import SynthSpec, synthetic_trace
+    from rlsim.replay.synthetic import SynthSpec, synthetic_trace
 
     out = Path(tempfile.mkdtemp()) / "synthetic_p128.parquet"
     return synthetic_trace(out, SynthSpec(prompts=128, group=8, steps=4, max_num_seqs=256, max_tokens=48, min_tokens=8))
@@ -47,9 +47,9 @@ def main() -> None:
     rows.append(("rlsim run end to end, P=2048 G=8, 100 updates", min(e2e), statistics.median(e2e), 5.0))
 
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
-    from replay.io import read_trace
-    from sim.config import WhatIf
-    from sim.whatif import evaluate, prepare
+    from rlsim.replay.io import read_trace
+    from rlsim.config import WhatIf
+    from rlsim.whatif import evaluate, prepare
 
     t0 = time.perf_counter()
     study = prepare([read_trace(trace)])

@@ -24,11 +24,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replay.io import read_trace  # noqa: E402
+from rlsim.replay.io import read_trace  # noqa: E402
 
 
 def run(out: Path, P: int, steps: int, record_steps: bool = True, seed: int = 0) -> None:
-    cmd = [sys.executable, "-m", "runner.cli", "record", "--out", str(out), "--prompts", str(P), "--group", "8",
+    cmd = [sys.executable, "-m", "rlsim.runner.cli", "record", "--out", str(out), "--prompts", str(P), "--group", "8",
            "--steps", str(steps), "--eval-every", "0", "--eval-prompts", "8", "--eval-k", "1", "--seed", str(seed),
            "--no-progress", "--overwrite"]
     if not record_steps:
@@ -64,7 +64,7 @@ def writer_cost(n_gen_rows: int, n_resp: int, steps: int = 20) -> float:
     """Seconds per RL step to add and flush one step's rows (direct cost of the trace, no engine)."""
     import time
 
-    from replay.io import TraceWriter
+    from rlsim.replay.io import TraceWriter
 
     with tempfile.TemporaryDirectory() as d:
         w = TraceWriter(Path(d) / "t.parquet", {"config": {}}).open()

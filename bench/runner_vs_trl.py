@@ -135,7 +135,7 @@ def find_rlrun() -> str | None:
 
 
 def run_rlrun(a, P: int, model_dir: str, work: Path, k: int) -> dict[str, Any]:
-    from replay.io import read_trace
+    from rlsim.replay.io import read_trace
 
     trace_path = work / f"rlrun_p{P}_r{k}.parquet"
     logf = work / f"rlrun_p{P}_r{k}.log"
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.model:
         model_dir = a.model
     else:
-        from runner.model import Recipe, ensure_model
+        from rlsim.runner.model import Recipe, ensure_model
 
         model_dir = str(ensure_model(Recipe(task=a.task), log=_log))
     facts = model_facts(model_dir)

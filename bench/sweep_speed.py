@@ -23,10 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from replay.io import read_trace  # noqa: E402
-from sim import sweep as sw  # noqa: E402
-from sim.config import WhatIf  # noqa: E402
-from sim.whatif import evaluate, prepare  # noqa: E402
+from rlsim.replay.io import read_trace  # noqa: E402
+from rlsim import sweep as sw  # noqa: E402
+from rlsim.config import WhatIf  # noqa: E402
+from rlsim.whatif import evaluate, prepare  # noqa: E402
 
 # the example grid; seeds repeat it up to the asked size
 BATCHES = [64, 128, 256, 512, 1024, 2048, 4096]

@@ -36,9 +36,9 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from runner.algo import Sample, Trainer
-    from runner.config import RunConfig
-    from runner.model import Recipe, ensure_model
+    from rlsim.runner.algo import Sample, Trainer
+    from rlsim.runner.config import RunConfig
+    from rlsim.runner.model import Recipe, ensure_model
 
     model_dir = ensure_model(Recipe.for_task("add2"), log=lambda m: None)
     policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)

@@ -62,7 +62,7 @@ def run_trl(model_dir: str, *, task: str = "add2", prompts: int = 32, group: int
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from runner.tasks import Example, make_task
+    from rlsim.runner.tasks import Example, make_task
 
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     B = prompts * group
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     model = a.model
     if model is None:
-        from runner.model import Recipe, ensure_model
+        from rlsim.runner.model import Recipe, ensure_model
 
         model = str(ensure_model(Recipe(task=a.task)))
     r = run_trl(model, task=a.task, prompts=a.prompts, group=a.group, updates=a.updates, lr=a.lr,

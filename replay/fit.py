@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import nnls
 
-from replay.errors import RlsimError
-from replay.io import Trace
-from replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.io import Trace
+from rlsim.replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE
 
 # Memory bandwidth in GB/s used for the roofline prior when the trace's `hardware.mem_bandwidth_gbs`
 # is null: matched on the device name (case-insensitive substring), else by device type.

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from replay.errors import TraceError
-from replay.schema import COLUMN_NAMES, COLUMNS, EVENT_KINDS, META_KEY, REQUIRED, SCHEMA_VERSION, arrow_schema
+from rlsim.replay.errors import TraceError
+from rlsim.replay.schema import COLUMN_NAMES, COLUMNS, EVENT_KINDS, META_KEY, REQUIRED, SCHEMA_VERSION, arrow_schema
 
 _KIND_COLUMNS = {k: tuple(n for n, _, kinds, _ in COLUMNS if k in kinds) for k in EVENT_KINDS}
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from replay.errors import RlsimError
-from replay.io import Trace
-from replay.schema import EVAL, UPDATE
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.io import Trace
+from rlsim.replay.schema import EVAL, UPDATE
 
 RHO_MODELS = ("invariant", "noise-scale", "curves", "auto")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.io import write_trace
+from rlsim.replay.io import write_trace
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Optional
 
 import typer
 
-from replay.errors import RlsimError, cli_errors
-from runner.config import RunConfig, field_help
+from rlsim.replay.errors import RlsimError, cli_errors
+from rlsim.runner.config import RunConfig, field_help
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Record real GRPO/PPO runs (vLLM generates, torch trains) as rlsim traces.")
@@ -66,7 +66,7 @@ def record(
         kv_cache_gib=kv_cache_gib, dtype=dtype, record_steps=record_steps, progress=progress, out=out,
         overwrite=overwrite,
     ).validate()
-    from runner.loop import record as run_record
+    from rlsim.runner.loop import record as run_record
 
     try:
         run_record(cfg)
@@ -79,7 +79,7 @@ def record(
 @cli_errors
 def inspect(trace: str = typer.Argument(..., help="trace file (.parquet, or a .partial.arrow left by a killed run)")):
     """Print a human summary of a trace: config, hardware, events, step-time split, throughput, evals."""
-    from runner.summary import summarize
+    from rlsim.runner.summary import summarize
 
     typer.echo(summarize(trace))
 

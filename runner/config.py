@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError
 
 ALGOS = ("grpo", "ppo")
 LR_RULES = ("sqrt", "linear", "fixed")
@@ -168,17 +168,17 @@ class RunConfig:
         if self.max_tokens >= self.max_model_len:
             bad(f"--max-tokens {self.max_tokens} must be below --max-model-len {self.max_model_len}")
         if self.dataset is None:
-            from runner.tasks import BUILTIN_TASKS
+            from rlsim.runner.tasks import BUILTIN_TASKS
 
             if self.task not in BUILTIN_TASKS:
                 bad(f"unknown --task {self.task!r}; choose one of {', '.join(BUILTIN_TASKS)} or pass --dataset FILE")
         if check_files:
             if self.model is not None:
-                from runner.model import check_model_dir
+                from rlsim.runner.model import check_model_dir
 
                 check_model_dir(self.model)
             if self.dataset is not None:
-                from runner.tasks import load_dataset
+                from rlsim.runner.tasks import load_dataset
 
                 load_dataset(self.dataset)
             if self.dataset is not None and self.model is None:

@@ -14,8 +14,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from replay.errors import RlsimError
-from runner.config import RunConfig
+from rlsim.replay.errors import RlsimError
+from rlsim.runner.config import RunConfig
 
 
 def _cpu_name() -> str:
@@ -95,7 +95,7 @@ class _Progress:
 def _command() -> str | None:
     """The rlrun command line that made the run (None when called as a library)."""
     argv0 = Path(sys.argv[0]).name if sys.argv else ""
-    if argv0 == "rlrun" or sys.argv[0].endswith(("runner/cli.py", "runner.cli")):
+    if argv0 == "rlrun" or sys.argv[0].endswith(("runner/cli.py", "rlsim.runner.cli")):
         import shlex
 
         return " ".join(["rlrun", *map(shlex.quote, sys.argv[1:])])
@@ -115,11 +115,11 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from replay.io import TraceWriter
-    from runner.algo import Sample, Trainer, grpo_advantages
-    from runner.engine import Engine
-    from runner.model import Recipe, check_model_dir, ensure_model, model_info
-    from runner.tasks import make_task
+    from rlsim.replay.io import TraceWriter
+    from rlsim.runner.algo import Sample, Trainer, grpo_advantages
+    from rlsim.runner.engine import Engine
+    from rlsim.runner.model import Recipe, check_model_dir, ensure_model, model_info
+    from rlsim.runner.tasks import make_task
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError
 
 CHARS = "0123456789+=;#-"
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
@@ -100,7 +100,7 @@ def warm_up(model, tok, recipe: Recipe, log=None) -> dict[str, Any]:
     """Supervised warm-up on scratchpad solutions (loss on the response tokens only)."""
     import torch
 
-    from runner.tasks import ArithmeticTask
+    from rlsim.runner.tasks import ArithmeticTask
 
     task = ArithmeticTask(recipe.task)
     stream = task.train_stream(seed=10_000 + recipe.seed)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from replay.io import read_trace
-from replay.schema import EVENT_KINDS
+from rlsim.replay.io import read_trace
+from rlsim.replay.schema import EVENT_KINDS
 
 
 def _f(x, fmt=".3f") -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError
 
 BUILTIN_TASKS = ("add2", "add3", "addmix")
 

@@ -8,8 +8,8 @@ from typing import Any, List, Optional
 
 import typer
 
-from replay.errors import RlsimError, cli_errors
-from sim.config import WhatIf, help_text
+from rlsim.replay.errors import RlsimError, cli_errors
+from rlsim.config import WhatIf, help_text
 
 _H = help_text(WhatIf)
 
@@ -68,7 +68,7 @@ def _print_run(res) -> None:
 
 
 def _load(paths: List[Path]):
-    from replay.io import read_trace
+    from rlsim.replay.io import read_trace
 
     if not paths:
         raise RlsimError("pass a trace with --trace (e.g. --trace traces/grpo_p128.parquet)")
@@ -93,7 +93,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
         """Predict throughput, sample cost and time-to-target of a batch size from a recorded trace."""
-        from sim.whatif import run
+        from rlsim.whatif import run
 
         cfg = WhatIf(prompts=batch, group=group, lr_rule=lr_rule, updates=updates, seed=seed,
                      max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, gen_batch=gen_batch)
@@ -114,8 +114,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
         """Simulate exactly the recorded configuration; print recorded vs simulated times and errors."""
-        from replay.io import read_trace
-        from sim.whatif import replay_trace
+        from rlsim.replay.io import read_trace
+        from rlsim.whatif import replay_trace
 
         res = replay_trace(read_trace(trace), seed=seed, lengths="sampled" if sampled else "recorded")
         if as_json:
@@ -155,7 +155,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
         """Rank configurations by time-to-target ratio rho / sigma from your own measurements."""
-        from sim.rank import rank_file
+        from rlsim.rank import rank_file
 
         ranked, present = rank_file(measurements, reference)
         best = ranked[0]

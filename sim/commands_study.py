@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import typer
 
-from replay.errors import RlsimError, cli_errors
+from rlsim.replay.errors import RlsimError, cli_errors
 
 # WhatIf field -> the option `rlsim run` spells it with (others: --field-name-with-dashes)
 OPTION_NAMES = {"prompts": "--batch"}
@@ -35,13 +35,13 @@ class AxisSpec:
 
 
 def _whatif_cls():
-    from sim.config import WhatIf
+    from rlsim.config import WhatIf
 
     return WhatIf
 
 
 def _scalar(tp: Any) -> bool:
-    from sim.sweep import _base_type
+    from rlsim.sweep import _base_type
 
     base, _ = _base_type(tp)
     if typing.get_origin(base) is typing.Literal:
@@ -54,7 +54,7 @@ def _scalar(tp: Any) -> bool:
 def axis_specs() -> list[AxisSpec]:
     """One spec per WhatIf field a sweep can vary."""
     cls = _whatif_cls()
-    from sim.sweep import whatif_type_hints
+    from rlsim.sweep import whatif_type_hints
 
     hints = whatif_type_hints(cls)
     specs = []
@@ -95,7 +95,7 @@ def _axis_params(specs: list[AxisSpec], *, as_list: bool) -> list[inspect.Parame
 
 def _collect_axes(specs: list[AxisSpec], kwargs: dict[str, Any], *, as_list: bool) -> tuple[dict, dict]:
     """(axes field -> values, fixed field -> value) from the parsed options."""
-    from sim.sweep import parse_list
+    from rlsim.sweep import parse_list
 
     axes, fixed = {}, {}
     for s in specs:
@@ -113,7 +113,7 @@ def _collect_axes(specs: list[AxisSpec], kwargs: dict[str, Any], *, as_list: boo
 
 
 def _load_traces(paths: list[Path]):
-    from replay.io import read_trace
+    from rlsim.replay.io import read_trace
 
     if not paths:
         raise RlsimError("give a trace with --trace (e.g. --trace traces/grpo_p128.parquet)")
@@ -121,7 +121,7 @@ def _load_traces(paths: list[Path]):
 
 
 def _prepare(traces, rho_model: str, target: Optional[float]):
-    from sim.whatif import prepare
+    from rlsim.whatif import prepare
 
     return prepare(traces, rho_model=rho_model, target=target)
 
@@ -135,7 +135,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        from sim import sweep as sw
+        from rlsim import sweep as sw
 
         out: Path = kw["out"]
         if out is None:
@@ -178,11 +178,11 @@ def register(app: typer.Typer) -> None:
         sw.prepare_out_dir(out, kw["overwrite"])
         paths = sw.write_results(out, ranked, meta)
         if not kw["no_charts"]:
-            from sim.report import sweep_charts
+            from rlsim.report import sweep_charts
 
             sweep_charts(out / "charts", traces=traces, study=studies.first, rows=ranked, meta=meta)
         console = Console()
-        from sim.report import ranking_table
+        from rlsim.report import ranking_table
 
         console.print(ranking_table(ranked, list(axes), top=kw["top"], labels=labels))
         best = ranked[0]
@@ -227,7 +227,7 @@ def register(app: typer.Typer) -> None:
                rho_model: Optional[str] = typer.Option(None, "--rho", "--rho-model", help="Sample-cost model (default: the sweep's)."),
                target: Optional[float] = typer.Option(None, "--target", help="Default: the sweep's."),
                overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing report file.")) -> None:
-        from sim.report import build_report
+        from rlsim.report import build_report
 
         if out.exists() and not overwrite:
             raise RlsimError(f"{out} already exists; pass --overwrite to replace it or choose another -o")
@@ -239,7 +239,7 @@ def register(app: typer.Typer) -> None:
     app.add_typer(export, name="export")
 
     def perfetto(**kw: Any) -> None:
-        from sim import perfetto as pf
+        from rlsim import perfetto as pf
 
         out: Path = kw["out"]
         if out is None:
@@ -290,9 +290,9 @@ def export_simulated(traces, fixed: dict[str, Any], out: Path, *, rho_model: str
                      overwrite: bool = False) -> dict[str, int]:
     """Simulate one config (fields not given: the reference trace's) with its timeline and write it as
     Chrome trace JSON. Returns the slice counts per kind."""
-    from sim import perfetto as pf
-    from sim.sweep import build_grid, config_dict
-    from sim.whatif import timeline
+    from rlsim import perfetto as pf
+    from rlsim.sweep import build_grid, config_dict
+    from rlsim.whatif import timeline
 
     cfg = build_grid(_whatif_cls(), {k: [v] for k, v in fixed.items()}, {})[0]
     study = _prepare(traces, rho_model, None)

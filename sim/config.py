@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError
 
 LR_RULES = ("sqrt", "linear", "fixed")
 LENGTHS = ("sampled", "recorded")

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from replay.fit import GenStepModel
-from sim.config import EngineConfig
+from rlsim.replay.fit import GenStepModel
+from rlsim.config import EngineConfig
 
 
 @dataclass(frozen=True, eq=False)

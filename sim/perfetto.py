@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError
 
 # Event kind -> (track label, whether slices of that kind overlap and need slot tracks); also the track order
 KIND_TRACKS = {
@@ -445,7 +445,7 @@ def check_chrome_trace(obj: dict[str, Any]) -> dict[str, int]:
 
 
 def export_recorded(trace_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> dict[str, int]:
-    from replay.io import read_trace
+    from rlsim.replay.io import read_trace
 
     trace = read_trace(trace_path)
     obj = recorded_chrome_trace(trace)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from replay.errors import RlsimError
-from replay.fit import FittedModels
-from sim.config import SimConfig
-from sim.engine import round_cost, run_round_steps, schedule_rounds, step_arrays, trained_mask
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.fit import FittedModels
+from rlsim.config import SimConfig
+from rlsim.engine import round_cost, run_round_steps, schedule_rounds, step_arrays, trained_mask
 
 LANE_GEN, LANE_TRAIN, LANE_HOST, LANE_SYNC, LANE_RL = "gen/engine0", "train/trainer0", "host/driver0", "sync", "rl"
 

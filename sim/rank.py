@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replay.errors import RlsimError
-from replay.learning import regime
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.learning import regime
 
 FORMS = (("sigma", "rho"), ("responses_per_s", "samples_to_target"))
 

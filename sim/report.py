@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError
 
 CHARTS = (
     ("time_to_target", "Time to target vs batch size"),
@@ -68,7 +68,7 @@ def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top
 
 
 def _short_regime(v: Any) -> Any:
-    from sim.charts import regime_key
+    from rlsim.charts import regime_key
 
     return regime_key(v) or v
 
@@ -79,7 +79,7 @@ def _short_regime(v: Any) -> Any:
 
 def fitted_models(study: Any, traces: Sequence[Any]):
     """The FittedModels inside the study if it holds one, else a fresh fit of the traces."""
-    from replay.fit import FittedModels, fit_trace
+    from rlsim.replay.fit import FittedModels, fit_trace
 
     for name in ("models", "fitted", "fit", "model"):
         v = getattr(study, name, None)
@@ -115,7 +115,7 @@ def _axes_of(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list
 
 
 def _whatif_from_row(row: Mapping[str, Any]):
-    from sim.config import WhatIf
+    from rlsim.config import WhatIf
 
     names = {f.name for f in dataclasses.fields(WhatIf) if f.init}
     kwargs = {k: row[k] for k in names if k in row and row[k] is not None}
@@ -135,7 +135,7 @@ def _gantt_until(spans: Sequence[Any], steps: int = GANTT_STEPS) -> float | None
 def build_charts(*, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[str, Any]] = (),
                  meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """name -> altair chart for every chart the study has data for (sweep charts need rows)."""
-    from sim import charts as ch
+    from rlsim import charts as ch
 
     meta = meta or {}
     out: dict[str, Any] = {}
@@ -155,8 +155,8 @@ def build_charts(*, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[st
                                                 title=f"Generation throughput vs concurrency ({traces[0].name})")
     out["learning_curves"] = ch.learning_chart(ch.trace_learning_curves(traces), target=(meta.get("study") or {}).get("target"))
     try:
-        from sim.perfetto import spans_from_simrun
-        from sim.whatif import timeline
+        from rlsim.perfetto import spans_from_simrun
+        from rlsim.whatif import timeline
 
         best = rows[0] if rows else {k: traces[0].config.get(k) for k in ("prompts", "group")}
         cfg = _whatif_from_row(best)
@@ -174,7 +174,7 @@ def critical_batches(study: Any, rows: Sequence[Mapping[str, Any]], primary: Seq
     Critical generation batch: where the simulated end-to-end throughput of the primary series plateaus
     (reaches 90% of its best). Critical training batch: the gradient noise scale B_crit of the reference
     trace when it is estimable (rho(B) bends upward there), else the largest batch whose rho stays within 10%."""
-    from sim import charts as ch
+    from rlsim import charts as ch
 
     crit = ch.critical_batches(primary)
     b_crit = getattr(getattr(study, "noise", None), "b_crit", None)
@@ -185,7 +185,7 @@ def critical_batches(study: Any, rows: Sequence[Mapping[str, Any]], primary: Seq
 
 def sweep_charts(out_dir: str | os.PathLike, *, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[str, Any]],
                  meta: Mapping[str, Any] | None = None, png: bool = True) -> dict[str, dict[str, Path]]:
-    from sim.charts import save_chart
+    from rlsim.charts import save_chart
 
     charts = build_charts(traces=traces, study=study, rows=rows, meta=meta)
     return {name: save_chart(c, out_dir, name, png=png) for name, c in charts.items()}
@@ -296,9 +296,9 @@ def build_report(trace_paths: Sequence[str | os.PathLike], sweep_dir: str | os.P
     """Write the report; returns its path."""
     import vl_convert as vlc
 
-    from replay.io import read_trace
-    from sim.sweep import read_results, trace_identity
-    from sim.whatif import prepare
+    from rlsim.replay.io import read_trace
+    from rlsim.sweep import read_results, trace_identity
+    from rlsim.whatif import prepare
 
     if not trace_paths:
         raise RlsimError("give a trace with --trace")

@@ -24,13 +24,14 @@ import multiprocessing as mp
 import os
 import pickle
 import shutil
+import tempfile
 import types
 import typing
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError
 
 SWEEP_META_KEY = b"rlsim_sweep"
 OUTPUT_FILES = ("results.parquet", "results.csv", "sweep.json", "charts")
@@ -166,7 +167,7 @@ def _plain(v: Any) -> Any:
 
 
 def _default_evaluate() -> Callable:
-    from sim.whatif import evaluate
+    from rlsim.whatif import evaluate
 
     return evaluate
 
@@ -205,7 +206,7 @@ class StudySet:
 def prepare_studies(traces: Sequence[Any], cfgs: Sequence[Any], *, rho_model: str = "auto",
                     target: float | None = None) -> StudySet:
     """Fit the traces for every distinct (updates, seed) in `cfgs` (usually one)."""
-    from sim.whatif import prepare
+    from rlsim.whatif import prepare
 
     studies: dict = {}
     for cfg in cfgs:
@@ -219,7 +220,7 @@ def prepare_studies(traces: Sequence[Any], cfgs: Sequence[Any], *, rho_model: st
 def check_configs(studies: StudySet, cfgs: Sequence[Any], labels: Mapping[str, str] | None = None) -> None:
     """Resolve every config against its study before any work is shipped (e.g. a group of 1 for GRPO):
     one clear RlsimError naming the config instead of a failure inside a worker."""
-    from sim.whatif import sim_config
+    from rlsim.whatif import sim_config
 
     labels = labels or {}
     for cfg in cfgs:
@@ -317,6 +318,21 @@ def import_ray():
     return ray
 
 
+def ship_package(dest: str | os.PathLike) -> Path:
+    """Lay the simulator side of the `rlsim` package out as one folder `dest/rlsim` (what Ray's
+    `py_modules` uploads): the package's own folder maps to sim/ and its `replay` subpackage to
+    replay/ (pyproject's package-dir), so neither folder alone is importable as `rlsim`. The runner
+    is left out: sweeps never import it."""
+    import rlsim
+    import rlsim.replay
+
+    root = Path(dest) / "rlsim"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(Path(rlsim.__file__).parent, root, ignore=skip)
+    shutil.copytree(Path(rlsim.replay.__file__).parent, root / "replay", ignore=skip, dirs_exist_ok=True)
+    return root
+
+
 def run_ray(study: Any, cfgs: Sequence[Any], *, address: str | None, chunk_size: int | None = None,
             progress: Progress | None = None, evaluate: Callable | None = None) -> list[dict]:
     """Evaluate as Ray tasks on the cluster at `address` (`auto`, `ray://host:10001`, or `local` for a new
@@ -325,12 +341,8 @@ def run_ray(study: Any, cfgs: Sequence[Any], *, address: str | None, chunk_size:
     if not ray.is_initialized():
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "logging_level": "ERROR"}
         if address and address != "local":
-            import replay.errors
-
-            # the cluster's workers import the simulator from these two packages, shipped from this checkout
-            sim_dir = os.path.dirname(os.path.abspath(__file__))
-            replay_dir = os.path.dirname(os.path.abspath(replay.errors.__file__))
-            kwargs["runtime_env"] = {"py_modules": [sim_dir, replay_dir]}
+            # the cluster's workers import the simulator from the `rlsim` package, shipped from this install
+            kwargs["runtime_env"] = {"py_modules": [str(ship_package(tempfile.mkdtemp(prefix="rlsim-ray-")))]}
         try:
             ray.init(address=address or "local", **kwargs)
         except ConnectionError as e:
@@ -404,7 +416,7 @@ def rank_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
 
 def reference_row(study: Any) -> dict[str, Any] | None:
     """The reference config's outcome (the trace's own P, G, lr rule), JSON-safe, for the sweep metadata."""
-    from sim.whatif import reference_outcome
+    from rlsim.whatif import reference_outcome
 
     if isinstance(study, StudySet):
         study = study.first

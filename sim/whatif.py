@@ -13,14 +13,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from replay.errors import RlsimError
-from replay.fit import FittedModels, fit_trace, warmup_excluded
-from replay.io import Trace
-from replay.learning import (RHO_MODELS, LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve,
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.fit import FittedModels, fit_trace, warmup_excluded
+from rlsim.replay.io import Trace
+from rlsim.replay.learning import (RHO_MODELS, LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve,
                              invariant_rho, noise_scale, noise_scale_rho, regime)
-from replay.schema import EVAL
-from sim.config import EngineConfig, SimConfig, WhatIf
-from sim.pipeline import SimRun, simulate
+from rlsim.replay.schema import EVAL
+from rlsim.config import EngineConfig, SimConfig, WhatIf
+from rlsim.pipeline import SimRun, simulate
 
 CONCURRENCY_EXTRAPOLATION = 16.0  # warn beyond this multiple of the measured concurrency
 

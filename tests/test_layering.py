@@ -18,7 +18,7 @@ def _imports(package: str):
 
 def test_sim_and_replay_never_import_runner_or_torch():
     bad = [(p.relative_to(ROOT), n) for pkg in ("sim", "replay") for p, names in _imports(pkg)
-           for n in names if n.split(".")[0] in {"runner", "torch", "vllm", "transformers"}]
+           for n in names if n.split(".")[0] in {"torch", "vllm", "transformers"} or n.startswith("rlsim.runner")]
     assert bad == []
 
 
@@ -27,8 +27,30 @@ def test_replay_does_not_import_simpy():
 
 
 def test_simulator_cli_loads_without_torch():
-    code = ("import sys, sim.cli, replay.io; "
-            "bad = [m for m in ('torch', 'vllm', 'transformers', 'runner') if m in sys.modules]; "
+    code = ("import sys, rlsim, rlsim.cli, rlsim.replay.io; "
+            "bad = [m for m in ('torch', 'vllm', 'transformers', 'rlsim.runner') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_no_module_imports_the_old_top_level_names():
+    """`sim`, `replay` and `runner` are folders, not import names: everything imports `rlsim.*`
+    (an old name would import a second copy of a module, with its own exception classes)."""
+    bad = [(p.relative_to(ROOT), n) for pkg in ("sim", "replay", "runner", "tests", "bench") for p, names in _imports(pkg)
+           for n in names if n.split(".")[0] in {"sim", "replay", "runner"}]
+    assert bad == []
+
+
+def test_ray_ships_an_importable_rlsim(tmp_path):
+    """What `rlsim sweep --ray-address` uploads is one folder `rlsim` holding the simulator and its
+    `replay` subpackage: importable on its own, ahead of the installed package."""
+    from rlsim.sweep import ship_package
+
+    root = ship_package(tmp_path)
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import rlsim.whatif, rlsim.replay.fit, rlsim.cli; "
+            "print(rlsim.__file__, rlsim.replay.fit.__file__)")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [str(root / "__init__.py"), str(root / "replay" / "fit.py")]
+    assert not (root / "runner").exists()

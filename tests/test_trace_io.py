@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from replay.errors import TraceError
-from replay.io import TraceWriter, partial_path, read_trace, write_trace
-from replay.schema import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
+from rlsim.replay.errors import TraceError
+from rlsim.replay.io import TraceWriter, partial_path, read_trace, write_trace
+from rlsim.replay.schema import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
 
 
 def _gen(step):
@@ -52,7 +52,7 @@ def test_sigkill_leaves_readable_trace(tmp_path):
     out = tmp_path / "killed.parquet"
     code = f"""
 import os, signal
-from replay.io import TraceWriter
+from rlsim.replay.io import TraceWriter
 w = TraceWriter({str(out)!r}, {{"config": {{}}}}).open()
 for s in range(4):
     w.add("sync", t_start=s, duration=0.01, step=s, policy_version=s + 1, bytes=100)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from replay.io import read_trace, write_trace
+from rlsim.replay.io import read_trace, write_trace
+
+from bench import runner_vs_trl as rvt
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-from bench import runner_vs_trl as rvt  # noqa: E402
 
 HAS_TRL = importlib.util.find_spec("trl") is not None
 

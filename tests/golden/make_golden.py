@@ -46,7 +46,7 @@ EXPORTS = [
 
 
 def rlsim(argv: list[str], exe: str = "rlsim") -> str:
-    p = subprocess.run([exe, *argv], cwd=ROOT, capture_output=True, text=True)
+    p = subprocess.run([exe, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
     if p.returncode:
         raise SystemExit(f"rlsim {' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
     return p.stdout

@@ -4,11 +4,11 @@ import math
 import numpy as np
 import pytest
 
-from replay.errors import RlsimError
-from replay.io import read_trace
-from replay.learning import (LearningCurve, curves_rho, ema_ratio, invariant_rho, noise_scale, noise_scale_rho, regime,
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.io import read_trace
+from rlsim.replay.learning import (LearningCurve, curves_rho, ema_ratio, invariant_rho, noise_scale, noise_scale_rho, regime,
                              two_batch_estimates)
-from replay.synthetic import SynthSpec, synthetic_trace
+from rlsim.replay.synthetic import SynthSpec, synthetic_trace
 
 
 def test_two_batch_estimators_exact():
@@ -77,7 +77,7 @@ def test_regimes():
 
 
 def test_isotonic_smoothing_of_noisy_evals():
-    from replay.learning import isotonic
+    from rlsim.replay.learning import isotonic
 
     assert isotonic([0.1, 0.5, 0.3, 0.6]).tolist() == pytest.approx([0.1, 0.4, 0.4, 0.6])
     c = LearningCurve(np.array([0.0, 100, 200, 300, 400]), np.array([0.2, 0.6, 0.4, 0.55, 0.7]))

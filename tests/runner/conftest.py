@@ -25,7 +25,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model():
     """The default tiny Llama (built once, cached under $RLSIM_CACHE or ~/.cache/rlsim)."""
-    from runner.model import ensure_model
+    from rlsim.runner.model import ensure_model
 
     return ensure_model()
 
@@ -37,7 +37,7 @@ def small_config():
 
 
 def _small_config(tmp_path, **kw):
-    from runner.config import RunConfig
+    from rlsim.runner.config import RunConfig
 
     base = dict(prompts=4, group=4, steps=3, eval_every=2, eval_prompts=16, eval_k=2, kv_cache_gib=0.1,
                 max_num_seqs=64, progress=False, out=str(tmp_path / "run.parquet"))

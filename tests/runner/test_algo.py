@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from runner.algo import Sample, Trainer, gae, grpo_advantages, pack, token_logprobs  # noqa: E402
-from runner.config import RunConfig  # noqa: E402
+from rlsim.runner.algo import Sample, Trainer, gae, grpo_advantages, pack, token_logprobs  # noqa: E402
+from rlsim.runner.config import RunConfig  # noqa: E402
 
 pytestmark = pytest.mark.engine
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from replay.errors import RlsimError
-from runner.cli import app
-from runner.config import RunConfig
-from runner.tasks import ArithmeticTask, DatasetTask, load_dataset, make_task, scratchpad
+from rlsim.replay.errors import RlsimError
+from rlsim.runner.cli import app
+from rlsim.runner.config import RunConfig
+from rlsim.runner.tasks import ArithmeticTask, DatasetTask, load_dataset, make_task, scratchpad
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,7 +162,7 @@ def test_cli_inspect_missing_trace(tmp_path):
 
 
 def test_help_and_errors_fast_without_torch():
-    code = ("import sys; from typer.testing import CliRunner; from runner.cli import app; "
+    code = ("import sys; from typer.testing import CliRunner; from rlsim.runner.cli import app; "
             "r = CliRunner().invoke(app, ['record', '--out', '/tmp/x.parquet', '--prompts', '0']); "
             "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; "
             "print(r.exit_code, bad); sys.exit(0 if r.exit_code == 2 and not bad else 1)")

@@ -11,14 +11,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replay.io import partial_path, read_trace
+from rlsim.replay.io import partial_path, read_trace
 
 pytestmark = pytest.mark.engine
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_grpo_run_records_a_complete_trace(tmp_path, tiny_model, small_config):
-    from runner.loop import record
+    from rlsim.runner.loop import record
 
     cfg = small_config(tmp_path, prompts=4, group=4, steps=3, eval_every=2)
     t = read_trace(record(cfg))
@@ -57,7 +57,7 @@ def test_grpo_run_records_a_complete_trace(tmp_path, tiny_model, small_config):
 
 
 def test_ppo_run_records_critic_fields(tmp_path, tiny_model, small_config):
-    from runner.loop import record
+    from rlsim.runner.loop import record
 
     cfg = small_config(tmp_path, algo="ppo", prompts=8, group=None, steps=2, eval_every=0, record_steps=False,
                        gen_batch=12, compile=True)  # policy and critic under torch.compile, end to end
@@ -77,7 +77,7 @@ def test_ppo_run_records_critic_fields(tmp_path, tiny_model, small_config):
 
 def test_grpo_over_generation_keeps_the_first_g_of_each_prompt(tmp_path, tiny_model, small_config):
     """--gen-batch > B: every prompt gets extra samples; the first G to finish form its group."""
-    from runner.loop import record
+    from rlsim.runner.loop import record
 
     t = read_trace(record(small_config(tmp_path, prompts=3, group=2, steps=1, gen_batch=10, eval_every=0)))
     r, g = t.rows("response"), t.rows("gen_step")
@@ -93,9 +93,9 @@ def test_sync_puts_the_trained_weights_into_the_engine(tiny_model):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from vllm import SamplingParams
 
-    from runner.algo import Sample, Trainer
-    from runner.config import RunConfig
-    from runner.engine import Engine
+    from rlsim.runner.algo import Sample, Trainer
+    from rlsim.runner.config import RunConfig
+    from rlsim.runner.engine import Engine
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     policy = AutoModelForCausalLM.from_pretrained(str(tiny_model), dtype=torch.float32)
@@ -148,7 +148,7 @@ def test_sync_puts_the_trained_weights_into_the_engine(tiny_model):
 
 def _start(tmp_path, out, steps=200):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "runner.cli", "record", "--out", str(out), "-P", "4", "-G", "4", "--steps",
+    cmd = [sys.executable, "-m", "rlsim.runner.cli", "record", "--out", str(out), "-P", "4", "-G", "4", "--steps",
            str(steps), "--eval-every", "0", "--eval-prompts", "8", "--eval-k", "1", "--kv-cache-gib", "0.1",
            "--max-num-seqs", "32", "--no-progress"]
     # SIGINT back to default in the child: a test run started in the background (`cmd &`) inherits SIGINT
@@ -176,7 +176,7 @@ def test_engine_samples_n_per_prompt_and_counts_every_finish(tiny_model):
     per-step `finished` counts add up to all samples; the step rows cover the whole generation."""
     from transformers import AutoTokenizer
 
-    from runner.engine import Engine
+    from rlsim.runner.engine import Engine
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     eng = Engine(str(tiny_model), max_num_seqs=8, max_model_len=128, kv_cache_gib=0.05)
@@ -213,7 +213,7 @@ def test_sigkill_leaves_a_readable_trace(tmp_path, tiny_model):
     assert t.recovered and t.meta["status"] == "partial"
     n = t.count("update")
     assert n >= 2 and t.count("sync") == n and t.count("response") == 16 * n  # complete steps only
-    from runner.summary import summarize
+    from rlsim.runner.summary import summarize
 
     assert "RECOVERED" in summarize(str(out))
 
@@ -237,7 +237,7 @@ def test_ctrl_c_finishes_cleanly(tmp_path, tiny_model):
 
 def test_grpo_raises_the_validation_score(tmp_path, tiny_model, small_config):
     """A short real GRPO run: the held-out mean@k rises measurably (base policy ~30%)."""
-    from runner.loop import record
+    from rlsim.runner.loop import record
 
     cfg = small_config(tmp_path, prompts=16, group=8, steps=20, eval_every=10, eval_prompts=200, eval_k=2,
                        lr=3e-4, lr_ref_batch=128, max_num_seqs=128, record_steps=False)
@@ -252,7 +252,7 @@ def test_dataset_and_model_dir(tmp_path, tiny_model, small_config):
     """--dataset FILE with --model DIR: prompts from the file, numeric reward, the folder's own tokenizer."""
     import json
 
-    from runner.loop import record
+    from rlsim.runner.loop import record
 
     rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a in range(10, 40) for b in range(50, 53)]
     ds = tmp_path / "add.jsonl"

@@ -3,7 +3,7 @@ import math
 
 import numpy as np
 
-from replay.fit import AffineModel, FitQuality, FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
+from rlsim.replay.fit import AffineModel, FitQuality, FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
 
 Q = FitQuality(0, math.nan, math.nan, math.nan, math.nan)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from replay.io import write_trace
+from rlsim.replay.io import write_trace
 
 MODEL_BYTES = 2_592_000
 

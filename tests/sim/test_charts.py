@@ -5,12 +5,11 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from study_synth import make_trace  # noqa: E402
+from tests.sim.study_synth import make_trace
 
-from replay.io import read_trace  # noqa: E402
-from sim import charts as ch  # noqa: E402
-from sim.perfetto import spans_from_trace  # noqa: E402
+from rlsim.replay.io import read_trace  # noqa: E402
+from rlsim import charts as ch  # noqa: E402
+from rlsim.perfetto import spans_from_trace  # noqa: E402
 
 
 def _rows():

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from study_synth import make_trace  # noqa: E402
+from tests.sim.study_synth import make_trace
 
-from replay.io import read_trace  # noqa: E402
-from sim import perfetto as pf  # noqa: E402
+from rlsim.replay.io import read_trace  # noqa: E402
+from rlsim import perfetto as pf  # noqa: E402
 
 
 @pytest.fixture(scope="module")

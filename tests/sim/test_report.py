@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
-from study_synth import make_trace  # noqa: E402
+from tests.sim.study_synth import make_trace
 
-from sim.charts import png_size  # noqa: E402
-from sim.cli import app  # noqa: E402
-from sim.report import CHARTS  # noqa: E402
+from rlsim.charts import png_size  # noqa: E402
+from rlsim.cli import app  # noqa: E402
+from rlsim.report import CHARTS  # noqa: E402
 
 runner = CliRunner()
 

@@ -6,9 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from replay.io import write_trace
-from replay.synthetic import SynthSpec, synthetic_trace
-from sim.cli import app
+from rlsim.replay.io import write_trace
+from rlsim.replay.synthetic import SynthSpec, synthetic_trace
+from rlsim.cli import app
 
 runner = CliRunner()
 

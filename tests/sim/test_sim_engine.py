@@ -2,10 +2,10 @@
 import numpy as np
 import pytest
 
-from sim.config import EngineConfig, SimConfig
-from sim.engine import round_plan_exact, run_round_steps, schedule_rounds, step_arrays
-from sim.pipeline import simulate
-from hand_models import hand_models
+from rlsim.config import EngineConfig, SimConfig
+from rlsim.engine import round_plan_exact, run_round_steps, schedule_rounds, step_arrays
+from rlsim.pipeline import simulate
+from tests.sim.hand_models import hand_models
 
 RNG = np.random.default_rng(0)
 

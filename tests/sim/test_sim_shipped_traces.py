@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from replay.io import read_trace
-from sim.cli import app
-from sim.whatif import replay_trace
+from rlsim.replay.io import read_trace
+from rlsim.cli import app
+from rlsim.whatif import replay_trace
 
 TRACES = sorted((Path(__file__).resolve().parents[2] / "traces").glob("*.parquet"))
 

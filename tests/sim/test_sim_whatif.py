@@ -3,11 +3,11 @@ import pickle
 
 import pytest
 
-from replay.errors import RlsimError
-from replay.io import read_trace
-from replay.synthetic import SynthSpec, synthetic_trace
-from sim.config import WhatIf
-from sim.whatif import evaluate, prepare, replay_trace, run, timeline
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.io import read_trace
+from rlsim.replay.synthetic import SynthSpec, synthetic_trace
+from rlsim.config import WhatIf
+from rlsim.whatif import evaluate, prepare, replay_trace, run, timeline
 
 SPEC = SynthSpec(prompts=16, group=4, steps=6, max_num_seqs=32)
 

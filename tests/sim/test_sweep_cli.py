@@ -8,15 +8,14 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parent))
-from study_synth import make_trace  # noqa: E402
+from tests.sim.study_synth import make_trace
 
-from replay.io import read_trace  # noqa: E402
-from sim import perfetto as pf  # noqa: E402
-from sim import sweep as sw  # noqa: E402
-from sim.cli import app  # noqa: E402
-from sim.config import WhatIf  # noqa: E402
-from sim.whatif import evaluate, prepare, run  # noqa: E402
+from rlsim.replay.io import read_trace  # noqa: E402
+from rlsim import perfetto as pf  # noqa: E402
+from rlsim import sweep as sw  # noqa: E402
+from rlsim.cli import app  # noqa: E402
+from rlsim.config import WhatIf  # noqa: E402
+from rlsim.whatif import evaluate, prepare, run  # noqa: E402
 
 runner = CliRunner()
 

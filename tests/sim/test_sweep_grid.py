@@ -6,12 +6,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from study_synth import fake_evaluate  # noqa: E402
+from tests.sim.study_synth import fake_evaluate
 
-from replay.errors import RlsimError  # noqa: E402
-from sim import sweep as sw  # noqa: E402
-from sim.config import WhatIf  # noqa: E402
+from rlsim.replay.errors import RlsimError  # noqa: E402
+from rlsim import sweep as sw  # noqa: E402
+from rlsim.config import WhatIf  # noqa: E402
 
 STUDY = {"prompts": 8, "group": 4}
 

@@ -7,12 +7,11 @@ import pytest
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.ray
 
-sys.path.insert(0, str(Path(__file__).parent))
-from study_synth import make_trace  # noqa: E402
+from tests.sim.study_synth import make_trace
 
-from replay.io import read_trace  # noqa: E402
-from sim import sweep as sw  # noqa: E402
-from sim.config import WhatIf  # noqa: E402
+from rlsim.replay.io import read_trace  # noqa: E402
+from rlsim import sweep as sw  # noqa: E402
+from rlsim.config import WhatIf  # noqa: E402
 
 
 @pytest.fixture(scope="module")
