@@ -22,6 +22,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import altair as alt
 import numpy as np
 
+from rlsim.replay.timeline import lane_key
+
 REGIME_COLORS = {"falls": "#c7e9c0", "flat": "#fdf5c4", "rises": "#fcc5c0"}
 WIDTH, HEIGHT = 560, 300
 MAX_POINTS = 4000
@@ -243,10 +245,10 @@ def merge_spans(spans: Sequence[Any], *, gap: float = 1e-9) -> list[dict]:
     """Gantt bars: per lane and kind, touching slices (consecutive engine steps) merged into one bar.
     Responses, generation rounds and RL steps are left out (the engine steps and phases already show them)."""
     by = {}
-    for s in sorted(spans, key=lambda s: (s.lane, s.kind, s.start)):
-        if s.kind in ("response", "gen_round", "rl_step"):
+    for s in sorted(spans, key=lambda s: (s.lane, s.track, s.start)):
+        if s.track in ("response", "gen_round", "rl_step"):
             continue
-        by.setdefault((s.lane, s.kind), []).append(s)
+        by.setdefault((s.lane, s.track), []).append(s)
     bars = []
     for (lane, kind), group in by.items():
         cur = None
@@ -262,11 +264,11 @@ def merge_spans(spans: Sequence[Any], *, gap: float = 1e-9) -> list[dict]:
 
 def gantt_chart(spans: Sequence[Any], counters: Sequence[Any] = (), *, title: str = "Simulated timeline",
                 until: float | None = None) -> alt.VConcatChart | alt.Chart:
-    """spans: `sim.perfetto.Span`s; counters: `sim.perfetto.CounterSample`s (gen.running is drawn)."""
+    """spans: `Slice`s, counters: `Counter`s (rlsim.replay.timeline; gen.running is drawn)."""
     bars = merge_spans([s for s in spans if until is None or s.start <= until])
     for b in bars:
         b["duration_s"] = b["end"] - b["start"]
-    lanes = sorted({b["lane"] for b in bars}, key=lambda l: ({"gen": 0, "host": 1, "train": 2, "sync": 3, "eval": 4}.get(l.split("/")[0], 9), l))
+    lanes = sorted({b["lane"] for b in bars}, key=lane_key)
     gantt = alt.Chart(_data(bars)).mark_bar(height=18).encode(
         x=alt.X("start:Q", title="seconds from start"), x2="end:Q",
         y=alt.Y("lane:N", sort=lanes, title=None),

@@ -19,22 +19,9 @@ import simpy
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit import FittedModels
+from rlsim.replay.timeline import LANE_GEN, LANE_HOST, LANE_RL, LANE_SYNC, LANE_TRAIN, Counter, Slice
 from rlsim.config import SimConfig
 from rlsim.engine import round_cost, run_round_steps, schedule_rounds, step_arrays, trained_mask
-
-LANE_GEN, LANE_TRAIN, LANE_HOST, LANE_SYNC, LANE_RL = "gen/engine0", "train/trainer0", "host/driver0", "sync", "rl"
-
-
-@dataclass(frozen=True)
-class Slice:
-    """One timeline slice (seconds)."""
-
-    lane: str = field(metadata={"help": "track, e.g. gen/engine0, train/trainer0, sync"})
-    name: str = field(metadata={"help": "namespaced name, e.g. gen.step, train.update, sync.weights"})
-    start: float = field(metadata={"help": "start, seconds from simulation start"})
-    dur: float = field(metadata={"help": "duration, seconds"})
-    args: dict = field(default_factory=dict, metadata={"help": "extra values (update index, batch composition)"})
-
 
 @dataclass(frozen=True, eq=False)
 class SimRun:
@@ -54,8 +41,8 @@ class SimRun:
     peak_running: np.ndarray = field(metadata={"help": "most concurrent sequences in a step of each round"})
     total_time: float = field(metadata={"help": "simulated seconds at the end"})
     exact_engine: bool = field(default=False, metadata={"help": "the step-level loop (KV accounting) was used"})
-    timeline: list = field(default_factory=list, metadata={"help": "Slice list (record_timeline=True)"})
-    counters: list = field(default_factory=list, metadata={"help": "(t, name, value) samples: gen.running, gen.kv_usage"})
+    timeline: list = field(default_factory=list, metadata={"help": "Slices (rlsim.replay.timeline) when record_timeline=True"})
+    counters: list = field(default_factory=list, metadata={"help": "Counters gen.running, gen.kv_usage when record_timeline=True"})
 
     @property
     def responses_per_s(self) -> float:
@@ -141,7 +128,7 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
              preemptions=np.zeros(U, np.int64), peak_kv_tokens=np.zeros(U), peak_running=np.zeros(U, np.int64))
     timeline: list[Slice] = []
     finish: dict[int, np.ndarray] = {}
-    counters: list[tuple[float, str, float]] = []
+    counters: list[Counter] = []
     ov = models.gen_overhead
     gm = models.gen
 
@@ -161,12 +148,12 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
                 d = gm.predict(sa["num_running"], sa["context_tokens"], sa["prefill_tokens"])
                 starts = env.now + np.concatenate([[0.0], np.cumsum(d + ov.per_step)[:-1]])
                 for k in range(K):
-                    timeline.append(Slice(LANE_GEN, "gen.step", float(starts[k]), float(d[k]),
+                    timeline.append(Slice(LANE_GEN, "gen_step", "gen.step", float(starts[k]), float(d[k]),
                                           {"id": next(ids), "update": u, "num_running": int(sa["num_running"][k]),
                                            "context_tokens": float(sa["context_tokens"][k]), "prefill_tokens": float(sa["prefill_tokens"][k]),
                                            "finished": int(sa["finished"][k])}))
-                    counters.append((float(starts[k]), "gen.running", float(sa["num_running"][k])))
-                    counters.append((float(starts[k]), "gen.kv_usage", float(min(sa["context_tokens"][k] / eng.kv_cache_tokens, 1.0))))
+                    counters.append(Counter(LANE_GEN, "gen.running", float(starts[k]), float(sa["num_running"][k])))
+                    counters.append(Counter(LANE_GEN, "gen.kv_usage", float(starts[k]), float(min(sa["context_tokens"][k] / eng.kv_cache_tokens, 1.0))))
             yield env.timeout(dur)
             if extra:
                 finish[u] = plan.start[row] + L - 1
@@ -184,12 +171,12 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
                     for k in range(x.steps):
                         ctx = x.context0 + k * x.num_running
                         d = float(gm.predict(x.num_running, ctx, x.prefill if k == 0 else 0.0))
-                        timeline.append(Slice(LANE_GEN, "gen.step", t, d,
+                        timeline.append(Slice(LANE_GEN, "gen_step", "gen.step", t, d,
                                               {"id": next(ids), "update": u, "num_running": x.num_running, "context_tokens": ctx,
                                                "prefill_tokens": x.prefill if k == 0 else 0.0,
                                                "finished": x.finished if k == x.steps - 1 else 0}))
-                        counters.append((t, "gen.running", float(x.num_running)))
-                        counters.append((t, "gen.kv_usage", float(min(x.kv_tokens / eng.kv_cache_tokens, 1.0))))
+                        counters.append(Counter(LANE_GEN, "gen.running", t, float(x.num_running)))
+                        counters.append(Counter(LANE_GEN, "gen.kv_usage", t, float(min(x.kv_tokens / eng.kv_cache_tokens, 1.0))))
                         t += d + ov.per_step
                 yield env.timeout(c + ov.per_step * x.steps)
                 K += x.steps
@@ -201,14 +188,14 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
             n["peak_running"][u] = peak_run
             n["peak_kv_tokens"][u] = peak_kv
         if record_timeline:
-            timeline.append(Slice(LANE_GEN, "gen.round", t0, env.now - t0, {"id": next(ids), "update": u, "requests": B}))
+            timeline.append(Slice(LANE_GEN, "gen_round", "gen.round", t0, env.now - t0, {"id": next(ids), "update": u, "requests": B}))
         return env.now - t0
 
-    def phase(lane: str, name: str, dur: float, u: int):
+    def phase(lane: str, track: str, name: str, dur: float, u: int):
         t = env.now
         yield env.timeout(dur)
         if record_timeline:
-            timeline.append(Slice(lane, name, t, dur, {"id": next(ids), "update": u}))
+            timeline.append(Slice(lane, track, name, t, dur, {"id": next(ids), "update": u}))
 
     def _sync_colocated():
         for u in range(U):
@@ -220,13 +207,13 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
             upd = max(float(models.update.predict(tokens)), 0.0)
             syn = max(float(models.sync.predict(models.sync_bytes)), 0.0)
             oth = max(float(models.other.predict(B)), 0.0)
-            yield from phase(LANE_HOST, "host.reward", rew, u)
-            yield from phase(LANE_TRAIN, "train.prep", prep, u)
-            yield from phase(LANE_TRAIN, "train.update", upd, u)
-            yield from phase(LANE_SYNC, "sync.weights", syn, u)
-            yield from phase(LANE_HOST, "host.other", oth, u)
+            yield from phase(LANE_HOST, "reward", "host.reward", rew, u)
+            yield from phase(LANE_TRAIN, "prep", "train.prep", prep, u)
+            yield from phase(LANE_TRAIN, "update", "train.update", upd, u)
+            yield from phase(LANE_SYNC, "sync", "sync.weights", syn, u)
+            yield from phase(LANE_HOST, "other", "host.other", oth, u)
             if record_timeline:
-                timeline.append(Slice(LANE_RL, "rl.step", t0, env.now - t0, {"id": next(ids), "update": u, "responses": B}))
+                timeline.append(Slice(LANE_RL, "rl_step", "rl.step", t0, env.now - t0, {"id": next(ids), "update": u, "responses": B}))
             n["step_time"][u] = env.now - t0
             n["gen_time"][u] = g
             n["train_time"][u] = prep + upd
@@ -239,5 +226,5 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
     env.run()
     if record_timeline:
         timeline.sort(key=lambda s: (s.start, -s.dur))
-        counters.sort(key=lambda c: c[0])
+        counters.sort(key=lambda c: c.t)
     return SimRun(batch=cfg.batch, total_time=float(env.now), exact_engine=exact, timeline=timeline, counters=counters, **n)

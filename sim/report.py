@@ -126,9 +126,9 @@ def _whatif_from_row(row: Mapping[str, Any]):
 
 
 def _gantt_until(spans: Sequence[Any], steps: int = GANTT_STEPS) -> float | None:
-    ends = sorted(s.start + s.dur for s in spans if s.kind in ("sync",))
+    ends = sorted(s.start + s.dur for s in spans if s.track == "sync")
     if len(ends) < steps:
-        ends = sorted(s.start + s.dur for s in spans if s.kind in ("update",))
+        ends = sorted(s.start + s.dur for s in spans if s.track == "update")
     return ends[steps - 1] * 1.0001 if len(ends) >= steps else None
 
 
@@ -155,12 +155,12 @@ def build_charts(*, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[st
                                                 title=f"Generation throughput vs concurrency ({traces[0].name})")
     out["learning_curves"] = ch.learning_chart(ch.trace_learning_curves(traces), target=(meta.get("study") or {}).get("target"))
     try:
-        from rlsim.perfetto import spans_from_simrun
+        from rlsim.replay.timeline import simulated_timeline
         from rlsim.whatif import timeline
 
         best = rows[0] if rows else {k: traces[0].config.get(k) for k in ("prompts", "group")}
         cfg = _whatif_from_row(best)
-        spans, counters = spans_from_simrun(timeline(study, cfg))
+        spans, counters = simulated_timeline(timeline(study, cfg))
         label = ", ".join(f"{k}={best.get(k)}" for k in _axes_of(meta, rows)) if rows else "the recorded config"
         out["timeline"] = ch.gantt_chart(spans, counters, title=f"Simulated timeline: {label} (first {GANTT_STEPS} steps)",
                                          until=_gantt_until(spans))

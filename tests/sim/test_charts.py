@@ -9,7 +9,7 @@ from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
 from rlsim import charts as ch  # noqa: E402
-from rlsim.perfetto import spans_from_trace  # noqa: E402
+from rlsim.replay.timeline import recorded_timeline
 
 
 def _rows():
@@ -55,7 +55,7 @@ def test_trace_charts_save_valid_png(tmp_path, trace):
     pts = ch.measured_throughput_points(trace)
     assert len(pts) == trace.count("gen_step")
     curve = [{"num_running": n, "tokens_per_s": n / (4e-3 + 1.5e-4 * n)} for n in (1, 2, 4, 8, 16, 32)]
-    spans, counters = spans_from_trace(trace)
+    spans, counters = recorded_timeline(trace)
     for name, chart in [("tp", ch.throughput_chart(pts, curve)),
                         ("lc", ch.learning_chart(ch.trace_learning_curves([trace]), target=0.6)),
                         ("gantt", ch.gantt_chart(spans, counters, title="recorded"))]:
@@ -79,7 +79,7 @@ def test_critical_batches_from_a_series():
 
 
 def test_gantt_merges_consecutive_engine_steps(trace):
-    spans, _ = spans_from_trace(trace)
+    spans, _ = recorded_timeline(trace)
     bars = ch.merge_spans(spans)
     gen = [b for b in bars if b["kind"] == "gen_step"]
     assert len(gen) == trace.count("update")  # one generation phase per RL step

@@ -9,7 +9,8 @@ import pytest
 from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim import perfetto as pf  # noqa: E402
+from rlsim import perfetto as pf
+from rlsim.replay.timeline import Counter as Sample, Slice, _responses_from_steps  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -89,26 +90,25 @@ def test_checker_rejects_overlap_that_does_not_nest():
 
 
 def test_simulated_responses_rebuilt_from_running_and_finished_counts():
-    S = pf.Span
+    S = Slice
     steps = [S("gen/engine0", "gen_step", "gen.step", 0.0, 1.0, {"update": 0, "num_running": 3, "finished": 1}),
              S("gen/engine0", "gen_step", "gen.step", 1.0, 1.0, {"update": 0, "num_running": 3, "finished": 0}),  # 1 admitted
              S("gen/engine0", "gen_step", "gen.step", 2.0, 1.0, {"update": 0, "num_running": 3, "finished": 3})]
-    rs = pf._responses_from_steps(steps, {})
+    rs = _responses_from_steps(steps, {})
     assert sorted((r.start, r.start + r.dur) for r in rs) == [(0.0, 1.0), (0.0, 3.0), (0.0, 3.0), (1.0, 3.0)]
     slots = pf.assign_slots([(int(r.start * 1e9), int((r.start + r.dur) * 1e9)) for r in rs])
     assert max(slots) + 1 == 3  # never more slots than sequences running at once
 
 
 def test_simulated_spans_take_the_same_lanes():
-    class Sl:
-        def __init__(self, lane, name, start, dur, args=None):
-            self.lane, self.name, self.start, self.dur, self.args = lane, name, start, dur, args or {}
-
     class Run:
-        timeline = [Sl("gen/engine0", "gen_step", 0.0, 0.01, {"num_running": 2}), Sl("gen/engine0", "gen_step", 0.01, 0.01),
-                    Sl("gen/engine0", "response", 0.0, 0.02, {"prompt_id": 0}), Sl("gen/engine0", "response", 0.0, 0.01),
-                    Sl("train/trainer0", "update", 0.02, 0.05), Sl("sync", "sync", 0.07, 0.001)]
-        counters = [(0.0, "gen.running", 2), (0.01, "gen.kv_usage", 0.1)]
+        timeline = [Slice("gen/engine0", "gen_step", "gen.step", 0.0, 0.01, {"num_running": 2}),
+                    Slice("gen/engine0", "gen_step", "gen.step", 0.01, 0.01),
+                    Slice("gen/engine0", "response", "p0/g0", 0.0, 0.02, {"prompt_id": 0}),
+                    Slice("gen/engine0", "response", "p0/g1", 0.0, 0.01),
+                    Slice("train/trainer0", "update", "train.update", 0.02, 0.05),
+                    Slice("sync", "sync", "sync.weights", 0.07, 0.001)]
+        counters = [Sample("gen/engine0", "gen.running", 0.0, 2), Sample("gen/engine0", "gen.kv_usage", 0.01, 0.1)]
 
     obj = pf.simulated_chrome_trace(Run())
     counts = pf.check_chrome_trace(obj)

@@ -100,7 +100,7 @@ def test_timeline_lanes_and_counters(study):
     tl = timeline(study, WhatIf(prompts=8, updates=2))
     names = {s.name for s in tl.timeline}
     assert {"gen.step", "gen.round", "train.update", "sync.weights", "rl.step"} <= names
-    assert {c[1] for c in tl.counters} == {"gen.running", "gen.kv_usage"}
+    assert {(c.lane, c.name) for c in tl.counters} == {("gen/engine0", "gen.running"), ("gen/engine0", "gen.kv_usage")}
     steps = sorted((s for s in tl.timeline if s.name == "gen.step"), key=lambda s: s.start)
     assert all(a.start + a.dur <= b.start + 1e-12 for a, b in zip(steps, steps[1:]))  # no overlap on the engine lane
 

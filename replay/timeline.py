@@ -1,0 +1,238 @@
+"""The one timeline type: what a run did, when, on which lane and track.
+
+The simulator records `Slice`s and `Counter`s as it runs (rlsim.pipeline), `recorded_timeline` reads
+the same from a recorded trace, and every view takes them as they are: the Perfetto export
+(rlsim.perfetto), the Gantt chart (rlsim.charts), the report.
+
+Lanes (one Perfetto process each), in this order:
+- `rl`: RL steps (generation to the end of the step);
+- `gen/engine<k>`: generation rounds, engine steps, one slice per response (from the engine step that
+  computed its first token to its last), counters `gen.running`, `gen.kv_usage` (and `gen.waiting` where
+  recorded);
+- `host/driver<k>`: rewards, and `other` (the unaccounted rest of a simulated step);
+- `train/trainer<k>`: batch preparation (old log-probs, values), optimizer updates;
+- `sync`: weight syncs;
+- `eval`: held-out evaluations and the counter `eval.score`.
+
+A slice's `track` is its family within a lane (TRACKS, in display order); its `name` is the namespaced
+event name (`gen.step`, `train.update`...). Recorded rewards and batch preparation sit just before their
+update (the trace records their length, not their start); recorded generation rounds run from the step's
+first request to the end of its generation. Times are seconds from the run's start.
+
+No torch, no SimPy: both the simulator and the recorded-trace views use it.
+"""
+from __future__ import annotations
+
+import math
+from collections import defaultdict, deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import numpy as np
+
+LANE_RL, LANE_GEN, LANE_HOST, LANE_TRAIN, LANE_SYNC, LANE_EVAL = (
+    "rl", "gen/engine0", "host/driver0", "train/trainer0", "sync", "eval")
+LANES = ("rl", "gen", "host", "train", "sync", "eval")  # display order, by the lane's head
+
+# track -> (label, whether its slices overlap and are laid out on numbered slot tracks); display order
+TRACKS = {
+    "rl_step": ("RL steps", False),
+    "gen_round": ("generation rounds", False),
+    "gen_step": ("engine steps", False),
+    "response": ("engine slot", True),
+    "reward": ("rewards", False),
+    "other": ("other", False),
+    "prep": ("batch prep", False),
+    "update": ("updates", False),
+    "sync": ("weight sync", False),
+    "eval": ("evals", False),
+}
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One interval of activity."""
+
+    lane: str = field(metadata={"help": "process: rl, gen/engine0, host/driver0, train/trainer0, sync, eval"})
+    track: str = field(metadata={"help": "family within the lane, a key of TRACKS (gen_step, update, ...)"})
+    name: str = field(metadata={"help": "namespaced event name: gen.step, train.update, sync.weights, ..."})
+    start: float = field(metadata={"help": "seconds from the run's start"})
+    dur: float = field(metadata={"help": "seconds"})
+    args: dict[str, Any] = field(default_factory=dict, compare=False,
+                                 metadata={"help": "extra values (update index, batch composition, ...)"})
+
+
+@dataclass(frozen=True)
+class Counter:
+    """One sample of a time series (`gen.running`, `gen.kv_usage`, `eval.score`)."""
+
+    lane: str = field(metadata={"help": "process the series belongs to"})
+    name: str = field(metadata={"help": "namespaced series name"})
+    t: float = field(metadata={"help": "seconds from the run's start"})
+    value: float = field(metadata={"help": "the value from t on"})
+
+
+def lane_key(lane: str) -> tuple:
+    """Sort key: LANES order by the lane's head, then the full name."""
+    head = lane.split("/")[0]
+    return (LANES.index(head) if head in LANES else len(LANES), lane)
+
+
+def _num(v: Any) -> Any:
+    """JSON-safe scalar for slice args (numpy types out, NaN -> None, integral floats as ints)."""
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (np.floating, float)):
+        f = float(v)
+        if math.isnan(f) or math.isinf(f):
+            return None
+        return int(f) if f.is_integer() and abs(f) < 2**53 else f
+    return v
+
+
+def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
+    """The recorded run as slices and counter samples (one engine, one trainer: the trace format's v1 layout)."""
+    spans: list[Slice] = []
+    counters: list[Counter] = []
+    gen, train = LANE_GEN, LANE_TRAIN
+    g = trace.rows("gen_step")
+    for i in range(len(g["kind"])):
+        t0, d = float(g["t_start"][i]), float(g["duration"][i])
+        args = {k: _num(g[k][i]) for k in ("step", "policy_version", "num_running", "num_waiting", "prefill_tokens",
+                                          "decode_tokens", "context_tokens", "kv_usage", "finished")}
+        spans.append(Slice(gen, "gen_step", "gen.step", t0, d, args))
+        counters.append(Counter(gen, "gen.running", t0, float(g["num_running"][i])))
+        if not np.isnan(float(g["num_waiting"][i])):
+            counters.append(Counter(gen, "gen.waiting", t0 + d, float(g["num_waiting"][i])))
+        if not np.isnan(float(g["kv_usage"][i])):
+            counters.append(Counter(gen, "gen.kv_usage", t0 + d, float(g["kv_usage"][i])))
+    # a response occupies an engine slot from the start of the step that computed its first token to its end
+    order = np.argsort(np.asarray(g["t_start"], float), kind="stable")
+    step_starts = np.asarray(g["t_start"], float)[order]
+    step_ends = step_starts + np.asarray(g["duration"], float)[order]
+    r = trace.rows("response")
+    for i in range(len(r["kind"])):
+        queued = r["t_queued"][i]
+        queued = float(r["t_start"][i]) if np.isnan(queued) else float(queued)
+        end = r["t_finished"][i]
+        end = float(r["t_start"][i]) + float(r["duration"][i]) if np.isnan(end) else float(end)
+        first = float(r["t_first_token"][i])
+        t0 = queued
+        if np.isfinite(first) and len(step_starts):
+            k = int(np.searchsorted(step_ends, first - 1e-9))  # the step that ended at its first token
+            t0 = float(step_starts[k]) if k < len(step_starts) and step_starts[k] <= first else first
+            t0 = min(max(t0, queued), end)
+        name = f"p{int(r['prompt_id'][i])}/g{int(r['group_index'][i])}"
+        args = {k: _num(r[k][i]) for k in ("step", "policy_version", "prompt_id", "group_index", "prompt_tokens",
+                                          "response_tokens", "reward", "consumed_step", "t_queued", "t_first_token")}
+        args["queued_s"] = _num(t0 - queued)
+        spans.append(Slice(gen, "response", name, t0, max(end - t0, 0.0), args))
+    # first request and first engine step of each RL step: where its generation round starts
+    round_start: dict[int, float] = {}
+    for st, t0 in zip(np.asarray(r["step"], float), np.where(np.isnan(r["t_queued"]), r["t_start"], r["t_queued"])):
+        if np.isfinite(st) and np.isfinite(t0):
+            round_start[int(st)] = min(round_start.get(int(st), math.inf), float(t0))
+    gen_end: dict[int, float] = {}
+    for st, t0, d in zip(np.asarray(g["step"], float), g["t_start"], g["duration"]):
+        if np.isfinite(st):
+            round_start[int(st)] = min(round_start.get(int(st), math.inf), float(t0))
+            gen_end[int(st)] = max(gen_end.get(int(st), -math.inf), float(t0) + float(d))
+    s = trace.rows("sync")
+    sync_end: dict[int, float] = {}
+    for i in range(len(s["kind"])):
+        args = {k: _num(s[k][i]) for k in ("step", "policy_version", "bytes")}
+        t0, d = float(s["t_start"][i]), float(s["duration"][i])
+        spans.append(Slice(LANE_SYNC, "sync", "sync.weights", t0, d, args))
+        if np.isfinite(float(s["step"][i])):
+            sync_end[int(s["step"][i])] = max(sync_end.get(int(s["step"][i]), -math.inf), t0 + d)
+    u = trace.rows("update")
+    for i in range(len(u["kind"])):
+        args = {k: _num(u[k][i]) for k in ("step", "policy_version", "num_responses", "num_tokens", "lr", "loss",
+                                          "reward", "t_forward", "t_backward", "t_optimizer", "grad_norm",
+                                          "step_time", "gen_time", "reward_time", "prep_time")}
+        t0, d = float(u["t_start"][i]), float(u["duration"][i])
+        spans.append(Slice(train, "update", "train.update", t0, d, args))
+        step = int(u["step"][i])
+        prep, rew = float(u["prep_time"][i]), float(u["reward_time"][i])
+        t = t0
+        if np.isfinite(prep) and prep > 0:
+            t -= prep
+            spans.append(Slice(train, "prep", "train.prep", t, prep, {"step": step}))
+        if np.isfinite(rew) and rew > 0:
+            spans.append(Slice(LANE_HOST, "reward", "host.reward", t - rew, rew, {"step": step}))
+        gt = float(u["gen_time"][i])
+        if step in round_start:
+            start = round_start[step]
+            dur = gt if np.isfinite(gt) and gt > 0 else gen_end.get(step, start) - start
+            spans.append(Slice(gen, "gen_round", "gen.round", start, dur, {"step": step, "requests": args["num_responses"]}))
+        st = float(u["step_time"][i])
+        end = sync_end.get(step, t0 + d)
+        if np.isfinite(st) and st > 0:
+            spans.append(Slice(LANE_RL, "rl_step", "rl.step", end - st, st, {"step": step, "responses": args["num_responses"]}))
+    e = trace.rows("eval")
+    for i in range(len(e["kind"])):
+        args = {k: _num(e[k][i]) for k in ("step", "policy_version", "cum_responses", "cum_tokens", "score",
+                                          "eval_k", "eval_prompts")}
+        t0, d = float(e["t_start"][i]), float(e["duration"][i])
+        spans.append(Slice(LANE_EVAL, "eval", "eval", t0, 0.0 if np.isnan(d) else d, args))
+        counters.append(Counter(LANE_EVAL, "eval.score", t0, float(e["score"][i])))
+    counters += _round_end_samples(spans)
+    return spans, counters
+
+
+def simulated_timeline(run) -> tuple[list[Slice], list[Counter]]:
+    """A simulated run (`SimRun` recorded with its timeline) in the same form as a recorded trace: its
+    slices, one response slice per finished sequence rebuilt from the engine steps, and the counters."""
+    slices = [replace(s, args={k: _num(v) for k, v in s.args.items() if k != "id"}) for s in run.timeline]
+    round_start = {(s.lane, s.args.get("update")): s.start for s in slices if s.track == "gen_round"}
+    if not any(s.track == "response" for s in slices):
+        slices += _responses_from_steps([s for s in slices if s.track == "gen_step"], round_start)
+    return slices, list(run.counters) + _round_end_samples(slices)
+
+
+def _round_end_samples(spans: Sequence[Slice]) -> list[Counter]:
+    """The engine is empty when a generation round ends: running sequences and KV use drop to 0 there
+    (the per-step samples only say what ran in each step)."""
+    out = []
+    for s in spans:
+        if s.track == "gen_round":
+            out.append(Counter(s.lane, "gen.running", s.start + s.dur, 0.0))
+            out.append(Counter(s.lane, "gen.kv_usage", s.start + s.dur, 0.0))
+    return out
+
+
+def _responses_from_steps(steps: Sequence[Slice], round_start: dict) -> list[Slice]:
+    """One slice per finished sequence, rebuilt from engine steps' `num_running` and `finished`: sequences
+    admitted in a step (running now minus those left from the step before) start there; each finished
+    sequence closes the earliest open one (FIFO). Any matching gives the same running count at every
+    instant, so the slot tracks never exceed the engine's concurrency. A fall in running without
+    finishes (preemption) drops the newest open sequences; they start again when re-admitted."""
+    out: list[Slice] = []
+    by_round: dict[tuple, list[Slice]] = defaultdict(list)
+    for sp in steps:
+        by_round[(sp.lane, sp.args.get("update"))].append(sp)
+    for (lane, update), group in by_round.items():
+        group.sort(key=lambda s: s.start)
+        if any("num_running" not in s.args for s in group):
+            q = round_start.get((lane, update), group[0].start)
+            for sp in group:
+                for _ in range(int(sp.args.get("finished") or 0)):
+                    out.append(Slice(lane, "response", "response", q, sp.start + sp.dur - q, {"update": update}))
+            continue
+        open_: deque[float] = deque()
+        left = 0
+        for sp in group:
+            running = int(sp.args.get("num_running") or 0)
+            done = int(sp.args.get("finished") or 0)
+            admitted = running - left
+            if admitted > 0:
+                open_.extend([sp.start] * admitted)
+            else:
+                for _ in range(min(-admitted, len(open_))):
+                    open_.pop()
+            end = sp.start + sp.dur
+            for _ in range(min(done, len(open_))):
+                t0 = open_.popleft()
+                out.append(Slice(lane, "response", "response", t0, end - t0, {"update": update}))
+            left = running - done
+    return out
