@@ -56,7 +56,7 @@ def main() -> None:
     from rich.table import Table
 
     from rlsim.replay.io import read_trace
-    from rlsim.whatif import replay_trace
+    from rlsim.fidelity import replay_trace
 
     args = sys.argv[1:]
     probe = 30

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim import sweep as sw  # noqa: E402
+from rlsim import backends, grid as grids
 from rlsim.config import WhatIf  # noqa: E402
 from rlsim.whatif import evaluate, prepare  # noqa: E402
 
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--trace", type=Path)
     ap.add_argument("--configs", type=int, default=1000, help="grid size (the example grid times seeds, rounded up)")
     ap.add_argument("--updates", type=int, default=100)
-    ap.add_argument("--workers", type=int, default=sw.default_workers())
+    ap.add_argument("--workers", type=int, default=backends.default_workers())
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--no-cli", action="store_true")
     args = ap.parse_args()
@@ -80,14 +80,14 @@ def main() -> None:
     rows.append(("one config P=1024 G=8, 100 updates (median of 3)", "1", f"{t_one:.3f} s", "<= 0.5 s"))
 
     axes = grid_axes(args.configs, args.updates)
-    grid = sw.build_grid(WhatIf, axes)
+    grid = grids.build_grid(WhatIf, axes)
     n = len(grid)
     t0 = time.perf_counter()
-    study = sw.prepare_studies(traces, grid)  # one reference per (updates, seed), as `rlsim run` does
-    rows.append((f"prepare the sweep's {len(study.studies)} references", "-", f"{time.perf_counter() - t0:.2f} s", "-"))
+    study = prepare(traces)
+    rows.append(("fit the study", "-", f"{time.perf_counter() - t0:.2f} s", "-"))
 
     t0 = time.perf_counter()
-    local = sw.run_sweep(study, grid, workers=args.workers)
+    local = backends.run_sweep(study, grid, workers=args.workers)
     t_local = time.perf_counter() - t0
     rows.append((f"sweep, local process pool ({args.workers} workers)", str(n), f"{t_local:.1f} s",
                  "<= 300 s"))
@@ -102,13 +102,13 @@ def main() -> None:
             ray.init(address="local", num_cpus=args.workers, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
             t_init = time.perf_counter() - t0
             t0 = time.perf_counter()
-            remote = sw.run_sweep(study, grid, ray_address="local")
+            remote = backends.run_sweep(study, grid, ray_address="local")
             t_ray = time.perf_counter() - t0
             ray.shutdown()
-            same = sw.same_rows(remote, local)
+            same = backends.same_rows(remote, local)
             if not same:
                 for i, (a, b) in enumerate(zip(local, remote)):
-                    diff = [k for k in a if not sw.same_rows([{k: a[k]}], [{k: b.get(k)}])]
+                    diff = [k for k in a if not backends.same_rows([{k: a[k]}], [{k: b.get(k)}])]
                     if diff:
                         print(f"config {i} differs in {diff}: local {[a[k] for k in diff]} ray {[b.get(k) for k in diff]}")
                         break

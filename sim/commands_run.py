@@ -1,29 +1,15 @@
 """`rlsim run`, `rlsim replay`, `rlsim rank`: parse options, call one library function, print."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
-from typing import Any, List, Optional
 
 import typer
 
-from rlsim.replay.errors import RlsimError, cli_errors
 from rlsim.config import WhatIf, help_text
-
-_H = help_text(WhatIf)
-
-
-def _fmt(v: Any, kind: str = "") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    if kind == "s":
-        return f"{v:.4g} s" if v < 3600 else f"{v / 3600:.3g} h"
-    if kind == "x":
-        return f"{v:.3f}x"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
+from rlsim.options import StudyOptions, command
+from rlsim.replay.errors import cli_errors
+from rlsim.replay.util import dumps, fmt
 
 
 def _console():
@@ -48,7 +34,7 @@ def _print_run(res) -> None:
             ("T / T_ref = rho / sigma", "time_to_target_ratio", "x"), ("time to target", "time_to_target_s", "s"),
             ("regime", "regime", "")]
     for label, key, kind in rows:
-        t.add_row(label, _fmt(getattr(ref, key), kind), _fmt(getattr(cand, key), kind))
+        t.add_row(label, fmt(getattr(ref, key), kind), fmt(getattr(cand, key), kind))
     con = _console()
     con.print(t)
     if math.isfinite(res.recorded_step_time_s):
@@ -67,40 +53,17 @@ def _print_run(res) -> None:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
 
-def _load(paths: List[Path]):
-    from rlsim.replay.io import read_trace
-
-    if not paths:
-        raise RlsimError("pass a trace with --trace (e.g. --trace traces/grpo_p128.parquet)")
-    return [read_trace(p) for p in paths]
-
-
 def register(app: typer.Typer) -> None:
-    @app.command("run")
-    @cli_errors
-    def run_cmd(
-        trace: List[Path] = typer.Option([], "--trace", "-t", help="recorded trace (first = reference); repeat for learning curves at other batch sizes"),
-        batch: Optional[int] = typer.Option(None, "--batch", "-b", help=_H["prompts"]),
-        group: Optional[int] = typer.Option(None, "--group", "-g", help=_H["group"]),
-        lr_rule: Optional[str] = typer.Option(None, "--lr-rule", help=_H["lr_rule"]),
-        target: Optional[float] = typer.Option(None, "--target", help="eval score that defines time-to-target (default: the best the reference reached; with several traces, the best all reached)"),
-        rho: str = typer.Option("auto", "--rho", help="sample-cost model: invariant | noise-scale | curves | auto"),
-        updates: int = typer.Option(100, "--updates", help=_H["updates"]),
-        seed: int = typer.Option(0, "--seed", help=_H["seed"]),
-        max_num_seqs: Optional[int] = typer.Option(None, "--max-num-seqs", help=_H["max_num_seqs"]),
-        kv_cache_tokens: Optional[int] = typer.Option(None, "--kv-cache-tokens", help=_H["kv_cache_tokens"]),
-        gen_batch: Optional[int] = typer.Option(None, "--gen-batch", help=_H["gen_batch"]),
-        as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
-    ) -> None:
-        """Predict throughput, sample cost and time-to-target of a batch size from a recorded trace."""
+    @command(app, "run", help="Predict throughput, sample cost and time-to-target of a batch size from a recorded trace.")
+    def run_cmd(fields: dict, so: StudyOptions,
+                as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
         from rlsim.whatif import run
 
-        cfg = WhatIf(prompts=batch, group=group, lr_rule=lr_rule, updates=updates, seed=seed,
-                     max_num_seqs=max_num_seqs, kv_cache_tokens=kv_cache_tokens, gen_batch=gen_batch)
+        cfg = WhatIf(**fields)
         cfg.validate()
-        res = run(_load(trace), cfg, rho_model=rho, target=target)
+        res = run(so.traces(), cfg, rho_model=so.rho, target=so.target)
         if as_json:
-            typer.echo(json.dumps(res.to_dict(), indent=2))
+            typer.echo(dumps(res.to_dict(), indent=2))
         else:
             _print_run(res)
 
@@ -108,18 +71,19 @@ def register(app: typer.Typer) -> None:
     @cli_errors
     def replay_cmd(
         trace: Path = typer.Argument(..., help="recorded trace to replay"),
-        seed: int = typer.Option(0, "--seed", help=_H["seed"]),
+        seed: int = typer.Option(0, "--seed", help=help_text(WhatIf)["seed"]),
+        drop_invalid: bool = typer.Option(False, "--drop-invalid", help=help_text(StudyOptions)["drop_invalid"]),
         sampled: bool = typer.Option(False, "--sampled", help="draw response lengths from the fitted distribution instead of replaying the recorded ones"),
         per_update: bool = typer.Option(False, "--per-update", help="also print every update"),
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
         """Simulate exactly the recorded configuration; print recorded vs simulated times and errors."""
         from rlsim.replay.io import read_trace
-        from rlsim.whatif import replay_trace
+        from rlsim.fidelity import replay_trace
 
-        res = replay_trace(read_trace(trace), seed=seed, lengths="sampled" if sampled else "recorded")
+        res = replay_trace(read_trace(trace, drop_invalid=drop_invalid), seed=seed, lengths="sampled" if sampled else "recorded")
         if as_json:
-            typer.echo(json.dumps(res.to_dict(), indent=2))
+            typer.echo(dumps(res.to_dict(), indent=2))
             return
         from rich.table import Table
 
@@ -133,7 +97,7 @@ def register(app: typer.Typer) -> None:
         units = {"step_time": "s", "gen_time": "s", "responses_per_s": ""}
         labels = {"step_time": "step time", "gen_time": "gen time", "responses_per_s": "responses/s"}
         for k, e in errs.items():
-            t.add_row(labels[k], _fmt(e["recorded_mean"], units[k]), _fmt(e["simulated_mean"], units[k]), f"{100 * e['mean_error']:.2f}%",
+            t.add_row(labels[k], fmt(e["recorded_mean"], units[k]), fmt(e["simulated_mean"], units[k]), f"{100 * e['mean_error']:.2f}%",
                       f"{100 * e['median']:.2f}%", f"{100 * e['max']:.2f}%")
         con.print(t)
         if per_update:
@@ -141,7 +105,7 @@ def register(app: typer.Typer) -> None:
             for c in ("step", "rec step", "sim step", "rec gen", "sim gen", "rec resp/s", "sim resp/s"):
                 pu.add_column(c, justify="right")
             for i, s in enumerate(res.step):
-                pu.add_row(str(int(s)), *(_fmt(float(d[k][i])) for k in ("step_time", "gen_time", "responses_per_s")
+                pu.add_row(str(int(s)), *(fmt(float(d[k][i])) for k in ("step_time", "gen_time", "responses_per_s")
                                           for d in (res.recorded, res.simulated)))
             con.print(pu)
         for w in res.warnings:
@@ -160,7 +124,7 @@ def register(app: typer.Typer) -> None:
         ranked, present = rank_file(measurements, reference)
         best = ranked[0]
         if as_json:
-            typer.echo(json.dumps({"reference": reference, "best": best.config, "rows": [r.to_dict() for r in ranked]}, indent=2))
+            typer.echo(dumps({"reference": reference, "best": best.config, "rows": [r.to_dict() for r in ranked]}, indent=2))
             return
         from rich.table import Table
 

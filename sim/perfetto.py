@@ -168,10 +168,11 @@ def check_chrome_trace(obj: dict[str, Any]) -> dict[str, int]:
     return dict(counts)
 
 
-def export_recorded(trace_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False) -> dict[str, int]:
+def export_recorded(trace_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
+                    drop_invalid: bool = False) -> dict[str, int]:
     from rlsim.replay.io import read_trace
 
-    trace = read_trace(trace_path)
+    trace = read_trace(trace_path, drop_invalid=drop_invalid)
     obj = recorded_chrome_trace(trace)
     counts = check_chrome_trace(obj)
     write_json(obj, out, overwrite=overwrite)

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.util import atomic_write
 
 CHARTS = (
     ("time_to_target", "Time to target vs batch size"),
@@ -291,18 +292,16 @@ section.chart{margin:1.5em 0}
 """
 
 
-def build_report(trace_paths: Sequence[str | os.PathLike], sweep_dir: str | os.PathLike | None, out: str | os.PathLike, *,
+def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out: str | os.PathLike, *,
                  rho_model: str | None = None, target: float | None = None) -> Path:
-    """Write the report; returns its path."""
+    """Write the report for the traces (read; the first is the reference); returns its path."""
     import vl_convert as vlc
 
-    from rlsim.replay.io import read_trace
-    from rlsim.sweep import read_results, trace_identity
+    from rlsim.results import read_results, trace_identity
     from rlsim.whatif import prepare
 
-    if not trace_paths:
+    if not traces:
         raise RlsimError("give a trace with --trace")
-    traces = [read_trace(p) for p in trace_paths]
     rows, meta = read_results(sweep_dir) if sweep_dir is not None else ([], {})
     study_opts = dict(meta.get("study") or {})
     if rho_model is not None:
@@ -361,9 +360,4 @@ def build_report(trace_paths: Sequence[str | os.PathLike], sweep_dir: str | os.P
     page = ("<!DOCTYPE html><html><head><meta charset='utf-8'><title>rlsim report</title>"
             f"<style>{CSS}</style><script type='text/javascript'>{bundle}</script></head><body>"
             + "\n".join(parts) + script + "</body></html>")
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, out)
-    return out
+    return atomic_write(out, page)

@@ -2,11 +2,14 @@
 reference (the first trace's own configuration): sigma = q_new / q_ref from the simulator, rho from a
 sample-cost model, T_new / T_ref = rho / sigma.
 
-`Study` is frozen and picklable: sweeps ship it to process-pool or Ray workers. `evaluate` is a pure
-function of (study, cfg): equal inputs give equal outputs.
+`Study` holds what was fitted and nothing else; it is frozen and picklable: sweeps ship it to
+process-pool or Ray workers once. The reference configuration is simulated with each candidate's
+`updates` and `seed` (so sigma compares like with like) and memoised per (study, updates, seed) in the
+process that evaluates. `evaluate` is a pure function of (study, cfg): equal inputs give equal outputs.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
@@ -73,8 +76,6 @@ class Study:
     target: float = field(metadata={"help": "eval score defining time-to-target"})
     n_star_ref: float = field(metadata={"help": "reference responses to reach the target (nan if never)"})
     recorded_time_to_target_s: float = field(metadata={"help": "wall seconds at which the reference's evals reached the target"})
-    ref_run: SimRun | None = field(default=None, metadata={"help": "the reference configuration simulated"})
-    ref_updates: int = field(default=100, metadata={"help": "updates simulated for the reference"})
     warnings: tuple[str, ...] = field(default=(), metadata={"help": "fit and learning-model warnings"})
     trace_names: tuple[str, ...] = field(default=(), metadata={"help": "names of the traces"})
 
@@ -82,9 +83,9 @@ class Study:
     def b_ref(self) -> int:
         return int(self.reference.prompts * self.reference.group)
 
-    @property
-    def q_ref(self) -> float:
-        return self.ref_run.responses_per_s
+    def reference_run(self, updates: int, seed: int) -> SimRun:
+        """The reference configuration simulated for `updates` updates with length seed `seed`."""
+        return _reference_run(self, updates, seed)
 
     def rho_for(self, b: float, lr_rule: str) -> tuple[float, str, list[str]]:
         """(rho, model used, notes) at batch b with lr rule `lr_rule`."""
@@ -160,8 +161,8 @@ def _engine_of(models: FittedModels) -> EngineConfig:
                         block_size=int(e.get("block_size") or 16), max_model_len=int(e.get("max_model_len") or 4096))
 
 
-def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float | None = None, updates: int = 100, seed: int = 0) -> Study:
-    """Fit the reference trace (the first) once; learning curves of all traces; simulate the reference."""
+def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float | None = None) -> Study:
+    """Fit the reference trace (the first) once, and the learning curves of all traces."""
     traces = list(traces)
     if not traces:
         raise RlsimError("pass at least one --trace")
@@ -214,13 +215,17 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
             rec_t = float(ev["t_start"][hit[0]])
     if rho_model == "curves" and len(traces) < 2:
         raise RlsimError("--rho curves needs two or more traces at different batch sizes (repeat --trace)")
-    study = Study(models=models, reference=reference, engine=_engine_of(models), algo=algo, curves=curves, noise=noise,
-                  rho_requested=rho_model, target=float(target), n_star_ref=float(n_star) if n_star is not None else math.nan,
-                  recorded_time_to_target_s=rec_t, warnings=tuple(warnings), trace_names=tuple(t.name for t in traces),
-                  ref_updates=updates)
-    ref_cfg = replace(reference, updates=updates, seed=seed)
-    run_ = simulate(models, sim_config(study, ref_cfg), rng=np.random.default_rng(seed))
-    return replace(study, ref_run=run_)
+    return Study(models=models, reference=reference, engine=_engine_of(models), algo=algo, curves=curves, noise=noise,
+                 rho_requested=rho_model, target=float(target), n_star_ref=float(n_star) if n_star is not None else math.nan,
+                 recorded_time_to_target_s=rec_t, warnings=tuple(warnings), trace_names=tuple(t.name for t in traces))
+
+
+@functools.lru_cache(maxsize=16)
+def _reference_run(study: Study, updates: int, seed: int) -> SimRun:
+    # Study is eq=False, so the cache is keyed by the object: a sweep worker simulates each
+    # (updates, seed) of the reference once for all its configs
+    cfg = replace(study.reference, updates=updates, seed=seed)
+    return simulate(study.models, sim_config(study, cfg), rng=np.random.default_rng(seed))
 
 
 def same_setup(a: Trace, b: Trace) -> bool:
@@ -239,7 +244,7 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     if reference:
         sigma, rho, kind = 1.0, 1.0, "reference"
     else:
-        sigma = q / study.q_ref
+        sigma = q / study.reference_run(cfg.updates, cfg.seed).responses_per_s
         rho, kind, notes = study.rho_for(B, rule)
         warnings += notes
     ratio = rho / sigma
@@ -271,9 +276,10 @@ def evaluate(study: Study, cfg: WhatIf) -> Outcome:
     return _outcome(study, cfg, run_)
 
 
-def reference_outcome(study: Study) -> Outcome:
-    cfg = replace(study.reference, updates=study.ref_updates)
-    return _outcome(study, cfg, study.ref_run, reference=True)
+def reference_outcome(study: Study, updates: int = 100, seed: int = 0) -> Outcome:
+    """The reference configuration's own outcome (sigma = rho = 1) for `updates` updates, seed `seed`."""
+    cfg = replace(study.reference, updates=updates, seed=seed)
+    return _outcome(study, cfg, study.reference_run(updates, seed), reference=True)
 
 
 def timeline(study: Study, cfg: WhatIf) -> SimRun:
@@ -310,70 +316,12 @@ class RunResult:
 
 def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target: float | None = None) -> RunResult:
     cfg.validate()
-    study = prepare(traces, rho_model=rho_model, target=target, updates=cfg.updates, seed=cfg.seed)
+    study = prepare(traces, rho_model=rho_model, target=target)
     cand = evaluate(study, cfg)
-    ref = reference_outcome(study)
+    ref = reference_outcome(study, cfg.updates, cfg.seed)
     rec = study.models.recorded
     return RunResult(reference=ref, candidate=cand, rho_model=cand.rho_model, target=study.target, n_star_ref=study.n_star_ref,
                      b_crit=study.noise.b_crit, recorded_time_to_target_s=study.recorded_time_to_target_s, warnings=study.warnings,
                      b_crit_critic=study.noise.critic_b_crit,
                      recorded_responses_per_s=float(np.median(rec.responses_per_s)) if len(rec.step) else math.nan,
                      recorded_step_time_s=float(np.median(rec.step_time)) if len(rec.step) else math.nan)
-
-
-# ---- replay: simulate exactly the recorded configuration ---------------------------------------
-
-@dataclass(frozen=True, eq=False)
-class ReplayResult:
-    """Recorded vs simulated per-update times of one trace."""
-
-    trace: str = field(metadata={"help": "trace name"})
-    step: np.ndarray = field(metadata={"help": "RL step of each compared update"})
-    recorded: dict = field(metadata={"help": "metric -> recorded per-update array (step_time, gen_time, responses_per_s)"})
-    simulated: dict = field(metadata={"help": "metric -> simulated per-update array"})
-    skipped_warmup: bool = field(metadata={"help": "step 0 (engine warm-up) left out of the errors"})
-    lengths: str = field(metadata={"help": "recorded (the trace's responses per step) or sampled"})
-    warnings: tuple[str, ...] = field(default=(), metadata={"help": "fit warnings"})
-
-    def errors(self) -> dict[str, dict[str, float]]:
-        """metric -> {median, max} relative error |sim - rec| / rec over compared updates."""
-        out = {}
-        for k in self.recorded:
-            rec, sim = np.asarray(self.recorded[k], float), np.asarray(self.simulated[k], float)
-            e = np.abs(sim - rec) / np.maximum(np.abs(rec), 1e-12)
-            out[k] = {"median": float(np.median(e)), "max": float(np.max(e)),
-                      "recorded_mean": float(rec.mean()), "simulated_mean": float(sim.mean()),
-                      "mean_error": float(abs(sim.mean() - rec.mean()) / max(abs(rec.mean()), 1e-12))}
-        return out
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"trace": self.trace, "updates": int(len(self.step)), "skipped_warmup": self.skipped_warmup,
-                "lengths": self.lengths, "errors": self.errors(), "warnings": list(self.warnings),
-                "per_update": [{"step": int(s), **{f"recorded_{k}": float(self.recorded[k][i]) for k in self.recorded},
-                                **{f"simulated_{k}": float(self.simulated[k][i]) for k in self.simulated}}
-                               for i, s in enumerate(self.step)]}
-
-
-def replay_trace(trace: Trace, *, seed: int = 0, lengths: str = "recorded") -> ReplayResult:
-    """Fit the trace, simulate its own configuration for its recorded updates, compare per update."""
-    models = fit_trace(trace)
-    rec = models.recorded
-    U = len(rec.step)
-    if U == 0:
-        raise RlsimError(f"{trace.path} has no update rows to replay")
-    eng = _engine_of(models)
-    B = models.prompts * models.group
-    gen_batch = int(round(B * study_gen_ratio(models)))
-    cfg = SimConfig(prompts=models.prompts, group=models.group, updates=U, engine=eng, lengths=lengths,
-                    gen_batch=gen_batch if gen_batch > B else 0)
-    sim_run = simulate(models, cfg, rng=np.random.default_rng(seed))
-    skip = U > 1 and not warmup_excluded(trace)
-    keep = rec.step != 0 if skip else np.ones(U, bool)
-    resp = rec.num_responses
-    recorded = {"step_time": rec.step_time[keep], "gen_time": rec.gen_time[keep], "responses_per_s": (resp / rec.step_time)[keep]}
-    sim_resp = sim_run.responses
-    simulated = {"step_time": sim_run.step_time[keep], "gen_time": sim_run.gen_time[keep],
-                 "responses_per_s": (sim_resp / sim_run.step_time)[keep]}
-    return ReplayResult(trace=trace.name, step=rec.step[keep], recorded=recorded, simulated=simulated,
-                        skipped_warmup=bool(skip), lengths=lengths,
-                        warnings=models.warnings + ((f"{trace.name} was recovered from a partial recording",) if trace.recovered else ()))

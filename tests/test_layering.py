@@ -45,7 +45,7 @@ def test_no_module_imports_the_old_top_level_names():
 def test_ray_ships_an_importable_rlsim(tmp_path):
     """What `rlsim sweep --ray-address` uploads is one folder `rlsim` holding the simulator and its
     `replay` subpackage: importable on its own, ahead of the installed package."""
-    from rlsim.sweep import ship_package
+    from rlsim.backends import ship_package
 
     root = ship_package(tmp_path)
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import rlsim.whatif, rlsim.replay.fit, rlsim.cli; "

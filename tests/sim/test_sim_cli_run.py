@@ -31,7 +31,9 @@ def test_run_json_keys_and_values(trace):
         assert k in d
     assert (d["prompts"], d["group"]) == (64, 4)
     assert d["reference"]["prompts"] == 16 and d["reference"]["sigma"] == 1.0
-    assert d["time_to_target_ratio"] == pytest.approx(d["rho"] / d["sigma"])
+    assert (d["reference"]["rho"], d["reference"]["time_to_target_ratio"]) == (1.0, 1.0)
+    bc = SynthSpec().tr_sigma / SynthSpec().g2  # the gradient noise scale the synthetic trace was made with
+    assert d["rho_model"] == "noise-scale" and d["rho"] == pytest.approx((1 + 256 / bc) / (1 + 64 / bc), rel=0.02)
 
 
 def test_run_is_deterministic_with_seed(trace):

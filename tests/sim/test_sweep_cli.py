@@ -12,7 +12,7 @@ from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
 from rlsim import perfetto as pf  # noqa: E402
-from rlsim import sweep as sw  # noqa: E402
+from rlsim import backends, grid as grids, results
 from rlsim.cli import app  # noqa: E402
 from rlsim.config import WhatIf  # noqa: E402
 from rlsim.whatif import evaluate, prepare, run  # noqa: E402
@@ -37,11 +37,11 @@ def test_sweep_cli_writes_ranked_results_equal_to_single_evaluate(trace_path, tm
     assert "Ranking by time to target" in res.output
     table = pq.read_table(out / "results.parquet")
     assert table.num_rows == 16
-    meta = json.loads(table.schema.metadata[sw.SWEEP_META_KEY])
+    meta = json.loads(table.schema.metadata[results.SWEEP_META_KEY])
     assert meta["grid"]["axes"] == {"prompts": [4, 8, 16, 64], "group": [4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [8]}
     assert meta["grid"]["options"]["prompts"] == "--batch"
     ident = meta["traces"][0]
-    assert ident["sha256"] == sw.sha256_file(trace_path) and ident["config"]["prompts"] == 8
+    assert ident["sha256"] == results.sha256_file(trace_path) and ident["config"]["prompts"] == 8
     assert json.loads((out / "sweep.json").read_text()) == meta
     rows = table.to_pylist()
     ratios = [r["time_to_target_ratio"] for r in rows]
@@ -57,14 +57,13 @@ def test_sweep_cli_writes_ranked_results_equal_to_single_evaluate(trace_path, tm
 
 def test_sweep_local_pool_equals_in_process_and_single_evaluate(trace_path):
     traces = [read_trace(trace_path)]
-    grid = sw.build_grid(WhatIf, {"prompts": [4, 8, 16, 32], "group": [2, 4, 8], "seed": [0, 1], "updates": [6]})
-    studies = sw.prepare_studies(traces, grid)
-    assert sorted(studies.studies) == [(6, 0), (6, 1)]  # the reference simulated per (updates, seed), as `run` does
-    pooled = sw.run_sweep(studies, grid, workers=2, chunk_size=5)
-    assert sw.same_rows(pooled, sw.run_sweep(studies, grid, workers=1))
+    grid = grids.build_grid(WhatIf, {"prompts": [4, 8, 16, 32], "group": [2, 4, 8], "seed": [0, 1], "updates": [6]})
+    study = prepare(traces)
+    pooled = backends.run_sweep(study, grid, workers=2, chunk_size=5)
+    assert backends.same_rows(pooled, backends.run_sweep(study, grid, workers=1))
+    fresh = prepare(traces)  # its own reference simulations (the memo is per study)
     for cfg, row in zip(grid, pooled):
-        study = prepare(traces, updates=cfg.updates, seed=cfg.seed)
-        assert row == {**sw.config_dict(cfg), **evaluate(study, cfg).to_dict()}
+        assert row == {**grids.config_dict(cfg), **evaluate(fresh, cfg).to_dict()}
 
 
 @pytest.mark.parametrize("args, message", [

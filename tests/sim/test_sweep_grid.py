@@ -9,30 +9,30 @@ import pytest
 from tests.sim.study_synth import fake_evaluate
 
 from rlsim.replay.errors import RlsimError  # noqa: E402
-from rlsim import sweep as sw  # noqa: E402
+from rlsim import backends, grid as grids, results
 from rlsim.config import WhatIf  # noqa: E402
 
 STUDY = {"prompts": 8, "group": 4}
 
 
 def test_parse_list_types_and_errors():
-    assert sw.parse_list("64,128, 256", int | None, "--batch") == [64, 128, 256]
-    assert sw.parse_list("64,64,128", int, "--batch") == [64, 128]
-    assert sw.parse_list("sqrt,fixed", str | None, "--lr-rule") == ["sqrt", "fixed"]
-    assert sw.parse_list("none,8", int | None, "--group") == [None, 8]
-    assert sw.parse_list("0.5,1e-3", float, "--x") == [0.5, 1e-3]
+    assert grids.parse_list("64,128, 256", int | None, "--batch") == [64, 128, 256]
+    assert grids.parse_list("64,64,128", int, "--batch") == [64, 128]
+    assert grids.parse_list("sqrt,fixed", str | None, "--lr-rule") == ["sqrt", "fixed"]
+    assert grids.parse_list("none,8", int | None, "--group") == [None, 8]
+    assert grids.parse_list("0.5,1e-3", float, "--x") == [0.5, 1e-3]
     with pytest.raises(RlsimError, match=r"--batch: empty element"):
-        sw.parse_list("64,,x", int, "--batch")
+        grids.parse_list("64,,x", int, "--batch")
     with pytest.raises(RlsimError, match=r"--batch: 'x' is not a valid value"):
-        sw.parse_list("64,x", int, "--batch")
+        grids.parse_list("64,x", int, "--batch")
     with pytest.raises(RlsimError, match=r"--batch: '1.5' is not a valid value"):
-        sw.parse_list("1.5", int, "--batch")
+        grids.parse_list("1.5", int, "--batch")
     with pytest.raises(RlsimError, match="empty list"):
-        sw.parse_list("", int, "--batch")
+        grids.parse_list("", int, "--batch")
 
 
 def test_grid_is_the_cartesian_product_in_order():
-    grid = sw.build_grid(WhatIf, {"prompts": [64, 128], "group": [4, 8, 16], "lr_rule": ["sqrt", "fixed"]})
+    grid = grids.build_grid(WhatIf, {"prompts": [64, 128], "group": [4, 8, 16], "lr_rule": ["sqrt", "fixed"]})
     assert len(grid) == 12
     assert (grid[0].prompts, grid[0].group, grid[0].lr_rule) == (64, 4, "sqrt")
     assert (grid[1].prompts, grid[1].group, grid[1].lr_rule) == (64, 4, "fixed")
@@ -42,36 +42,36 @@ def test_grid_is_the_cartesian_product_in_order():
 
 def test_grid_rejects_empty_and_invalid_configs():
     with pytest.raises(RlsimError, match="empty"):
-        sw.build_grid(WhatIf, {"prompts": []})
+        grids.build_grid(WhatIf, {"prompts": []})
     with pytest.raises(RlsimError, match=r"config \[--batch 0\] is invalid: --batch must be a positive integer"):
-        sw.build_grid(WhatIf, {"prompts": [64, 0]}, labels={"prompts": "--batch"})
+        grids.build_grid(WhatIf, {"prompts": [64, 0]}, labels={"prompts": "--batch"})
     with pytest.raises(RlsimError, match="lr-rule"):
-        sw.build_grid(WhatIf, {"lr_rule": ["sqrt", "cubic"]})
+        grids.build_grid(WhatIf, {"lr_rule": ["sqrt", "cubic"]})
 
 
 def _grid():
-    return sw.build_grid(WhatIf, {"prompts": [4, 8, 16, 32, 64, 128, 256], "group": [4, 8], "lr_rule": ["sqrt", "fixed"]})
+    return grids.build_grid(WhatIf, {"prompts": [4, 8, 16, 32, 64, 128, 256], "group": [4, 8], "lr_rule": ["sqrt", "fixed"]})
 
 
 def test_pool_equals_serial_equals_single_evaluate():
     grid = _grid()
-    serial = sw.run_sweep(STUDY, grid, workers=1, evaluate=fake_evaluate)
+    serial = backends.run_sweep(STUDY, grid, workers=1, evaluate=fake_evaluate)
     seen = []
-    pooled = sw.run_sweep(STUDY, grid, workers=2, chunk_size=3, evaluate=fake_evaluate, progress=seen.append)
+    pooled = backends.run_sweep(STUDY, grid, workers=2, chunk_size=3, evaluate=fake_evaluate, progress=seen.append)
     assert pooled == serial
     assert sum(seen) == len(grid) and len(seen) == -(-len(grid) // 3)
     for cfg, row in zip(grid, serial):
-        assert row == {**sw.config_dict(cfg), **fake_evaluate(STUDY, cfg).to_dict()}
+        assert row == {**grids.config_dict(cfg), **fake_evaluate(STUDY, cfg).to_dict()}
 
 
 def test_ranking_best_first_with_grid_ids():
     grid = _grid()
-    ranked = sw.rank_rows(sw.run_sweep(STUDY, grid, workers=1, evaluate=fake_evaluate))
+    ranked = results.rank_rows(backends.run_sweep(STUDY, grid, workers=1, evaluate=fake_evaluate))
     ratios = [r["time_to_target_ratio"] for r in ranked]
     assert ratios == sorted(ratios)
     assert [r["rank"] for r in ranked] == list(range(1, len(grid) + 1))
     assert sorted(r["config_id"] for r in ranked) == list(range(len(grid)))
-    nan_last = sw.rank_rows([{"time_to_target_ratio": float("nan")}, {"time_to_target_ratio": 2.0}, {"time_to_target_ratio": None}])
+    nan_last = results.rank_rows([{"time_to_target_ratio": float("nan")}, {"time_to_target_ratio": 2.0}, {"time_to_target_ratio": None}])
     assert [r["config_id"] for r in nan_last] == [1, 0, 2]
 
 
@@ -84,14 +84,14 @@ def test_results_files_carry_grid_and_trace_identity(tmp_path):
 
     T.path.write_bytes(b"abc")
     grid = _grid()
-    ranked = sw.rank_rows(sw.run_sweep(STUDY, grid, workers=1, evaluate=fake_evaluate))
+    ranked = results.rank_rows(backends.run_sweep(STUDY, grid, workers=1, evaluate=fake_evaluate))
     axes = {"prompts": [4, 8, 16, 32, 64, 128, 256], "group": [4, 8], "lr_rule": ["sqrt", "fixed"]}
-    meta = sw.sweep_metadata(traces=[T], axes=axes, fixed={}, labels={"prompts": "--batch"}, n_configs=len(grid),
+    meta = results.sweep_metadata(traces=[T], axes=axes, fixed={}, labels={"prompts": "--batch"}, n_configs=len(grid),
                              study_options={"rho_model": "auto", "target": None}, backend={"kind": "local"})
     out = tmp_path / "sweep"
-    paths = sw.write_results(out, ranked, meta)
+    paths = results.write_results(out, ranked, meta)
     table = pq.read_table(paths["parquet"])
-    kv = json.loads(table.schema.metadata[sw.SWEEP_META_KEY])
+    kv = json.loads(table.schema.metadata[results.SWEEP_META_KEY])
     assert kv["grid"]["axes"] == axes and kv["grid"]["n_configs"] == 28 and kv["grid"]["options"]["prompts"] == "--batch"
     assert kv["traces"][0]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert kv["traces"][0]["config"] == {"prompts": 8, "group": 4}
@@ -99,7 +99,7 @@ def test_results_files_carry_grid_and_trace_identity(tmp_path):
     assert table.num_rows == 28 and table.column("rank").to_pylist() == list(range(1, 29))
     csv = paths["csv"].read_text().splitlines()
     assert len(csv) == 29 and csv[0].startswith('"rank","config_id"')
-    rows, meta2 = sw.read_results(out)
+    rows, meta2 = results.read_results(out)
     assert meta2 == kv and rows[0]["time_to_target_ratio"] == ranked[0]["time_to_target_ratio"]
     assert json.loads(rows[-1]["warnings"]) in ([], ["extrapolating"])  # lists stored as JSON text
 
@@ -110,16 +110,16 @@ def test_output_folder_is_refused_unless_overwrite(tmp_path):
     (out / "results.csv").write_text("old")
     (out / "keep.txt").write_text("user file")
     with pytest.raises(RlsimError, match="already exists; pass --overwrite"):
-        sw.prepare_out_dir(out, False)
-    sw.prepare_out_dir(out, True)
+        results.prepare_out_dir(out, False)
+    results.prepare_out_dir(out, True)
     assert not (out / "results.csv").exists() and (out / "keep.txt").exists()
     f = tmp_path / "file"
     f.write_text("x")
     with pytest.raises(RlsimError, match="not a folder"):
-        sw.prepare_out_dir(f, True)
+        results.prepare_out_dir(f, True)
 
 
 def test_ray_missing_says_how_to_install(without_ray):
     with pytest.raises(RlsimError) as e:
-        sw.run_sweep(STUDY, _grid(), ray_address="auto", evaluate=fake_evaluate)
+        backends.run_sweep(STUDY, _grid(), ray_address="auto", evaluate=fake_evaluate)
     assert str(e.value) == "--ray-address needs Ray, an optional extra: pip install 'rlsim[ray]'"

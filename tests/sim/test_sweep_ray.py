@@ -10,8 +10,9 @@ pytestmark = pytest.mark.ray
 from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim import sweep as sw  # noqa: E402
-from rlsim.config import WhatIf  # noqa: E402
+from rlsim import backends, grid as grids
+from rlsim.config import WhatIf
+from rlsim.whatif import prepare
 
 
 @pytest.fixture(scope="module")
@@ -23,10 +24,10 @@ def local_ray():
 
 def test_ray_results_identical_to_local(tmp_path, local_ray):
     traces = [read_trace(make_trace(tmp_path / "t.parquet", prompts=8, group=4, updates=5))]
-    grid = sw.build_grid(WhatIf, {"prompts": [4, 8, 16, 32], "group": [2, 4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [5]})
-    study = sw.prepare_studies(traces, grid)
-    local = sw.run_sweep(study, grid, workers=2)
+    grid = grids.build_grid(WhatIf, {"prompts": [4, 8, 16, 32], "group": [2, 4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [5]})
+    study = prepare(traces)
+    local = backends.run_sweep(study, grid, workers=2)
     seen = []
-    remote = sw.run_sweep(study, grid, ray_address="local", chunk_size=5, progress=seen.append)
-    assert sw.same_rows(remote, local)
+    remote = backends.run_sweep(study, grid, ray_address="local", chunk_size=5, progress=seen.append)
+    assert backends.same_rows(remote, local)
     assert sum(seen) == len(grid) and len(seen) == -(-len(grid) // 5)  # several configs per task

@@ -1,0 +1,148 @@
+"""The CLI's options, derived from the config dataclasses, in one place for `run`, `sweep`, `export`
+and `report`.
+
+- One option per `WhatIf` field (its help text is the field's), spelt `--field-name` except `prompts`,
+  which is `--batch`/`-b` (and `group` also `-g`). `rlsim sweep` takes each as a comma list (the grid's
+  axes); `run` and `export perfetto --simulate` take one value. Both are parsed by `rlsim.grid` with the
+  field's type, so a new field (device split, staleness) appears in every command at once.
+- One option per `StudyOptions` field: the traces and how they are fitted.
+
+`command(app, name, grid=...)` wraps a function `fn(configs, study, **own)`: typer sees the function's
+own parameters plus the generated ones; `fn` receives a `WhatIf` (or the grid's axes) and a
+`StudyOptions`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from rlsim.config import WhatIf
+from rlsim.grid import base_type, parse_list, whatif_type_hints
+from rlsim.replay.errors import RlsimError, cli_errors
+
+SPELLING = {"prompts": ["--batch", "-b"], "group": ["--group", "-g"]}  # as verl/TRL users say P and G
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """Which traces are fitted and how: shared by every command that fits."""
+
+    trace: tuple[Path, ...] = field(default=(), metadata={
+        "help": "Recorded trace (first = reference); repeat for learning curves at other batch sizes.",
+        "flags": ["--trace", "-t"]})
+    rho_model: Optional[str] = field(default=None, metadata={
+        "help": "Sample-cost model: invariant | noise-scale | curves | auto (default: auto; `report`: the sweep's).",
+        "flags": ["--rho", "--rho-model"]})
+    target: Optional[float] = field(default=None, metadata={
+        "help": "Eval score that defines time-to-target (default: the best the reference reached; with several "
+                "traces, the best all reached).", "flags": ["--target"]})
+    drop_invalid: bool = field(default=False, metadata={
+        "help": "Drop trace rows with invalid values (NaN, negative durations...) with a warning instead of refusing "
+                "the trace.", "flags": ["--drop-invalid"]})
+
+    @property
+    def rho(self) -> str:
+        return self.rho_model or "auto"
+
+    def traces(self) -> list:
+        """The traces, read and validated."""
+        from rlsim.replay.io import read_trace
+
+        if not self.trace:
+            raise RlsimError("give a trace with --trace (e.g. --trace traces/grpo_p128.parquet)")
+        return [read_trace(p, drop_invalid=self.drop_invalid) for p in self.trace]
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One generated option."""
+
+    field: str
+    flags: list
+    type: Any
+    default: Any
+    help: str
+
+
+def whatif_specs() -> list[Spec]:
+    hints = whatif_type_hints(WhatIf)
+    out = []
+    for f in dataclasses.fields(WhatIf):
+        base, _ = base_type(hints.get(f.name, f.type))
+        if not (base in (int, float, str, bool) or typing.get_origin(base) is typing.Literal):
+            continue
+        out.append(Spec(f.name, SPELLING.get(f.name, ["--" + f.name.replace("_", "-")]), hints.get(f.name, f.type),
+                        f.default, str(f.metadata.get("help", ""))))
+    return out
+
+
+def labels() -> dict[str, str]:
+    """WhatIf field -> the option that sets it (for messages and tables)."""
+    return {s.field: s.flags[0] for s in whatif_specs()}
+
+
+def _whatif_params(as_list: bool) -> list[inspect.Parameter]:
+    params = []
+    for s in whatif_specs():
+        dflt = "" if s.default in (dataclasses.MISSING, None) else f" (default: {s.default})"
+        text = s.help[:1].upper() + s.help[1:] + "." + (f" Comma list of values to sweep{dflt}." if as_list else dflt)
+        params.append(inspect.Parameter(
+            "wi_" + s.field, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+            default=typer.Option(None, *s.flags, help=text, metavar="V1,V2,..." if as_list else "VALUE",
+                                 rich_help_panel="Grid" if as_list else "Config")))
+    return params
+
+
+def _study_params() -> list[inspect.Parameter]:
+    params = []
+    for f in dataclasses.fields(StudyOptions):
+        ann = typing.List[Path] if f.name == "trace" else f.type if not isinstance(f.type, str) else eval(f.type)
+        default = [] if f.name == "trace" else f.default
+        params.append(inspect.Parameter(
+            "so_" + f.name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
+            default=typer.Option(default, *f.metadata["flags"], help=f.metadata["help"], rich_help_panel="Traces")))
+    return params
+
+
+def parse_whatif(kw: dict[str, Any], *, as_list: bool) -> dict[str, Any]:
+    """Pop the generated WhatIf options from `kw`: field -> list of values (as_list) or value."""
+    out = {}
+    for s in whatif_specs():
+        raw = kw.pop("wi_" + s.field, None)
+        if raw is None:
+            continue
+        vals = parse_list(raw, s.type, s.flags[0])
+        if not as_list and len(vals) != 1:
+            raise RlsimError(f"{s.flags[0]}: give one value here (lists are for `rlsim sweep`)")
+        out[s.field] = vals if as_list else vals[0]
+    return out
+
+
+def command(app: typer.Typer, name: str, *, help: str, whatif: str | None = "one", study: bool = True) -> Callable:
+    """Register `fn(cfg, study_options, **own)` as `rlsim NAME`. whatif: 'one' (fn gets a WhatIf, or a
+    dict of the fields given when the command fits nothing), 'grid' (a dict field -> values) or None."""
+    def deco(fn: Callable) -> Callable:
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in list(inspect.signature(fn).parameters.values())[2:]]
+        params = own + (_whatif_params(whatif == "grid") if whatif else []) + (_study_params() if study else [])
+
+        def wrapper(**kw: Any) -> Any:
+            wi = parse_whatif(kw, as_list=whatif == "grid") if whatif else {}
+            so = StudyOptions(**{f.name: (tuple(v) if isinstance(v, list) else v)
+                                 for f in dataclasses.fields(StudyOptions) if (v := kw.pop("so_" + f.name, None)) is not None}) \
+                if study else None
+            return fn(wi, so, **kw)
+
+        wrapper.__signature__ = inspect.Signature(params)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        wrapper.__doc__ = fn.__doc__
+        wrapper.__name__ = fn.__name__
+        app.command(name, help=help)(cli_errors(wrapper))
+        return fn
+
+    return deco
