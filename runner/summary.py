@@ -5,6 +5,7 @@ import numpy as np
 
 from rlsim.replay.io import read_trace
 from rlsim.replay.schema import EVENT_KINDS
+from rlsim.replay.steps import step_table
 
 
 def _f(x, fmt=".3f") -> str:
@@ -16,19 +17,15 @@ def _f(x, fmt=".3f") -> str:
 
 def step_split(trace) -> dict[str, float]:
     """Totals (seconds) of the RL-step phases and eval over the recorded run."""
-    u, s, e = trace.rows("update"), trace.rows("sync"), trace.rows("eval")
-    n = len(u["kind"])
+    st = step_table(trace)
+    n = len(st["step"])
     if n == 0:
         return {}
-    step = float(np.nansum(u["step_time"]))
-    gen = float(np.nansum(u["gen_time"]))
-    train = float(np.nansum(u["duration"]))
-    sync = float(np.nansum(s["duration"]))
-    reward = float(np.nansum(u["reward_time"]))
-    ev = float(np.nansum(e["duration"]))
+    tot = {k: float(np.nansum(st[k])) for k in ("step_time", "gen_time", "update_time", "sync_time", "reward_time", "num_responses")}
+    step, gen, train, sync, reward = tot["step_time"], tot["gen_time"], tot["update_time"], tot["sync_time"], tot["reward_time"]
     return {"steps": n, "step": step, "gen": gen, "train": train, "sync": sync, "reward": reward,
-            "other": max(0.0, step - gen - train - sync - reward), "eval": ev,
-            "responses": float(np.nansum(u["num_responses"]))}
+            "other": max(0.0, step - gen - train - sync - reward), "eval": float(np.nansum(trace.rows("eval")["duration"])),
+            "responses": tot["num_responses"]}
 
 
 def summarize(path: str) -> str:

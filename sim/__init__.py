@@ -1,1 +1,22 @@
-"""SimPy what-if model of the RL loop, what-if extrapolation, sweeps, ranking, charts and reports."""
+"""rlsim: record real LLM RL runs and predict untried batch sizes, device splits and staleness limits by
+time-to-target.
+
+The package is laid out in three folders: this one (sim/: the SimPy model, what-ifs, sweeps, views),
+`rlsim.replay` (replay/: the trace format, validation, fitted models; no torch, no SimPy) and
+`rlsim.runner` (runner/: real runs with torch and vLLM, imported only by `rlrun`).
+
+Notebook API (rlsim.api, loaded on first use so that `import rlsim.replay` stays light):
+`load_trace`, `events`, `steps`, `fit`, `predict`, `sweep`, `check_fidelity`; errors are `RlsimError`.
+"""
+from rlsim.replay.errors import RlsimError, TraceError
+
+__all__ = ["RlsimError", "TraceError", "load_trace", "events", "steps", "fit", "predict", "sweep", "check_fidelity"]
+_API = {"load_trace", "events", "steps", "fit", "predict", "sweep", "check_fidelity"}
+
+
+def __getattr__(name: str):
+    if name in _API:
+        from rlsim import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'rlsim' has no attribute {name!r}")

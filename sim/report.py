@@ -197,24 +197,23 @@ def sweep_charts(out_dir: str | os.PathLike, *, traces: Sequence[Any], study: An
 
 
 def trace_summary(trace: Any) -> dict[str, Any]:
-    u = trace.rows("update")
+    from rlsim.replay.steps import step_table
+
+    st = step_table(trace)
     e = trace.rows("eval")
     counts = {k: trace.count(k) for k in ("gen_step", "response", "update", "sync", "eval")}
     t_end = float(np.nanmax(trace.table["t_start"].to_numpy(zero_copy_only=False))) if trace.table.num_rows else 0.0
-    st = np.asarray(u["step_time"], float)
-    nr = np.asarray(u["num_responses"], float)
-    ok = np.isfinite(st) & (st > 0)
-    out = {
+    ok = np.isfinite(st["step_time"]) & (st["step_time"] > 0)
+    return {
         "path": str(trace.path), "status": trace.meta.get("status"), "recovered": bool(trace.recovered),
         "rows": counts, "duration_s": t_end,
-        "mean_step_time_s": float(np.mean(st[ok])) if ok.any() else None,
-        "mean_gen_time_s": float(np.nanmean(u["gen_time"])) if len(u["gen_time"]) and np.isfinite(u["gen_time"]).any() else None,
-        "responses_per_s": float(nr[ok].sum() / st[ok].sum()) if ok.any() else None,
+        "mean_step_time_s": float(np.mean(st["step_time"][ok])) if ok.any() else None,
+        "mean_gen_time_s": float(np.mean(st["gen_time"][ok])) if ok.any() else None,
+        "responses_per_s": float(st["num_responses"][ok].sum() / st["step_time"][ok].sum()) if ok.any() else None,
         "best_score": float(np.max(e["score"])) if len(e["score"]) else None,
         "final_score": float(e["score"][np.argmax(e["cum_responses"])]) if len(e["score"]) else None,
         "max_running": int(np.max(trace.rows("gen_step")["num_running"])) if counts["gen_step"] else None,
     }
-    return out
 
 
 def _kv_table(d: Mapping[str, Any]) -> str:
