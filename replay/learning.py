@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.util import default_group
 from rlsim.replay.io import Trace
 from rlsim.replay.schema import EVAL, UPDATE
 
@@ -81,7 +82,7 @@ def fit_learning_curve(trace: Trace) -> LearningCurve:
     ev = trace.rows(EVAL)
     order = np.argsort(ev["cum_responses"], kind="stable")
     cfg = trace.config
-    g = cfg.get("group") or (1 if cfg.get("algo") == "ppo" else 8)
+    g = cfg.get("group") or default_group(cfg.get("algo"))
     return LearningCurve(cum_responses=ev["cum_responses"][order].astype(float), score=ev["score"][order].astype(float),
                          batch=int((cfg.get("prompts") or 0) * g), lr_rule=str(cfg.get("lr_rule") or ""), name=trace.name)
 

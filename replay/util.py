@@ -54,7 +54,8 @@ def dumps(obj: Any, *, indent: int | None = None, compact: bool = False) -> str:
 
 def fmt(v: Any, kind: str = "") -> str:
     """A value for a terminal or HTML table: '-' where it does not exist; kind 's' (seconds, hours past
-    an hour), 'x' (a ratio), '%' (a fraction shown as percent), else 4 significant digits."""
+    an hour), 'x' (a ratio), '%' (a fraction shown as percent), another format spec (".3f"), else 4
+    significant digits."""
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     if isinstance(v, bool) or not isinstance(v, (int, float)) and not hasattr(v, "__float__"):
@@ -66,6 +67,8 @@ def fmt(v: Any, kind: str = "") -> str:
         return f"{float(v):.3f}x"
     if kind == "%":
         return f"{100 * float(v):.1f}%"
+    if kind:
+        return format(float(v), kind)
     if isinstance(v, int):
         return str(v)
     return f"{float(v):.4g}"
@@ -115,3 +118,13 @@ def exclusive(path: str | os.PathLike, *, what: str = "output") -> Iterator[None
         yield
     finally:
         os.close(fd)
+
+
+# Defaults used wherever a trace or a config leaves a value out, in one place.
+# vLLM's own defaults for the engine limits; block size and model length as vLLM's defaults.
+ENGINE_DEFAULTS = {"max_num_seqs": 256, "kv_cache_tokens": 65536, "block_size": 16, "max_model_len": 4096}
+
+
+def default_group(algo: str | None) -> int:
+    """G when a config does not say: 1 for PPO (a value model, no groups), 8 for GRPO (the article's G)."""
+    return 1 if algo == "ppo" else 8

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.util import default_group
 
 ALGOS = ("grpo", "ppo")
 LR_RULES = ("sqrt", "linear", "fixed")
@@ -74,7 +75,7 @@ class RunConfig:
     def G(self) -> int:
         if self.group is not None:
             return self.group
-        return 1 if self.algo == "ppo" else 8
+        return default_group(self.algo)
 
     @property
     def batch(self) -> int:

@@ -23,6 +23,7 @@ import altair as alt
 import numpy as np
 
 from rlsim.replay.timeline import lane_key
+from rlsim.replay.util import json_safe
 
 REGIME_COLORS = {"falls": "#c7e9c0", "flat": "#fdf5c4", "rises": "#fcc5c0"}
 WIDTH, HEIGHT = 560, 300
@@ -30,15 +31,7 @@ MAX_POINTS = 4000
 
 
 def _data(rows: Sequence[Mapping[str, Any]]) -> alt.Data:
-    return alt.Data(values=[{k: _clean(v) for k, v in r.items()} for r in rows])
-
-
-def _clean(v: Any) -> Any:
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        return None
-    return v
+    return alt.Data(values=[{k: json_safe(v) for k, v in r.items()} for r in rows])
 
 
 def _finite(x: Any) -> bool:

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field, fields
 
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.util import ENGINE_DEFAULTS
 
 LR_RULES = ("sqrt", "linear", "fixed")
 LENGTHS = ("sampled", "recorded")
@@ -60,10 +61,10 @@ class WhatIf:
 class EngineConfig:
     """The generation engine's continuous-batching limits (vLLM-like)."""
 
-    max_num_seqs: int = _f(256, "sequences decoded concurrently at most")
-    kv_cache_tokens: int = _f(65536, "KV-cache capacity in tokens")
-    block_size: int = _f(16, "KV-cache block size in tokens (allocation granularity)")
-    max_model_len: int = _f(4096, "longest prompt + response the engine accepts")
+    max_num_seqs: int = _f(ENGINE_DEFAULTS["max_num_seqs"], "sequences decoded concurrently at most")
+    kv_cache_tokens: int = _f(ENGINE_DEFAULTS["kv_cache_tokens"], "KV-cache capacity in tokens")
+    block_size: int = _f(ENGINE_DEFAULTS["block_size"], "KV-cache block size in tokens (allocation granularity)")
+    max_model_len: int = _f(ENGINE_DEFAULTS["max_model_len"], "longest prompt + response the engine accepts")
 
     @property
     def kv_blocks(self) -> int:

@@ -15,6 +15,8 @@ Two implementations:
 - `schedule_rounds`: the exact fast path when the KV cache cannot bind (max_num_seqs sequences of the
   longest context fit). All rounds are scheduled at once, vectorised across rounds with a calendar of
   slot releases; per-round costs are closed forms of summed features because the cost is linear.
+  `schedule_round` is the same schedule for one round in O(B) memory (simulations too large to hold
+  every round at once go round by round, `rlsim.pipeline`).
 - `run_round_steps`: the general step-level loop with KV accounting and preemption. Between two events
   that change the batch (an admission, a finish, a preemption) the composition is fixed and the
   context grows by num_running per step, so the stretch's cost is a closed form and it is advanced at
@@ -30,6 +32,9 @@ import numpy as np
 from rlsim.replay.fit import GenStepModel
 from rlsim.config import EngineConfig
 
+# `run_round_steps` checks the KV cache ahead of a stretch in chunks of at most this many (sequence, step)
+# pairs (8 MB of float64), so that its memory does not grow with max_num_seqs x response length
+KV_CHECK_ELEMENTS = 1 << 20
 
 @dataclass(frozen=True, eq=False)
 class RoundPlan:
@@ -90,6 +95,13 @@ def schedule_rounds(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, p
         col = ring[slot::R]
         free += col
         ring[slot::R] = 0
+    return _plan(start, prompt, length, prefill, max_num_seqs)
+
+
+def _plan(start: np.ndarray, prompt: np.ndarray, length: np.ndarray, prefill: np.ndarray, max_num_seqs: int) -> RoundPlan:
+    """RoundPlan of (rounds, B) admission steps: the summed features are closed forms of the lengths."""
+    U, B = length.shape
+    lmax = int(length.max())
     end = start + length
     steps = end.max(axis=1)
     L = length.astype(float)
@@ -104,6 +116,53 @@ def schedule_rounds(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, p
     return RoundPlan(start=start, steps=steps, sum_running=sum_running, sum_context=sum_context,
                      sum_prefill=sum_prefill, preemptions=np.zeros(U, np.int64), peak_kv_tokens=peak_kv,
                      peak_running=np.full(U, n_peak, np.int64))
+
+
+def schedule_round(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, prefill: np.ndarray | None = None,
+                   block_size: int = 16) -> RoundPlan:
+    """`schedule_rounds` of one round (a RoundPlan of one row), in O(B + max length) memory.
+
+    The same schedule (equal admission steps) for lengths >= 1; a length-0 request holds its slot for one
+    step. One loop iteration per engine step at which slots free up: the requests admitted at a step are a
+    contiguous run of the queue, their slot releases are added to a window of the next 2 x (lmax + 1)
+    steps at once (a bincount of their lengths).
+    """
+    prompt = np.asarray(prompt, np.int64)
+    length = np.asarray(length, np.int64)
+    B = len(length)
+    if prefill is None:
+        prefill = prompt
+    start = np.zeros(B, np.int64)
+    if B == 0:
+        z = np.zeros(1)
+        return RoundPlan(start[None], z.astype(np.int64), z, z, z, z.astype(np.int64), z, z.astype(np.int64))
+    rel_len = np.maximum(length, 1)
+    R = int(rel_len.max()) + 1
+    ring = np.zeros(2 * R, np.int64)  # slot releases at steps base .. base + 2R - 1
+    base = 0
+    free = int(max_num_seqs)
+    ptr = s = 0
+    while True:
+        if free:
+            b = min(ptr + free, B)
+            start[ptr:b] = s
+            i = s - base  # < R: every release of a request admitted now falls inside the window
+            ring[i:i + R] += np.bincount(rel_len[ptr:b], minlength=R)
+            free -= b - ptr
+            ptr = b
+            if ptr == B:
+                break
+        # the next step at which a slot frees (some request runs, so there is one within R steps)
+        i = s - base + 1
+        if ring[i] == 0:
+            i += int(np.flatnonzero(ring[i:])[0])
+        s = base + i
+        free += int(ring[i])
+        if i >= R:  # slide the window by R steps
+            ring[:R] = ring[R:]
+            ring[R:] = 0
+            base += R
+    return _plan(start[None], prompt[None], length[None], np.asarray(prefill)[None], max_num_seqs)
 
 
 def round_cost(gen: GenStepModel, plan: RoundPlan) -> np.ndarray:
@@ -153,7 +212,9 @@ def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig
 
     State: per-request numpy arrays (prompt, target length, generated, admission order); the running
     set is an index array in admission order; the waiting queue a FIFO of indices. `finish`, when
-    given, receives each request's last step.
+    given, receives each request's last step. Memory: O(B) per-request arrays (the queue is an index
+    into them plus a stack of preempted requests) and at most KV_CHECK_ELEMENTS numbers for the KV
+    look-ahead; never B x steps.
     """
     p = np.asarray(prompt, np.int64)
     L = np.asarray(length, np.int64)
@@ -161,11 +222,11 @@ def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig
     bs = engine.block_size
     cap = engine.kv_blocks
     gen_done = np.zeros(B, np.int64)      # tokens generated so far
-    waiting = list(range(B - 1, -1, -1))  # a stack: pop() gives the queue head
+    nxt = 0                               # the next request never admitted (queue order)
+    requeued: list[int] = []              # preempted requests, a stack in front of the queue: pop() gives the head
     running = np.zeros(0, np.int64)
     s = 0
-    need_first = np.ceil(np.maximum(p, 1) / bs).astype(np.int64)  # blocks to admit a fresh request
-    while len(running) or waiting:
+    while len(running) or requeued or nxt < B:
         # 1. blocks the running set needs for this step; preempt the latest admitted until it fits
         preempted_now = 0
         ctx_run = p[running] + gen_done[running]
@@ -176,21 +237,24 @@ def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig
             running = running[:-1]
             used -= int(blocks[-1])
             blocks = blocks[:-1]
-            waiting.append(int(victim))
+            requeued.append(int(victim))
             preempted_now += 1
         # 2. admit while slots and blocks allow (not in a step that preempted)
         pre_tok = 0.0
         admitted = []
         if not preempted_now:
-            while waiting and len(running) + len(admitted) < engine.max_num_seqs:
-                j = waiting[-1]
+            while (requeued or nxt < B) and len(running) + len(admitted) < engine.max_num_seqs:
+                j = requeued[-1] if requeued else nxt
                 c = int(p[j] + gen_done[j])  # a preempted request recomputes prompt + output
                 nb = -(-c // bs)
                 if used + nb > cap:
                     if not len(running) and not admitted:
                         raise ValueError(f"a request of {c} context tokens does not fit the KV cache of {cap * bs} tokens")
                     break
-                waiting.pop()
+                if requeued:
+                    requeued.pop()
+                else:
+                    nxt += 1
                 admitted.append(j)
                 used += nb
                 pre_tok += p[j] * prefill_ratio if gen_done[j] == 0 else c
@@ -203,12 +267,15 @@ def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig
         remaining = L[running] - gen_done[running]
         k = int(remaining.min())
         # 3. KV overflow inside the stretch: blocks needed at step j = sum ceil((ctx + j) / bs)
-        if k > 1:
-            j = np.arange(k)
-            need = np.ceil((ctx[:, None] + j[None, :]) / bs).sum(axis=0)
-            over = np.nonzero(need > cap)[0]
-            if len(over):
-                k = max(int(over[0]), 1)
+        if k > 1:  # in chunks of steps, so that the look-ahead holds at most KV_CHECK_ELEMENTS numbers
+            chunk = max(KV_CHECK_ELEMENTS // n, 1)
+            for j0 in range(0, k, chunk):
+                j = np.arange(j0, min(j0 + chunk, k))
+                need = np.ceil((ctx[:, None] + j[None, :]) / bs).sum(axis=0)
+                over = np.nonzero(need > cap)[0]
+                if len(over):
+                    k = max(j0 + int(over[0]), 1)
+                    break
         gen_done[running] += k
         fin = gen_done[running] >= L[running]
         if finish is not None:

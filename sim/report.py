@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.util import atomic_write
+from rlsim.replay.util import atomic_write, fmt
 
 CHARTS = (
     ("time_to_target", "Time to target vs batch size"),
@@ -30,16 +30,6 @@ TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s",
                  ("train_s", "train s", ".3f"), ("sync_s", "sync s", ".4f"), ("sigma", "sigma", ".3f"),
                  ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""))
 GANTT_STEPS = 3
-
-
-def _fmt(v: Any, spec: str = "") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "-"
-        return format(v, spec or ".4g")
-    return str(v)
 
 
 TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
@@ -63,8 +53,8 @@ def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top
     for _, label, _ in cols:
         t.add_column(label, justify="right", no_wrap=True)
     for r in rows[:top]:
-        t.add_row(str(r.get("rank", "")), *[_fmt(r.get(a)) for a in varying],
-                  *[_fmt(_short_regime(r.get(k)) if k == "regime" else r.get(k), f) for k, _, f in cols])
+        t.add_row(str(r.get("rank", "")), *[fmt(r.get(a)) for a in varying],
+                  *[fmt(_short_regime(r.get(k)) if k == "regime" else r.get(k), f) for k, _, f in cols])
     return t
 
 
@@ -217,7 +207,7 @@ def trace_summary(trace: Any) -> dict[str, Any]:
 
 
 def _kv_table(d: Mapping[str, Any]) -> str:
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v, default=str))}</td></tr>"
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v, default=str))}</td></tr>"
                    for k, v in d.items())
     return f"<table class='kv'>{rows}</table>"
 
@@ -249,8 +239,8 @@ def models_section(fitted) -> str:
     parts.append("<h3>Other cost models (seconds = intercept + slope &times; x)</h3>")
     parts.append(_table(["model", "x", "intercept", "slope"], aff +
                         [("gen overhead", "responses, steps", f"{o.base:.4g}", f"{o.per_response:.4g}, {o.per_step:.4g}")]))
-    q = [(name, fq.n, _fmt(fq.r2, ".4f"), _fmt(fq.rmse, ".3g"), _fmt(fq.median_rel_err, ".2%"),
-          _fmt(fq.p95_rel_err, ".2%"), fq.dropped, fq.method) for name, fq in fitted.quality.items()]
+    q = [(name, fq.n, fmt(fq.r2, ".4f"), fmt(fq.rmse, ".3g"), fmt(fq.median_rel_err, ".2%"),
+          fmt(fq.p95_rel_err, ".2%"), fq.dropped, fq.method) for name, fq in fitted.quality.items()]
     parts.append("<h3>Fit quality</h3>")
     parts.append(_table(["model", "rows", "R²", "RMSE (s)", "median |rel err|", "p95 |rel err|", "dropped", "method"], q))
     ln = fitted.lengths
@@ -265,7 +255,7 @@ def models_section(fitted) -> str:
 def ranking_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], *, limit: int = 200) -> str:
     axes = _axes_of(meta, rows)
     cols = [c for c in TABLE_COLUMNS if any(c[0] in r for r in rows)]
-    body = [[r.get("rank")] + [_fmt(r.get(a)) for a in axes] + [_fmt(r.get(k), f) for k, _, f in cols] for r in rows[:limit]]
+    body = [[r.get("rank")] + [fmt(r.get(a)) for a in axes] + [fmt(r.get(k), f) for k, _, f in cols] for r in rows[:limit]]
     grid = (meta.get("grid") or {})
     desc = "; ".join(f"{(grid.get('options') or {}).get(a, a)} {', '.join(map(str, v))}" for a, v in (grid.get("axes") or {}).items())
     head = f"<p>{len(rows)} configs ({html.escape(desc)}); ranked by T_new / T_ref = rho / sigma, smallest first."
@@ -326,11 +316,11 @@ def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out
         opts = (meta.get("grid") or {}).get("options") or {}
         desc = " ".join(f"{opts.get(a, a)} {best.get(a)}" for a in axes)
         parts.append("<h2 id='summary'>Summary</h2><p>Best of " + str(len(rows)) + " configs: <b>" + html.escape(desc) +
-                     f"</b> (B = {_fmt(best.get('batch'))} responses per update): T / T_ref = "
-                     f"{_fmt(best.get('time_to_target_ratio'), '.3f')} ({html.escape(str(best.get('regime')))}), sigma "
-                     f"{_fmt(best.get('sigma'), '.3f')}, rho {_fmt(best.get('rho'), '.3f')} ({html.escape(str(best.get('rho_model')))}), "
-                     f"{_fmt(best.get('responses_per_s'), '.1f')} responses/s"
-                     + (f" against {_fmt(ref.get('responses_per_s'), '.1f')} for the reference (P={ref.get('prompts')}, "
+                     f"</b> (B = {fmt(best.get('batch'))} responses per update): T / T_ref = "
+                     f"{fmt(best.get('time_to_target_ratio'), '.3f')} ({html.escape(str(best.get('regime')))}), sigma "
+                     f"{fmt(best.get('sigma'), '.3f')}, rho {fmt(best.get('rho'), '.3f')} ({html.escape(str(best.get('rho_model')))}), "
+                     f"{fmt(best.get('responses_per_s'), '.1f')} responses/s"
+                     + (f" against {fmt(ref.get('responses_per_s'), '.1f')} for the reference (P={ref.get('prompts')}, "
                         f"G={ref.get('group')})" if ref else "") + ".</p>")
     parts.append("<h2 id='traces'>Traces</h2>")
     for t in traces:

@@ -22,6 +22,7 @@ from rlsim.replay.io import Trace
 from rlsim.replay.learning import (RHO_MODELS, LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve,
                              invariant_rho, noise_scale, noise_scale_rho, regime)
 from rlsim.replay.schema import EVAL
+from rlsim.replay.util import ENGINE_DEFAULTS
 from rlsim.config import EngineConfig, SimConfig, WhatIf
 from rlsim.pipeline import SimRun, simulate
 
@@ -158,7 +159,8 @@ def study_gen_ratio(models: FittedModels) -> float:
 def _engine_of(models: FittedModels) -> EngineConfig:
     e = models.engine
     return EngineConfig(max_num_seqs=int(e["max_num_seqs"]), kv_cache_tokens=int(e["kv_cache_tokens"]),
-                        block_size=int(e.get("block_size") or 16), max_model_len=int(e.get("max_model_len") or 4096))
+                        block_size=int(e.get("block_size") or ENGINE_DEFAULTS["block_size"]),
+                        max_model_len=int(e.get("max_model_len") or ENGINE_DEFAULTS["max_model_len"]))
 
 
 def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float | None = None) -> Study:

@@ -66,15 +66,15 @@ def _bad_files(tmp_path):
     text.write_text("hello")
     plain = tmp_path / "plain.parquet"
     pq.write_table(pa.table({"a": [1, 2]}), plain)
-    v2 = write_trace(tmp_path / "v2.parquet", {"schema_version": 2}, [])
+    v2 = write_trace(tmp_path / "v99.parquet", {"schema_version": 99}, [])
     cols = tmp_path / "cols.parquet"
     t = pq.read_table(synthetic_trace(tmp_path / "full.parquet", SynthSpec(steps=2)))
     pq.write_table(t.drop(["context_tokens"]).replace_schema_metadata(t.schema.metadata), cols)
-    return {"missing": tmp_path / "nope.parquet", "text": text, "plain": plain, "v2": v2, "cols": cols}
+    return {"missing": tmp_path / "nope.parquet", "text": text, "plain": plain, "v99": v2, "cols": cols}
 
 
 @pytest.mark.parametrize("case,msg", [("missing", "not found"), ("text", "not a readable Parquet"),
-                                      ("plain", "no `rlsim` metadata"), ("v2", "schema version 2"),
+                                      ("plain", "no `rlsim` metadata"), ("v99", "schema version 99"),
                                       ("cols", "lacks columns context_tokens")])
 def test_bad_trace_files(tmp_path, case, msg):
     path = _bad_files(tmp_path)[case]
