@@ -1,6 +1,6 @@
-"""Charts: PNGs are valid images of non-trivial size; HTML opens offline (JS inlined); regime and boundary helpers."""
+"""Charts: each spec draws the data it was given with the marks it should (checked in the Vega-Lite spec), PNGs
+are valid images, HTML opens offline (JS inlined); regime and boundary helpers."""
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,30 @@ def _check_png(path, min_w=300, min_h=150, min_bytes=5000):
     assert Path(path).stat().st_size >= min_bytes
 
 
+def _content(chart) -> tuple[set, list]:
+    """(mark types, data rows) of a chart's Vega-Lite spec, over all layers and concatenations."""
+    spec = chart.to_dict()
+    marks, rows = set(), []
+
+    def walk(o):
+        if isinstance(o, dict):
+            m = o.get("mark")
+            if m:
+                marks.add(m if isinstance(m, str) else m["type"])
+            if isinstance(o.get("data"), dict) and "values" in o["data"]:
+                rows.extend(o["data"]["values"])
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    walk(spec)
+    for vals in spec.get("datasets", {}).values():
+        rows.extend(vals)
+    return marks, rows
+
+
 def _check_html(path):
     text = Path(path).read_text()
     assert "vegaEmbed" in text and "window.vegaEmbed=" in text  # the bundle itself is inlined
@@ -40,6 +64,22 @@ def _check_html(path):
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
     return read_trace(make_trace(tmp_path_factory.mktemp("tr") / "syn.parquet", updates=4))
+
+
+def test_sweep_charts_draw_every_config():
+    rows = _rows()
+    marks, data = _content(ch.time_to_target_chart(rows, series=["group"], prefer={"group": 4}, reference_batch=32))
+    assert {"line", "rect"} <= marks  # the curves over regime bands
+    drawn = {(d.get("batch"), round(d["time_to_target_ratio"], 9)) for d in data if "time_to_target_ratio" in d}
+    assert {(r["prompts"] * r["group"], round(r["time_to_target_ratio"], 9)) for r in rows} <= drawn
+    bands = [d for d in data if "regime" in d and "x0" in d]
+    # bands follow the preferred series (G=4): T ratio 1.0 at B=32 (flat), below 0.95 from B=64 on (falls)
+    assert [b["regime"] for b in sorted(bands, key=lambda b: b["x0"])] == ["flat", "falls"]
+    marks, data = _content(ch.sigma_rho_chart(rows, series=["group"]))
+    assert "line" in marks
+    for key in ("sigma", "rho"):
+        assert {round(r[key], 9) for r in rows} <= {round(d[v], 9) for d in data for v in d if v in (key, "value")
+                                                     and isinstance(d[v], float)}
 
 
 def test_sweep_charts_save_valid_png_and_offline_html(tmp_path):
@@ -56,6 +96,14 @@ def test_trace_charts_save_valid_png(tmp_path, trace):
     assert len(pts) == trace.count("gen_step")
     curve = [{"num_running": n, "tokens_per_s": n / (4e-3 + 1.5e-4 * n)} for n in (1, 2, 4, 8, 16, 32)]
     spans, counters = recorded_timeline(trace)
+    marks, data = _content(ch.throughput_chart(pts, curve))
+    assert {"circle", "line"} <= marks  # measured steps, fitted curve
+    assert sorted(d["num_running"] for d in data if "step" in d) == sorted(p["num_running"] for p in pts)
+    marks, data = _content(ch.gantt_chart(spans, counters, title="recorded"))
+    assert "bar" in marks
+    assert {"gen/engine0", "train/trainer0", "sync"} <= {d["lane"] for d in data if "lane" in d}
+    first_update = min((s for s in spans if s.track == "update"), key=lambda s: s.start)
+    assert any(d.get("kind") == "update" and d["start"] == first_update.start for d in data)
     for name, chart in [("tp", ch.throughput_chart(pts, curve)),
                         ("lc", ch.learning_chart(ch.trace_learning_curves([trace]), target=0.6)),
                         ("gantt", ch.gantt_chart(spans, counters, title="recorded"))]:
