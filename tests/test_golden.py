@@ -15,8 +15,14 @@ REL = 1e-6
 
 
 def _diff(a, b, path="") -> list[str]:
+    """Differences of `b` (now) from `a` (before). Keys and warnings added since are allowed (new outputs
+    such as intervals, new advice); every value that existed must be the same."""
+    if path.endswith("warnings"):
+        old = a if isinstance(a, list) else [w for w in str(a).split("; ") if w]
+        new = b if isinstance(b, list) else str(b).split("; ")
+        return [f"{path}: warning {w!r} gone" for w in old if w not in new]
     if isinstance(a, dict) and isinstance(b, dict):
-        out = [f"{path}: key {k!r} {'missing' if k in a else 'added'}" for k in set(a) ^ set(b)]
+        out = [f"{path + ': ' if path else ''}key {k!r} missing" for k in set(a) - set(b)]
         return out + [d for k in a if k in b for d in _diff(a[k], b[k], f"{path}.{k}" if path else k)]
     if isinstance(a, list) and isinstance(b, list):
         if len(a) != len(b):
@@ -52,3 +58,10 @@ def test_the_comparison_sees_a_change():
     assert _diff(before, changed) == ["run_p128_b2048.responses_per_s: "
                                       f"{before['run_p128_b2048']['responses_per_s']!r} before, "
                                       f"{changed['run_p128_b2048']['responses_per_s']!r} now"]
+
+
+def test_added_keys_and_warnings_are_allowed_lost_ones_are_not():
+    before = {"x": 1.0, "warnings": ["a"], "row": {"warnings": "a; b"}}
+    assert _diff(before, {"x": 1.0, "y": 2, "warnings": ["a", "c"], "row": {"warnings": "c; a; b"}}) == []
+    assert _diff(before, {"warnings": ["c"], "row": {"warnings": "a"}}) == [
+        "key 'x' missing", "warnings: warning 'a' gone", "row.warnings: warning 'b' gone"]
