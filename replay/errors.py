@@ -10,17 +10,17 @@ class TraceError(RlsimError):
 
 
 def cli_errors(fn):
-    """Decorate a typer command: an RlsimError becomes one line on stderr and exit code 2, no traceback."""
+    """Wrap a command-line entry point: an RlsimError becomes one line on stderr and exit code 2, no
+    traceback. Plain Python (SystemExit), so both CLIs use it without the trace layer knowing typer."""
     import functools
+    import sys
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        import typer
-
         try:
             return fn(*args, **kwargs)
         except RlsimError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(2) from None
+            print(f"error: {e}", file=sys.stderr)
+            raise SystemExit(2) from None
 
     return wrapper

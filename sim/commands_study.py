@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-        from rlsim.report import ranking_table
+        from rlsim.tables import ranking_table
         from rlsim.study import sweep_study
 
         if out is None:

@@ -1,15 +1,12 @@
-"""The study's charts (shared by `rlsim sweep` and `rlsim report`), the ranking table, and the one-page
-self-contained HTML report: trace summary, fitted models with their fit quality, every chart, and the
-sweep's ranking. The Vega / Vega-Lite / vega-embed bundle is inlined once (from vl-convert), so the page
-opens with no network.
+"""The one-page self-contained HTML report: trace summary, fitted models with their fit quality, every
+chart of the study (rlsim.views), and the sweep's ranking. The Vega / Vega-Lite / vega-embed bundle is
+inlined once (from vl-convert), so the page opens with no network.
 """
 from __future__ import annotations
 
-import dataclasses
 import datetime as _dt
 import html
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -18,169 +15,11 @@ import numpy as np
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import atomic_write, fmt
+from rlsim.views import CHARTS, _axes_of, build_charts, fitted_models
 
-CHARTS = (
-    ("time_to_target", "Time to target vs batch size"),
-    ("sigma_rho", "Throughput gain and sample cost vs batch size"),
-    ("gen_throughput", "Generation throughput vs concurrency"),
-    ("learning_curves", "Learning curves vs cumulative responses"),
-    ("timeline", "Timeline of the best configuration (simulated)"),
-)
 TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3f"), ("gen_s", "gen s", ".3f"),
                  ("train_s", "train s", ".3f"), ("sync_s", "sync s", ".4f"), ("sigma", "sigma", ".3f"),
                  ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""))
-GANTT_STEPS = 3
-
-
-TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
-                    ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""))
-
-
-def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top: int = 10,
-                  labels: Mapping[str, str] | None = None):
-    """A rich table of the best `top` rows (rows already ranked): the axes that vary, then the key results."""
-    from rich import box
-    from rich.table import Table
-
-    labels = labels or {}
-    varying = [a for a in axes if len({repr(r.get(a)) for r in rows}) > 1] or list(axes)[:1]
-    t = Table(title=f"Ranking by time to target, best {min(top, len(rows))} of {len(rows)} (all in results.csv)",
-              title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    t.add_column("#", justify="right", no_wrap=True)
-    for a in varying:
-        t.add_column(labels.get(a, a).lstrip("-"), justify="right", no_wrap=True)
-    cols = [c for c in TERMINAL_COLUMNS if any(c[0] in r for r in rows)]
-    for _, label, _ in cols:
-        t.add_column(label, justify="right", no_wrap=True)
-    for r in rows[:top]:
-        t.add_row(str(r.get("rank", "")), *[fmt(r.get(a)) for a in varying],
-                  *[fmt(_short_regime(r.get(k)) if k == "regime" else r.get(k), f) for k, _, f in cols])
-    return t
-
-
-def _short_regime(v: Any) -> Any:
-    from rlsim.charts import regime_key
-
-    return regime_key(v) or v
-
-
-# ----------------------------------------------------------------------------------------------
-# charts
-
-
-def fitted_models(study: Any, traces: Sequence[Any]):
-    """The FittedModels inside the study if it holds one, else a fresh fit of the traces."""
-    from rlsim.replay.fit import FittedModels, fit_trace
-
-    for name in ("models", "fitted", "fit", "model"):
-        v = getattr(study, name, None)
-        if isinstance(v, FittedModels):
-            return v
-    if dataclasses.is_dataclass(study):
-        for f in dataclasses.fields(study):
-            v = getattr(study, f.name, None)
-            if isinstance(v, FittedModels):
-                return v
-            if isinstance(v, (list, tuple)) and v and isinstance(v[0], FittedModels):
-                return v[0]
-    return fit_trace(list(traces))
-
-
-def throughput_curve(fitted, trace, *, points: int = 48) -> list[dict]:
-    g = trace.rows("gen_step")
-    n = np.asarray(g["num_running"], float)
-    ctx = np.asarray(g["context_tokens"], float)
-    ok = n > 0
-    if not ok.any():
-        return []
-    ctx_per_seq = float(np.median(ctx[ok] / n[ok]))
-    hi = max(float(n.max()) * 2, float((fitted.engine or {}).get("max_num_seqs") or 0), 4.0)
-    ns = np.unique(np.round(np.geomspace(1, hi, points)))
-    tps = fitted.gen.throughput(ns, ctx_per_seq)
-    return [{"num_running": float(a), "tokens_per_s": float(b)} for a, b in zip(ns, tps) if np.isfinite(b)]
-
-
-def _axes_of(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    axes = list(((meta.get("grid") or {}).get("axes") or {}).keys())
-    return axes or [k for k in ("prompts", "group", "lr_rule") if rows and k in rows[0]]
-
-
-def _whatif_from_row(row: Mapping[str, Any]):
-    from rlsim.config import WhatIf
-
-    names = {f.name for f in dataclasses.fields(WhatIf) if f.init}
-    kwargs = {k: row[k] for k in names if k in row and row[k] is not None}
-    cfg = WhatIf(**kwargs)
-    if "updates" in names and getattr(cfg, "updates", GANTT_STEPS) > GANTT_STEPS:
-        cfg = dataclasses.replace(cfg, updates=GANTT_STEPS)
-    return cfg
-
-
-def _gantt_until(spans: Sequence[Any], steps: int = GANTT_STEPS) -> float | None:
-    ends = sorted(s.start + s.dur for s in spans if s.track == "sync")
-    if len(ends) < steps:
-        ends = sorted(s.start + s.dur for s in spans if s.track == "update")
-    return ends[steps - 1] * 1.0001 if len(ends) >= steps else None
-
-
-def build_charts(*, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[str, Any]] = (),
-                 meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """name -> altair chart for every chart the study has data for (sweep charts need rows)."""
-    from rlsim import charts as ch
-
-    meta = meta or {}
-    out: dict[str, Any] = {}
-    fitted = fitted_models(study, traces)
-    if rows:
-        axes = _axes_of(meta, rows)
-        series = ch.varying_keys(rows, axes)
-        ref_cfg = traces[0].config
-        prefer = {k: ref_cfg.get(k) for k in series if k in ref_cfg}
-        ref_batch = (ref_cfg.get("prompts") or 0) * (ref_cfg.get("group") or 1) or None
-        primary = ch.primary_series([dict(r) for r in rows], series, prefer)
-        crit = critical_batches(study, rows, primary)
-        out["time_to_target"] = ch.time_to_target_chart(rows, series=series, prefer=prefer, critical=crit,
-                                                        reference_batch=ref_batch)
-        out["sigma_rho"] = ch.sigma_rho_chart(rows, series=series)
-    out["gen_throughput"] = ch.throughput_chart(ch.measured_throughput_points(traces[0]), throughput_curve(fitted, traces[0]),
-                                                title=f"Generation throughput vs concurrency ({traces[0].name})")
-    out["learning_curves"] = ch.learning_chart(ch.trace_learning_curves(traces), target=(meta.get("study") or {}).get("target"))
-    try:
-        from rlsim.replay.timeline import simulated_timeline
-        from rlsim.whatif import timeline
-
-        best = rows[0] if rows else {k: traces[0].config.get(k) for k in ("prompts", "group")}
-        cfg = _whatif_from_row(best)
-        spans, counters = simulated_timeline(timeline(study, cfg))
-        label = ", ".join(f"{k}={best.get(k)}" for k in _axes_of(meta, rows)) if rows else "the recorded config"
-        out["timeline"] = ch.gantt_chart(spans, counters, title=f"Simulated timeline: {label} (first {GANTT_STEPS} steps)",
-                                         until=_gantt_until(spans))
-    except ImportError:
-        pass
-    return out
-
-
-def critical_batches(study: Any, rows: Sequence[Mapping[str, Any]], primary: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
-    """The two boundaries of the time-to-target chart.
-    Critical generation batch: where the simulated end-to-end throughput of the primary series plateaus
-    (reaches 90% of its best). Critical training batch: the gradient noise scale B_crit of the reference
-    trace when it is estimable (rho(B) bends upward there), else the largest batch whose rho stays within 10%."""
-    from rlsim import charts as ch
-
-    crit = ch.critical_batches(primary)
-    b_crit = getattr(getattr(study, "noise", None), "b_crit", None)
-    if isinstance(b_crit, (int, float)) and math.isfinite(b_crit) and b_crit > 0:
-        crit["critical_train_batch"] = float(b_crit)
-    return crit
-
-
-def sweep_charts(out_dir: str | os.PathLike, *, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[str, Any]],
-                 meta: Mapping[str, Any] | None = None, png: bool = True) -> dict[str, dict[str, Path]]:
-    from rlsim.charts import save_chart
-
-    charts = build_charts(traces=traces, study=study, rows=rows, meta=meta)
-    return {name: save_chart(c, out_dir, name, png=png) for name, c in charts.items()}
-
 
 # ----------------------------------------------------------------------------------------------
 # report
@@ -350,3 +189,4 @@ def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out
             f"<style>{CSS}</style><script type='text/javascript'>{bundle}</script></head><body>"
             + "\n".join(parts) + script + "</body></html>")
     return atomic_write(out, page)
+

@@ -63,7 +63,7 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
             results.prepare_out_dir(out, overwrite)  # again, under the lock: another sweep may have written it meanwhile
             paths = results.write_results(out, ranked, meta)
             if charts:
-                from rlsim.report import sweep_charts
+                from rlsim.views import sweep_charts
 
                 sweep_charts(Path(out) / "charts", traces=traces, study=study, rows=ranked, meta=meta)
                 paths["charts"] = Path(out) / "charts"

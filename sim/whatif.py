@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import FittedModels, fit_trace, warmup_excluded
+from rlsim.replay.fit import FittedModels, fit_trace
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import (RHO_MODELS, LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve,
                              invariant_rho, noise_scale, noise_scale_rho, regime)

@@ -12,7 +12,7 @@ from tests.sim.study_synth import make_trace
 
 from rlsim.charts import png_size  # noqa: E402
 from rlsim.cli import app  # noqa: E402
-from rlsim.report import CHARTS  # noqa: E402
+from rlsim.views import CHARTS
 
 runner = CliRunner()
 
