@@ -93,7 +93,7 @@ def test_sweep_charts_save_valid_png_and_offline_html(tmp_path):
 
 def test_trace_charts_save_valid_png(tmp_path, trace):
     pts = ch.measured_throughput_points(trace)
-    assert len(pts) == trace.count("gen_step")
+    assert len(pts) == int((trace.rows("gen_step")["decode_tokens"] > 0).sum())  # steps that sampled tokens
     curve = [{"num_running": n, "tokens_per_s": n / (4e-3 + 1.5e-4 * n)} for n in (1, 2, 4, 8, 16, 32)]
     spans, counters = recorded_timeline(trace)
     marks, data = _content(ch.throughput_chart(pts, curve))
@@ -128,7 +128,7 @@ def test_critical_batches_from_a_series():
 
 def test_gantt_merges_consecutive_engine_steps(trace):
     spans, _ = recorded_timeline(trace)
-    bars = ch.merge_spans(spans)
+    bars = ch.merge_spans(spans, gap=1e-3)  # the synthetic engine leaves 0.2 ms between steps
     gen = [b for b in bars if b["kind"] == "gen_step"]
     assert len(gen) == trace.count("update")  # one generation phase per RL step
     assert sum(b["slices"] for b in gen) == trace.count("gen_step")
