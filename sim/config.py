@@ -40,11 +40,14 @@ class WhatIf:
     seed: int = _f(0, "seed of the numpy Generator that samples response lengths")
     max_num_seqs: int | None = _f(None, "engine max_num_seqs: sequences decoded concurrently (None: the trace's)")
     kv_cache_tokens: int | None = _f(None, "engine KV-cache capacity in tokens (None: the trace's)")
+    device: str | None = _f(None, "named device profile to predict for, e.g. h200 (rlsim.replay.devices; None: the trace's "
+                                   "own hardware); costs move by the roofline rule and the notes say which")
+    gpus: int | None = _f(None, "devices of that profile (None: as many as recorded)")
     gen_batch: int | None = _f(None, "responses generated per update, B_gen >= B = P x G; the first G of each prompt to "
                                      "finish are trained on (None: the trace's over-generation ratio B_gen / B)")
 
     def validate(self) -> None:
-        for name in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch"):
+        for name in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch", "gpus"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 flag = {"prompts": "--batch"}.get(name, "--" + name.replace("_", "-"))

@@ -1,0 +1,194 @@
+"""Named device profiles and the roofline rule that moves a fitted model to other hardware.
+
+`rescale(models, device, gpus)` returns a copy of a `FittedModels` whose costs are those of `gpus`
+devices of the named profile, and one note per term it moved. The rule (docs/importing.md):
+
+- memory-bound terms move by the memory-bandwidth ratio bw_src / bw_dst:
+  - generation's per-engine-step fixed cost `gen.c_step` (weight reads). From a CPU source (an rlrun
+    trace of this machine) only the part weight reads explain (model bytes `models.sync_bytes` /
+    (tensor parallel x source bandwidth)) moves; the rest of a CPU engine step is host overhead (Python
+    scheduling) and stays.
+  - the per-context-token cost `gen.c_ctx` (KV-cache reads), also spread over the data-parallel engines:
+    x bw ratio x (gpus_src / gpus_dst);
+  - the fixed cost of an update or a batch preparation (`update.intercept`, `prep.intercept`: optimizer
+    step over sharded states): x bw ratio x (gpus_src / gpus_dst);
+- compute-bound terms move by the dense FLOP/s ratio and the device count: the per-sequence decode cost
+  `gen.c_seq` and the per-prompt-token prefill cost `gen.c_prefill`, and training per token
+  (`update.slope`, `prep.slope`): x (F_src / F_dst) x (gpus_src / gpus_dst);
+- weight sync (`sync.intercept`, `sync.slope`) moves by the interconnect ratio ic_src / ic_dst;
+- host-side terms stay: the generation round overhead, rewards, the rest of the step;
+- engine limits: `max_num_seqs` x gpus_dst / gpus_src (one engine per device group, as recorded);
+  `kv_cache_tokens` x (mem_dst / mem_src) x (gpus_dst / gpus_src).
+
+The tensor-parallel degree (`config.tp`, default 1) is kept. What was recorded (`models.recorded`) is
+not touched: it is what the source hardware measured.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from rlsim.replay.device_data import DEVICES
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.fit import AffineModel, FittedModels
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """One device: one GPU, or one CPU host."""
+
+    key: str = field(metadata={"help": "the name to pass (--device)"})
+    name: str = field(metadata={"help": "the product name"})
+    mem_bandwidth_gbs: float = field(metadata={"help": "peak memory bandwidth, GB/s"})
+    flops_tflops: float = field(metadata={"help": "dense bf16 tensor FLOP/s in TFLOP/s (CPU: measured fp32 matmul)"})
+    memory_gb: float = field(metadata={"help": "device memory, GB"})
+    interconnect_gbs: float = field(metadata={"help": "device-to-device bandwidth, GB/s (NVLink, Infinity Fabric, PCIe)"})
+    kind: str = field(metadata={"help": "gpu | cpu"})
+    aliases: tuple[str, ...] = field(default=(), metadata={"help": "other names it is found by"})
+    source: str = field(default="", metadata={"help": "where the numbers come from"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"profile": self.key, "device_name": self.name, "mem_bandwidth_gbs": self.mem_bandwidth_gbs,
+                "flops_tflops": self.flops_tflops, "memory_gb": self.memory_gb,
+                "interconnect_gbs": self.interconnect_gbs, "device": "cpu" if self.kind == "cpu" else "cuda",
+                "profile_source": self.source}
+
+
+PROFILES: dict[str, DeviceProfile] = {
+    key: DeviceProfile(key, name, bw, fl, mem, ic, kind, aliases, src)
+    for key, (name, bw, fl, mem, ic, kind, aliases, src) in DEVICES.items()
+}
+
+
+def _norm(s: str) -> str:
+    return re.sub(r"[\s_\-]+", " ", str(s).strip().lower())
+
+
+def known_names() -> str:
+    return ", ".join(PROFILES)
+
+
+def get_profile(name: str) -> DeviceProfile:
+    """The profile named `name` (its key or an alias, case and separators ignored)."""
+    want = _norm(name)
+    for p in PROFILES.values():
+        if want == _norm(p.key) or want in {_norm(a) for a in p.aliases}:
+            return p
+    raise RlsimError(f"unknown device {name!r}; known devices: {known_names()}")
+
+
+def profile_for_hardware(hardware: dict[str, Any] | None) -> DeviceProfile | None:
+    """The profile a trace's `hardware` metadata names: its `profile` key, else the longest key or alias
+    found in `device_name`, else this machine's measured CPU profile for a CPU trace; None if none fits."""
+    hw = hardware or {}
+    if hw.get("profile"):
+        return get_profile(hw["profile"])
+    name = _norm(hw.get("device_name") or "")
+    best, best_len = None, 0
+    if name:
+        for p in PROFILES.values():
+            for a in (p.key, *p.aliases):
+                a = _norm(a)
+                if a and a in name and len(a) > best_len:
+                    best, best_len = p, len(a)
+    if best is None and str(hw.get("device") or "").lower() == "cpu":
+        best = PROFILES["cpu-this-machine"]
+    return best
+
+
+def _source(models: FittedModels, source_profile, source_gpus: int | None) -> tuple[DeviceProfile, int]:
+    hw = (models.config.get("hardware") or {}) if isinstance(models.config, dict) else {}
+    if source_profile is None:
+        prof = profile_for_hardware(hw) if hw else None
+        if prof is None:
+            raise RlsimError("the trace does not say which hardware recorded it: import it with --device NAME "
+                             f"(known devices: {known_names()}) or pass the source profile")
+    elif isinstance(source_profile, DeviceProfile):
+        prof = source_profile
+    elif isinstance(source_profile, dict):  # a trace's `hardware` metadata
+        prof = profile_for_hardware(source_profile)
+        if prof is None and not (source_profile.get("device_name") or source_profile.get("device")):
+            raise RlsimError("the trace does not say which hardware recorded it: import it with --device NAME "
+                             f"(known devices: {known_names()}) or pass the source profile")
+        if prof is None:
+            raise RlsimError(f"no device profile matches the trace's hardware {source_profile.get('device_name')!r}; "
+                             f"known devices: {known_names()}")
+        hw = source_profile
+    else:
+        prof = get_profile(str(source_profile))
+    n = source_gpus if source_gpus is not None else hw.get("device_count") or hw.get("gpus") or 1
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+        raise RlsimError(f"the source device count must be a positive integer, got {n!r}")
+    return prof, n
+
+
+def _x(f: float) -> str:
+    return f"x{f:.4g}"
+
+
+def rescale(models: FittedModels, device: str, gpus: int, *, source_profile: Any = None,
+            source_gpus: int | None = None) -> tuple[FittedModels, list[str]]:
+    """`models` moved to `gpus` devices of profile `device` by the roofline rule (module doc).
+
+    source_profile: the hardware that recorded the trace: None (from `models.config["hardware"]`, which
+    imported traces carry), a profile name, a DeviceProfile, or a trace's `hardware` metadata dict (whose
+    `device_count` gives the source count). source_gpus overrides the source device count.
+    Returns (the rescaled models, notes naming each term that moved and by what factor)."""
+    dst = get_profile(device)
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus <= 0:
+        raise RlsimError(f"--gpus must be a positive integer, got {gpus!r}")
+    src, n_src = _source(models, source_profile, source_gpus)
+    bw = src.mem_bandwidth_gbs / dst.mem_bandwidth_gbs
+    fl = src.flops_tflops / dst.flops_tflops
+    ic = src.interconnect_gbs / dst.interconnect_gbs
+    g = n_src / gpus
+    memr = dst.memory_gb / src.memory_gb
+    tp = int(models.config.get("tp") or 1)
+    why_bw = f"memory bandwidth {src.mem_bandwidth_gbs:g} -> {dst.mem_bandwidth_gbs:g} GB/s"
+    why_fl = f"dense FLOP/s {src.flops_tflops:g} -> {dst.flops_tflops:g} TFLOP/s"
+    why_g = f"devices {n_src} -> {gpus}"
+    notes = [f"rescaled from {n_src} x {src.name} to {gpus} x {dst.name} by the roofline rule (docs/importing.md)"]
+
+    gm = models.gen
+    if src.kind == "cpu" and models.sync_bytes and models.sync_bytes > 0:
+        # a CPU engine step is mostly host work (Python scheduling); only reading the weights is memory-bound
+        w = min(gm.c_step, models.sync_bytes / (tp * src.mem_bandwidth_gbs * 1e9))
+        host = gm.c_step - w
+        c_step = w * bw + host
+        notes.append(f"gen c_step {gm.c_step * 1e3:.4g} -> {c_step * 1e3:.4g} ms: its weight-read part "
+                     f"{w * 1e3:.4g} ms (model bytes {models.sync_bytes:.4g} / tp {tp} / source bandwidth) {_x(bw)} ({why_bw}), "
+                     f"the rest {host * 1e3:.4g} ms is the CPU engine's host overhead and stays")
+    else:
+        c_step = gm.c_step * bw
+        notes.append(f"gen c_step (per engine step) {gm.c_step * 1e3:.4g} -> {c_step * 1e3:.4g} ms {_x(bw)} ({why_bw})")
+    gen = replace(gm, c_step=c_step, c_seq=gm.c_seq * fl * g, c_ctx=gm.c_ctx * bw * g, c_prefill=gm.c_prefill * fl * g)
+    notes.append(f"gen c_seq (per sequence per step) and c_prefill (per prompt token) {_x(fl * g)} ({why_fl}, {why_g})")
+    notes.append(f"gen c_ctx (per context token per step, KV reads) {_x(bw * g)} ({why_bw}, {why_g})")
+
+    def train(m: AffineModel) -> AffineModel:
+        return replace(m, intercept=m.intercept * bw * g, slope=m.slope * fl * g)
+
+    update, prep = train(models.update), train(models.prep)
+    notes.append(f"training per token (update and prep slopes) {_x(fl * g)} ({why_fl}, {why_g}); their fixed per-update "
+                 f"costs (optimizer step over sharded states) {_x(bw * g)} ({why_bw}, {why_g})")
+    sync = replace(models.sync, intercept=models.sync.intercept * ic, slope=models.sync.slope * ic)
+    notes.append(f"weight sync {_x(ic)} (interconnect {src.interconnect_gbs:g} -> {dst.interconnect_gbs:g} GB/s)")
+    notes.append("unchanged (host side): the generation round overhead, rewards and advantages, the rest of the step")
+
+    engine = dict(models.engine)
+    if engine.get("max_num_seqs"):
+        engine["max_num_seqs"] = max(int(round(engine["max_num_seqs"] / g)), 1)
+    if engine.get("kv_cache_tokens"):
+        engine["kv_cache_tokens"] = max(int(round(engine["kv_cache_tokens"] * memr / g)), 1)
+    notes.append(f"engine max_num_seqs {_x(1 / g)} ({why_g}), kv_cache_tokens {_x(memr / g)} "
+                 f"(memory {src.memory_gb:g} -> {dst.memory_gb:g} GB, {why_g})")
+
+    config = dict(models.config)
+    config["hardware"] = {**dst.to_dict(), "device_count": gpus, "tp": tp}
+    config["rescaled_from"] = {**src.to_dict(), "device_count": n_src}
+    warning = (f"costs rescaled from {n_src} x {src.key} to {gpus} x {dst.key} by datasheet ratios (roofline rule, "
+               "docs/importing.md): an extrapolation, not a measurement on that hardware")
+    out = replace(models, gen=gen, update=update, prep=prep, sync=sync, engine=engine, config=config,
+                  warnings=tuple(models.warnings) + (warning,))
+    return out, notes

@@ -1,0 +1,442 @@
+"""Cost models from a step-level trace (a verl / OpenRLHF / TRL log imported by `rlsim import`).
+
+A step-level trace has, per RL step, the time of each phase (generation, rewards, old log-probs and
+reference, the update, a weight sync), the batch, the tokens trained on, and the step's length
+statistics (mean / min / max response and prompt length, the fraction of responses cut at the cap),
+but no engine-step or per-response rows. `fit_steps` builds the same `FittedModels` as `fit.fit_trace`
+so that the simulator runs unchanged:
+
+- generation: a round's cost in the simulator is linear in its engine steps K, its summed running
+  sequences S1 (= summed response lengths), its summed context S2 and its prefill tokens S3. Each step's
+  K, S1, S2, S3 are computed from a stand-in for its responses: a shifted log-normal length
+  distribution matched to the logged mean, to the minimum (its shift), and to the maximum (the largest
+  of its B quantiles) or, when responses were clipped, to the clip ratio at the response cap; B
+  lengths at evenly spaced quantiles, laid out over the engine's `max_num_seqs` like the simulator does.
+  The logged generation time is then fitted on those features:
+  - several batch sizes (traces pooled, or a run whose batch changed): NNLS on [1, K, S1, S2];
+  - one batch size: NNLS on [1, K, S1, S2] when the step-to-step spread of the longest response pins the
+    per-step cost c_step (its standard error under 25 %); otherwise c_step comes from the roofline prior
+    (model bytes / (tensor parallel x device memory bandwidth), `replay.devices`), a warning says so,
+    and the per-token terms are fitted on the rest.
+  The prefill cost per prompt token is the roofline compute prior (2 x parameters FLOPs over the GPUs'
+  dense FLOP/s) when the model and device are known, else 0.
+- update (update_actor + update_critic) and prep (old_log_prob + ref + values) vs tokens; reward
+  (reward + adv) vs responses; sync vs bytes; the rest of the step (other) vs responses: `fit.fit_affine`.
+- lengths: the stand-in samples of all steps pooled.
+- a trace whose log times only whole steps (TRL): generation from the roofline priors alone (decode at
+  2 x parameters FLOPs per token, weights read once per engine step), training = the rest; without a
+  prior, the whole step is fitted against tokens and generation costs nothing (warned).
+
+Every fit says in `warnings` that the fidelity is lower than from an `rlrun record` trace, and why.
+Imports neither torch nor SimPy.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import ndtr, ndtri  # normal cdf and its inverse (scipy.stats costs seconds to import)
+
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.fit import (NARROW_RANGE, AffineModel, FitQuality, FittedModels, GenOverheadModel, GenStepModel,
+                              LengthModel, Recorded, _quality, fit_affine, nnls_fit, robust_location)
+from rlsim.replay.io import Trace
+from rlsim.replay.schema import GEN_STEP, PHASE, STEP_STATS, SYNC, UPDATE
+
+STANDIN_SAMPLES_TOTAL = 200_000   # pooled length samples kept for the simulator's sampling
+WORKLOAD_LIMIT = 4_000_000        # per-step workloads (for `rlsim replay`) kept up to this many responses
+C_STEP_MAX_REL_SE = 0.25          # a fitted c_step is trusted when its standard error is below this fraction
+DEFAULT_SIGMA = 0.6               # log-normal shape when a log gives only the mean length
+
+
+def is_step_level(trace: Trace) -> bool:
+    """A trace imported from another framework's log: per-step phase rows instead of engine steps."""
+    if trace.meta.get("granularity") == "step":
+        return True
+    return trace.count(GEN_STEP) == 0 and (trace.count(PHASE) > 0 or trace.count(STEP_STATS) > 0)
+
+
+# ------------------------------------------------------------------------------------------ lengths
+def lognormal_lengths(n: int, mean: float, lo: float = math.nan, hi: float = math.nan, clip: float = math.nan,
+                      cap: float | None = None) -> np.ndarray:
+    """`n` lengths (floats >= 1, ascending) at quantiles (i + 0.5) / n of a shifted log-normal
+    lo + LogNormal(mu, sigma), capped at `cap`, matched to the logged mean; sigma from the maximum (the
+    largest of the n quantiles, kept exact) or, when clip > 0, from the clip ratio at the cap. Only the mean known:
+    shift 0 and sigma DEFAULT_SIGMA. The sample mean is then set to `mean` exactly."""
+    if n <= 0:
+        return np.zeros(0)
+    if not math.isfinite(mean) or mean <= 0:
+        raise RlsimError(f"a length mean of {mean!r} tokens: the log's length statistics are missing or corrupt")
+    cap_v = float(cap) if cap and math.isfinite(cap) else math.inf
+    lo = float(lo) if math.isfinite(lo) else 0.0
+    lo = max(min(lo, mean), 0.0)
+    D = mean - lo
+    q = (np.arange(n) + 0.5) / n
+    if D <= 1e-9:
+        return np.full(n, float(mean))
+    clip = float(clip) if math.isfinite(clip) else 0.0
+    if clip > 0 and math.isfinite(cap_v) and cap_v > mean:
+        T = cap_v - lo
+        zc = float(ndtri(1.0 - min(clip, 0.999)))
+
+        def f(s: float) -> float:  # censored mean of lo + Y minus the logged mean
+            return T * math.exp(-zc * s + s * s / 2) * float(ndtr(zc - s)) + T * clip - D
+
+        try:
+            sigma = brentq(f, 1e-4, 12.0) if f(1e-4) > 0 > f(12.0) else DEFAULT_SIGMA
+        except ValueError:
+            sigma = DEFAULT_SIGMA
+        mu = math.log(T) - zc * sigma
+    elif math.isfinite(hi) and hi > mean:
+        z = float(ndtri(1.0 - 0.5 / n))  # the largest of the n quantiles lands on the logged maximum
+        r = math.log((hi - lo) / D)
+        sigma = z - math.sqrt(z * z - 2 * r) if z * z > 2 * r else z
+        sigma = max(sigma, 1e-3)
+        mu = math.log(D) - sigma * sigma / 2
+    else:
+        sigma = DEFAULT_SIGMA
+        mu = math.log(D) - sigma * sigma / 2
+    x = lo + np.exp(mu + sigma * ndtri(q))
+    x = np.minimum(x, cap_v)
+    free = x < cap_v
+    if clip <= 0 and math.isfinite(hi) and hi > mean and n > 1:
+        x[-1] = min(hi, cap_v)  # keep the logged maximum exact: the others absorb the mean correction
+        free[-1] = False
+    if free.any():  # the discrete sample's mean exactly the logged mean (scale the unclipped part)
+        want = mean * n - x[~free].sum() - lo * free.sum()
+        have = (x[free] - lo).sum()
+        if have > 0 and want > 0:
+            x[free] = lo + (x[free] - lo) * (want / have)
+    return np.clip(x, 1.0, cap_v)
+
+
+def round_features(resp: np.ndarray, prompt: np.ndarray, max_num_seqs: int, prefill_ratio: float,
+                   rng: np.random.Generator) -> tuple[float, float, float, float]:
+    """(engine steps K, sum of running sequences S1, sum of context S2, prefill tokens S3) of one round
+    of requests with response lengths `resp` and prompt lengths `prompt` (same length), in a shuffled
+    queue order, under continuous batching with `max_num_seqs` slots (the simulator's semantics: a
+    request of L tokens occupies L consecutive steps; context at its k-th step = prompt + k)."""
+    L = np.maximum(np.round(resp), 1.0)
+    p = np.asarray(prompt, float)
+    order = rng.permutation(len(L))
+    L, p = L[order], p[order]
+    S1 = float(L.sum())
+    S2 = float((L * p + L * (L - 1) / 2).sum())
+    S3 = float(p.sum() * prefill_ratio)
+    if len(L) <= max_num_seqs:
+        return float(L.max()) if len(L) else 0.0, S1, S2, S3
+    free = [0] * int(max_num_seqs)  # step at which each slot frees
+    heapq.heapify(free)
+    end = 0
+    for x in L:
+        start = heapq.heappop(free)
+        e = start + int(x)
+        heapq.heappush(free, e)
+        end = max(end, e)
+    return float(end), S1, S2, S3
+
+
+# ------------------------------------------------------------------------------------------ priors
+def _profile(meta: dict[str, Any]):
+    from rlsim.replay.devices import profile_for_hardware
+
+    try:
+        return profile_for_hardware(meta.get("hardware") or {})
+    except RlsimError:
+        return None
+
+
+def _priors(meta: dict[str, Any]) -> dict[str, Any]:
+    """Roofline priors: c_step (weights read once per engine step), per-token decode and prefill compute."""
+    prof = _profile(meta)
+    model = meta.get("model") or {}
+    hw = meta.get("hardware") or {}
+    cfg = meta.get("config") or {}
+    params = model.get("parameters")
+    mbytes = model.get("bytes") or (2.0 * params if params else None)
+    tp = int(hw.get("tp") or cfg.get("tp") or 1)
+    gpus = int(hw.get("device_count") or cfg.get("gpus") or 0) or None
+    out: dict[str, Any] = {"profile": prof, "params": params, "bytes": mbytes, "tp": tp, "gpus": gpus}
+    if prof is not None and mbytes:
+        out["c_step"] = float(mbytes) / (tp * prof.mem_bandwidth_gbs * 1e9)
+        out["c_step_text"] = (f"model bytes {float(mbytes):.3g} / (tp {tp} x {prof.mem_bandwidth_gbs:g} GB/s, "
+                              f"{prof.name} datasheet) = {out['c_step'] * 1e3:.3g} ms")
+    if prof is not None and params and gpus:
+        out["c_token"] = 2.0 * float(params) / (gpus * prof.flops_tflops * 1e12)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ fit
+def _step_table(trace: Trace, tix: int) -> dict[str, np.ndarray]:
+    """Per update row of one trace: batch, tokens, phase totals, length statistics (aligned by step)."""
+    u = trace.rows(UPDATE)
+    st = trace.rows(STEP_STATS)
+    steps = u["step"].astype(np.int64)
+    pos = {int(s): i for i, s in enumerate(st["step"].astype(np.int64))}
+    idx = np.array([pos.get(int(s), -1) for s in steps])
+
+    def stat(col: str) -> np.ndarray:
+        v = st[col].astype(float) if len(st[col]) else np.zeros(0)
+        return np.array([v[i] if i >= 0 else math.nan for i in idx], float)
+
+    sy = trace.rows(SYNC)
+    sync = np.zeros(len(steps))
+    if len(sy["step"]):
+        for s, d in zip(sy["step"].astype(np.int64), sy["duration"].astype(float)):
+            sync[steps == s] += d
+    out = {"trace": np.full(len(steps), tix), "step": steps, "B": u["num_responses"].astype(float),
+           "tokens": u["num_tokens"].astype(float), "update": u["duration"].astype(float),
+           "step_time": u["step_time"].astype(float), "gen": u["gen_time"].astype(float),
+           "reward": np.nan_to_num(u["reward_time"].astype(float)), "prep": np.nan_to_num(u["prep_time"].astype(float)),
+           "sync": sync}
+    for col in ("response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio",
+                "prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio"):
+        out[col] = stat(col)
+    return out
+
+
+def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
+    """FittedModels from one step-level trace, or several of one setup (their batch sizes then give the
+    batch-dependent terms a range; generation's lengths, the engine and the recorded timings come from
+    the first). See the module doc."""
+    traces = [traces] if isinstance(traces, Trace) else list(traces)
+    ref = traces[0]
+    for t in traces:
+        if not is_step_level(t):
+            raise RlsimError(f"{t.path} is an rlrun trace and {ref.path} a step-level (imported) one: fit them separately")
+        if t.count(UPDATE) == 0:
+            raise RlsimError(f"{t.path} has no update rows: the imported log had no complete training step")
+    meta = ref.meta
+    src = meta.get("source") or {}
+    cfg = dict(ref.config)
+    eng_meta = dict(meta.get("engine") or {})
+    G = int(cfg.get("group") or 1)
+    cap = cfg.get("max_tokens")
+    pcap = cfg.get("max_prompt_tokens")
+    M = int(eng_meta.get("max_num_seqs") or 1024)
+    ratio = float(eng_meta.get("prefill_ratio") or 1.0)
+    pri = _priors(meta)
+    n_steps = sum(t.count(UPDATE) for t in traces)
+    warnings = [f"step-level trace imported from {src.get('framework', 'another framework')} ({src.get('file', ref.name)}, "
+                f"{n_steps} steps): only per-step phase times were logged, no engine steps or responses, so generation is "
+                "fitted on per-step totals with response lengths from a log-normal stand-in matched to the logged "
+                "mean/min/max and clip ratio; expect larger errors than from an `rlrun record` trace"]
+    if cfg.get("fully_async"):
+        warnings.append("the imported run was fully asynchronous (verl fully_async: generation and training overlapped); "
+                        "rlsim simulates the synchronous colocated loop, so its reference step time is the sum of the phases")
+
+    tabs = [_step_table(t, i) for i, t in enumerate(traces)]
+    d = {k: np.concatenate([tb[k] for tb in tabs]) for k in tabs[0]}
+    n = len(d["B"])
+    # warm-up: each trace's first step (compilation, allocator and cache warm-up) when it has more than 3
+    warm = np.zeros(n, bool)
+    for i in range(len(traces)):
+        m = d["trace"] == i
+        if m.sum() > 3:
+            first = np.argmin(np.where(m, d["step"], np.iinfo(np.int64).max))
+            warm[first] = True
+
+    # stand-in lengths and round features per step
+    prompts_per = np.maximum(np.round(d["B"] / G), 1).astype(int)
+    feats = np.zeros((n, 4))
+    per_step_resp: list[np.ndarray] = []
+    per_step_prompt: list[np.ndarray] = []
+    only_mean = False
+    for i in range(n):
+        Bi = int(d["B"][i])
+        mean = d["response_len_mean"][i]
+        if not math.isfinite(mean):
+            raise RlsimError(f"{traces[int(d['trace'][i])].path}: step {int(d['step'][i])} has no response length; the "
+                             "log must give the mean response length per step")
+        only_mean |= not math.isfinite(d["response_len_max"][i])
+        r = lognormal_lengths(Bi, mean, d["response_len_min"][i], d["response_len_max"][i], d["response_clip_ratio"][i], cap)
+        pm = d["prompt_len_mean"][i]
+        pr = (lognormal_lengths(int(prompts_per[i]), pm, d["prompt_len_min"][i], d["prompt_len_max"][i], d["prompt_clip_ratio"][i], pcap)
+              if math.isfinite(pm) else np.zeros(int(prompts_per[i])))
+        p_full = np.repeat(pr, G)[:Bi] if len(pr) * G >= Bi else np.resize(pr, Bi)
+        feats[i] = round_features(r, p_full, M, ratio, np.random.default_rng(int(d["step"][i]) + 7919 * int(d["trace"][i])))
+        per_step_resp.append(r)
+        per_step_prompt.append(pr)
+    if only_mean:
+        warnings.append(f"the log gives only the mean response length: the stand-in distribution has a log-normal shape "
+                        f"sigma = {DEFAULT_SIGMA} (an assumption), so the engine steps per round are uncertain")
+    K, S1, S2, S3 = feats.T
+    gen_y = d["gen"]
+    has_gen = np.isfinite(gen_y) & (gen_y > 0)
+    sel = ~warm if (~warm).sum() >= 2 else np.ones(n, bool)
+
+    c_prefill = float(pri.get("c_token") or 0.0)
+    X_all = np.column_stack([np.ones(n), K, S1, S2, S3])
+    method = ""
+    prior_used = False
+    base = c_step = c_seq = c_ctx = 0.0
+    fit_rows = sel & has_gen
+    dropped = int(n - fit_rows.sum())
+    B_span = (d["B"][fit_rows].max() / max(d["B"][fit_rows].min(), 1)) if fit_rows.any() else 1.0
+    if fit_rows.sum() >= 3:
+        y = gen_y[fit_rows] - c_prefill * S3[fit_rows]
+        Kf, S1f, S2f = K[fit_rows], S1[fit_rows], S2[fit_rows]
+        sep_ctx = len(y) >= 6 and _span(S2f / S1f) >= NARROW_RANGE
+        if B_span >= NARROW_RANGE and len(y) >= 6:
+            cols = [np.ones_like(y), Kf, S1f] + ([S2f] if sep_ctx else [])
+            coef, keep = nnls_fit(np.column_stack(cols), y)
+            base, c_step, c_seq = map(float, coef[:3])
+            c_ctx = float(coef[3]) if sep_ctx else 0.0
+            method = f"nnls over {_span_text(d['B'][fit_rows])} batch sizes"
+            if c_step == 0.0 and "c_step" in pri:
+                warnings.append("the per-step generation cost fitted to 0 across the batch sizes; the roofline prior "
+                                f"would be {pri['c_step_text']}")
+        else:
+            # with an intercept, c_step is identified only by how the engine steps vary, not by their level
+            cols = [np.ones_like(y), Kf, S1f] + ([S2f] if sep_ctx else [])
+            Xs = np.column_stack(cols)
+            coef, keep = nnls_fit(Xs, y) if len(y) >= 8 else (np.zeros(Xs.shape[1]), np.ones(len(y), bool))
+            se = _rel_se(Xs[keep], y[keep], coef, 1)
+            Bv = int(np.median(d["B"][fit_rows]))
+            if len(y) >= 8 and coef[1] > 0 and se < C_STEP_MAX_REL_SE:
+                base, c_step, c_seq = map(float, coef[:3])
+                c_ctx = float(coef[3]) if sep_ctx else 0.0
+                method = "nnls (c_step from the spread of engine steps)"
+                warnings.append(f"all steps ran at one batch size (B = {Bv}): the per-step generation cost c_step = "
+                                f"{c_step * 1e3:.3g} ms comes from the step-to-step spread of the longest response alone "
+                                f"(standard error {100 * se:.0f} %); traces at other batch sizes would pin it down")
+            else:
+                if "c_step" in pri:
+                    c_step = min(pri["c_step"], 0.9 * float(np.min(y / np.maximum(Kf, 1))))
+                    prior_used = True
+                    warnings.append(f"all steps ran at one batch size (B = {Bv}), which cannot separate the per-step "
+                                    "generation cost (what a bigger batch amortises) from the per-token cost: c_step uses "
+                                    f"the roofline prior, {pri['c_step_text']}; real engine steps cost more (attention, "
+                                    "sampling, scheduling), so larger batches may gain more than predicted")
+                else:
+                    warnings.append(f"all steps ran at one batch size (B = {Bv}) and no roofline prior is available "
+                                    "(import with --device NAME and --model-params, or a model path with its size): "
+                                    "generation is taken as costing per token only, so a bigger batch gains nothing in "
+                                    "generation (sigma from generation = 1)")
+                rest = y - c_step * Kf
+                if sep_ctx:
+                    coef2, keep = nnls_fit(np.column_stack([np.ones_like(y), S1f, S2f]), rest)
+                    base, c_seq, c_ctx = map(float, coef2)
+                    method = "prior+nnls" if prior_used else "nnls (per token)"
+                else:
+                    am = fit_affine("gen", "response tokens", S1f, rest)
+                    base, c_seq, c_ctx = am.intercept, am.slope, 0.0
+                    method = ("prior+" if prior_used else "") + am.quality.method
+        coef5 = np.array([base, c_step, c_seq, c_ctx, c_prefill])
+        q = _quality(X_all[fit_rows], gen_y[fit_rows], coef5, dropped, method)
+    else:
+        # no generation time logged (TRL: whole steps): generation from the priors alone
+        if "c_step" in pri and "c_token" in pri:
+            c_step, c_seq, prior_used = pri["c_step"], pri["c_token"], True
+            warnings.append("the log times whole steps only (no generation phase): generation is predicted from roofline "
+                            f"priors alone ({pri['c_step_text']} per engine step, 2 x parameters FLOPs per generated token "
+                            "at peak FLOP/s), a lower bound; training takes the rest of each step")
+        else:
+            warnings.append("the log times whole steps only and no roofline prior is available (import with --device "
+                            "NAME and --model-params): the whole step is fitted against tokens, generation costs nothing "
+                            "in the simulation, and sigma reflects tokens only")
+        q = FitQuality(0, math.nan, math.nan, math.nan, math.nan, dropped, "prior" if prior_used else "default")
+    gen = GenStepModel(c_step=c_step, c_seq=c_seq, c_ctx=c_ctx, c_prefill=c_prefill, quality=q, prior=prior_used,
+                       concurrency_range=(int(min(d["B"].min(), M)), int(min(d["B"].max(), M))))
+    gen_pred = base + c_step * K + c_seq * S1 + c_ctx * S2 + c_prefill * S3
+    gen_time = np.where(has_gen, gen_y, gen_pred)
+    gen_overhead = GenOverheadModel(base=base, per_response=0.0, per_step=0.0, quality=q)
+
+    # the other phases
+    upd = d["update"].astype(float)
+    whole = ~has_gen  # update rows that hold the whole step (no phases)
+    upd = np.where(whole, np.maximum(upd - gen_pred - d["sync"], 0.1 * upd), upd)
+    grp = d["trace"][sel] if len(traces) > 1 else None
+    update = fit_affine("update", "tokens", d["tokens"][sel], upd[sel], intercept_hint=0.0, groups=grp)
+    prep = fit_affine("prep", "tokens", d["tokens"][sel], d["prep"][sel], groups=grp)
+    reward = fit_affine("reward", "responses", d["B"][sel], d["reward"][sel], groups=grp)
+    step_time = np.where(np.isfinite(d["step_time"]), d["step_time"], gen_time + d["reward"] + d["prep"] + upd + d["sync"])
+    other_t = np.maximum(step_time - gen_time - d["reward"] - d["prep"] - upd - d["sync"], 0.0)
+    other = fit_affine("other", "responses", d["B"][sel], other_t[sel], intercept_hint=robust_location(other_t[sel]), groups=grp)
+    mbytes = float(pri.get("bytes") or 0.0)
+    if (d["sync"][sel] > 0).any():
+        sb = np.full(int(sel.sum()), mbytes)
+        sync = fit_affine("sync", "bytes", sb, d["sync"][sel])
+    else:
+        sync = AffineModel("sync", "bytes", 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
+    over = (gen_time + d["reward"] + d["prep"] + upd + d["sync"]) > 1.05 * step_time
+    if over[sel].mean() > 0.2:
+        warnings.append(f"in {int(over[sel].sum())} of {int(sel.sum())} steps the phases add up to more than the step time "
+                        "(phases overlapped or nested); the simulator runs them one after the other")
+
+    # lengths: the stand-in samples pooled (evenly thinned to a bounded size), reference trace first
+    budget = max(STANDIN_SAMPLES_TOTAL // max(n, 1), 16)
+    r_pool = np.concatenate([_thin(r, budget) for r in per_step_resp])
+    p_pool = np.concatenate([_thin(p, max(budget // G, 4)) for p in per_step_prompt])
+    lengths = LengthModel(prompt_tokens=np.maximum(np.round(p_pool), 1).astype(np.int32),
+                          response_tokens=np.maximum(np.round(r_pool), 1).astype(np.int32),
+                          max_tokens=int(cap or int(r_pool.max())), prefill_ratio=ratio)
+
+    m0 = d["trace"] == 0
+    idx0 = np.nonzero(m0)[0]
+    workload: tuple = ()
+    if float(d["B"][m0].sum()) <= WORKLOAD_LIMIT:
+        wl = []
+        for i in idx0:
+            Bi = int(d["B"][i])
+            rr = np.maximum(np.round(per_step_resp[i]), 1).astype(np.int32)
+            rr = rr[np.random.default_rng(int(d["step"][i])).permutation(len(rr))]
+            pp = np.maximum(np.round(np.repeat(per_step_prompt[i], G)), 1).astype(np.int32)
+            pp = np.resize(pp, Bi) if len(pp) != Bi else pp
+            wl.append((pp, rr))
+        workload = tuple(wl)
+    else:
+        warnings.append("the imported run is too large to keep per-step stand-in workloads: `rlsim replay` needs --lengths sampled")
+    recorded = Recorded(step=d["step"][m0], step_time=step_time[m0], gen_time=gen_time[m0],
+                        train_time=upd[m0] + d["prep"][m0], sync_time=d["sync"][m0], num_responses=d["B"][m0],
+                        gen_steps=K[m0], workload=workload)
+
+    engine = {k: v for k, v in eng_meta.items() if k in ("max_num_seqs", "kv_cache_tokens", "block_size", "max_model_len",
+                                                        "engines", "tensor_parallel", "prefill_ratio", "name")}
+    engine.setdefault("block_size", 16)
+    engine.setdefault("max_model_len", int((pcap or 0) + (cap or 0)) or 4096)
+    engine.setdefault("max_num_seqs", M)
+    engine.setdefault("kv_cache_tokens", int(engine["max_num_seqs"]) * int(engine["max_model_len"]))
+    cfg["hardware"] = dict(meta.get("hardware") or {})
+    cfg.setdefault("tp", pri["tp"])
+    if len(traces) > 1 and len({int(t.config.get("group") or 1) for t in traces}) > 1:
+        warnings.append("the pooled traces differ in group size G; their stand-in lengths are pooled as they are")
+    return FittedModels(gen=gen, gen_overhead=gen_overhead, lengths=lengths, update=update, prep=prep, reward=reward,
+                        other=other, sync=sync, sync_bytes=mbytes, engine=engine, config=cfg, recorded=recorded,
+                        warnings=tuple(warnings), source=",".join(t.name for t in traces), shared_prompts=False)
+
+
+def _span(x: np.ndarray) -> float:
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x) & (x > 0)]
+    return float(x.max() / x.min()) if len(x) else 1.0
+
+
+def _span_text(x: np.ndarray) -> str:
+    return f"{len(np.unique(np.round(x)))} ({int(np.min(x))}..{int(np.max(x))})"
+
+
+def _rel_se(X: np.ndarray, y: np.ndarray, coef: np.ndarray, j: int) -> float:
+    """Relative standard error of coef[j] under ordinary least squares on the rows given."""
+    n, k = X.shape
+    if n <= k or coef[j] <= 0:
+        return math.inf
+    res = y - X @ coef
+    s2 = float(res @ res) / (n - k)
+    try:
+        cov = s2 * np.linalg.inv(X.T @ X)
+    except np.linalg.LinAlgError:
+        return math.inf
+    v = cov[j, j]
+    return math.sqrt(v) / coef[j] if v >= 0 else math.inf
+
+
+def _thin(x: np.ndarray, m: int) -> np.ndarray:
+    """At most m values of a sorted quantile sample, evenly spaced (keeps its distribution)."""
+    if len(x) <= m:
+        return np.asarray(x, float)
+    idx = np.round(np.linspace(0, len(x) - 1, m)).astype(int)
+    return np.asarray(x, float)[idx]

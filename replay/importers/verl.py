@@ -1,0 +1,287 @@
+"""verl: console logs, JSONL and W&B CSV exports of the PPO/GRPO trainer's metrics, plus its saved
+Hydra config.
+
+The console logger (verl.utils.logger.aggregate_logger.LocalLogger) prints one line per step,
+`step:N - key:value - key:value ...`; under Ray the line carries the actor's tag, e.g.
+`(TaskRunner pid=222265) step:34 - ...` (verl issue #7412) or `(main_task pid=51520) step:5 - ...`
+(verl issue #316); recent versions print numpy scalars as `np.float64(0.129)`. Metric names follow
+verl/trainer/ppo/metric_utils.py: `timing_s/<phase>` (seconds; `step` the whole step), the phases
+nested in `marked_timer` blocks of ray_trainer.fit (gen, reward, old_log_prob, ref, values, adv,
+update_critic, update_actor, testing, save_checkpoint; update_weights in recent versions),
+`timing_per_token_ms/*`, `perf/total_num_tokens` (prompt + response tokens of the batch),
+`perf/time_per_step`, `perf/throughput` (tokens / (step time x n_gpus)), `response_length/*`,
+`prompt_length/*`, `critic/score/*`, `actor/*`, `training/global_step`, `val-core/<source>/<var>/mean@k`
+(older: `val/test_score/<source>`), and for fully-async runs `trainer/idle_ratio`, `rollouter/idle_ratio`.
+
+Batch semantics: `data.train_batch_size` prompts per step x `actor_rollout_ref.rollout.n` responses per
+prompt; GPUs `trainer.n_gpus_per_node` x `trainer.nnodes`.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, dig, load_config, numeric, params_from_name,
+                                           parse_number, parse_params, pick, positive_int, read_csv, read_jsonl)
+
+ROLES = {"gen": "gen", "gen_max": "gen", "reward": "reward", "adv": "reward", "old_log_prob": "prep", "ref": "prep",
+         "values": "prep", "update_critic": "update", "update_actor": "update", "update_weights": "sync",
+         "testing": "eval", "save_checkpoint": "checkpoint", "generate_sequences": "nested", "reshard": "nested",
+         "start_profile": "other", "stop_profile": "other"}
+ORDER = ("gen", "generate_sequences", "reshard", "gen_max", "reward", "old_log_prob", "ref", "values", "adv",
+         "update_critic", "update_actor", "update_weights", "testing", "save_checkpoint")
+ASYNC_KEYS = ("trainer/idle_ratio", "rollouter/idle_ratio")
+
+# what rlsim uses each known metric for (metadata source.metric_names); the rest is kept unmapped
+USE = {
+    "timing_s/step": "step time (wall seconds of the RL step, evals and checkpoints included)",
+    "perf/time_per_step": "step time when timing_s/step is absent",
+    "perf/total_num_tokens": "update num_tokens (prompt + response tokens)",
+    "perf/throughput": "checked against tokens / (step time x GPUs)",
+    "response_length/mean": "step_stats response_len_mean", "response_length/min": "step_stats response_len_min",
+    "response_length/max": "step_stats response_len_max", "response_length/clip_ratio": "step_stats response_clip_ratio",
+    "prompt_length/mean": "step_stats prompt_len_mean", "prompt_length/min": "step_stats prompt_len_min",
+    "prompt_length/max": "step_stats prompt_len_max", "prompt_length/clip_ratio": "step_stats prompt_clip_ratio",
+    "critic/score/mean": "update reward, step_stats score_mean", "critic/score/min": "step_stats score_min",
+    "critic/score/max": "step_stats score_max", "actor/lr": "update lr", "actor/pg_loss": "update loss",
+    "actor/grad_norm": "update grad_norm", "critic/vf_loss": "update critic_loss", "critic/grad_norm": "update critic_grad_norm",
+    "training/global_step": "step index (0-based in the trace: global_step - 1)",
+    "trainer/idle_ratio": "fully-async run detected (a warning at fit time)", "rollouter/idle_ratio": "fully-async run detected",
+}
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_STEP = re.compile(r"(?:^|[\s)\]|])step:(\d+)\s+-\s+(.*)$")
+_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
+
+
+def parse_console(path: Path, *, drop_truncated: bool = False) -> tuple[dict[int, dict[str, float]], list[str]]:
+    """{global step: metrics} from a console log, and notes. A step line cut short (a field without a
+    value, a value that is not a number, or no `timing_s/step` while other lines have one) is an error
+    naming the line, unless `drop_truncated`."""
+    notes: list[str] = []
+    steps: dict[int, dict[str, float]] = {}
+    where: dict[int, int] = {}
+
+    def bad(lineno: int, step: int, what: str) -> None:
+        if not drop_truncated:
+            raise RlsimError(f"{path} line {lineno}: the line of step {step} is truncated ({what}); re-copy the log "
+                             "or pass --drop-truncated to skip such lines")
+        notes.append(f"line {lineno} (step {step}) skipped: truncated ({what})")
+
+    for lineno, raw in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        line = _ANSI.sub("", raw).rstrip()
+        m = _STEP.search(line)
+        if not m:
+            continue
+        step = int(m.group(1))
+        body = _REPEATED.sub("", m.group(2))
+        metrics: dict[str, float] = {}
+        broken = None
+        for f in body.split(" - "):
+            key, sep, val = f.partition(":")
+            key = key.strip()
+            x = parse_number(val) if sep else None
+            if not key or x is None:
+                broken = f"field {f.strip()[:40]!r}"
+                break
+            metrics[key] = x
+        if broken:
+            bad(lineno, step, broken)
+            continue
+        if step in steps:
+            notes.append(f"step {step} appears on lines {where[step]} and {lineno} (a resumed run?): the later kept")
+        steps[step] = metrics
+        where[step] = lineno
+    with_step = [s for s, m in steps.items() if "timing_s/step" in m]
+    if with_step:
+        for s in sorted(steps):
+            m = steps[s]
+            if "timing_s/step" not in m and not _eval_only(m):
+                bad(where[s], s, "no timing_s/step, which the other step lines have")
+                steps.pop(s)
+    return steps, notes
+
+
+def _eval_only(m: dict[str, float]) -> bool:
+    return all(k.startswith("val") for k in m)
+
+
+def parse_table(path: Path, rows: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """{global step: metrics} from JSONL/CSV rows (step from `training/global_step`, `step` or `_step`)."""
+    steps: dict[int, dict[str, float]] = {}
+    for r in rows:
+        m = numeric(r)
+        s = next((m[k] for k in ("training/global_step", "step", "_step") if k in m), None)
+        if s is None:
+            raise RlsimError(f"{path}: a row has no step (training/global_step, step or _step); export the run's history with its step column")
+        steps.setdefault(int(s), {}).update({k: v for k, v in m.items() if k not in ("step",)})
+    return steps
+
+
+def _phases(m: dict[str, float]) -> list[Phase]:
+    names = [k.split("/", 1)[1] for k in m if k.startswith("timing_s/") and k.count("/") == 1 and k != "timing_s/step"]
+    names.sort(key=lambda n: (ORDER.index(n) if n in ORDER else len(ORDER)))
+    roles = dict(ROLES)
+    if "gen" not in names and "generate_sequences" in names:
+        roles["generate_sequences"] = "gen"  # only the worker-side timer was logged
+    return [Phase(n, roles.get(n, "other"), m[f"timing_s/{n}"]) for n in names]
+
+
+_VAL_CORE = re.compile(r"^val-core/(?P<src>.+)/(?P<var>[^/]+)/mean@(?P<k>\d+)$")
+_VAL_OLD = re.compile(r"^val/test_score/(?P<src>.+)$")
+
+
+def _evals(m: dict[str, float], eval_metric: str | None) -> tuple[float, int | None, str] | None:
+    """(score, k, metric names) of a step's validation, or None."""
+    if eval_metric:
+        if eval_metric in m:
+            k = re.search(r"@(\d+)$", eval_metric)
+            return m[eval_metric], int(k.group(1)) if k else None, eval_metric
+        return None
+    core = [(mm, v) for key, v in m.items() if (mm := _VAL_CORE.match(key))]
+    if core:
+        for var in ("acc", "score", "reward"):
+            sel = [(mm, v) for mm, v in core if mm.group("var") == var]
+            if sel:
+                ks = sorted({int(mm.group("k")) for mm, _ in sel})
+                sel = [(mm, v) for mm, v in sel if int(mm.group("k")) == ks[0]]
+                score = sum(v for _, v in sel) / len(sel)
+                return score, ks[0], ", ".join(mm.group(0) for mm, _ in sel)
+        mm, v = core[0]
+        return v, int(mm.group("k")), mm.group(0)
+    old = [(mm, v) for key, v in m.items() if (mm := _VAL_OLD.match(key))]
+    if old:
+        return sum(v for _, v in old) / len(old), 1, ", ".join(mm.group(0) for mm, _ in old)
+    return None
+
+
+def _stat(m: dict[str, float], prefix: str, names=("mean", "min", "max", "clip_ratio")) -> tuple[float, ...]:
+    return tuple(m.get(f"{prefix}/{n}", math.nan) for n in names)
+
+
+def load(path: str | Path, *, config: str | Path | None = None, prompts: int | None = None, group: int | None = None,
+         gpus: int | None = None, device: str | None = None, model_params: str | float | None = None,
+         tp: int | None = None, eval_metric: str | None = None, drop_truncated: bool = False) -> tuple[RunSpec, list[Step], list[Eval]]:
+    """Parse a verl log (console, .jsonl or .csv) and its config into (spec, steps, evals)."""
+    path = Path(path)
+    if not path.is_file():
+        raise RlsimError(f"log not found: {path}")
+    suffix = path.suffix.lower()
+    notes: list[str] = []
+    if suffix == ".jsonl":
+        fmt, raw = "jsonl", parse_table(path, read_jsonl(path))
+    elif suffix == ".csv":
+        fmt, raw = "wandb-csv", parse_table(path, read_csv(path))
+    else:
+        fmt = "console"
+        raw, notes = parse_console(path, drop_truncated=drop_truncated)
+    train = {s: m for s, m in raw.items() if not _eval_only(m)}
+    if not train:
+        raise RlsimError(f"{path}: no verl training steps found (lines `step:N - key:value - ...` with timing_s/* metrics); "
+                         "pass the trainer's console log (trainer.logger includes 'console') or its JSONL / W&B CSV export")
+    cfg = load_config(config)
+    cfile = Path(config).name if config else None
+    P = positive_int(pick(prompts, dig(cfg, "data.train_batch_size"), "--prompts", "data.train_batch_size", cfile), "--prompts")
+    G = positive_int(pick(group, dig(cfg, "actor_rollout_ref.rollout.n"), "--group", "actor_rollout_ref.rollout.n", cfile), "--group")
+    cfg_gpus = None
+    if dig(cfg, "trainer.n_gpus_per_node") is not None:
+        cfg_gpus = int(dig(cfg, "trainer.n_gpus_per_node")) * int(dig(cfg, "trainer.nnodes") or 1)
+    n_gpus = positive_int(pick(gpus, cfg_gpus, "--gpus", "trainer.n_gpus_per_node x trainer.nnodes", cfile), "--gpus")
+    if P is None or G is None:
+        raise RlsimError(f"{path}: the log does not state the batch; pass the run's saved Hydra config (--config "
+                         ".hydra/config.yaml) or --prompts P --group G (verl data.train_batch_size, actor_rollout_ref.rollout.n)")
+    tp_v = positive_int(pick(tp, dig(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size"), "--tp",
+                             "actor_rollout_ref.rollout.tensor_model_parallel_size", cfile), "--tp") or 1
+    model_name = dig(cfg, "actor_rollout_ref.model.path")
+    if model_params is not None:
+        n_params, psrc = parse_params(model_params), "--model-params"
+    else:
+        n_params = params_from_name(model_name)
+        psrc = f"parsed from the model path {model_name!r} (pass --model-params to override)" if n_params else ""
+    adv = dig(cfg, "algorithm.adv_estimator")
+    spec = RunSpec(framework="verl", file=path, fmt=fmt, prompts=P, group=G, gpus=n_gpus, device=None, tp=tp_v,
+                   model_name=model_name, model_params=n_params, model_params_source=psrc,
+                   max_prompt_len=positive_int(dig(cfg, "data.max_prompt_length"), "data.max_prompt_length"),
+                   max_response_len=positive_int(dig(cfg, "data.max_response_length"), "data.max_response_length"),
+                   algo="ppo" if adv == "gae" or G == 1 else "grpo", adv_estimator=adv,
+                   lr=float(dig(cfg, "actor_rollout_ref.actor.optim.lr")) if dig(cfg, "actor_rollout_ref.actor.optim.lr") is not None else None,
+                   max_num_seqs_per_engine=positive_int(dig(cfg, "actor_rollout_ref.rollout.max_num_seqs"), "max_num_seqs") or 1024,
+                   prefill_ratio=1.0 / G, config_file=cfile, notes=notes, metric_use=dict(USE))
+    if device:
+        from rlsim.replay.devices import get_profile
+
+        spec.device = get_profile(device).key
+    gb = dig(cfg, "data.gen_batch_size")
+    if gb and dig(cfg, "algorithm.filter_groups.enable") and int(gb) > P:
+        spec.gen_responses = int(gb) * G
+        notes.append(f"data.gen_batch_size {gb} > train_batch_size {P} with filter_groups: {int(gb) * G} responses generated per step")
+    files = dig(cfg, "data.train_files")
+    if files:
+        f = files[0] if isinstance(files, list) else str(files)
+        spec.task = Path(str(f)).parent.name or Path(str(f)).stem
+    spec.config = {k: dig(cfg, k) for k in ("data.train_batch_size", "actor_rollout_ref.rollout.n", "trainer.n_gpus_per_node",
+                                              "trainer.nnodes", "actor_rollout_ref.model.path", "data.max_prompt_length",
+                                              "data.max_response_length", "algorithm.adv_estimator",
+                                              "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.rollout.tensor_model_parallel_size",
+                                              "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.max_num_seqs",
+                                              "actor_rollout_ref.actor.ppo_mini_batch_size", "trainer.test_freq",
+                                              "data.gen_batch_size") if dig(cfg, k) is not None}
+    spec.flags = {"prompts": prompts, "group": group, "gpus": gpus, "device": device, "model_params": model_params, "tp": tp,
+                  "eval_metric": eval_metric, "drop_truncated": drop_truncated or None}
+
+    offset = 1 if min(train) >= 1 else 0
+    steps: list[Step] = []
+    evals: list[Eval] = []
+    implied: list[float] = []
+    async_run = False
+    for g in sorted(raw):
+        m = raw[g]
+        ev = _evals(m, eval_metric)
+        if ev is not None:
+            spec.metric_use.update({k.strip(): "eval score" for k in ev[2].split(",")})
+            evals.append(Eval(updates=g if offset else g + 1, score=ev[0], k=ev[1], metric=ev[2],
+                              seconds=m.get("timing_s/testing", math.nan)))
+        if g not in train:
+            continue
+        phases = _phases(m)
+        total = m.get("timing_s/step", m.get("perf/time_per_step", math.nan))
+        if not math.isfinite(total) and not phases:
+            raise RlsimError(f"{path}: step {g} has no timing (timing_s/*); verl logs it on every step, is this a verl trainer log?")
+        st = Step(index=g - offset, metrics=m, phases=phases, total_time=total,
+                  num_tokens=m.get("perf/total_num_tokens", math.nan), responses=P * G,
+                  response=_stat(m, "response_length"), prompt=_stat(m, "prompt_length"),
+                  score=_stat(m, "critic/score", ("mean", "min", "max")) if "critic/score/mean" in m
+                  else _stat(m, "critic/rewards", ("mean", "min", "max")),
+                  lr=m.get("actor/lr", math.nan), loss=m.get("actor/pg_loss", m.get("actor/loss", math.nan)),
+                  grad_norm=m.get("actor/grad_norm", math.nan), critic_loss=m.get("critic/vf_loss", math.nan),
+                  critic_grad_norm=m.get("critic/grad_norm", math.nan))
+        steps.append(st)
+        if "perf/throughput" in m and math.isfinite(total) and total > 0 and m["perf/throughput"] > 0 and math.isfinite(st.num_tokens):
+            implied.append(st.num_tokens / (total * m["perf/throughput"]))
+        async_run |= any(k in m for k in ASYNC_KEYS)
+    if implied:
+        med = sorted(implied)[len(implied) // 2]
+        if spec.gpus is None:
+            spec.gpus = max(int(round(med)), 1)
+            notes.append(f"GPUs {spec.gpus} from perf/throughput = tokens / (step time x GPUs) (no --gpus or config)")
+        elif abs(med - spec.gpus) > 0.1 * spec.gpus:
+            notes.append(f"perf/throughput implies {med:.3g} GPUs, the config/flags say {spec.gpus}")
+    if async_run:
+        notes.append("fully-async run (trainer/idle_ratio, rollouter/idle_ratio logged): generation and training overlapped")
+        spec.fully_async = True
+    if spec.max_response_len is None:
+        mx = max((s.response[2] for s in steps if math.isfinite(s.response[2])), default=math.nan)
+        if math.isfinite(mx):
+            spec.max_response_len = int(mx)
+            notes.append(f"no data.max_response_length: the longest logged response ({int(mx)}) stands in for the cap")
+    if spec.max_prompt_len is None:
+        mx = max((s.prompt[2] for s in steps if math.isfinite(s.prompt[2])), default=math.nan)
+        if math.isfinite(mx):
+            spec.max_prompt_len = int(mx)
+    if spec.lr is None:
+        lrs = [s.lr for s in steps if math.isfinite(s.lr) and s.lr > 0]
+        spec.lr = lrs[-1] if lrs else None
+    return spec, steps, evals
