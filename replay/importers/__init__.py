@@ -1,6 +1,6 @@
 """Import runs teams already have: verl, OpenRLHF and TRL logs become step-level rlsim traces.
 
-    import_log("verl", "train.log", config="config.yaml", out="traces/verl_run.parquet")
+    import_log("verl", "train.log", config="config.yaml", out="results/verl_run.parquet")
     import_log("verl", "metrics.jsonl", prompts=256, group=5, gpus=8, out=...)
     import_log("openrlhf", "wandb_history.csv", config="wandb_config.yaml", out=...)
     import_log("trl", "trainer_state.json", config="grpo.yaml", gpus=8, out=...)

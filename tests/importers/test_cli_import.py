@@ -16,7 +16,7 @@ from rlsim.whatif import run
 from tests.importers.fixtures import OPENRLHF_CONFIG, write_openrlhf_csv
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "traces" / "examples"
+EXAMPLE = ROOT / "docs" / "examples" / "verl"
 runner = CliRunner()
 
 

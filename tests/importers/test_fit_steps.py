@@ -18,7 +18,7 @@ from rlsim.whatif import run
 from tests.importers.fixtures import verl_line
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "traces" / "examples"
+EXAMPLE = ROOT / "docs" / "examples" / "verl"
 
 
 def test_lognormal_stand_in_matches_the_logged_statistics():

@@ -1,6 +1,6 @@
-"""Write traces/examples/verl_gsm8k_qwen.log: an ILLUSTRATIVE verl console log (40 GRPO steps).
+"""Write docs/examples/verl/verl_gsm8k_qwen.log: an ILLUSTRATIVE verl console log (40 GRPO steps).
 
-    .venv/bin/python traces/examples/make_verl_example.py
+    .venv/bin/python docs/examples/verl/make_verl_example.py
 
 The line FORMAT is verl's (see README.md for the public lines it copies); the NUMBERS are made up by the
 model below, tuned to be plausible for Qwen2.5-3B-Instruct GRPO on GSM8K (P=256 prompts x n=5, 8 GPUs,
