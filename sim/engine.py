@@ -6,8 +6,10 @@ Scheduling semantics (the same in both paths below):
 - an admitted request computes its prompt (prefill) and samples its first token in that step; every
   later step it decodes one token; a request of L tokens occupies L consecutive steps and frees its
   slot for the next step;
-- the step's cost is the fitted linear model of its composition: num_running, context tokens (KV
-  length after the step: prompt + tokens generated before the step), prefill tokens computed;
+- the step's cost is the fitted model of its composition: num_running, context tokens (KV
+  length after the step: prompt + tokens generated before the step), prefill tokens computed; linear,
+  or piecewise linear in num_running with a knee (replay/calibration.py), whose round sums need one more
+  feature, the summed max(0, num_running - knee) (`hinge_sums`), still a closed form of the schedule;
 - when a running sequence needs a KV block and none is free, the latest admitted running request is
   preempted (its blocks freed; it re-queues at the front and recomputes prompt + output on readmission).
 
@@ -48,6 +50,7 @@ class RoundPlan:
     preemptions: np.ndarray = field(metadata={"help": "(rounds,) preemptions (0 on the fast path)"})
     peak_kv_tokens: np.ndarray = field(metadata={"help": "(rounds,) most KV tokens allocated in one step"})
     peak_running: np.ndarray = field(metadata={"help": "(rounds,) most sequences in one step"})
+    length: np.ndarray | None = field(default=None, metadata={"help": "(rounds, B) response lengths (for num_running per step)"})
 
 
 def schedule_rounds(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, prefill: np.ndarray | None = None,
@@ -115,7 +118,7 @@ def _plan(start: np.ndarray, prompt: np.ndarray, length: np.ndarray, prefill: np
     peak_kv = np.full(U, float(n_peak * (prompt.max() + lmax)))
     return RoundPlan(start=start, steps=steps, sum_running=sum_running, sum_context=sum_context,
                      sum_prefill=sum_prefill, preemptions=np.zeros(U, np.int64), peak_kv_tokens=peak_kv,
-                     peak_running=np.full(U, n_peak, np.int64))
+                     peak_running=np.full(U, n_peak, np.int64), length=length)
 
 
 def schedule_round(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, prefill: np.ndarray | None = None,
@@ -132,43 +135,75 @@ def schedule_round(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, pr
     B = len(length)
     if prefill is None:
         prefill = prompt
-    start = np.zeros(B, np.int64)
     if B == 0:
         z = np.zeros(1)
-        return RoundPlan(start[None], z.astype(np.int64), z, z, z, z.astype(np.int64), z, z.astype(np.int64))
-    rel_len = np.maximum(length, 1)
+        return RoundPlan(np.zeros((1, 0), np.int64), z.astype(np.int64), z, z, z, z.astype(np.int64), z, z.astype(np.int64))
+    rel_len = np.maximum(length, 1) if length.min() < 1 else length
     R = int(rel_len.max()) + 1
     ring = np.zeros(2 * R, np.int64)  # slot releases at steps base .. base + 2R - 1
     base = 0
     free = int(max_num_seqs)
     ptr = s = 0
+    steps, ends = [], []  # the requests admitted at steps[k] are ends[k-1] .. ends[k] - 1 of the queue
+    bincount, flatnonzero = np.bincount, np.flatnonzero
     while True:
-        if free:
-            b = min(ptr + free, B)
-            start[ptr:b] = s
-            i = s - base  # < R: every release of a request admitted now falls inside the window
-            ring[i:i + R] += np.bincount(rel_len[ptr:b], minlength=R)
-            free -= b - ptr
-            ptr = b
-            if ptr == B:
-                break
-        # the next step at which a slot frees (some request runs, so there is one within R steps)
-        i = s - base + 1
-        if ring[i] == 0:
-            i += int(np.flatnonzero(ring[i:])[0])
+        b = ptr + free
+        steps.append(s)
+        if b >= B:
+            ends.append(B)
+            break
+        ends.append(b)  # every free slot is taken
+        i = s - base  # < R: every release of a request admitted now falls inside the window
+        ring[i:i + R] += bincount(rel_len[ptr:b], minlength=R)
+        ptr = b
+        # the next step at which slots free (all max_num_seqs run, so there is one within R steps)
+        i += 1
+        r = ring[i]
+        if not r:
+            i += int(flatnonzero(ring[i:])[0])
+            r = ring[i]
         s = base + i
-        free += int(ring[i])
+        free = int(r)
         if i >= R:  # slide the window by R steps
             ring[:R] = ring[R:]
             ring[R:] = 0
             base += R
+    start = np.repeat(np.asarray(steps, np.int64), np.diff(np.asarray(ends, np.int64), prepend=0))
     return _plan(start[None], prompt[None], length[None], np.asarray(prefill)[None], max_num_seqs)
 
 
+def running_per_step(plan: RoundPlan) -> list[np.ndarray]:
+    """num_running of every engine step, one array per round (from the admission steps and lengths)."""
+    if plan.length is None:
+        return [np.zeros(0, np.int64) for _ in range(len(plan.steps))]
+    out = []
+    for s, L in zip(plan.start, plan.length):
+        e = s + L
+        K = int(e.max()) if len(e) else 0
+        out.append(np.cumsum(np.bincount(s, minlength=K + 1) - np.bincount(e, minlength=K + 1))[:K])
+    return out
+
+
+def running_hist(plan: RoundPlan, size: int = 0) -> np.ndarray:
+    """(rounds, max num_running + 1): engine steps of each round with each num_running."""
+    per = running_per_step(plan)
+    m = max([size] + [int(n.max()) + 1 for n in per if len(n)])
+    return np.array([np.bincount(n, minlength=m) for n in per]).reshape(len(per), m)
+
+
+def hinge_sums(plan: RoundPlan, knee: float) -> np.ndarray:
+    """(rounds,) sum over steps of max(0, num_running - knee): the knee form's one extra summed feature."""
+    return np.array([float(np.maximum(n - knee, 0.0).sum()) for n in running_per_step(plan)])
+
+
 def round_cost(gen: GenStepModel, plan: RoundPlan) -> np.ndarray:
-    """Seconds of engine steps per round (closed form of the linear step model)."""
-    return (gen.c_step * plan.steps + gen.c_seq * plan.sum_running + gen.c_ctx * plan.sum_context
+    """Seconds of engine steps per round (closed form of the step model: summed features, plus the summed
+    hinge max(0, num_running - knee) for the knee form)."""
+    cost = (gen.c_step * plan.steps + gen.c_seq * plan.sum_running + gen.c_ctx * plan.sum_context
             + gen.c_prefill * plan.sum_prefill)
+    if gen.c_knee:
+        cost = cost + gen.c_knee * hinge_sums(plan, gen.knee)
+    return cost
 
 
 def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray, prefill: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -201,8 +236,9 @@ class Stretch:
 
     def cost(self, gen: GenStepModel) -> float:
         k, n = self.steps, self.num_running
-        return (k * (gen.c_step + gen.c_seq * n) + gen.c_ctx * (k * self.context0 + n * k * (k - 1) / 2)
+        cost = (k * (gen.c_step + gen.c_seq * n) + gen.c_ctx * (k * self.context0 + n * k * (k - 1) / 2)
                 + gen.c_prefill * self.prefill)
+        return cost + k * gen.c_knee * max(n - gen.knee, 0.0) if gen.c_knee else cost
 
 
 def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig, prefill_ratio: float = 1.0,

@@ -36,27 +36,30 @@ from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit import FittedModels
 from rlsim.replay.timeline import LANE_GEN, LANE_HOST, LANE_RL, LANE_SYNC, LANE_TRAIN, Counter, Slice
 from rlsim.config import SimConfig
-from rlsim.engine import round_cost, run_round_steps, schedule_round, schedule_rounds, step_arrays, trained_mask
+from rlsim.engine import (round_cost, run_round_steps, running_hist, schedule_round, schedule_rounds, step_arrays,
+                          trained_mask)
 
 # Requests over all updates (U x B_gen) up to which every round is drawn at once and all rounds are scheduled
-# together: the original path (its random draws, hence its numbers, are kept). ~90 bytes per request
-# (measured: 0.56 GB at U x B_gen = 6.5M), so at most ~200 MB here.
+# together: the original path (its random draws, hence its numbers, are kept). ~88 bytes per request
+# (measured with tracemalloc: 550 MB at U x B_gen = 6.5M), so at most ~180 MB here.
 ALL_ROUNDS_MAX_REQUESTS = 1 << 21
 # Beyond it, with sampled lengths, ceil(SAMPLED_REQUESTS / B_gen) distinct rounds are simulated (>= 1, <= U)
-# and reused cyclically. A round's step time is a sum over B_gen i.i.d. requests, so its relative spread
-# falls as 1/sqrt(B_gen) and the sampled mean's as 1/sqrt(rounds x B_gen) >= 1/sqrt(SAMPLED_REQUESTS).
+# and reused cyclically. Rounds are i.i.d. and a round's step time is a sum over its B_gen requests, so the
+# relative spread of the sampled mean falls as 1/sqrt(rounds x B_gen) (>= SAMPLED_REQUESTS requests drawn).
 # Measured on traces/grpo_p128.parquet (G=8, 100 updates, seeds 0-9), |sampled / every round - 1| of the
-# mean responses/s: P=2048 (B=16384, 32 rounds) max 2.2e-4; P=8192 (8 rounds) max 1.1e-4;
-# P=65536 (B=524288, 1 round) max 6e-5 (vs all 100 rounds simulated one by one).
+# mean responses/s, against the same path simulating all 100 rounds one by one: P=2048 (B_gen=16384,
+# 32 rounds) max 1.8e-4; P=8192 (8 rounds) max 1.7e-4; P=65536 (1 round; seeds 0-4) max 8.8e-5. For scale,
+# two all-rounds simulations with different draws (the Monte-Carlo noise the original path already has)
+# differ by up to 1.9e-4 at P=2048.
 SAMPLED_REQUESTS = 1 << 19
-SAMPLING_ERROR = 5e-4  # the bound stated in SimRun.approximation (about 2x the largest error measured)
+SAMPLING_ERROR = 5e-4  # the bound stated in SimRun.approximation (2.8x the largest error measured)
 # Refuse (RlsimError) a configuration whose estimated memory is above this: a laptop, CI runner or sweep
 # worker (several configurations at once) has a few GB; past it a run would swap or be OOM-killed after
 # minutes instead of failing at once with a fix.
 MEMORY_LIMIT_BYTES = 2 << 30
-BYTES_PER_REQUEST_ALL = 128    # all rounds at once, per request of every round (measured ~90)
-BYTES_PER_REQUEST_ROUND = 160  # round by round, per request of one round: draws, schedule, sums, trained mask
-BYTES_PER_TIMELINE_STEP = 1500  # record_timeline: one gen.step Slice (with its args) and two Counters
+BYTES_PER_REQUEST_ALL = 128    # all rounds at once, per request of every round (measured 88)
+BYTES_PER_REQUEST_ROUND = 160  # round by round, per request of one round: draws, schedule, sums (measured 80)
+BYTES_PER_TIMELINE_STEP = 1500  # record_timeline: one gen.step Slice (with its args) and two Counters (measured 900)
 
 @dataclass(frozen=True, eq=False)
 class SimRun:
@@ -80,6 +83,10 @@ class SimRun:
     counters: list = field(default_factory=list, metadata={"help": "Counters gen.running, gen.kv_usage when record_timeline=True"})
     rounds_simulated: int = field(default=0, metadata={"help": "distinct generation rounds simulated (= updates unless rounds were reused)"})
     approximation: str = field(default="", metadata={"help": "empty when every update's round was simulated; else what was sampled and its error"})
+    features: dict = field(default_factory=dict, metadata={
+        "help": "summed engine-step features over all updates: K steps, S1 running, S2 context, S3 prefill tokens, and "
+                "hist (steps per num_running; only for a knee step model): any step-cost coefficients give the engine "
+                "seconds from them (replay.calibration.engine_seconds), which the intervals use"})
 
     @property
     def responses_per_s(self) -> float:
@@ -182,6 +189,41 @@ class _Round:
     responses: int  # trained on
     tokens: float  # trained on
     tl: object = None  # for a timeline: (start, length, prompt) on the fast path, [(Stretch, preempted)] on the exact one
+    features: tuple = ()  # (K, S1, S2, S3, hist or None): its summed engine-step features
+
+
+class _Features:
+    """Summed engine-step features of a simulation (SimRun.features)."""
+
+    def __init__(self, hist: bool):
+        self.K = self.S1 = self.S2 = self.S3 = 0.0
+        self.hist = np.zeros(1) if hist else None
+
+    def add(self, K: float, S1: float, S2: float, S3: float, hist: np.ndarray | None = None) -> None:
+        self.K += K
+        self.S1 += S1
+        self.S2 += S2
+        self.S3 += S3
+        if self.hist is not None and hist is not None:
+            if len(hist) > len(self.hist):
+                self.hist = np.pad(self.hist, (0, len(hist) - len(self.hist)))
+            self.hist[:len(hist)] += hist
+
+    def add_stretch(self, x) -> None:
+        k, n = x.steps, x.num_running
+        h = None
+        if self.hist is not None:
+            h = np.zeros(n + 1)
+            h[n] = k
+        self.add(k, k * n, k * x.context0 + n * k * (k - 1) / 2, x.prefill, h)
+
+    def to_dict(self) -> dict:
+        return {"K": self.K, "S1": self.S1, "S2": self.S2, "S3": self.S3, "hist": self.hist}
+
+
+def _needs_hist(models: FittedModels) -> bool:
+    reps = getattr(models, "replicates", None)
+    return bool(models.gen.c_knee) or (reps is not None and bool(np.any(reps.gen[:, 4] != 0)))
 
 
 class _RoundByRound:
@@ -244,6 +286,8 @@ class _RoundByRound:
             plan = schedule_round(p, L, eng.max_num_seqs, p * ratio, eng.block_size)
             K = int(plan.steps[0])
             engine_s = float(round_cost(gm, plan)[0]) + ov.per_step * K
+            feats = (K, float(plan.sum_running[0]), float(plan.sum_context[0]), float(plan.sum_prefill[0]),
+                     running_hist(plan)[0] if _needs_hist(models) else None)
             if self.extra:
                 finish = plan.start[0] + L - 1
             if self.keep_timeline:
@@ -254,17 +298,20 @@ class _RoundByRound:
             tl = [] if self.keep_timeline else None
             K = pre_n = peak_run = 0
             peak_kv = engine_s = 0.0
+            acc = _Features(_needs_hist(models))
             for x, pre in run_round_steps(p, L, eng, ratio, finish):
                 engine_s += x.cost(gm) + ov.per_step * x.steps
+                acc.add_stretch(x)
                 K += x.steps
                 pre_n += pre
                 peak_run = max(peak_run, x.num_running)
                 peak_kv = max(peak_kv, x.kv_tokens)
                 if tl is not None:
                     tl.append((x, pre))
+            feats = (acc.K, acc.S1, acc.S2, acc.S3, acc.hist)
         responses, tokens = _trained(p, L, finish, self.extra, self.cfg.group, models.shared_prompts)
         return _Round(requests=len(L), engine_s=engine_s, steps=K, preemptions=pre_n, peak_kv_tokens=float(peak_kv),
-                      peak_running=peak_run, responses=responses, tokens=tokens, tl=tl)
+                      peak_running=peak_run, responses=responses, tokens=tokens, tl=tl, features=feats)
 
     def get(self, u: int) -> _Round:
         key = u % self.period
@@ -316,6 +363,8 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
 
     # Fast path: all rounds scheduled at once (exact when the KV cache cannot bind).
     plans = None
+    feats = _Features(_needs_hist(models))
+    hists = None
     if not exact and not round_by_round:
         sizes = {len(L) for L in lengths_u}
         if len(sizes) == 1:
@@ -323,6 +372,9 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
             plan = schedule_rounds(P, L, eng.max_num_seqs, P * ratio, eng.block_size)
             plans = [(plan, u) for u in range(U)]
             costs = round_cost(models.gen, plan)
+            if feats.hist is not None:
+                h = running_hist(plan)
+                hists = [h[u] for u in range(U)]
         else:
             plans, costs = [], []
             for p, L in zip(prompts_u, lengths_u):
@@ -330,6 +382,8 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
                 plans.append((pl, 0))
                 costs.append(float(round_cost(models.gen, pl)[0]))
             costs = np.asarray(costs)
+            if feats.hist is not None:
+                hists = [running_hist(pl)[0] for pl, _ in plans]
 
     def trained_tokens(u: int, finish: np.ndarray | None) -> tuple[int, float]:
         """Responses trained on and tokens trained on, counted as the trace's num_tokens counts them."""
@@ -388,6 +442,8 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
             if record_timeline:
                 record_steps(u, plan.start[row], L, p, K)
             yield env.timeout(dur)
+            feats.add(K, float(plan.sum_running[row]), float(plan.sum_context[row]), float(plan.sum_prefill[row]),
+                      hists[u] if hists is not None else None)
             if extra:
                 finish[u] = plan.start[row] + L - 1
             n["gen_steps"][u] = K
@@ -399,6 +455,7 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
             fin_arr = finish[u] = np.zeros(B, np.int64) if extra else None
             for x, pre in run_round_steps(p, L, eng, ratio, fin_arr):
                 c = x.cost(gm)
+                feats.add_stretch(x)
                 if record_timeline:
                     record_stretch(u, x)
                 yield env.timeout(c + ov.per_step * x.steps)
@@ -418,6 +475,7 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
     def gen_round_by_round(u: int):
         """Engine process for round u when rounds are simulated one at a time (`_RoundByRound`)."""
         r = rounds.get(u)
+        feats.add(*r.features)
         t0 = env.now
         yield env.timeout(float(ov.base + ov.per_response * r.requests))
         if record_timeline and not exact:
@@ -476,4 +534,5 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
         timeline.sort(key=lambda s: (s.start, -s.dur))
         counters.sort(key=lambda c: c.t)
     return SimRun(batch=cfg.batch, total_time=float(env.now), exact_engine=exact, timeline=timeline, counters=counters,
-                  rounds_simulated=rounds.rounds if rounds else U, approximation=rounds.approximation() if rounds else "", **n)
+                  rounds_simulated=rounds.rounds if rounds else U, approximation=rounds.approximation() if rounds else "",
+                  features=feats.to_dict(), **n)

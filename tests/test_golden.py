@@ -12,6 +12,10 @@ from tests.golden.make_golden import collect
 GOLDEN = Path(__file__).parent / "golden" / "outputs.json"
 # The same machine gives identical bits; another processor may round BLAS sums differently.
 REL = 1e-6
+# Differences that are fixes, each with its reason (nothing simulated may appear here).
+KNOWN_FIXES = {
+    "run_p32_genbatch.reference.seed": "the old code labelled the reference seed 0 although it simulated it with --seed 3",
+}
 
 
 def _diff(a, b, path="") -> list[str]:
@@ -47,7 +51,7 @@ def test_cli_numbers_equal_the_saved_ones():
     for name in ("sweep",):  # run times differ by nature
         for row in before[name] + now[name]:
             row.pop("seconds", None)
-    diffs = _diff(before, now)
+    diffs = [d for d in _diff(before, now) if d.split(":")[0] not in KNOWN_FIXES]
     assert not diffs, f"{len(diffs)} differences, first: " + "; ".join(diffs[:8])
 
 
