@@ -1,6 +1,7 @@
 """Save what the `rlsim` CLI prints on the shipped traces, to compare later versions against.
 
-Run with the `rlsim` on PATH (any version: only the CLI is used, so the same script served the code
+The traces are copies of traces/*.parquet as shipped then (tests/golden/traces/), so re-recording the
+shipped traces does not move the comparison. Run with the `rlsim` on PATH (any version: only the CLI is used, so the same script served the code
 before the consolidation and after it):
 
     python tests/golden/make_golden.py tests/golden/outputs.json
@@ -19,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-T = "traces/"
+T = "tests/golden/traces/"  # the shipped traces as they were when the outputs were saved (traces/ moves on)
 
 # (name, argv after `rlsim`) of the commands that print JSON
 RUNS = [
