@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
@@ -28,6 +28,8 @@ from scipy.optimize import nnls
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import Trace
 from rlsim.replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE
+from rlsim.replay.steps import step_table
+from rlsim.replay.util import ENGINE_DEFAULTS, default_group
 
 # Memory bandwidth in GB/s used for the roofline prior when the trace's `hardware.mem_bandwidth_gbs`
 # is null: matched on the device name (case-insensitive substring), else by device type.
@@ -229,6 +231,9 @@ class GenStepModel:
     quality: FitQuality = field(metadata={"help": "fit quality on the gen_step rows"})
     prior: bool = field(default=False, metadata={"help": "c_step came from the roofline prior (too little concurrency range)"})
     concurrency_range: tuple[int, int] = field(default=(0, 0), metadata={"help": "min and max num_running of the fitted rows"})
+    c_knee: float = field(default=0.0, metadata={"help": "change of the per-sequence slope above `knee` (piecewise-linear form; 0: linear)"})
+    knee: float = field(default=0.0, metadata={"help": "num_running at which the slope changes (replay/calibration.py)"})
+    form: str = field(default="linear", metadata={"help": "linear | knee (c_knee * max(0, num_running - knee) added)"})
 
     @property
     def coef(self) -> np.ndarray:
@@ -237,8 +242,9 @@ class GenStepModel:
     def predict(self, num_running, context_tokens, prefill_tokens=0.0):
         """Seconds per step for arrays of batch composition (broadcasts)."""
         n = np.asarray(num_running, float)
-        return (self.c_step * (n > 0) + self.c_seq * n + self.c_ctx * np.asarray(context_tokens, float)
-                + self.c_prefill * np.asarray(prefill_tokens, float))
+        t = (self.c_step * (n > 0) + self.c_seq * n + self.c_ctx * np.asarray(context_tokens, float)
+             + self.c_prefill * np.asarray(prefill_tokens, float))
+        return t + self.c_knee * np.maximum(n - self.knee, 0.0) if self.c_knee else t
 
     def throughput(self, num_running, context_per_seq: float):
         """Decode tokens per second at a steady batch of `num_running` sequences of mean context `context_per_seq`."""
@@ -260,8 +266,10 @@ def default_bandwidth_gbs(hardware: dict[str, Any]) -> tuple[float, str]:
 
 
 def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
-                  model_bytes: float | None = None, hardware: dict[str, Any] | None = None) -> tuple[GenStepModel, list[str]]:
-    """Fit the step-cost model on gen_step rows; returns (model, warnings)."""
+                  model_bytes: float | None = None, hardware: dict[str, Any] | None = None,
+                  invalid_dropped: int = 0) -> tuple[GenStepModel, list[str]]:
+    """Fit the step-cost model on gen_step rows; returns (model, warnings). `invalid_dropped`: gen_step
+    rows the reader already removed as invalid (`read_trace(drop_invalid=True)`), counted in `dropped`."""
     warnings: list[str] = []
     n_all = len(rows["duration"])
     steps = rows["step"].astype(float)
@@ -273,7 +281,7 @@ def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
     groups = rows["round"][keep] if "round" in rows else None
     X = np.column_stack([np.ones(keep.sum()), rows["num_running"][keep], rows["context_tokens"][keep],
                          rows["prefill_tokens"][keep]]).astype(float)
-    dropped = n_all - int(keep.sum())
+    dropped = n_all - int(keep.sum()) + invalid_dropped
     if len(y) < 4:
         raise RlsimError(f"the trace has {len(y)} usable gen_step rows after warm-up; record more RL steps (at least 2) with per-step rows on")
     if len(y) < MIN_GEN_ROWS:
@@ -370,6 +378,10 @@ class FittedModels:
         "help": "the trainer laid each group's prompt out once (metadata trainer.share_prompts): tokens trained "
                 "per update = one prompt per group + all response tokens, else prompt + response per sample "
                 "(a group longer than the trainer's row repeats its prompt there; not modelled)"})
+    validation: Any = field(default=None, metadata={
+        "help": "out-of-sample checks of the step-cost fits (replay.calibration.Validation): form, R2, cross-validated error"})
+    replicates: Any = field(default=None, metadata={
+        "help": "bootstrap coefficient sets for intervals (replay.calibration.Replicates), None when not estimable"})
 
     @property
     def quality(self) -> dict[str, FitQuality]:
@@ -385,7 +397,7 @@ class FittedModels:
     def group(self) -> int:
         g = self.config.get("group")
         if g is None:
-            g = 1 if self.config.get("algo") == "ppo" else 8
+            g = default_group(self.config.get("algo"))
         return int(g)
 
     @property
@@ -396,41 +408,28 @@ class FittedModels:
         return self.gen.predict(num_running, context_tokens, prefill_tokens)
 
 
-def _by_step(values: np.ndarray, steps: np.ndarray, index: np.ndarray, how: str = "sum") -> np.ndarray:
-    """Aggregate values per RL step for the steps in `index`."""
-    out = np.zeros(len(index))
-    if len(values) == 0:
-        return out
-    pos = {int(s): i for i, s in enumerate(index)}
-    idx = np.array([pos.get(int(s), -1) for s in steps])
-    ok = idx >= 0
-    if how == "sum":
-        np.add.at(out, idx[ok], values[ok])
-    else:  # count
-        np.add.at(out, idx[ok], 1.0)
-    return out
-
-
 def warmup_excluded(trace: Trace) -> bool:
     """True when the runner warmed the engine up before recording (metadata engine.warmup_excluded)."""
     return bool((trace.meta.get("engine") or {}).get("warmup_excluded"))
 
 
-def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
+def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Sequence[Trace] = ()) -> FittedModels:
     """Fit every cost model to one trace, or to several traces of the same setup: then the step
     costs (update, prep, reward, other, sync) are fitted across them (their batch sizes give the
     slopes a range), while the generation side (engine-step model, round overhead, lengths), the
-    engine, the config and the recorded timings come from the first."""
+    engine, the config and the recorded timings come from the first. Calibration rows (in the first
+    trace, or in `calibration` traces from `rlrun calibrate`) refit the engine-step and update models
+    over the calibrated range (replay/calibration.py); every fit gets its validation and replicates."""
     traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
     ref = traces[0]
+    from rlsim.replay.fit_steps import fit_steps, is_step_level  # step-level traces (imported logs)
+
+    if is_step_level(ref):
+        return fit_steps(traces)
     warnings: list[str] = []
 
     def cat(kind: str, col: str) -> np.ndarray:
         return np.concatenate([t.rows(kind)[col].astype(float) for t in traces])
-
-    def cat_step(kind: str, col: str) -> np.ndarray:
-        # a step id unique across traces: (trace index, step)
-        return np.concatenate([t.rows(kind)[col].astype(float) + 1e6 * i for i, t in enumerate(traces)])
 
     if sum(t.count(GEN_STEP) for t in traces) == 0:
         raise RlsimError(f"{ref.path} has no gen_step rows; record it with per-step rows on (rlrun record without --no-record-steps)")
@@ -446,31 +445,17 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     # warm-up = step 0, unless the runner warmed the engine up before recording
     gen_rows["step"] = np.where((rg["step"].astype(float) == 0) & (not warmup_excluded(ref)), 0.0, 1.0)
     gen_rows["round"] = rg["step"].astype(float)
-    gen, w = fit_gen_steps(gen_rows, warmup_step=0, model_bytes=model_meta.get("bytes"), hardware=ref.meta.get("hardware", {}))
+    gen, w = fit_gen_steps(gen_rows, warmup_step=0, model_bytes=model_meta.get("bytes"), hardware=ref.meta.get("hardware", {}),
+                           invalid_dropped=ref.dropped_rows(GEN_STEP) if hasattr(ref, "dropped_rows") else 0)
     warnings += w
 
-    # per-RL-step aggregates
-    up_step = cat_step(UPDATE, "step")
-    g_step = cat_step(GEN_STEP, "step")
-    g_dur = cat(GEN_STEP, "duration")
-    g_steps_n = _by_step(np.ones_like(g_dur), g_step, up_step, "count")
-    g_dur_sum = _by_step(g_dur, g_step, up_step)
-    n_resp = cat(UPDATE, "num_responses")
-    n_tok = cat(UPDATE, "num_tokens")
-    gen_time = cat(UPDATE, "gen_time")
-    step_time = cat(UPDATE, "step_time")
-    reward_time = np.nan_to_num(cat(UPDATE, "reward_time"))
-    prep_time = np.nan_to_num(cat(UPDATE, "prep_time"))
-    upd_dur = cat(UPDATE, "duration")
-    t_opt = cat(UPDATE, "t_optimizer")
-    s_step = cat_step(SYNC, "step")
-    s_dur = cat(SYNC, "duration")
-    s_bytes = cat(SYNC, "bytes")
-    sync_per_step = _by_step(s_dur, s_step, up_step)
-    # a trace without gen_time / step_time: rebuild them from the parts it has
-    gen_time = np.where(np.isfinite(gen_time), gen_time, g_dur_sum)
-    parts_sum = gen_time + reward_time + upd_dur + sync_per_step
-    step_time = np.where(np.isfinite(step_time), step_time, parts_sum)
+    # per-RL-step aggregates, the traces' step tables end to end
+    tables = [step_table(t) for t in traces]
+    col = lambda c: np.concatenate([tb[c] for tb in tables])  # noqa: E731
+    g_steps_n, g_dur_sum, sync_per_step = col("gen_steps"), col("gen_step_time"), col("sync_time")
+    n_resp, n_tok, gen_time, step_time = col("num_responses"), col("num_tokens"), col("gen_time"), col("step_time")
+    reward_time, prep_time, upd_dur, t_opt = col("reward_time"), col("prep_time"), col("update_time"), col("t_optimizer")
+    s_dur, s_bytes = cat(SYNC, "duration"), cat(SYNC, "bytes")
 
     # generation overhead: gen_time minus the engine steps, vs responses and steps (skip warm-up steps)
     warm = np.concatenate([(t.rows(UPDATE)["step"] == 0) & (not warmup_excluded(t)) for t in traces])
@@ -532,7 +517,7 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     pre_total = float(np.sum(ref.rows(GEN_STEP)["prefill_tokens"]))
     prompt_total = float(np.sum(resp["prompt_tokens"]))
     ratio = float(np.clip(pre_total / prompt_total, 0.0, 1.5)) if prompt_total > 0 else 1.0
-    lengths = LengthModel(prompt_tokens=p_tok.astype(np.int32), response_tokens=np.maximum(resp["response_tokens"], 1).astype(np.int32),
+    lengths = LengthModel(prompt_tokens=p_tok.astype(np.int64), response_tokens=np.maximum(resp["response_tokens"], 1).astype(np.int64),
                           max_tokens=max_tokens, prefill_ratio=ratio)
 
     # recorded (reference trace only)
@@ -543,7 +528,7 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     order = np.lexsort((resp["group_index"], resp["prompt_id"], resp["t_queued"] if np.isfinite(resp["t_queued"]).all() else resp["prompt_id"]))
     r_step = resp["consumed_step"] if np.isfinite(resp["consumed_step"].astype(float)).all() else resp["step"]
     r_step = r_step[order].astype(np.int64)
-    rp, rr = resp["prompt_tokens"][order].astype(np.int32), np.maximum(resp["response_tokens"][order], 1).astype(np.int32)
+    rp, rr = resp["prompt_tokens"][order].astype(np.int64), np.maximum(resp["response_tokens"][order], 1).astype(np.int64)
     for s in rec_steps:
         m = r_step == s
         workload.append((rp[m], rr[m]))
@@ -555,15 +540,19 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...]) -> FittedModels:
     if not engine.get("max_num_seqs"):
         engine["max_num_seqs"] = int(ref.config.get("max_num_seqs") or max(gen.concurrency_range[1], 1))
         warnings.append(f"trace metadata has no engine.max_num_seqs; using {engine['max_num_seqs']}")
-    engine.setdefault("block_size", 16)
-    engine.setdefault("max_model_len", int(ref.config.get("max_model_len") or 4096))
+    engine.setdefault("block_size", ENGINE_DEFAULTS["block_size"])
+    engine.setdefault("max_model_len", int(ref.config.get("max_model_len") or ENGINE_DEFAULTS["max_model_len"]))
     if not engine.get("kv_cache_tokens"):
         engine["kv_cache_tokens"] = int(engine["max_num_seqs"] * engine["max_model_len"])
     shared = [bool((t.meta.get("trainer") or {}).get("share_prompts")) for t in traces]
     if len(set(shared)) > 1:
         warnings.append("the traces differ in trainer.share_prompts, so their num_tokens count prompts differently "
                         "and the update-cost fit mixes the two; fit traces recorded by the same rlrun version")
-    return FittedModels(gen=gen, gen_overhead=gen_overhead, lengths=lengths, update=update, prep=prep, reward=reward,
-                        other=other, sync=sync, sync_bytes=sync_bytes, engine=engine, config=dict(ref.config),
-                        recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces),
-                        shared_prompts=shared[0])
+    models = FittedModels(gen=gen, gen_overhead=gen_overhead, lengths=lengths, update=update, prep=prep, reward=reward,
+                          other=other, sync=sync, sync_bytes=sync_bytes, engine=engine, config=dict(ref.config),
+                          recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces),
+                          shared_prompts=shared[0])
+    from rlsim.replay.calibration import calibrate  # calibration rows, validation, replicates
+
+    return calibrate(models, traces, gen_rows, upd_proper=upd_proper, n_tok=n_tok, t_opt=t_opt, sel=sel,
+                     t_fb=cat(UPDATE, "t_forward") + cat(UPDATE, "t_backward"), calibration=list(calibration))

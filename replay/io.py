@@ -8,6 +8,7 @@ recovers a run that died from that stream, and says so.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from rlsim.replay.errors import TraceError
-from rlsim.replay.schema import COLUMN_NAMES, COLUMNS, EVENT_KINDS, META_KEY, REQUIRED, SCHEMA_VERSION, arrow_schema
+from rlsim.replay.schema import COLUMN_NAMES, COLUMNS, EVENT_KINDS, META_KEY, SCHEMA_VERSION, arrow_schema
+from rlsim.replay.util import exclusive
+from rlsim.replay.validate import validate
 
 _KIND_COLUMNS = {k: tuple(n for n, _, kinds, _ in COLUMNS if k in kinds) for k in EVENT_KINDS}
 
@@ -41,6 +44,7 @@ class TraceWriter:
         self.path, self.meta, self.overwrite = Path(path), dict(meta), overwrite
         self._rows: list[dict[str, Any]] = []
         self._stream = self._sink = None
+        self._lock: contextlib.ExitStack | None = None
         self.rows_written = 0
 
     def __enter__(self) -> "TraceWriter":
@@ -54,14 +58,27 @@ class TraceWriter:
         self.close()
 
     def open(self) -> "TraceWriter":
-        for p in (self.path, partial_path(self.path)):
-            if p.exists() and not self.overwrite:
-                raise TraceError(f"{p} already exists; pass --overwrite to replace it or choose another --out")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.meta.setdefault("schema_version", SCHEMA_VERSION)
-        self.meta["status"] = "partial"
-        self._sink = pa.OSFile(str(partial_path(self.path)), "wb")
-        self._stream = ipc.new_stream(self._sink, arrow_schema(json.dumps(self.meta)))
+        """Take the output's lock (held until `close`; a second writer of the same path is refused with one
+        line), then refuse an existing output unless `overwrite`, then start the stream."""
+        if self._lock is not None:
+            raise ValueError(f"TraceWriter for {self.path} is already open")
+        lock = contextlib.ExitStack()
+        lock.enter_context(exclusive(self.path, what="--out"))
+        try:
+            for p in (self.path, partial_path(self.path)):  # checked under the lock: no other writer between
+                if p.exists() and not self.overwrite:
+                    raise TraceError(f"{p} already exists; pass --overwrite to replace it or choose another --out")
+            self.meta.setdefault("schema_version", SCHEMA_VERSION)
+            self.meta["status"] = "partial"
+            self._sink = pa.OSFile(str(partial_path(self.path)), "wb")
+            self._stream = ipc.new_stream(self._sink, arrow_schema(json.dumps(self.meta)))
+        except BaseException:
+            if self._sink is not None:
+                self._sink.close()
+                self._sink = None
+            lock.close()
+            raise
+        self._lock = lock
         return self
 
     def add(self, kind: str, **fields: Any) -> None:
@@ -84,15 +101,21 @@ class TraceWriter:
     def close(self) -> None:
         if self._stream is None:
             return
-        self.flush()
-        self._stream.close()
-        self._sink.close()
-        self._stream = None
-        if self.meta.get("status") == "partial":
-            self.meta["status"] = "complete"
-        table = _read_stream(partial_path(self.path))[0]
-        write_parquet(self.path, table, self.meta)
-        partial_path(self.path).unlink()
+        try:
+            self.flush()
+            self._stream.close()
+            self._sink.close()
+            self._stream = None
+            if self.meta.get("status") == "partial":
+                self.meta["status"] = "complete"
+            table = _read_stream(partial_path(self.path))[0]
+            write_parquet(self.path, table, self.meta)
+            partial_path(self.path).unlink()
+        finally:
+            self._stream = None
+            if self._lock is not None:
+                self._lock.close()
+                self._lock = None
 
 
 def write_parquet(path: str | os.PathLike, table: pa.Table, meta: dict[str, Any]) -> None:
@@ -119,8 +142,7 @@ def _read_stream(path: Path) -> tuple[pa.Table, dict | None]:
         reader = ipc.open_stream(pa.memory_map(str(path)))
     except (pa.ArrowInvalid, OSError) as e:
         raise TraceError(f"{path} is not a readable partial trace ({e}); the run died before recording anything") from None
-    raw = (reader.schema.metadata or {}).get(META_KEY)
-    meta = json.loads(raw) if raw else None
+    meta = _parse_meta((reader.schema.metadata or {}).get(META_KEY), path)
     try:
         for b in reader:
             batches.append(b)
@@ -137,11 +159,13 @@ class Trace:
     meta: dict[str, Any]
     table: pa.Table
     recovered: bool = False
+    dropped: dict[str, int] = field(default_factory=dict)  # "kind.column" -> rows dropped by read_trace(drop_invalid=True)
+    warnings: list[str] = field(default_factory=list)  # one line per group of dropped rows
     _cache: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def config(self) -> dict[str, Any]:
-        return self.meta.get("config", {})
+        return self.meta.get("config") or {}
 
     @property
     def name(self) -> str:
@@ -163,9 +187,24 @@ class Trace:
     def count(self, kind: str) -> int:
         return len(self.rows(kind)["kind"])
 
+    def dropped_rows(self, kind: str) -> int:
+        """Rows of `kind` that read_trace(drop_invalid=True) removed (each row is counted once)."""
+        return sum(n for k, n in self.dropped.items() if k.split(".", 1)[0] == kind)
 
-def read_trace(path: str | os.PathLike) -> Trace:
-    """Read and validate a trace. Raises TraceError with a one-line, actionable message."""
+
+def _parse_meta(raw: bytes | None, path: Path) -> Any:
+    if not raw:
+        return None
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError
+        raise TraceError(f"{path}: the `rlsim` metadata is not valid JSON; the trace is corrupt, re-record it with `rlrun record`") from None
+
+
+def read_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
+    """Read and validate a trace (`replay.validate`). Raises TraceError with a one-line, actionable
+    message; with `drop_invalid` rows with invalid values are dropped instead and listed in
+    `trace.dropped` / `trace.warnings` (bad metadata is always an error)."""
     path = Path(path)
     recovered = False
     part = partial_path(path)
@@ -185,25 +224,6 @@ def read_trace(path: str | os.PathLike) -> Trace:
             table = pf.read()
         except Exception as e:  # pyarrow raises several types for corrupt files
             raise TraceError(f"{path} is not a readable Parquet file ({type(e).__name__}); pass a trace written by `rlrun record`") from None
-        raw = (pf.schema_arrow.metadata or {}).get(META_KEY)
-        meta = json.loads(raw) if raw else None
-    if meta is None:
-        raise TraceError(f"{path} has no `rlsim` metadata: it is not an rlsim trace (record one with `rlrun record`)")
-    version = meta.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise TraceError(f"{path} has trace schema version {version}, this rlsim reads version {SCHEMA_VERSION}; re-record it with this rlsim's `rlrun record`")
-    missing = [c for c in COLUMN_NAMES if c not in table.column_names]
-    if missing:
-        raise TraceError(f"{path} lacks columns {', '.join(missing)}; it was not written by a compatible `rlrun record`")
-    kinds = set(table["kind"].unique().to_pylist())
-    unknown = kinds - set(EVENT_KINDS)
-    if unknown:
-        raise TraceError(f"{path} has unknown event kinds {sorted(unknown)}; expected {', '.join(EVENT_KINDS)}")
-    trace = Trace(path=path, meta=meta, table=table.select(list(COLUMN_NAMES)), recovered=recovered)
-    for kind, required in REQUIRED.items():
-        rows = trace.rows(kind)
-        for col in required:
-            bad = int(np.sum(np.isnan(rows[col].astype(float))))
-            if bad:
-                raise TraceError(f"{path}: {bad} `{kind}` rows have no `{col}`; the trace is corrupt, re-record it")
-    return trace
+        meta = _parse_meta((pf.schema_arrow.metadata or {}).get(META_KEY), path)
+    res = validate(table, meta, path, drop_invalid=drop_invalid)
+    return Trace(path=path, meta=meta, table=res.table, recovered=recovered, dropped=res.dropped, warnings=res.warnings)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit import GenStepModel
 from rlsim.config import EngineConfig
 
@@ -285,7 +286,8 @@ def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig
                 nb = -(-c // bs)
                 if used + nb > cap:
                     if not len(running) and not admitted:
-                        raise ValueError(f"a request of {c} context tokens does not fit the KV cache of {cap * bs} tokens")
+                        raise RlsimError(f"a request of {c} context tokens does not fit the KV cache of {cap * bs} tokens; "
+                                         f"pass a larger --kv-cache-tokens (at least {nb * bs})")
                     break
                 if requeued:
                     requeued.pop()

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import typer
 
 from rlsim.config import WhatIf
-from rlsim.grid import base_type, parse_list, whatif_type_hints
+from rlsim.grid import base_type, parse_list, parse_value, whatif_type_hints
 from rlsim.replay.errors import RlsimError, cli_errors
 
 SPELLING = {"prompts": ["--batch", "-b"], "group": ["--group", "-g"]}  # as verl/TRL users say P and G
@@ -42,6 +42,10 @@ class StudyOptions:
     target: Optional[float] = field(default=None, metadata={
         "help": "Eval score that defines time-to-target (default: the best the reference reached; with several "
                 "traces, the best all reached).", "flags": ["--target"]})
+    calibration: tuple[Path, ...] = field(default=(), metadata={
+        "help": "Calibration trace from `rlrun calibrate` (same model and device) for a trace recorded without one; "
+                "its engine-step and training profiles refit the step costs over the calibrated range. Repeatable.",
+        "flags": ["--calibration"]})
     drop_invalid: bool = field(default=False, metadata={
         "help": "Drop trace rows with invalid values (NaN, negative durations...) with a warning instead of refusing "
                 "the trace.", "flags": ["--drop-invalid"]})
@@ -57,6 +61,12 @@ class StudyOptions:
         if not self.trace:
             raise RlsimError("give a trace with --trace (e.g. --trace traces/grpo_p128.parquet)")
         return [read_trace(p, drop_invalid=self.drop_invalid) for p in self.trace]
+
+    def calibrations(self) -> list:
+        """The --calibration traces, read and validated."""
+        from rlsim.replay.io import read_trace
+
+        return [read_trace(p, drop_invalid=self.drop_invalid) for p in self.calibration]
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,11 @@ def _whatif_params(as_list: bool) -> list[inspect.Parameter]:
     for s in whatif_specs():
         dflt = "" if s.default in (dataclasses.MISSING, None) else f" (default: {s.default})"
         text = s.help[:1].upper() + s.help[1:] + "." + (f" Comma list of values to sweep{dflt}." if as_list else dflt)
+        if not as_list and base_type(s.type)[0] is bool:  # a flag in `run` (--partial-rollout); `sweep` takes true,false
+            params.append(inspect.Parameter(
+                "wi_" + s.field, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[bool],
+                default=typer.Option(None, f"{s.flags[0]}/--no-{s.flags[0][2:]}", help=text, rich_help_panel="Config")))
+            continue
         params.append(inspect.Parameter(
             "wi_" + s.field, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
             default=typer.Option(None, *s.flags, help=text, metavar="V1,V2,..." if as_list else "VALUE",
@@ -101,13 +116,33 @@ def _whatif_params(as_list: bool) -> list[inspect.Parameter]:
 
 def _study_params() -> list[inspect.Parameter]:
     params = []
+    hints = typing.get_type_hints(StudyOptions)
     for f in dataclasses.fields(StudyOptions):
-        ann = typing.List[Path] if f.name == "trace" else f.type if not isinstance(f.type, str) else eval(f.type)
-        default = [] if f.name == "trace" else f.default
+        listed = typing.get_origin(hints[f.name]) is tuple  # repeatable options: typer takes them as lists
+        # numbers arrive as text and are parsed by rlsim.grid, so a bad one is one `error:` line, not click's box
+        ann = typing.List[Path] if listed else Optional[str] if base_type(hints[f.name])[0] is float else hints[f.name]
+        default = [] if listed else f.default
         params.append(inspect.Parameter(
             "so_" + f.name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
-            default=typer.Option(default, *f.metadata["flags"], help=f.metadata["help"], rich_help_panel="Traces")))
+            default=typer.Option(default, *f.metadata["flags"], help=f.metadata["help"], rich_help_panel="Traces",
+                                 metavar="PATH" if listed else None)))
     return params
+
+
+def _study_options(kw: dict[str, Any]) -> StudyOptions:
+    """Pop the generated StudyOptions from `kw`."""
+    hints = typing.get_type_hints(StudyOptions)
+    vals = {}
+    for f in dataclasses.fields(StudyOptions):
+        v = kw.pop("so_" + f.name, None)
+        if v is None:
+            continue
+        if isinstance(v, list):
+            v = tuple(v)
+        elif isinstance(v, str) and base_type(hints[f.name])[0] is float:
+            v = parse_value(v, float, f.metadata["flags"][0])
+        vals[f.name] = v
+    return StudyOptions(**vals)
 
 
 def parse_whatif(kw: dict[str, Any], *, as_list: bool) -> dict[str, Any]:
@@ -133,9 +168,7 @@ def command(app: typer.Typer, name: str, *, help: str, whatif: str | None = "one
 
         def wrapper(**kw: Any) -> Any:
             wi = parse_whatif(kw, as_list=whatif == "grid") if whatif else {}
-            so = StudyOptions(**{f.name: (tuple(v) if isinstance(v, list) else v)
-                                 for f in dataclasses.fields(StudyOptions) if (v := kw.pop("so_" + f.name, None)) is not None}) \
-                if study else None
+            so = _study_options(kw) if study else None
             return fn(wi, so, **kw)
 
         wrapper.__signature__ = inspect.Signature(params)
