@@ -34,6 +34,7 @@ class LearningCurve:
     batch: int = field(default=0, metadata={"help": "responses per update (B = P x G) of the run"})
     lr_rule: str = field(default="", metadata={"help": "learning-rate rule of the run"})
     name: str = field(default="", metadata={"help": "trace name"})
+    staleness: int = field(default=0, metadata={"help": "staleness limit the run was recorded with (config `staleness`; 0: synchronous)"})
 
     @property
     def smoothed(self) -> np.ndarray:
@@ -84,7 +85,8 @@ def fit_learning_curve(trace: Trace) -> LearningCurve:
     cfg = trace.config
     g = cfg.get("group") or default_group(cfg.get("algo"))
     return LearningCurve(cum_responses=ev["cum_responses"][order].astype(float), score=ev["score"][order].astype(float),
-                         batch=int((cfg.get("prompts") or 0) * g), lr_rule=str(cfg.get("lr_rule") or ""), name=trace.name)
+                         batch=int((cfg.get("prompts") or 0) * g), lr_rule=str(cfg.get("lr_rule") or ""), name=trace.name,
+                         staleness=int(cfg.get("staleness") or 0))
 
 
 @dataclass(frozen=True, eq=False)

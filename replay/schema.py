@@ -1,18 +1,34 @@
-"""The rlsim trace format, version 1: one Parquet file per run, one row per event.
+"""The rlsim trace format, version 2: one Parquet file per run, one row per event.
 
 Every row has `kind` in EVENT_KINDS and the common columns; the other columns are null where
 they do not apply to the row's kind. Times are seconds from run start on one monotonic clock.
 Run metadata is JSON under the Parquet key-value metadata key `rlsim` (see docs/trace-format.md).
+
+Version 2 is additive: the kinds `phase` and `step_stats` and their columns (COLUMN_SINCE) for
+step-level traces imported from other frameworks' logs (docs/importing.md). A version-1 file lacks
+those columns and reads exactly as before (the reader adds them as nulls). Also in version 2: the
+calibration kinds `calib_gen` and `calib_train` (and column `calib_level`), the profiles `rlrun record`
+takes before the first update and `rlrun calibrate` writes alone (replay/calibration.py fits them).
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # the reader accepts these; a v1 file lacks the COLUMN_SINCE columns
 META_KEY = b"rlsim"
 
 GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL = "gen_step", "response", "update", "sync", "eval"
-EVENT_KINDS = (GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL)
+# version 2: step-level traces (imported logs): one `phase` row per RL step and timed phase, one
+# `step_stats` row per RL step (length and score statistics, every logged metric as JSON)
+PHASE, STEP_STATS = "phase", "step_stats"
+# version 2: calibration profiles recorded by `rlrun record` (before the first update) and `rlrun calibrate`:
+# one `calib_gen` row per engine step at a ladder of concurrencies, one `calib_train` row per forward +
+# backward pass at a ladder of token counts (no optimizer step). Their `t_start` is seconds from the start
+# of the calibration, its own clock (it runs before the run's t = 0); `step` and `policy_version` are 0.
+CALIB_GEN, CALIB_TRAIN = "calib_gen", "calib_train"
+CALIB_KINDS = (CALIB_GEN, CALIB_TRAIN)
+EVENT_KINDS = (GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL, PHASE, STEP_STATS, CALIB_GEN, CALIB_TRAIN)
 
 f64, i64 = pa.float64(), pa.int64()
 
@@ -25,13 +41,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("step", i64, EVENT_KINDS, "RL step (update index, 0-based) the event belongs to"),
     ("policy_version", i64, EVENT_KINDS, "weights version in use (number of updates applied to the engine's weights)"),
     # gen_step: one vLLM engine step
-    ("num_running", i64, (GEN_STEP,), "sequences in the step's batch"),
-    ("num_waiting", i64, (GEN_STEP,), "requests queued but not scheduled after the step"),
-    ("prefill_tokens", i64, (GEN_STEP,), "prompt tokens computed in the step"),
-    ("decode_tokens", i64, (GEN_STEP,), "new tokens sampled in the step (one per decoding sequence)"),
-    ("context_tokens", i64, (GEN_STEP,), "KV tokens attended over by the step's batch (sum of context lengths)"),
-    ("kv_usage", f64, (GEN_STEP,), "fraction of the KV cache in use after the step"),
-    ("finished", i64, (GEN_STEP,), "sequences that finished in the step"),
+    ("num_running", i64, (GEN_STEP, CALIB_GEN), "sequences in the step's batch"),
+    ("num_waiting", i64, (GEN_STEP, CALIB_GEN), "requests queued but not scheduled after the step"),
+    ("prefill_tokens", i64, (GEN_STEP, CALIB_GEN), "prompt tokens computed in the step"),
+    ("decode_tokens", i64, (GEN_STEP, CALIB_GEN), "new tokens sampled in the step (one per decoding sequence)"),
+    ("context_tokens", i64, (GEN_STEP, CALIB_GEN), "KV tokens attended over by the step's batch (sum of context lengths)"),
+    ("kv_usage", f64, (GEN_STEP, CALIB_GEN), "fraction of the KV cache in use after the step"),
+    ("finished", i64, (GEN_STEP, CALIB_GEN), "sequences that finished in the step"),
     # response: one finished response
     ("prompt_id", i64, (RESPONSE,), "index of the prompt in the task's training stream"),
     ("group_index", i64, (RESPONSE,), "index of the response within its prompt's group (0..G-1)"),
@@ -43,13 +59,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("t_first_token", f64, (RESPONSE,), "time of its first generated token"),
     ("t_finished", f64, (RESPONSE,), "time it finished"),
     # update: one optimizer update (plus the timing of the whole RL step it closes)
-    ("num_responses", i64, (UPDATE,), "responses in the update (B = P x G)"),
-    ("num_tokens", i64, (UPDATE,), "tokens trained on in the update: prompt + response per sample, or each group's prompt once + all response tokens when metadata trainer.share_prompts"),
+    ("num_responses", i64, (UPDATE, CALIB_TRAIN), "responses in the update (B = P x G); calib_train: responses in the profiled batch"),
+    ("num_tokens", i64, (UPDATE, CALIB_TRAIN), "tokens trained on in the update: prompt + response per sample, or each group's prompt once + all response tokens when metadata trainer.share_prompts"),
     ("response_tokens_total", i64, (UPDATE,), "response tokens in the update"),
     ("lr", f64, (UPDATE,), "learning rate of the update"),
     ("loss", f64, (UPDATE,), "policy loss"),
-    ("t_forward", f64, (UPDATE,), "seconds in forward passes"),
-    ("t_backward", f64, (UPDATE,), "seconds in backward passes"),
+    ("t_forward", f64, (UPDATE, CALIB_TRAIN), "seconds in forward passes"),
+    ("t_backward", f64, (UPDATE, CALIB_TRAIN), "seconds in backward passes"),
     ("t_optimizer", f64, (UPDATE,), "seconds in the optimizer step"),
     ("grad_norm", f64, (UPDATE,), "L2 norm of the full-batch policy gradient (before clipping)"),
     ("grad_norm_micro", f64, (UPDATE,), "root mean square of the micro-batch policy gradient norms"),
@@ -69,6 +85,25 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("score", f64, (EVAL,), "mean@k accuracy on held-out prompts"),
     ("eval_k", i64, (EVAL,), "samples per held-out prompt"),
     ("eval_prompts", i64, (EVAL,), "held-out prompts evaluated"),
+    # phase (v2): one timed phase of one RL step, as the framework logged it (t_start: the phase's
+    # start when the phases of a step are laid end to end in the framework's order; duration: seconds)
+    ("phase", pa.string(), (PHASE,), "phase name as the framework logs it, e.g. gen, reward, old_log_prob, ref, values, adv, update_actor, update_critic, update_weights, testing (verl timing_s/<name>)"),
+    ("phase_role", pa.string(), (PHASE,), "what the phase is to rlsim: gen | reward | prep | update | sync | eval | checkpoint | other | nested (inside another phase, not summed)"),
+    # step_stats (v2): per-RL-step statistics that stand in for per-response rows
+    ("response_len_mean", f64, (STEP_STATS,), "mean response length in tokens (verl response_length/mean)"),
+    ("response_len_min", f64, (STEP_STATS,), "shortest response (verl response_length/min)"),
+    ("response_len_max", f64, (STEP_STATS,), "longest response (verl response_length/max)"),
+    ("response_clip_ratio", f64, (STEP_STATS,), "fraction of responses cut at the response cap (verl response_length/clip_ratio)"),
+    ("prompt_len_mean", f64, (STEP_STATS,), "mean prompt length in tokens (verl prompt_length/mean)"),
+    ("prompt_len_min", f64, (STEP_STATS,), "shortest prompt (verl prompt_length/min)"),
+    ("prompt_len_max", f64, (STEP_STATS,), "longest prompt (verl prompt_length/max)"),
+    ("prompt_clip_ratio", f64, (STEP_STATS,), "fraction of prompts cut at the prompt cap (verl prompt_length/clip_ratio)"),
+    ("score_mean", f64, (STEP_STATS,), "mean training score of the step's responses (verl critic/score/mean)"),
+    ("score_min", f64, (STEP_STATS,), "lowest training score (verl critic/score/min)"),
+    ("score_max", f64, (STEP_STATS,), "highest training score (verl critic/score/max)"),
+    ("metrics", pa.string(), (STEP_STATS,), "JSON object: every numeric metric the framework logged for the step, under its original name (unknown names kept)"),
+    # calibration (v2): the profile level a calib_gen / calib_train row belongs to
+    ("calib_level", i64, (CALIB_GEN, CALIB_TRAIN), "calib_gen: sequences submitted at this rung of the concurrency ladder; calib_train: responses in the profiled batch"),
 )
 
 COLUMN_NAMES = tuple(c[0] for c in COLUMNS)
@@ -79,7 +114,29 @@ REQUIRED = {
     UPDATE: ("num_responses", "num_tokens", "lr"),
     SYNC: ("bytes",),
     EVAL: ("cum_responses", "score"),
+    PHASE: ("phase", "phase_role", "duration"),
+    STEP_STATS: ("metrics",),
+    CALIB_GEN: ("t_start", "duration", "num_running", "prefill_tokens", "decode_tokens", "context_tokens", "calib_level"),
+    CALIB_TRAIN: ("t_start", "duration", "num_responses", "num_tokens", "t_forward", "t_backward", "calib_level"),
 }
+
+# The first schema version that has a column / an event kind; absent: version 1. A file of version v
+# must hold exactly the columns of `columns_for_version(v)`; kinds newer than v are unknown to it.
+_V2_COLUMNS = ("phase", "phase_role", "response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio",
+               "prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio", "score_mean", "score_min",
+               "score_max", "metrics", "calib_level")
+COLUMN_SINCE: dict[str, int] = {c: 2 for c in _V2_COLUMNS}
+KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2}
+
+
+def columns_for_version(version: int) -> tuple[str, ...]:
+    """The columns a trace file of schema `version` holds."""
+    return tuple(c for c in COLUMN_NAMES if COLUMN_SINCE.get(c, 1) <= version)
+
+
+def kinds_for_version(version: int) -> tuple[str, ...]:
+    """The event kinds a trace file of schema `version` may hold."""
+    return tuple(k for k in EVENT_KINDS if KIND_SINCE.get(k, 1) <= version)
 
 
 def arrow_schema(meta_json: str | None = None) -> pa.Schema:

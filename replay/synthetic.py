@@ -3,7 +3,7 @@
 The generator runs its own simple step loop of a continuous-batching engine (a deque of waiting
 requests, a list of running ones; independent of `sim.engine`), times each step with known
 coefficients (optionally with multiplicative noise), and writes a schema-v1 trace with
-`replay.io.write_trace`. Fitting the trace should recover the coefficients; replaying it should
+`replay.io.write_trace` (schema v2 with `calibrate`: calib_gen / calib_train rows as `rlrun record` takes them). Fitting the trace should recover the coefficients; replaying it should
 reproduce its step times.
 """
 from __future__ import annotations
@@ -56,6 +56,12 @@ class SynthSpec:
     score_scale: float = field(default=2000.0, metadata={"help": "score = 1 - exp(-cum_responses / scale)"})
     model_bytes: int = field(default=2_592_000, metadata={"help": "model.bytes metadata"})
     seed: int = field(default=0, metadata={"help": "seed"})
+    c_knee: float = field(default=0.0, metadata={"help": "true change of the per-sequence slope above `knee` (0: linear)"})
+    knee: float = field(default=0.0, metadata={"help": "true num_running at which the slope changes"})
+    calibrate: bool = field(default=False, metadata={"help": "add calib_gen / calib_train rows (rlrun record's profiles)"})
+    calib_steps: int = field(default=8, metadata={"help": "decode steps per calibration rung"})
+    calib_factor: int = field(default=16, metadata={"help": "calibration rungs up to this multiple of the batch (capped by max_num_seqs)"})
+    calib_train_a: float = field(default=0.004, metadata={"help": "true forward + backward seconds at 0 tokens"})
 
 
 def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_overrides: dict | None = None) -> Path:
@@ -90,7 +96,7 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
             n = len(running)
             ctx = int(sum(int(plen[j] + done_tok[j]) for j in running))
             dec = sum(1 for j in running if done_tok[j] > 0)
-            dur = spec.c_step + spec.c_seq * n + spec.c_ctx * ctx + spec.c_prefill * pre
+            dur = spec.c_step + spec.c_seq * n + spec.c_ctx * ctx + spec.c_prefill * pre + spec.c_knee * max(n - spec.knee, 0)
             dur = noisy(dur) + (spec.warmup_extra if step == 0 else 0.0)
             fin = []
             for j in running:
@@ -128,9 +134,14 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
         b_small = min(spec.micro_batch, B - 1) if B > 1 else 1
         gb = math.sqrt(spec.g2 + spec.tr_sigma / B)
         gs = math.sqrt(spec.g2 + spec.tr_sigma / b_small)
+        if spec.calibrate:  # forward + backward as the calibration times them, the optimizer the rest
+            fb = upd - spec.update_a + spec.calib_train_a
+            t_fwd, t_bwd, t_opt = fb / 3, fb - fb / 3, spec.update_a - spec.calib_train_a
+        else:
+            t_fwd, t_bwd, t_opt = upd * 0.3, (upd - spec.update_a) * 0.7, spec.update_a
         rows.append(dict(kind="update", t_start=t_upd, duration=upd, step=step, policy_version=step, num_responses=B,
                          num_tokens=tokens, response_tokens_total=int(rlen.sum()), lr=3e-4, loss=0.0, reward=0.5,
-                         t_forward=upd * 0.3, t_backward=(upd - spec.update_a) * 0.7, t_optimizer=spec.update_a,
+                         t_forward=t_fwd, t_backward=t_bwd, t_optimizer=t_opt,
                          grad_norm=gb, grad_norm_micro=gs, micro_batch=b_small,
                          critic_grad_norm=gb if spec.algo == "ppo" else None,
                          critic_grad_norm_micro=gs if spec.algo == "ppo" else None,
@@ -141,6 +152,8 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
         if (step + 1) % spec.eval_every == 0:
             rows.append(dict(kind="eval", t_start=t, duration=0.01, step=step, policy_version=step + 1, cum_responses=cum,
                              cum_tokens=cum_tok, score=1 - math.exp(-cum / spec.score_scale), eval_k=4, eval_prompts=16))
+    if spec.calibrate:
+        rows += calibration_rows(spec)
     meta = {
         "seed": spec.seed,
         "config": {"algo": spec.algo, "prompts": P, "group": G, "lr": 3e-4, "lr_rule": spec.lr_rule, "lr_ref_batch": 256,
@@ -154,3 +167,51 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
         for k, v in meta_overrides.items():
             meta[k] = {**meta.get(k, {}), **v} if isinstance(v, dict) and isinstance(meta.get(k), dict) else v
     return write_trace(path, meta, rows)
+
+
+def true_step_seconds(spec: SynthSpec, n, ctx, pre):
+    """The generator's noise-free engine-step seconds."""
+    n = np.asarray(n, float)
+    return (spec.c_step + spec.c_seq * n + spec.c_ctx * np.asarray(ctx, float) + spec.c_prefill * np.asarray(pre, float)
+            + spec.c_knee * np.maximum(n - spec.knee, 0.0))
+
+
+def calibration_rows(spec: SynthSpec) -> list[dict]:
+    """calib_gen rows at rungs 1, 2, 4, ... up to min(calib_factor x B, max_num_seqs), `calib_steps` decode
+    steps each after a prefill step, and calib_train rows at 1/8, 1 and 8 x the batch's tokens (3, 1, 1
+    passes); timed with the spec's true coefficients and noise (their own random stream)."""
+    rng = np.random.default_rng(spec.seed + 1_000_003)
+    B = spec.prompts * spec.group
+    top = min(spec.calib_factor * B, spec.max_num_seqs)
+    rungs, n = [], 1
+    while n < top:
+        rungs.append(n)
+        n *= 2
+    rungs.append(top)
+    rows: list[dict] = []
+    t = 0.0
+
+    def noisy(x: float) -> float:
+        return x * (1 + spec.noise * rng.standard_normal()) if spec.noise else x
+
+    for level in rungs:
+        plen = rng.integers(spec.prompt_min, spec.prompt_max + 1, size=level)
+        for k in range(spec.calib_steps + 1):
+            pre = int(plen.sum()) if k == 0 else 0
+            ctx = int(plen.sum()) + level * k
+            dur = noisy(float(true_step_seconds(spec, level, ctx, pre)))
+            rows.append(dict(kind="calib_gen", t_start=t, duration=dur, step=0, policy_version=0, num_running=level,
+                             num_waiting=0, prefill_tokens=pre, decode_tokens=level if k else 0, context_tokens=ctx,
+                             kv_usage=min(ctx / spec.kv_cache_tokens, 1.0), finished=level if k == spec.calib_steps else 0,
+                             calib_level=level))
+            t += dur
+    mean_tok = (spec.prompt_min + spec.prompt_max) / 2 + (spec.min_tokens + spec.max_tokens) / 2
+    for f, passes in ((0.125, 3), (1.0, 1), (8.0, 1)):
+        R = max(1, int(round(f * B)))
+        tokens = int(round(R * mean_tok))
+        for _ in range(passes):
+            dur = noisy(spec.calib_train_a + spec.update_b * tokens)
+            rows.append(dict(kind="calib_train", t_start=t, duration=dur, step=0, policy_version=0, num_responses=R,
+                             num_tokens=tokens, t_forward=dur / 3, t_backward=dur - dur / 3, calib_level=R))
+            t += dur
+    return rows

@@ -10,7 +10,8 @@ Lanes (one Perfetto process each), in this order:
   computed its first token to its last), counters `gen.running`, `gen.kv_usage` (and `gen.waiting` where
   recorded);
 - `host/driver<k>`: rewards, and `other` (the unaccounted rest of a simulated step);
-- `train/trainer<k>`: batch preparation (old log-probs, values), optimizer updates;
+- `train/trainer<k>`: batch preparation (old log-probs, values), optimizer updates, gradient all-reduces
+  (a simulated split has one engine lane per generation replica and one trainer lane per rank);
 - `sync`: weight syncs;
 - `eval`: held-out evaluations and the counter `eval.score`.
 
@@ -40,10 +41,12 @@ TRACKS = {
     "gen_round": ("generation rounds", False),
     "gen_step": ("engine steps", False),
     "response": ("engine slot", True),
+    "weight_load": ("weight sync (engine)", False),
     "reward": ("rewards", False),
     "other": ("other", False),
     "prep": ("batch prep", False),
     "update": ("updates", False),
+    "allreduce": ("all-reduce", False),
     "sync": ("weight sync", False),
     "eval": ("evals", False),
 }

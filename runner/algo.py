@@ -294,6 +294,29 @@ class Trainer:
         self._sync()
         return time.perf_counter() - t0
 
+    def micro_for(self, responses: int) -> int:
+        """Responses per micro-batch of an update of `responses` (the rule of RunConfig.micro at that batch)."""
+        cfg = self.cfg
+        per_update = max(responses // (cfg.minibatches * cfg.ranks), 1)
+        if cfg.micro_batch:
+            return min(cfg.micro_batch, per_update)
+        return max(min(per_update, 4), per_update // 4)
+
+    def profile(self, samples: list[Sample]) -> UpdateStats:
+        """Time the forward and backward passes of one update on `samples` for calibration: micro-batches
+        as `update` packs them (at this batch's micro-batch size), gradients accumulated and normed as
+        `update` does, then discarded. No optimizer step, no clipping: weights and optimizer state are
+        untouched (gradients are left None). `st.duration`-like total: t_forward + t_backward."""
+        st = UpdateStats()
+        m = self.micro_for(len(samples))
+        st.micro_batch = m
+        micro_samples = [samples[i:i + m] for i in range(0, len(samples), m)]
+        micros = [pack(s, self.row_tokens, self.pad_id, self.device, self.share_prompts) for s in micro_samples]
+        st.num_tokens = sum(b["num_tokens"] for b in micros)
+        st.response_tokens = sum(len(s.response_ids) for s in samples)
+        self._step(micros, micro_samples, None, st, apply=False)
+        return st
+
     def _old_logprobs(self, micros) -> list[torch.Tensor]:
         with torch.no_grad():
             return [token_logprobs(self.policy, b, self.cfg.temperature).detach() for b in micros]
@@ -338,7 +361,7 @@ class Trainer:
             st.critic_loss = sum(c_losses) / len(c_losses)
         return st
 
-    def _step(self, micros, micro_samples, old, st: UpdateStats):
+    def _step(self, micros, micro_samples, old, st: UpdateStats, apply: bool = True):
         cfg = self.cfg
         n_tgt = [int(b["tgt_tokens"].numel()) for b in micros]
         n_seq = [len(s) for s in micro_samples]
@@ -376,6 +399,15 @@ class Trainer:
             loss_sum += float(loss.detach()) * w
             st.t_forward += t1 - t0
             st.t_backward += t2 - t1 + (time.perf_counter() - t2)
+        if not apply:  # calibration (`profile`): the gradients are computed and normed, then discarded
+            full, micro_rms = acc.finish()
+            if cacc is not None:
+                cacc.finish()
+            for mod in (self.policy, self.critic):
+                if mod is not None:
+                    mod.zero_grad(set_to_none=True)
+            self._sync()
+            return full, micro_rms, None, None, loss_sum, None
         t3 = time.perf_counter()
         full, micro_rms = acc.finish()
         if cfg.clip_grad > 0:

@@ -53,6 +53,7 @@ def record(
     kv_cache_gib: float = typer.Option(1.0, help=H["kv_cache_gib"]),
     dtype: str = typer.Option("auto", help=H["dtype"]),
     record_steps: bool = typer.Option(True, "--record-steps/--no-record-steps", help=H["record_steps"]),
+    calibrate: bool = typer.Option(True, "--calibrate/--no-calibrate", help=H["calibrate"]),
     progress: bool = typer.Option(True, "--progress/--no-progress", help=H["progress"]),
     overwrite: bool = typer.Option(False, "--overwrite", help=H["overwrite"]),
 ):
@@ -63,7 +64,7 @@ def record(
         eval_prompts=eval_prompts, eval_k=eval_k, task=task, dataset=dataset, reward=reward, model=model, seed=seed,
         std_scale=std_scale, loss_agg=loss_agg, gamma=gamma, lam=lam, minibatches=minibatches, epochs=epochs,
         micro_batch=micro_batch, ranks=ranks, compile=compile, max_num_seqs=max_num_seqs, gen_batch=gen_batch,
-        kv_cache_gib=kv_cache_gib, dtype=dtype, record_steps=record_steps, progress=progress, out=out,
+        kv_cache_gib=kv_cache_gib, dtype=dtype, record_steps=record_steps, calibrate=calibrate, progress=progress, out=out,
         overwrite=overwrite,
     ).validate()
     from rlsim.runner.loop import record as run_record
@@ -72,6 +73,46 @@ def record(
         run_record(cfg)
     except KeyboardInterrupt:  # before the trace was opened (model build, engine start)
         typer.echo("interrupted before recording started; no trace written", err=True)
+        raise typer.Exit(130) from None
+
+
+@app.command("calibrate")
+@cli_errors
+def calibrate_cmd(
+    out: str = typer.Option(..., "--out", "-o", help="output calibration trace (.parquet)"),
+    algo: str = typer.Option("grpo", help=H["algo"]),
+    prompts: int = typer.Option(32, "--prompts", "-P", help=H["prompts"] + "; the ladders are sized from P x G"),
+    group: Optional[int] = typer.Option(None, "--group", "-G", help=H["group"]),
+    max_tokens: int = typer.Option(48, help=H["max_tokens"]),
+    temperature: float = typer.Option(1.0, help=H["temperature"]),
+    task: str = typer.Option("add2", help=H["task"]),
+    dataset: Optional[str] = typer.Option(None, help=H["dataset"]),
+    reward: str = typer.Option("exact", help=H["reward"]),
+    model: Optional[str] = typer.Option(None, help=H["model"]),
+    seed: int = typer.Option(0, help=H["seed"]),
+    micro_batch: int = typer.Option(0, help=H["micro_batch"]),
+    compile: bool = typer.Option(False, "--compile/--no-compile", help=H["compile"]),
+    max_num_seqs: int = typer.Option(1024, help=H["max_num_seqs"]),
+    gen_batch: int = typer.Option(0, help=H["gen_batch"]),
+    kv_cache_gib: float = typer.Option(1.0, help=H["kv_cache_gib"]),
+    max_model_len: int = typer.Option(256, help=H["max_model_len"]),
+    dtype: str = typer.Option("auto", help=H["dtype"]),
+    overwrite: bool = typer.Option(False, "--overwrite", help=H["overwrite"]),
+):
+    """Profile engine steps and training passes alone (what `record` does before its first update) and write
+    a trace with only the calibration rows; `rlsim run --trace OLD --calibration FILE` uses it."""
+    cfg = RunConfig(
+        algo=algo, prompts=prompts, group=group, steps=1, max_tokens=max_tokens, temperature=temperature, task=task,
+        dataset=dataset, reward=reward, model=model, seed=seed, micro_batch=micro_batch, compile=compile,
+        max_num_seqs=max_num_seqs, gen_batch=gen_batch, kv_cache_gib=kv_cache_gib, max_model_len=max_model_len,
+        dtype=dtype, calibrate=True, progress=False, out=out, overwrite=overwrite,
+    ).validate()
+    from rlsim.runner.loop import record as run_record
+
+    try:
+        run_record(cfg, only_calibration=True)
+    except KeyboardInterrupt:
+        typer.echo("interrupted; no calibration written", err=True)
         raise typer.Exit(130) from None
 
 

@@ -66,6 +66,9 @@ class RunConfig:
     dtype: str = _f("auto", "weights dtype: auto (bf16 on CUDA where supported, else float32), float32, bfloat16")
     # recording
     record_steps: bool = _f(True, "record one gen_step row per engine step (off: measure the tracing overhead)")
+    calibrate: bool = _f(True, "before the first update, profile engine steps at 1..16x the batch's concurrency and "
+                               "forward+backward at 1/8..8x its tokens (calib_gen / calib_train rows; weights and "
+                               "optimizer untouched), so predictions at other batch sizes interpolate instead of extrapolating")
     progress: bool = _f(True, "show a progress bar")
     out: str = _f("traces/run.parquet", "output trace path")
     overwrite: bool = _f(False, "replace an existing trace at --out")

@@ -124,12 +124,12 @@ class Engine:
                 "max_num_batched_tokens": self.max_num_batched_tokens, "prefix_caching": True,
                 "enforce_eager": True}
 
-    def sampling(self, max_tokens: int, temperature: float):
+    def sampling(self, max_tokens: int, temperature: float, ignore_eos: bool = False):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=1.0,
-                              output_kind=RequestOutputKind.DELTA, detokenize=False)
+                              output_kind=RequestOutputKind.DELTA, detokenize=False, ignore_eos=ignore_eos)
 
     def generate(self, prompts: list[tuple[Any, list[int], int]], sampling,
                  on_step: Callable[[StepStats], None] | None = None) -> list[Completion]:

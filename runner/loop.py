@@ -106,8 +106,9 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
-    """Run and record one RL run as a trace at `cfg.out`; returns its path."""
+def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibration: bool = False) -> Path:
+    """Run and record one RL run as a trace at `cfg.out`; returns its path. `only_calibration` (`rlrun
+    calibrate`): set up and calibrate as a run would, write the calibration rows and metadata, stop."""
     cfg.validate()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import random
@@ -158,6 +159,16 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
         raise RlsimError(f"--compile failed in torch.compile ({type(e).__name__}: {first}); install a C++ compiler "
                          "(e.g. apt install g++) or record without --compile") from None
     log(f"trainer warm-up{' (torch.compile)' if cfg.compile else ''}: {t_train_warm:.2f} s")
+    calib_rows: list[tuple[str, dict[str, Any]]] = []
+    calib_info = None
+    if cfg.calibrate or only_calibration:
+        # after the warm-ups, before the first update: weights and optimizer state are not changed
+        from rlsim.runner.calibrate import run_calibration
+
+        cal_stream = task.train_stream(cfg.seed + 104729)  # the task's prompts, not the run's stream
+        cal_prompts = [encode(next(cal_stream).prompt) for _ in range(512)]
+        cal_resp = [list(c.token_ids) for c in warm if c.token_ids] or [[pad_id]]
+        calib_rows, calib_info = run_calibration(engine, trainer, cfg, cal_prompts, cal_resp, log=log)
 
     minfo = model_info(policy, Path(model_dir))
     meta = {
@@ -169,6 +180,15 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
         "task": {"name": task.name, "eval_prompts": len(eval_set)},
         "command": _command(),
     }
+    if calib_info is not None:
+        meta["calibration"] = calib_info
+    if only_calibration:
+        meta["kind"] = "calibration"
+        with TraceWriter(cfg.out, meta, overwrite=cfg.overwrite) as w:
+            for kind, r in calib_rows:
+                w.add(kind, **r)
+        log(f"calibration written: {cfg.out} ({len(calib_rows)} rows)")
+        return Path(cfg.out)
     stream = task.train_stream(cfg.seed)
     P, G, B = cfg.prompts, cfg.G, cfg.batch
     lr = cfg.lr_effective
@@ -193,6 +213,8 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log) -> Path:
     interrupted = False
     try:
         writer.open()
+        for kind, r in calib_rows:
+            writer.add(kind, **r)
         ev = evaluate(0)
         last_score = ev["score"]
         writer.add("eval", **ev)

@@ -60,6 +60,14 @@ def summarize(path: str) -> str:
     if pk:
         lines.append("packages   " + ", ".join(f"{k} {v}" for k, v in pk.items()))
     lines.append("events     " + ", ".join(f"{k} {t.count(k)}" for k in EVENT_KINDS))
+    cal = m.get("calibration") or {}
+    if cal:
+        rungs = [r.get("level") for r in cal.get("gen_rungs") or []]
+        toks = [r.get("tokens") for r in cal.get("train_levels") or []]
+        lines.append(f"calibrate  {_f(cal.get('duration_s'), '.1f')} s before the run: engine {_f(cal.get('gen_s'), '.1f')} s at "
+                     f"{len(rungs)} concurrencies {min(rungs, default=0)}..{max(rungs, default=0)}, training "
+                     f"{_f(cal.get('train_s'), '.1f')} s at {len(set(toks))} token levels {min(toks, default=0)}..{max(toks, default=0)}"
+                     + (f"; skipped {', '.join(cal['skipped'])}" if cal.get("skipped") else ""))
     sp = step_split(t)
     if sp:
         tot = sp["step"] or float("nan")

@@ -43,11 +43,14 @@ def steps(trace: Trace | str | os.PathLike):
     return pd.DataFrame(step_table(_trace(trace)))
 
 
-def fit(traces: Sequence[Trace | str | os.PathLike], *, rho_model: str = "auto", target: float | None = None):
-    """Fit the traces (the first is the reference): a `rlsim.whatif.Study`."""
+def fit(traces: Sequence[Trace | str | os.PathLike], *, rho_model: str = "auto", target: float | None = None,
+        calibration: Sequence[Trace | str | os.PathLike] = ()):
+    """Fit the traces (the first is the reference): a `rlsim.whatif.Study`. `calibration`: traces of
+    `rlrun calibrate` for a reference recorded without calibration."""
     from rlsim.whatif import prepare
 
-    return prepare([_trace(t) for t in traces], rho_model=rho_model, target=target)
+    return prepare([_trace(t) for t in traces], rho_model=rho_model, target=target,
+                   calibration=[_trace(t) for t in calibration])
 
 
 def predict(study_or_traces: Any, **config: Any):

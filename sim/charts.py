@@ -9,6 +9,7 @@ Every chart function takes plain rows (dicts) so the same charts serve `rlsim sw
 - `throughput_chart`: generation throughput vs concurrency, measured engine steps with the fitted
   step-cost model drawn over them;
 - `learning_chart`: eval score vs cumulative training responses, one line per trace;
+- `split_chart`: T_new / T_ref over the generation : training device split, one line per staleness limit;
 - `gantt_chart`: the timeline of one simulated (or recorded) run: generation / training / sync lanes
   per device, with the running-sequences counter under it.
 """
@@ -175,6 +176,46 @@ def sigma_rho_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] 
         strokeDash=alt.StrokeDash("series:N", title=", ".join(series) or "series"),
         tooltip=["batch:Q", "metric:N", alt.Tooltip("value:Q", format=".3f"), "series:N"],
     ).properties(width=WIDTH, height=HEIGHT, title="Throughput gain sigma and sample cost rho vs batch size")
+
+
+def split_label(row: Mapping[str, Any]) -> tuple[str, float, float]:
+    """(label 'g:t', generation share, devices) of a row's device split; ('colocated', -1, 0) without one."""
+    g, t = row.get("gen_gpus"), row.get("train_gpus")
+    if not (_finite(g) and _finite(t)):
+        return "colocated", -1.0, 0.0
+    g, t = int(float(g)), int(float(t))
+    return f"{g}:{t}", g / (g + t), float(g + t)
+
+
+def split_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = ()) -> alt.LayerChart:
+    """T_new / T_ref over the device split (generation : training devices, ordered by the generation share),
+    one colour per staleness limit; other swept options (batch, partial rollout...) as line styles."""
+    series = list(series)
+    pts = []
+    for r in rows:
+        if not _finite(r.get("time_to_target_ratio")):
+            continue
+        label, share, total = split_label(r)
+        eta = r.get("staleness")
+        pts.append({"split": label, "share": share, "devices": total, "time_to_target_ratio": float(r["time_to_target_ratio"]),
+                    "staleness": f"eta={int(float(eta)) if _finite(eta) else 0}", "series": series_label(r, series),
+                    "sigma": r.get("sigma"), "rho": r.get("rho"), "gen_idle_ratio": r.get("gen_idle_ratio"),
+                    "train_idle_ratio": r.get("train_idle_ratio")})
+    order = [p["split"] for p in sorted(pts, key=lambda p: (p["share"], p["devices"]))]
+    order = list(dict.fromkeys(order))
+    etas = sorted({p["staleness"] for p in pts}, key=lambda s: int(s.split("=")[1]))
+    x = alt.X("split:N", sort=order, title="generation : training devices", axis=alt.Axis(labelAngle=0))
+    layers = [alt.Chart(_data([{"y": 1.0}])).mark_rule(color="#555", strokeDash=[2, 2]).encode(y="y:Q"),
+              alt.Chart(_data(pts)).mark_line(point=True).encode(
+                  x=x, y=alt.Y("time_to_target_ratio:Q", title="T_new / T_ref = rho / sigma", scale=alt.Scale(zero=False)),
+                  color=alt.Color("staleness:N", sort=etas, title="staleness limit"),
+                  strokeDash=alt.StrokeDash("series:N", title=", ".join(series) or "series"),
+                  detail="series:N",
+                  tooltip=["split:N", "staleness:N", "series:N", alt.Tooltip("time_to_target_ratio:Q", format=".3f"),
+                           alt.Tooltip("sigma:Q", format=".3f"), alt.Tooltip("rho:Q", format=".3f"),
+                           alt.Tooltip("gen_idle_ratio:Q", format=".1%"), alt.Tooltip("train_idle_ratio:Q", format=".1%")])]
+    return alt.layer(*layers).properties(width=WIDTH, height=HEIGHT,
+                                         title="Time to target vs the device split, per staleness limit")
 
 
 def throughput_chart(points: Sequence[Mapping[str, Any]], curve: Sequence[Mapping[str, Any]] = (), *,

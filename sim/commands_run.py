@@ -33,10 +33,35 @@ def _print_run(res) -> None:
             ("sigma (throughput gain)", "sigma", "x"), ("rho (sample cost)", "rho", "x"),
             ("T / T_ref = rho / sigma", "time_to_target_ratio", "x"), ("time to target", "time_to_target_s", "s"),
             ("regime", "regime", "")]
+    if cand.mode != "colocated":  # split devices (rlsim.asyncrl)
+        rows[1:1] = [("devices", "mode", "")]
+        rows = [("  waiting for generation", k, u) if k == "gen_s" else (lab, k, u) for lab, k, u in rows]
+        rows[-1:-1] = [("generator idle", "gen_idle_ratio", "%"), ("trainer idle", "train_idle_ratio", "%"),
+                       ("staleness mean / max", "staleness", ""), ("rho factor of staleness", "rho_staleness", "x"),
+                       ("all-reduce / update", "allreduce_s", "s")]
+    ranged = ("responses_per_s", "sigma", "rho", "time_to_target_ratio")
+
+    def cell(o, key, kind):
+        if key == "staleness":
+            return f"{fmt(o.staleness_mean, '.3g')} / {o.staleness_max}"
+        v = fmt(getattr(o, key), kind)
+        lo, hi = getattr(o, key + "_lo", math.nan), getattr(o, key + "_hi", math.nan)
+        if key in ranged and math.isfinite(lo) and math.isfinite(hi) and hi > lo:
+            v += f" ({fmt(lo, kind)}..{fmt(hi, kind)})"
+        return v
+
     for label, key, kind in rows:
-        t.add_row(label, fmt(getattr(ref, key), kind), fmt(getattr(cand, key), kind))
+        t.add_row(label, cell(ref, key, kind), cell(cand, key, kind))
     con = _console()
     con.print(t)
+    if cand.interval:
+        con.print(f"intervals: {cand.interval}")
+    val = getattr(res, "validation", None)
+    if val is not None:
+        for line in val.summary():
+            con.print(f"fit: {line}")
+        for note in val.notes:
+            con.print(f"fit: {note}")
     if math.isfinite(res.recorded_step_time_s):
         con.print(f"recorded (median of the trace's updates): {res.recorded_responses_per_s:.4g} responses/s, "
                   f"step time {res.recorded_step_time_s:.4g} s")
@@ -61,7 +86,7 @@ def register(app: typer.Typer) -> None:
 
         cfg = WhatIf(**fields)
         cfg.validate()
-        res = run(so.traces(), cfg, rho_model=so.rho, target=so.target)
+        res = run(so.traces(), cfg, rho_model=so.rho, target=so.target, calibration=so.calibrations())
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))
         else:

@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         try:
             res = sweep_study(so.traces(), axes, out=out, overwrite=overwrite, rho_model=so.rho, target=so.target,
                               workers=workers, ray_address=ray_address, chunk_size=chunk_size, progress=advance,
-                              charts=not no_charts, labels=names)
+                              charts=not no_charts, labels=names, calibration=so.calibrations())
         finally:
             if bar:
                 bar[0].stop()
@@ -78,7 +78,8 @@ def register(app: typer.Typer) -> None:
 
         if out.exists() and not overwrite:
             raise RlsimError(f"{out} already exists; pass --overwrite to replace it or choose another -o")
-        path = build_report(so.traces(), sweep_dir, out, rho_model=so.rho_model, target=so.target)
+        path = build_report(so.traces(), sweep_dir, out, rho_model=so.rho_model, target=so.target,
+                            calibration=so.calibrations())
         typer.echo(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB, opens offline)")
 
     export = typer.Typer(no_args_is_help=True, help="Export timelines.")
@@ -112,6 +113,7 @@ def register(app: typer.Typer) -> None:
             if "updates" not in fixed:
                 fixed["updates"] = EXPORT_UPDATES
                 typer.echo(f"simulating {EXPORT_UPDATES} updates (pass --updates N for more)")
-            counts = export_simulated(traces, fixed, out, rho_model=so.rho, overwrite=overwrite)
+            counts = export_simulated(traces, fixed, out, rho_model=so.rho, overwrite=overwrite,
+                                      calibration=so.calibrations())
         typer.echo(f"wrote {out}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
                    + " slices (open in https://ui.perfetto.dev)")

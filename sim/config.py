@@ -4,6 +4,8 @@
   None means "as in the reference trace".
 - `EngineConfig`: the generation engine (continuous batching limits).
 - `SimConfig`: one fully resolved simulation (what `sim.pipeline.simulate` takes).
+- `SplitConfig`: generation and training on separate devices, asynchronous within a staleness limit
+  (`SimConfig.split`; `rlsim.asyncrl`). WhatIf's `gen_gpus`/`train_gpus`/`staleness`/`partial_rollout` ask for it.
 
 Derived values (B = P x G, whether the KV cache can bind) are properties here and only here. No I/O
 at construction; `validate()` raises `RlsimError` naming the fix.
@@ -45,6 +47,15 @@ class WhatIf:
     gpus: int | None = _f(None, "devices of that profile (None: as many as recorded)")
     gen_batch: int | None = _f(None, "responses generated per update, B_gen >= B = P x G; the first G of each prompt to "
                                      "finish are trained on (None: the trace's over-generation ratio B_gen / B)")
+    gen_gpus: int | None = _f(None, "generation devices of a split (generation and training on separate devices): one engine "
+                                    "replica each, each the recorded engine (its fitted step cost, max_num_seqs and KV cache), "
+                                    "pulling requests from one shared queue (None: colocated, as recorded)")
+    train_gpus: int | None = _f(None, "data-parallel training devices of a split: each trains B / train_gpus responses, then a ring "
+                                      "all-reduce of the gradients (None: colocated, as recorded)")
+    staleness: int | None = _f(None, "max policy versions a trained sample may lag (AReaL's eta): a request starts only while its "
+                                     "batch stays within it, in-flight requests counted; 0 = synchronous (None: 0)")
+    partial_rollout: bool = _f(False, "with a split: responses in flight at a weight update continue on the new weights (KV "
+                                      "recomputed) instead of finishing on the old ones while the sync waits for them")
 
     def validate(self) -> None:
         for name in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch", "gpus"):
@@ -58,6 +69,39 @@ class WhatIf:
             raise RlsimError(f"--updates must be a positive integer, got {self.updates!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise RlsimError(f"--seed must be a non-negative integer, got {self.seed!r}")
+        self._validate_split()
+
+    @property
+    def split(self) -> bool:
+        """Generation and training on separate devices (--gen-gpus and --train-gpus given)."""
+        return self.gen_gpus is not None or self.train_gpus is not None
+
+    def _validate_split(self) -> None:
+        for name in ("gen_gpus", "train_gpus"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise RlsimError(f"--{name.replace('_', '-')} must be a positive integer (devices), got {v!r}")
+        s = self.staleness
+        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
+            raise RlsimError(f"--staleness must be a non-negative integer (policy versions a sample may lag; 0 = synchronous), got {s!r}")
+        if not isinstance(self.partial_rollout, bool):
+            raise RlsimError(f"--partial-rollout must be true or false, got {self.partial_rollout!r}")
+        if self.split and (self.gen_gpus is None or self.train_gpus is None):
+            given, missing = ("--gen-gpus", "--train-gpus") if self.train_gpus is None else ("--train-gpus", "--gen-gpus")
+            raise RlsimError(f"{given} needs {missing} too: a split is generation devices plus training devices "
+                             "(e.g. --gen-gpus 6 --train-gpus 2)")
+        if not self.split:
+            if self.partial_rollout:
+                raise RlsimError("--partial-rollout needs split devices: add --gen-gpus N --train-gpus M "
+                                 "(colocated generation stops for every update, nothing is in flight)")
+            if s:
+                raise RlsimError(f"--staleness {s} needs split devices: add --gen-gpus N --train-gpus M "
+                                 "(colocated generation and training cannot overlap)")
+        elif self.gpus is not None:
+            raise RlsimError("--gpus sets the colocated device count; with a split give --gen-gpus and --train-gpus instead")
+        elif self.gen_batch is not None:
+            raise RlsimError("--gen-batch does not apply with a split: asynchronous generation keeps its replicas full from one "
+                             "queue (B_gen = B); drop --gen-batch or the split")
 
 
 @dataclass(frozen=True)
@@ -84,12 +128,39 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
+class SplitConfig:
+    """Generation and training on separate devices, asynchronous within a staleness limit (`rlsim.asyncrl`)."""
+
+    gen_gpus: int = _f(1, "generation engine replicas (one per device, each the recorded engine)")
+    train_gpus: int = _f(1, "data-parallel training ranks")
+    staleness: int = _f(0, "max policy versions a consumed sample may lag (AReaL's eta); 0 = synchronous")
+    partial_rollout: bool = _f(False, "in-flight responses continue across a weight sync (KV recomputed) instead of finishing first")
+    allreduce_gbs: float = _f(0.0, "bandwidth of the ring all-reduce of the gradients, GB/s (0: unknown; needed when train_gpus > 1)")
+    bandwidth_source: str = _f("", "where allreduce_gbs comes from (trace metadata or a named device profile)")
+
+    def validate(self, batch: int) -> None:
+        if self.gen_gpus < 1 or self.train_gpus < 1:
+            raise RlsimError(f"--gen-gpus and --train-gpus must be at least 1, got {self.gen_gpus} and {self.train_gpus}")
+        if self.staleness < 0:
+            raise RlsimError(f"--staleness must be a non-negative integer, got {self.staleness}")
+        if batch % self.train_gpus:
+            divs = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:4]
+            raise RlsimError(f"--train-gpus {self.train_gpus} does not divide the training batch B = P x G = {batch} responses "
+                             f"(each data-parallel rank trains B / train_gpus); pick a divisor of B"
+                             f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or another --batch")
+        if self.train_gpus > 1 and not self.allreduce_gbs > 0:
+            raise RlsimError("--train-gpus > 1 needs the interconnect bandwidth for the gradient all-reduce: the trace's hardware "
+                             "matches no device profile; pass --device NAME (rlsim.replay.devices)")
+
+
+@dataclass(frozen=True)
 class SimConfig:
     """One resolved simulation of the synchronous colocated RL loop.
 
     Each update: one generation round of B = P x G requests on the engine (continuous batching),
     then rewards, batch preparation, the optimizer update, the weight sync and the rest of the step.
-    Split devices and staleness are later additions: a different driver in `sim.pipeline`.
+    With `split`, generation and training run on separate devices, asynchronously within a staleness
+    limit: the driver of `rlsim.asyncrl` instead.
     """
 
     prompts: int = _f(128, "P: prompts per update")
@@ -99,6 +170,7 @@ class SimConfig:
     gen_batch: int = _f(0, "requests generated per round (B_gen >= B; 0: = B); the first G responses of each prompt to finish are trained on")
     lengths: str = _f("sampled", "sampled: draw lengths from the fitted distribution; recorded: replay the trace's responses step by step")
     exact_engine: bool = _f(False, "always run the step-level engine loop (with KV accounting and preemption) instead of the exact fast path")
+    split: SplitConfig | None = _f(None, "split devices and asynchronous rollout (rlsim.asyncrl); None: the synchronous colocated loop")
 
     @property
     def batch(self) -> int:
@@ -118,3 +190,5 @@ class SimConfig:
         if self.lengths not in LENGTHS:
             raise RlsimError(f"lengths must be one of {', '.join(LENGTHS)}, got {self.lengths!r}")
         self.engine.validate()
+        if self.split is not None:
+            self.split.validate(self.batch)

@@ -5,9 +5,9 @@ preparation (old log-probs), the optimizer update, the weight sync and the rest 
 fitted cost. All state lives in the SimPy Environment and the objects this call creates; ids come from
 a per-run counter; nothing is class-level.
 
-Extension points (a later issue): split devices and staleness replace `_sync_colocated` with a driver
-whose engine process pulls requests from a store while a trainer process consumes finished batches;
-the engine's step loop (`sim.engine.run_round_steps`) and the cost models are shared.
+Split devices and staleness (`SimConfig.split`): `simulate` hands the run to `rlsim.asyncrl.simulate_split`
+(engine replicas pulling from a shared queue under a staleness gate, a trainer consuming finished batches);
+the engine's step semantics (`rlsim.engine.Stretch`) and the cost models are shared.
 
 Size. Per-update arrays are O(U); the generation workload is O(B_gen) per round. Up to
 ALL_ROUNDS_MAX_REQUESTS requests in all (U x B_gen) every round's lengths are drawn at once and all
@@ -27,6 +27,7 @@ Before allocating, `check_memory` estimates the bytes a configuration needs and 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,6 +88,14 @@ class SimRun:
         "help": "summed engine-step features over all updates: K steps, S1 running, S2 context, S3 prefill tokens, and "
                 "hist (steps per num_running; only for a knee step model): any step-cost coefficients give the engine "
                 "seconds from them (replay.calibration.engine_seconds), which the intervals use"})
+    gen_idle_ratio: float = field(default=math.nan, metadata={
+        "help": "split runs: mean over replicas of the fraction of wall time running no engine step (nan: colocated)"})
+    train_idle_ratio: float = field(default=math.nan, metadata={
+        "help": "split runs: mean over ranks of the fraction of wall time neither computing nor communicating (nan: colocated)"})
+    staleness_mean: float = field(default=0.0, metadata={"help": "mean policy versions a consumed sample lagged (0: synchronous)"})
+    staleness_max: int = field(default=0, metadata={"help": "most policy versions a consumed sample lagged"})
+    split: dict = field(default_factory=dict, metadata={"help": "split runs (rlsim.asyncrl): devices, staleness limit, all-reduce; empty: colocated"})
+    notes: tuple = field(default=(), metadata={"help": "the model's assumptions for this run (split runs)"})
 
     @property
     def responses_per_s(self) -> float:
@@ -340,6 +349,10 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
     allocating when the estimated memory is over MEMORY_LIMIT_BYTES.
     """
     cfg.validate()
+    if cfg.split is not None:  # split devices, asynchronous within a staleness limit
+        from rlsim.asyncrl import simulate_split
+
+        return simulate_split(models, cfg, rng=rng, record_timeline=record_timeline)
     eng = cfg.engine
     U = cfg.updates
     G = cfg.group

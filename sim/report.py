@@ -15,7 +15,7 @@ import numpy as np
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import atomic_write, fmt
-from rlsim.views import CHARTS, _axes_of, build_charts, fitted_models
+from rlsim.views import CHARTS, OPTIONAL_CHARTS, _axes_of, build_charts, fitted_models
 
 TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3f"), ("gen_s", "gen s", ".3f"),
                  ("train_s", "train s", ".3f"), ("sync_s", "sync s", ".4f"), ("sigma", "sigma", ".3f"),
@@ -70,6 +70,7 @@ def models_section(fitted) -> str:
     parts = ["<h3>Generation step cost</h3>",
              f"<p class='eq'>t_step = {_dur(g.c_step)} + {_dur(g.c_seq)} &times; running "
              f"+ {_dur(g.c_ctx)} &times; context tokens + {_dur(g.c_prefill)} &times; prefill tokens"
+             f"{f' + {_dur(g.c_knee)} &times; max(0, running &minus; {g.knee:.0f})' if g.c_knee else ''}"
              f"{' (fixed term from the roofline prior)' if g.prior else ''}; fitted on concurrency "
              f"{g.concurrency_range[0]}..{g.concurrency_range[1]}</p>"]
     aff = [(m.name, m.x_name, f"{m.intercept:.4g}", f"{m.slope:.4g}") for m in
@@ -78,10 +79,17 @@ def models_section(fitted) -> str:
     parts.append("<h3>Other cost models (seconds = intercept + slope &times; x)</h3>")
     parts.append(_table(["model", "x", "intercept", "slope"], aff +
                         [("gen overhead", "responses, steps", f"{o.base:.4g}", f"{o.per_response:.4g}, {o.per_step:.4g}")]))
+    val = getattr(fitted, "validation", None)
+    cv = {"gen_step": (val.gen_cv, val.gen_form), "update": (val.train_cv, "")} if val is not None else {}
     q = [(name, fq.n, fmt(fq.r2, ".4f"), fmt(fq.rmse, ".3g"), fmt(fq.median_rel_err, ".2%"),
-          fmt(fq.p95_rel_err, ".2%"), fq.dropped, fq.method) for name, fq in fitted.quality.items()]
+          fmt(fq.p95_rel_err, ".2%"), fmt(cv.get(name, (None,))[0], ".2%"), fq.dropped, fq.method)
+         for name, fq in fitted.quality.items()]
     parts.append("<h3>Fit quality</h3>")
-    parts.append(_table(["model", "rows", "R²", "RMSE (s)", "median |rel err|", "p95 |rel err|", "dropped", "method"], q))
+    parts.append(_table(["model", "rows", "R²", "RMSE (s)", "median |rel err|", "p95 |rel err|",
+                         "cross-validated |rel err| (RMS, held-out levels)", "dropped", "method"], q))
+    if val is not None:
+        parts.append("<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in list(val.summary()) + list(val.notes)
+                                      + [f"intervals: {val.interval_method}"]) + "</ul>")
     ln = fitted.lengths
     parts.append(f"<p>Response lengths: mean {ln.mean_response:.1f} tokens, p50 {np.median(ln.response_tokens):.0f}, "
                  f"p95 {np.percentile(ln.response_tokens, 95):.0f}, cap {ln.max_tokens}; prompt lengths mean "
@@ -121,7 +129,7 @@ section.chart{margin:1.5em 0}
 
 
 def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out: str | os.PathLike, *,
-                 rho_model: str | None = None, target: float | None = None) -> Path:
+                 rho_model: str | None = None, target: float | None = None, calibration: Sequence[Any] = ()) -> Path:
     """Write the report for the traces (read; the first is the reference); returns its path."""
     import vl_convert as vlc
 
@@ -142,7 +150,8 @@ def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out
         if not mine & swept:
             raise RlsimError(f"the sweep in {sweep_dir} was run on other traces ({', '.join(t['path'] for t in meta['traces'])}); "
                              "pass the same --trace")
-    study = prepare(traces, rho_model=study_opts.get("rho_model") or "auto", target=study_opts.get("target"))
+    study = prepare(traces, rho_model=study_opts.get("rho_model") or "auto", target=study_opts.get("target"),
+                    calibration=calibration)
     fitted = fitted_models(study, traces)
     charts = build_charts(traces=traces, study=study, rows=rows, meta={**meta, "study": study_opts})
 
@@ -175,7 +184,7 @@ def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out
                                 "hardware": t.meta.get("hardware", {})}))
     parts.append("<h2 id='models'>Fitted models</h2>" + models_section(fitted))
     parts.append("<h2 id='charts'>Charts</h2>")
-    titles = dict(CHARTS)
+    titles = dict(CHARTS + OPTIONAL_CHARTS)
     for name, chart in charts.items():
         parts.append(_chart_div(name, titles.get(name, name), chart.to_dict()))
     if rows:

@@ -28,7 +28,7 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
                 overwrite: bool = False, rho_model: str = "auto", target: float | None = None,
                 workers: int | None = None, ray_address: str | None = None, chunk_size: int | None = None,
                 progress: backends.Progress | None = None, charts: bool = True,
-                labels: Mapping[str, str] | None = None) -> SweepResult:
+                labels: Mapping[str, str] | None = None, calibration: Sequence[Any] = ()) -> SweepResult:
     """Evaluate the cartesian grid of `axes` (WhatIf field -> values) against the traces, rank it and,
     with `out`, write results.parquet / results.csv / sweep.json (and charts) there. Every row equals
     what `rlsim run` gives for its config."""
@@ -44,7 +44,7 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
     grid = build_grid(WhatIf, axes, {}, labels=labels)
     if out is not None:
         results.prepare_out_dir(out, overwrite, clear=False)  # refuse early; old results go only once new ones exist
-    study = prepare(traces, rho_model=rho_model, target=target)
+    study = prepare(traces, rho_model=rho_model, target=target, calibration=calibration)
     backends.check_configs(study, grid, labels)
     with exclusive(out, what="--out folder") if out is not None else _nothing():
         t0 = time.perf_counter()
@@ -79,14 +79,14 @@ class _nothing:
 
 
 def export_simulated(traces: Sequence[Any], fixed: Mapping[str, Any], out: str | Path, *, rho_model: str = "auto",
-                     overwrite: bool = False) -> dict[str, int]:
+                     overwrite: bool = False, calibration: Sequence[Any] = ()) -> dict[str, int]:
     """Simulate one config (fields not given: the reference trace's) with its timeline and write it as
     Chrome trace JSON. Returns the slice counts per track."""
     from rlsim import perfetto as pf
     from rlsim.whatif import prepare, timeline
 
     cfg = build_grid(WhatIf, {k: [v] for k, v in fixed.items()}, {})[0]
-    run = timeline(prepare(traces, rho_model=rho_model), cfg)
+    run = timeline(prepare(traces, rho_model=rho_model, calibration=calibration), cfg)
     obj = pf.simulated_chrome_trace(run, other={"config": config_dict(cfg), "traces": [str(t.path) for t in traces]})
     counts = pf.check_chrome_trace(obj)
     pf.write_json(obj, out, overwrite=overwrite)

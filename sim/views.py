@@ -1,6 +1,7 @@
 """The study's chart set, shared by `rlsim sweep` (written as HTML + PNG) and `rlsim report` (embedded):
 time to target and sigma/rho over the sweep, generation throughput against the fitted model, learning
-curves, and a simulated timeline of the best configuration."""
+curves, and a simulated timeline of the best configuration; when the sweep varied the device split, time
+to target over the split per staleness limit."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,6 +20,9 @@ CHARTS = (
     ("timeline", "Timeline of the best configuration (simulated)"),
 )
 GANTT_STEPS = 3
+# charts drawn only when the sweep has their axes: the device split (--gen-gpus / --train-gpus), per staleness
+OPTIONAL_CHARTS = (("split", "Time to target vs the generation : training device split, per staleness"),)
+SPLIT_AXES = ("gen_gpus", "train_gpus")
 
 
 def fitted_models(study: Any, traces: Sequence[Any]):
@@ -95,6 +99,8 @@ def build_charts(*, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[st
         out["time_to_target"] = ch.time_to_target_chart(rows, series=series, prefer=prefer, critical=crit,
                                                         reference_batch=ref_batch)
         out["sigma_rho"] = ch.sigma_rho_chart(rows, series=series)
+        if any(a in axes for a in SPLIT_AXES):
+            out["split"] = ch.split_chart(rows, series=ch.varying_keys(rows, axes, exclude=SPLIT_AXES + ("staleness",)))
     out["gen_throughput"] = ch.throughput_chart(ch.measured_throughput_points(traces[0]), throughput_curve(fitted, traces[0]),
                                                 title=f"Generation throughput vs concurrency ({traces[0].name})")
     out["learning_curves"] = ch.learning_chart(ch.trace_learning_curves(traces), target=(meta.get("study") or {}).get("target"))

@@ -56,6 +56,22 @@ class Outcome:
     preemptions: float = field(metadata={"help": "mean requests preempted per round (KV cache full)"})
     seed: int = field(metadata={"help": "seed of the length sampling"})
     warnings: tuple[str, ...] = field(default=(), metadata={"help": "extrapolation and model warnings"})
+    responses_per_s_lo: float = field(default=math.nan, metadata={"help": "lower end of the responses/s interval (see interval)"})
+    responses_per_s_hi: float = field(default=math.nan, metadata={"help": "upper end of the responses/s interval"})
+    sigma_lo: float = field(default=math.nan, metadata={"help": "lower end of the sigma interval"})
+    sigma_hi: float = field(default=math.nan, metadata={"help": "upper end of the sigma interval"})
+    rho_lo: float = field(default=math.nan, metadata={"help": "lower end of the rho interval"})
+    rho_hi: float = field(default=math.nan, metadata={"help": "upper end of the rho interval"})
+    time_to_target_ratio_lo: float = field(default=math.nan, metadata={"help": "lower end of the T / T_ref interval"})
+    time_to_target_ratio_hi: float = field(default=math.nan, metadata={"help": "upper end of the T / T_ref interval"})
+    interval: str = field(default="", metadata={"help": "how the intervals were made (empty: none)"})
+    mode: str = field(default="colocated", metadata={"help": "colocated, or the split: generation : training devices, staleness limit, partial rollout"})
+    gen_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the generation side waits (split: mean over replicas; colocated: while training)"})
+    train_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the training side waits for generation (split: mean over ranks)"})
+    staleness_mean: float = field(default=0.0, metadata={"help": "mean policy versions a consumed sample lagged"})
+    staleness_max: int = field(default=0, metadata={"help": "most policy versions a consumed sample lagged"})
+    rho_staleness: float = field(default=1.0, metadata={"help": "factor of rho for the staleness limit (in rho; rlsim.asyncrl.staleness_rho)"})
+    allreduce_s: float = field(default=0.0, metadata={"help": "gradient all-reduce seconds per update (split with train_gpus > 1)"})
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "warnings"}
@@ -79,6 +95,8 @@ class Study:
     recorded_time_to_target_s: float = field(metadata={"help": "wall seconds at which the reference's evals reached the target"})
     warnings: tuple[str, ...] = field(default=(), metadata={"help": "fit and learning-model warnings"})
     trace_names: tuple[str, ...] = field(default=(), metadata={"help": "names of the traces"})
+    hardware: dict = field(default_factory=dict, metadata={"help": "the reference trace's `hardware` metadata (source of --device)"})
+    b_crit_reps: Any = field(default=None, metadata={"help": "bootstrap replicates of the reference's B_crit (over its updates), for rho intervals"})
 
     @property
     def b_ref(self) -> int:
@@ -95,7 +113,8 @@ class Study:
         ref_rule = self.reference.lr_rule
         model: RhoModel | None = None
         if kind in ("curves", "auto"):
-            same = [c for i, c in enumerate(self.curves) if i == 0 or c.lr_rule == lr_rule or c.batch == self.b_ref]
+            same = [c for i, c in enumerate(self.curves) if (i == 0 or c.lr_rule == lr_rule or c.batch == self.b_ref)
+                    and getattr(c, "staleness", 0) == getattr(self.curves[0], "staleness", 0)]  # other limits: asyncrl
             try:
                 model = curves_rho(self.b_ref, same, self.target)
             except RlsimError as e:
@@ -121,6 +140,39 @@ class Study:
         notes += model.notes(b)
         return float(model.rho(b)), model.kind, notes
 
+    def rho_replicates(self, b: float, kind: str) -> tuple[np.ndarray | None, str]:
+        """rho at batch b for each B_crit replicate (noise-scale), ones (invariant), or None (curves), and a note."""
+        if kind == "invariant" or kind == "reference":
+            return None, "rho = 1 by assumption"
+        if kind == "noise-scale" and self.b_crit_reps is not None and len(self.b_crit_reps) >= 8:
+            bc = np.asarray(self.b_crit_reps, float)
+            return (1 + b / bc) / (1 + self.b_ref / bc), "rho: bootstrap of B_crit over the reference's updates"
+        return None, f"rho from {kind}: no interval"
+
+
+def models_for(study: Study, cfg: WhatIf) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
+    """The fitted models, engine limits and rescaling notes for the hardware `cfg` asks for (--device,
+    --gpus): the study's own when it asks for none."""
+    if cfg.device is None and cfg.gpus is None:
+        return study.models, study.engine, ()
+    return _rescaled(study, cfg.device, cfg.gpus)
+
+
+@functools.lru_cache(maxsize=32)
+def _rescaled(study: Study, device: str | None, gpus: int | None) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
+    from rlsim.replay.devices import known_names, profile_for_hardware, rescale
+
+    hw = study.hardware or study.models.config.get("hardware") or {}
+    if device is None:  # --gpus alone: more (or fewer) of the recorded device
+        prof = profile_for_hardware(hw)
+        if prof is None:
+            raise RlsimError(f"--gpus without --device needs a trace recorded on a known device; pass --device NAME "
+                             f"(known devices: {known_names()})")
+        device = prof.key
+    n = gpus or int(hw.get("device_count") or 1)
+    models, notes = rescale(study.models, device, n, source_profile=hw or None)
+    return models, _engine_of(models), tuple(notes)
+
 
 def _resolve(study_ref: WhatIf | None, models: FittedModels, cfg: WhatIf) -> tuple[int, int, str]:
     ref_p = study_ref.prompts if study_ref else models.prompts
@@ -134,8 +186,14 @@ def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimCon
     P, G, _ = _resolve(study.reference, study.models, cfg)
     if study.algo == "grpo" and G < 2:
         raise RlsimError(f"GRPO needs a group of at least 2 responses per prompt (group-relative advantages), got --group {G}")
-    eng = replace(study.engine, max_num_seqs=cfg.max_num_seqs or study.engine.max_num_seqs,
-                  kv_cache_tokens=cfg.kv_cache_tokens or study.engine.kv_cache_tokens)
+    models, engine, _ = models_for(study, cfg)
+    eng = replace(engine, max_num_seqs=cfg.max_num_seqs or engine.max_num_seqs,
+                  kv_cache_tokens=cfg.kv_cache_tokens or engine.kv_cache_tokens)
+    longest = int(np.max(models.lengths.prompt_tokens, initial=0)) + int(models.lengths.max_tokens)
+    need = -(-min(longest, eng.max_model_len) // eng.block_size) * eng.block_size
+    if eng.kv_cache_tokens < need:  # one request must fit, or the engine could never start it
+        raise RlsimError(f"--kv-cache-tokens {eng.kv_cache_tokens} cannot hold one request of up to {min(longest, eng.max_model_len)} "
+                         f"tokens (prompt + response, in blocks of {eng.block_size}); pass at least {need}")
     if cfg.gen_batch is not None:
         gen_batch = cfg.gen_batch
     else:
@@ -144,8 +202,13 @@ def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimCon
         if cfg.gen_batch is not None:
             raise RlsimError(f"--gen-batch {gen_batch} is smaller than the train batch B = P x G = {P * G}; generate at least B responses per update")
         gen_batch = P * G
+    split = None
+    if cfg.split:  # separate generation and training devices (rlsim.asyncrl): no over-generation
+        from rlsim.asyncrl import split_config
+
+        split, gen_batch = split_config(cfg, models, study.hardware), P * G
     return SimConfig(prompts=P, group=G, updates=cfg.updates, engine=eng, lengths=lengths,
-                     gen_batch=gen_batch if gen_batch > P * G else 0)
+                     gen_batch=gen_batch if gen_batch > P * G else 0, split=split)
 
 
 def study_gen_ratio(models: FittedModels) -> float:
@@ -163,8 +226,10 @@ def _engine_of(models: FittedModels) -> EngineConfig:
                         max_model_len=int(e.get("max_model_len") or ENGINE_DEFAULTS["max_model_len"]))
 
 
-def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float | None = None) -> Study:
-    """Fit the reference trace (the first) once, and the learning curves of all traces."""
+def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float | None = None,
+            calibration: Sequence[Trace] = ()) -> Study:
+    """Fit the reference trace (the first) once, and the learning curves of all traces. `calibration`:
+    traces of `rlrun calibrate` (same model and device) whose calibration rows refit the step costs."""
     traces = list(traces)
     if not traces:
         raise RlsimError("pass at least one --trace")
@@ -185,7 +250,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                 setup_warnings.append(f"{t.name} has {what} {b!r}, the reference {a!r}: its learning curve may not be comparable")
     # step costs fitted across the traces of the same setup (their batch sizes give the slopes a range)
     pooled = [ref] + [t for t in traces[1:] if same_setup(ref, t)]
-    models = fit_trace(pooled if len(pooled) > 1 else ref)
+    models = fit_trace(pooled if len(pooled) > 1 else ref, calibration=list(calibration))
     reference = WhatIf(prompts=models.prompts, group=models.group, lr_rule=str(cfg.get("lr_rule") or "sqrt"))
     if not reference.prompts:
         raise RlsimError(f"{ref.path}: metadata config has no `prompts`; the trace was not written by `rlrun record`")
@@ -219,7 +284,47 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
         raise RlsimError("--rho curves needs two or more traces at different batch sizes (repeat --trace)")
     return Study(models=models, reference=reference, engine=_engine_of(models), algo=algo, curves=curves, noise=noise,
                  rho_requested=rho_model, target=float(target), n_star_ref=float(n_star) if n_star is not None else math.nan,
-                 recorded_time_to_target_s=rec_t, warnings=tuple(warnings), trace_names=tuple(t.name for t in traces))
+                 recorded_time_to_target_s=rec_t, warnings=tuple(warnings), trace_names=tuple(t.name for t in traces),
+                 b_crit_reps=b_crit_replicates(noise), hardware=dict(ref.meta.get("hardware") or {}))
+
+
+def b_crit_replicates(noise, reps: int = 64, alpha: float = 0.2, seed: int = 0) -> np.ndarray | None:
+    """B_crit re-estimated on bootstrap resamples of the updates (kept in time order: the EMA weighs late ones)."""
+    g2, tr = np.asarray(noise.g2, float), np.asarray(noise.trace_sigma, float)
+    if len(g2) < 4 or not (noise.b_crit > 0):
+        return None
+    from rlsim.replay.learning import ema_ratio
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(reps):
+        i = np.sort(rng.integers(0, len(g2), len(g2)))
+        v = float(ema_ratio(tr[i], g2[i], alpha)[-1])
+        if v > 0 and math.isfinite(v):
+            out.append(v)
+    return np.array(out) if len(out) >= 8 else None
+
+
+def replicate_rates(models: FittedModels, run_: SimRun) -> np.ndarray | None:
+    """Responses/s of `run_` under each bootstrap replicate of the engine-step and update models: the run's
+    summed features and per-update tokens with the replicate's coefficients in place of the point fit's."""
+    from rlsim.replay.calibration import engine_seconds
+
+    reps = getattr(models, "replicates", None)
+    f = run_.features
+    if reps is None or not f:
+        return None
+    g = models.gen
+    point = np.array([[g.c_step, g.c_seq, g.c_ctx, g.c_prefill, g.c_knee, g.knee]])
+    hist = f.get("hist")
+    eng_point = engine_seconds(point, f["K"], f["S1"], f["S2"], f["S3"], hist)[0]
+    eng_reps = engine_seconds(reps.gen, f["K"], f["S1"], f["S2"], f["S3"], hist)
+    tok = np.asarray(run_.tokens, float)
+    upd_point = np.maximum(models.update.intercept + models.update.slope * tok, 0.0).sum()
+    upd_reps = np.maximum(reps.update[:, :1] + reps.update[:, 1:2] * tok[None, :], 0.0).sum(axis=1)
+    total = float(run_.step_time.sum()) - eng_point - upd_point + eng_reps + upd_reps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, float(run_.responses.sum()) / total, np.nan)
 
 
 @functools.lru_cache(maxsize=16)
@@ -249,6 +354,16 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
         sigma = q / study.reference_run(cfg.updates, cfg.seed).responses_per_s
         rho, kind, notes = study.rho_for(B, rule)
         warnings += notes
+        warnings += models_for(study, cfg)[2]  # which costs moved to the other hardware, and by what factor
+    rho_stale = 1.0
+    if run_.split:  # split devices: the model's assumptions, and the staleness limit's effect on sample cost
+        from rlsim.asyncrl import staleness_rho
+
+        rho_stale, notes = staleness_rho(study, int(run_.split["staleness"]))
+        rho *= rho_stale
+        warnings += list(run_.notes) + notes
+    if run_.approximation:
+        warnings.append(run_.approximation)
     ratio = rho / sigma
     t_abs = rho * study.n_star_ref / q if math.isfinite(study.n_star_ref) else math.nan
     if not reference and study.models.update.quality.method == "proportional" and not (2 / 3 <= B / study.b_ref <= 1.5):
@@ -265,16 +380,74 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     step = run_.mean_step_time
     gen, train, syn, oth = (float(run_.gen_time.mean()), float(run_.train_time.mean()), float(run_.sync_time.mean()),
                             float(run_.other_time.mean()))
+    iv = _intervals(study, cfg, run_, q, sigma, rho, ratio, B, kind, reference)
+    reg = "reference" if reference else regime(ratio)
+    lo_t, hi_t = iv.get("time_to_target_ratio_lo", math.nan), iv.get("time_to_target_ratio_hi", math.nan)
+    if not reference and lo_t < 1 < hi_t and not (lo_t >= 1 - REGIME_BAND and hi_t <= 1 + REGIME_BAND):
+        reg = "undecided"
+        warnings.append(f"T / T_ref interval {lo_t:.3g}..{hi_t:.3g} spans 1: whether time to target falls or rises is "
+                        f"undecided at this confidence ({iv.get('interval', '')})")
     return Outcome(prompts=P, group=G, batch=B, lr_rule=rule, responses_per_s=q, step_time_s=step, gen_s=gen, train_s=train,
                    sync_s=syn, other_s=oth, idle_s=max(step - gen - train - syn, 0.0), sigma=sigma, rho=rho, rho_model=kind,
-                   time_to_target_ratio=ratio, time_to_target_s=t_abs, regime="reference" if reference else regime(ratio),
+                   time_to_target_ratio=ratio, time_to_target_s=t_abs, regime=reg, **iv,
                    updates=int(len(run_.step_time)), gen_steps=float(run_.gen_steps.mean()), peak_running=peak,
-                   preemptions=float(run_.preemptions.mean()), seed=cfg.seed, warnings=tuple(warnings))
+                   preemptions=float(run_.preemptions.mean()), seed=cfg.seed, warnings=tuple(warnings), **_split_fields(run_, rho_stale))
+
+
+def _split_fields(run_: SimRun, rho_stale: float) -> dict[str, Any]:
+    """The Outcome's device-split fields: measured for a split run; for a colocated one the device waits on
+    the generation side while it trains and on the training side while it generates."""
+    sp = run_.split
+    if not sp:
+        total = float(run_.step_time.sum())
+        gen = float(run_.gen_time.sum()) / total if total > 0 else math.nan
+        return {"mode": "colocated", "gen_idle_ratio": 1.0 - gen, "train_idle_ratio": gen}
+    mode = (f"split {sp['gen_gpus']} gen : {sp['train_gpus']} train, staleness {sp['staleness']}"
+            + (", partial rollout" if sp["partial_rollout"] else ""))
+    return {"mode": mode, "gen_idle_ratio": run_.gen_idle_ratio, "train_idle_ratio": run_.train_idle_ratio,
+            "staleness_mean": run_.staleness_mean, "staleness_max": int(run_.staleness_max), "rho_staleness": rho_stale,
+            "allreduce_s": float(sp["allreduce_s"])}
+
+
+REGIME_BAND = 0.05  # the band of `regime` ("flat" within it)
+
+
+def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, rho: float, ratio: float, B: int,
+               kind: str, reference: bool) -> dict[str, Any]:
+    """The `_lo` / `_hi` fields of an Outcome and the method (empty without replicates)."""
+    from rlsim.replay.calibration import interval
+
+    reps = getattr(study.models, "replicates", None)
+    if cfg.device is not None or cfg.gpus is not None or cfg.split:
+        return {}  # the replicates are fits of the recorded hardware, colocated: no interval for rescaled or split runs
+    q_reps = replicate_rates(study.models, run_)
+    if reps is None or q_reps is None:
+        return {}
+    out: dict[str, Any] = {}
+    out["responses_per_s_lo"], out["responses_per_s_hi"] = interval(q, q_reps, reps.level)
+    if reference:
+        sig_reps = np.ones(len(q_reps))
+        rho_reps, rho_note = None, "rho = 1"
+    else:
+        ref_reps = replicate_rates(study.models, study.reference_run(cfg.updates, cfg.seed))
+        sig_reps = q_reps / ref_reps
+        rho_reps, rho_note = study.rho_replicates(B, kind)
+    out["sigma_lo"], out["sigma_hi"] = (1.0, 1.0) if reference else interval(sigma, sig_reps, reps.level)
+    if rho_reps is None:
+        out["rho_lo"] = out["rho_hi"] = rho
+        rho_reps = np.full(len(sig_reps), rho)
+    else:
+        out["rho_lo"], out["rho_hi"] = interval(rho, rho_reps, reps.level)
+    m = min(len(rho_reps), len(sig_reps))
+    out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = (
+        (1.0, 1.0) if reference else interval(ratio, rho_reps[:m] / sig_reps[:m], reps.level))
+    out["interval"] = f"{reps.method}; {rho_note}"
+    return out
 
 
 def evaluate(study: Study, cfg: WhatIf) -> Outcome:
     """Simulate one candidate and compare it with the reference. Pure and deterministic."""
-    run_ = simulate(study.models, sim_config(study, cfg), rng=np.random.default_rng(cfg.seed))
+    run_ = simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed))
     return _outcome(study, cfg, run_)
 
 
@@ -286,7 +459,8 @@ def reference_outcome(study: Study, updates: int = 100, seed: int = 0) -> Outcom
 
 def timeline(study: Study, cfg: WhatIf) -> SimRun:
     """The candidate simulated with its timeline recorded (Gantt charts, Perfetto export)."""
-    return simulate(study.models, sim_config(study, cfg), rng=np.random.default_rng(cfg.seed), record_timeline=True)
+    return simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed),
+                    record_timeline=True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -304,6 +478,7 @@ class RunResult:
     b_crit_critic: float = field(default=math.nan, metadata={"help": "gradient noise scale of the PPO value model"})
     recorded_responses_per_s: float = field(default=math.nan, metadata={"help": "median responses/s over the trace's updates"})
     recorded_step_time_s: float = field(default=math.nan, metadata={"help": "median step time over the trace's updates"})
+    validation: Any = field(default=None, metadata={"help": "fit validation (replay.calibration.Validation): form, R2, CV error"})
 
     def to_dict(self) -> dict[str, Any]:
         d = self.candidate.to_dict()
@@ -313,17 +488,20 @@ class RunResult:
                  recorded_time_to_target_s=self.recorded_time_to_target_s,
                  warnings=list(self.warnings) + list(self.candidate.warnings),
                  reference=self.reference.to_dict())
+        if self.validation is not None:
+            d["fit_validation"] = self.validation.to_dict()
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
-def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target: float | None = None) -> RunResult:
+def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target: float | None = None,
+        calibration: Sequence[Trace] = ()) -> RunResult:
     cfg.validate()
-    study = prepare(traces, rho_model=rho_model, target=target)
+    study = prepare(traces, rho_model=rho_model, target=target, calibration=calibration)
     cand = evaluate(study, cfg)
     ref = reference_outcome(study, cfg.updates, cfg.seed)
     rec = study.models.recorded
     return RunResult(reference=ref, candidate=cand, rho_model=cand.rho_model, target=study.target, n_star_ref=study.n_star_ref,
                      b_crit=study.noise.b_crit, recorded_time_to_target_s=study.recorded_time_to_target_s, warnings=study.warnings,
-                     b_crit_critic=study.noise.critic_b_crit,
+                     b_crit_critic=study.noise.critic_b_crit, validation=study.models.validation,
                      recorded_responses_per_s=float(np.median(rec.responses_per_s)) if len(rec.step) else math.nan,
                      recorded_step_time_s=float(np.median(rec.step_time)) if len(rec.step) else math.nan)
