@@ -34,6 +34,9 @@ for older traces (`rlsim run --calibration FILE`). Here (`calibrate`, called at 
 
 Without calibration rows the point fits are those of `fit.py`, unchanged; the validation is computed on
 the run's rows and a warning names `rlrun calibrate`. Imports neither torch nor SimPy.
+
+Size: one concern, the calibrated engine and training fits, with the leave-one-level-out validation and
+the bootstrap replicates that must refit exactly those fits; the entry point is `calibrate`.
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ from scipy.optimize import nnls
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import Trace
-from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN
+from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN, GEN_STEP
 
 KNEE_GRID = 12          # knee candidates, geometric between the second-lowest and second-highest level
 KNEE_GAIN = 0.8         # the knee form is used when its CV error is below this fraction of the linear form's
@@ -579,7 +582,8 @@ def calibrate(models, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], 
         anchor = np.concatenate([np.zeros(n_cal, bool), anchor_rows(run["num_running"])]) if math.isfinite(s_gen) else None
         gf = fit_gen_calibrated(both, cal=is_cal, anchor=anchor)
         c = gf.coef
-        q = FitQuality(n=gf.rows, r2=gf.r2, rmse=math.nan, median_rel_err=math.nan, p95_rel_err=math.nan, dropped=gf.dropped,
+        invalid = sum(t.dropped_rows(GEN_STEP) for t in traces[:1] if hasattr(t, "dropped_rows"))  # rows the reader dropped
+        q = FitQuality(n=gf.rows, r2=gf.r2, rmse=math.nan, median_rel_err=math.nan, p95_rel_err=math.nan, dropped=gf.dropped + invalid,
                        method=f"calibrated {gf.form} (level-weighted nnls)")
         pred = _predict_rows(c, both["num_running"], both["context_tokens"], both["prefill_tokens"])
         okr = np.isfinite(both["duration"]) & (both["num_running"] > 0)

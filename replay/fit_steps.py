@@ -29,6 +29,8 @@ so that the simulator runs unchanged:
 
 Every fit says in `warnings` that the fidelity is lower than from an `rlrun record` trace, and why.
 Imports neither torch nor SimPy.
+
+Size: one fit, phase by phase, of a step-level trace into the same FittedModels as fit.fit_trace.
 """
 from __future__ import annotations
 

@@ -51,6 +51,9 @@ AIME24 42.0, 42.1, 41.8, 42.2 at eta = 0, 1, 2, 4 with its decoupled (off-policy
 
 State: all in the SimPy Environment and this call's objects; per-sequence state in numpy arrays (no process
 per request); slice ids from a per-run counter; the rng passed in.
+
+Size: one SimPy model (replicas, admission gate, trainer ranks, sync, partial rollout) whose processes share
+state through the Environment; split across files it would only trade reading order for imports.
 """
 from __future__ import annotations
 

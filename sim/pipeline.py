@@ -23,6 +23,9 @@ O(B_gen), never U x B nor B x steps):
   SAMPLED_REQUESTS).
 Before allocating, `check_memory` estimates the bytes a configuration needs and raises RlsimError
 (one line: what is too large, how to fix it) above MEMORY_LIMIT_BYTES.
+
+Size: one SimPy model and the two workload strategies it needs (all rounds at once, round by round),
+kept together because both feed the same process and must draw identically.
 """
 from __future__ import annotations
 

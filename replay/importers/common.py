@@ -5,6 +5,9 @@ A step-level trace (schema version 2, docs/importing.md) holds per RL step: one 
 tokens, step and phase totals), one `phase` row per timed phase, one `step_stats` row (length and score
 statistics and every logged metric under its original name), `sync` rows for a timed weight sync and
 `eval` rows for validation scores. Its metadata says where it came from (`source`).
+
+Size: the one place every importer shares (parsing, batch arithmetic, the trace writer), so that the
+per-framework modules stay small.
 """
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def test_fit_trace_uses_calibration_rows(tmp_path):
 
 
 def test_a_v1_trace_reads_and_fits_as_before_with_a_warning():
-    t = read_trace(ROOT / "traces" / "grpo_p32.parquet")
+    t = read_trace(ROOT / "tests" / "golden" / "traces" / "grpo_p32.parquet")  # as shipped before calibration
     assert t.meta["schema_version"] == 1 and t.count(CALIB_GEN) == 0 and np.all(np.isnan(t.table["calib_level"].to_numpy(zero_copy_only=False).astype(float)))
     m = fit_trace(t)
     assert m.gen.form == "linear" and m.gen.c_knee == 0 and not m.validation.calibrated

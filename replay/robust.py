@@ -1,0 +1,188 @@
+"""Robust fitting for timings on a shared machine: non-negative least squares that trims contaminated
+rows (least trimmed squares on log residuals), affine cost models with their fit quality.
+
+Timings here are contaminated one-sidedly (contention only slows things down) and in whole time
+windows; `nnls_fit` says how it copes. Imports neither torch nor SimPy.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+NARROW_RANGE = 1.5          # max/min of a regressor below this: a proportional model instead of a slope
+
+
+@dataclass(frozen=True)
+class FitQuality:
+    """How well one model fits the rows it was fitted on."""
+
+    n: int = field(metadata={"help": "rows used in the fit (after warm-up and trimming)"})
+    r2: float = field(metadata={"help": "coefficient of determination on the rows used (nan when y is constant)"})
+    rmse: float = field(metadata={"help": "root mean square residual, seconds"})
+    median_rel_err: float = field(metadata={"help": "median |residual| / y"})
+    p95_rel_err: float = field(metadata={"help": "95th percentile of |residual| / y"})
+    dropped: int = field(default=0, metadata={"help": "rows left out (warm-up and outliers)"})
+    method: str = field(default="nnls", metadata={"help": "nnls | proportional | constant | prior+nnls | default"})
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "r2": self.r2, "rmse": self.rmse, "median_rel_err": self.median_rel_err,
+                "p95_rel_err": self.p95_rel_err, "dropped": self.dropped, "method": self.method}
+
+
+def _quality(X: np.ndarray, y: np.ndarray, coef: np.ndarray, dropped: int, method: str) -> FitQuality:
+    if len(y) == 0:
+        return FitQuality(0, math.nan, math.nan, math.nan, math.nan, dropped, method)
+    pred = X @ coef
+    res = y - pred
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    r2 = 1.0 - float(np.sum(res**2)) / ss_tot if ss_tot > 0 else math.nan
+    rel = np.abs(res) / np.maximum(np.abs(y), 1e-12)
+    return FitQuality(n=len(y), r2=r2, rmse=float(np.sqrt(np.mean(res**2))),
+                      median_rel_err=float(np.median(rel)), p95_rel_err=float(np.percentile(rel, 95)),
+                      dropped=dropped, method=method)
+
+
+def _nnls_scaled(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    scale = np.linalg.norm(X, axis=0)
+    scale[scale == 0] = 1.0
+    return nnls(X / scale, y)[0] / scale
+
+
+def nnls_fit(X: np.ndarray, y: np.ndarray, *, trim: bool = True, keep_frac: float = 0.5, groups: np.ndarray | None = None,
+             iters: int = 15, relative: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Robust non-negative least squares. Returns (coef, mask of rows kept).
+
+    Timings on a shared machine are contaminated one-sidedly (contention only slows things down, by
+    varying factors) and in whole time windows. So: least trimmed squares on log(measured/predicted), by
+    concentration steps (keep the `keep_frac` of rows that fit best, refit) from several starts (a
+    plain fit, an L1 fit, and one fit per group of rows, e.g. per RL step, when `groups` is given);
+    the start with the smallest trimmed loss wins; then every row within 3 robust sigmas of it is
+    kept and a final NNLS is fitted on those. Without `trim`, or with few rows, plain NNLS."""
+    X = np.asarray(X, float)
+    y = np.asarray(y, float)
+    n, k = X.shape
+    coef = _nnls_scaled(X, y)
+    keep = np.ones(n, bool)
+    if not trim or n < 12:
+        return coef, keep
+    floor = 1e-6 * max(float(np.median(np.abs(y))), 1e-12)
+    ylog = np.log(np.maximum(y, floor))
+
+    def lres(c):  # multiplicative residual: log(measured / predicted)
+        return ylog - np.log(np.maximum(X @ c, floor))
+
+    denom = np.maximum(np.abs(y), floor)
+    starts = [coef]
+    c1 = coef
+    for _ in range(10):  # L1 start by iteratively reweighted least squares (relative residuals)
+        w = 1.0 / np.sqrt(np.maximum(np.abs(y - X @ c1) / denom, 1e-6)) / denom
+        c1 = _nnls_scaled(X * w[:, None], y * w)
+    starts.append(c1)
+    if groups is not None:
+        for gval in np.unique(groups):
+            m = groups == gval
+            if m.sum() >= k + 2:
+                starts.append(_nnls_scaled(X[m], y[m]))
+    h = max(int(np.ceil(keep_frac * n)), k + 2)
+    best, best_loss = coef, math.inf
+    for c in starts:
+        prev = None
+        for _ in range(iters):  # concentration steps
+            rel = np.abs(lres(c))
+            idx = np.sort(np.argpartition(rel, h - 1)[:h])
+            key = idx.tobytes()
+            if key == prev:
+                break
+            prev = key
+            c = _nnls_scaled(X[idx], y[idx])
+        rel = np.abs(lres(c))
+        loss = float(np.sum(np.partition(rel, h - 1)[:h] ** 2))
+        if loss < best_loss - 1e-15:
+            best, best_loss = c, loss
+    rel = lres(best)
+    # consistency: the inner half of a normal sample has RMS 0.378 sigma
+    sigma = math.sqrt(best_loss / h) / 0.378 if keep_frac == 0.5 else 1.4826 * float(np.median(np.abs(rel)))
+    keep = np.abs(rel) <= max(3.0 * sigma, 1e-9)
+    if keep.sum() >= k + 2:
+        if relative:  # least squares on relative residuals: every row counts alike, whatever its size
+            w = 1.0 / denom[keep]
+            best = _nnls_scaled(X[keep] * w[:, None], y[keep] * w)
+        else:
+            best = _nnls_scaled(X[keep], y[keep])
+    else:
+        keep = np.ones(n, bool)
+    return best, keep
+
+
+def robust_location(v: np.ndarray) -> float:
+    """Mode-seeking location of one-sidedly contaminated values: the mean of the shortest half, then
+    the mean of the values within 3 robust sigmas of it."""
+    v = np.sort(np.asarray(v, float)[np.isfinite(v)])
+    n = len(v)
+    if n == 0:
+        return math.nan
+    if n < 4:
+        return float(np.median(v))
+    h = (n + 1) // 2
+    widths = v[h - 1:] - v[: n - h + 1]
+    i = int(np.argmin(widths))
+    loc = float(v[i:i + h].mean())
+    s = 1.4826 * float(np.median(np.abs(v - loc)))
+    near = v[np.abs(v - loc) <= max(3 * s, 1e-12 * abs(loc))]
+    return float(near.mean()) if len(near) else loc
+
+
+@dataclass(frozen=True)
+class AffineModel:
+    """y = intercept + slope * x, fitted on recorded rows."""
+
+    name: str = field(metadata={"help": "what is modelled, e.g. 'update'"})
+    x_name: str = field(metadata={"help": "the regressor, e.g. 'tokens'"})
+    intercept: float = field(metadata={"help": "seconds at x = 0"})
+    slope: float = field(metadata={"help": "seconds per unit of x"})
+    quality: FitQuality = field(metadata={"help": "fit quality on the recorded rows"})
+
+    def predict(self, x):
+        return self.intercept + self.slope * np.asarray(x, float)
+
+
+def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = None, groups=None) -> AffineModel:
+    """NNLS of y on [1, x] when x spans a range; otherwise (x nearly constant) a proportional model
+    through `intercept_hint` (default 0): slope = robust location of (y - a) / x. Empty input: a zero
+    model. With `groups` (rows of several traces at different batch sizes): a line by NNLS through the
+    robust centre of each group, so a noisy trace cannot tilt it and no trace is trimmed away whole."""
+    x = np.asarray(x, float)
+    y = np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    if len(y) == 0:
+        return AffineModel(name, x_name, 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
+    X = np.column_stack([np.ones_like(x), x])
+    if groups is not None:
+        g = np.asarray(groups)[ok]
+        ug = np.unique(g)
+        cx = np.array([robust_location(x[g == k]) for k in ug])
+        cy = np.array([robust_location(y[g == k]) for k in ug])
+        pos = cx[cx > 0]
+        if len(ug) >= 2 and len(pos) >= 2 and pos.max() / pos.min() >= NARROW_RANGE:
+            w = np.sqrt([np.sum(g == k) for k in ug])
+            coef = _nnls_scaled(np.column_stack([np.ones_like(cx), cx]) * w[:, None], cy * w)
+            return AffineModel(name, x_name, float(coef[0]), float(coef[1]), _quality(X, y, coef, 0, f"nnls over {len(ug)} traces"))
+    xpos = x[x > 0]
+    span = xpos.max() / xpos.min() if len(xpos) else 1.0
+    if len(y) >= 5 and span >= NARROW_RANGE:
+        coef, keep = nnls_fit(X, y)
+        return AffineModel(name, x_name, float(coef[0]), float(coef[1]),
+                           _quality(X[keep], y[keep], coef, int((~keep).sum()), "nnls"))
+    a = float(np.clip(intercept_hint or 0.0, 0.0, robust_location(y)))
+    if len(xpos) and np.median(x) > 0:
+        b = float(max(robust_location((y - a) / np.maximum(x, 1e-12)), 0.0))
+        method = "proportional"
+    else:
+        a, b, method = robust_location(y), 0.0, "constant"
+    coef = np.array([a, b])
+    return AffineModel(name, x_name, a, b, _quality(X, y, coef, 0, method))
