@@ -93,6 +93,30 @@ def _num(v: Any) -> Any:
     return v
 
 
+# phase role (schema `phase_role`) -> (lane, track, name prefix) of its slices
+PHASE_LANES = {"gen": (LANE_GEN, "gen_round", "gen"), "reward": (LANE_HOST, "reward", "host"),
+               "prep": (LANE_TRAIN, "prep", "train"), "update": (LANE_TRAIN, "update", "train"),
+               "sync": (LANE_SYNC, "sync", "sync"), "eval": (LANE_EVAL, "eval", "eval"),
+               "checkpoint": (LANE_HOST, "other", "host"), "other": (LANE_HOST, "other", "host")}
+
+
+def _phase_slices(trace) -> list[Slice]:
+    """One slice per logged phase of a step-level trace (`phase` rows; nested phases, which sit inside
+    another one, are left out). Empty for traces recorded by rlrun."""
+    if "phase" not in trace.table.column_names:
+        return []
+    p = trace.rows("phase")
+    out = []
+    for i in range(len(p["kind"])):
+        role = str(p["phase_role"][i])
+        if role not in PHASE_LANES or not np.isfinite(float(p["t_start"][i])):
+            continue
+        lane, track, head = PHASE_LANES[role]
+        out.append(Slice(lane, track, f"{head}.{p['phase'][i]}", float(p["t_start"][i]), float(p["duration"][i]),
+                         {"step": _num(p["step"][i]), "phase": str(p["phase"][i])}))
+    return out
+
+
 def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
     """The recorded run as slices and counter samples (one engine, one trainer: the trace format's v1 layout)."""
     spans: list[Slice] = []
@@ -148,12 +172,20 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
         spans.append(Slice(LANE_SYNC, "sync", "sync.weights", t0, d, args))
         if np.isfinite(float(s["step"][i])):
             sync_end[int(s["step"][i])] = max(sync_end.get(int(s["step"][i]), -math.inf), t0 + d)
+    phases = _phase_slices(trace)  # a step-level (imported) trace: its logged phases are the step's lanes
+    spans += phases
     u = trace.rows("update")
     for i in range(len(u["kind"])):
         args = {k: _num(u[k][i]) for k in ("step", "policy_version", "num_responses", "num_tokens", "lr", "loss",
                                           "reward", "t_forward", "t_backward", "t_optimizer", "grad_norm",
                                           "step_time", "gen_time", "reward_time", "prep_time")}
         t0, d = float(u["t_start"][i]), float(u["duration"][i])
+        if phases:  # the phases already show the update, its preparation and the rewards; the step spans them
+            mine = [s for s in phases if s.args.get("step") == int(u["step"][i])]
+            if mine:
+                a, b = min(s.start for s in mine), max(s.start + s.dur for s in mine)
+                spans.append(Slice(LANE_RL, "rl_step", "rl.step", a, b - a, {"step": int(u["step"][i])}))
+            continue
         spans.append(Slice(train, "update", "train.update", t0, d, args))
         step = int(u["step"][i])
         prep, rew = float(u["prep_time"][i]), float(u["reward_time"][i])

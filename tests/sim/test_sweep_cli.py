@@ -155,3 +155,17 @@ def test_export_bad_input(trace_path, tmp_path, monkeypatch, args, message):
     res = _invoke([str(trace_path) if a == "T" else a for a in args])
     assert res.exit_code == 2, res.output
     assert message in res.output and len(res.output.strip().splitlines()) == 1
+
+
+def test_a_sweep_into_a_folder_another_sweep_is_writing_is_refused(trace_path, tmp_path):
+    from rlsim.replay.util import exclusive
+
+    out = tmp_path / "o"
+    args = ["sweep", "--trace", trace_path, "--batch", "4,8", "--updates", "3", "--workers", "1", "--no-charts", "--out", out]
+    assert _invoke(args).exit_code == 0
+    before = (out / "results.csv").read_text()
+    with exclusive(out):  # another sweep holds the folder (the lock is per open file: this process counts as another)
+        res = _invoke(args[:-2] + ["--batch", "4,8,16", "--overwrite", "--out", out])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and "in use by another rlsim process" in res.output
+    assert (out / "results.csv").read_text() == before  # nothing of the first lost
+    assert _invoke(args[:-2] + ["--batch", "4,8,16", "--overwrite", "--out", out]).exit_code == 0  # free again
