@@ -280,7 +280,7 @@ class _Checker:
             if name not in r.values:
                 continue
             v, null = r.values[name], r.null[name]
-            val = lambda i, _v=v: f"value {_v[i]!r}"  # noqa: E731
+            val = lambda i, _v=v: f"value {_v[i].item() if hasattr(_v[i], 'item') else _v[i]!r}"  # noqa: E731
             if name in required:
                 self.flag(r, name, null, f"have no `{name}`")
             if not (pa.types.is_integer(dtype) or pa.types.is_floating(dtype)):

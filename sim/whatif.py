@@ -208,6 +208,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     curves = tuple(fit_learning_curve(t) for t in traces)
     noise = noise_scale(ref)
     warnings = list(models.warnings) + setup_warnings
+    warnings += [w for t in traces for w in getattr(t, "warnings", ())]  # rows dropped by --drop-invalid
     warnings += [f"{t.name} was recovered from a partial recording ({t.meta.get('status')}): only its complete steps are used"
                  for t in traces if t.recovered]
     ref_curve = curves[0]
