@@ -304,6 +304,25 @@ class RunSpec:
         return self.prompts * self.group
 
 
+def fill_from_steps(spec: RunSpec, steps: list[Step]) -> list[str]:
+    """Fill what a log's config left out from its steps: the response and prompt caps (the longest
+    logged) and the learning rate (the last logged). Returns a note per value filled in."""
+    notes = []
+
+    def longest(i: int, which: str) -> float:
+        return max((getattr(s, which)[i] for s in steps if math.isfinite(getattr(s, which)[i])), default=math.nan)
+
+    if spec.max_response_len is None and math.isfinite(mx := longest(2, "response")):
+        spec.max_response_len = int(mx)
+        notes.append(f"no response-length cap in the config: the longest logged response ({int(mx)}) stands in for it")
+    if spec.max_prompt_len is None and math.isfinite(mx := longest(2, "prompt")):
+        spec.max_prompt_len = int(mx)
+    if spec.lr is None:
+        lrs = [s.lr for s in steps if math.isfinite(s.lr) and s.lr > 0]
+        spec.lr = lrs[-1] if lrs else None
+    return notes
+
+
 def write_step_trace(out: str | Path, spec: RunSpec, steps: list[Step], evals: list[Eval], *, overwrite: bool = False) -> Path:
     """Write the step-level trace of `steps` (sorted by index) and `evals`; returns the path."""
     from rlsim.replay.devices import get_profile

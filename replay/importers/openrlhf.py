@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, load_config, numeric, params_from_name, parse_params,
+from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, fill_from_steps, load_config, numeric, params_from_name, parse_params,
                                            pick, positive_int, read_csv, read_jsonl)
 
 PERF = {"perf/experience_maker/generate_time": ("generate", "gen"),
@@ -148,7 +148,5 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
             spec.metric_use[key] = "eval score"
             upd = _get(r, "eval/train_step", "eval/global_step")
             evals.append(Eval(updates=int(upd) if math.isfinite(upd) else last, score=r[key], k=None, metric=key))
-    if spec.lr is None:
-        lrs = [s.lr for s in steps if math.isfinite(s.lr) and s.lr > 0]
-        spec.lr = lrs[-1] if lrs else None
+    fill_from_steps(spec, steps)
     return spec, steps, evals

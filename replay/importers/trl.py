@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, load_config, numeric, params_from_name, parse_params,
+from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, fill_from_steps, load_config, numeric, params_from_name, parse_params,
                                            pick, positive_int)
 
 USE = {
@@ -165,12 +165,6 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
         if key in m:
             spec.metric_use[key] = "eval score"
             evals.append(Eval(updates=int(m.get("step", 0)), score=m[key], k=None, metric=key, seconds=m.get("eval_runtime", math.nan)))
-    if spec.max_response_len is None:
-        mx = max((s.response[2] for s in steps if math.isfinite(s.response[2])), default=math.nan)
-        if math.isfinite(mx):
-            spec.max_response_len = int(mx)
-    if spec.lr is None:
-        lrs = [s.lr for s in steps if math.isfinite(s.lr) and s.lr > 0]
-        spec.lr = lrs[-1] if lrs else None
+    fill_from_steps(spec, steps)
     steps.sort(key=lambda s: s.index)
     return spec, steps, evals

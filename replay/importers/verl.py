@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, dig, load_config, numeric, params_from_name,
+from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, dig, fill_from_steps, load_config, numeric, params_from_name,
                                            parse_number, parse_params, pick, positive_int, read_csv, read_jsonl)
 
 ROLES = {"gen": "gen", "gen_max": "gen", "reward": "reward", "adv": "reward", "old_log_prob": "prep", "ref": "prep",
@@ -272,16 +272,5 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
     if async_run:
         notes.append("fully-async run (trainer/idle_ratio, rollouter/idle_ratio logged): generation and training overlapped")
         spec.fully_async = True
-    if spec.max_response_len is None:
-        mx = max((s.response[2] for s in steps if math.isfinite(s.response[2])), default=math.nan)
-        if math.isfinite(mx):
-            spec.max_response_len = int(mx)
-            notes.append(f"no data.max_response_length: the longest logged response ({int(mx)}) stands in for the cap")
-    if spec.max_prompt_len is None:
-        mx = max((s.prompt[2] for s in steps if math.isfinite(s.prompt[2])), default=math.nan)
-        if math.isfinite(mx):
-            spec.max_prompt_len = int(mx)
-    if spec.lr is None:
-        lrs = [s.lr for s in steps if math.isfinite(s.lr) and s.lr > 0]
-        spec.lr = lrs[-1] if lrs else None
+    notes += fill_from_steps(spec, steps)
     return spec, steps, evals
