@@ -255,6 +255,9 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     from rlsim.replay.fit_steps import fit_steps, is_step_level  # step-level traces (imported logs)
 
     if is_step_level(ref):
+        if calibration:  # its costs are per-phase totals: engine-step calibration rows have nothing to refit
+            raise RlsimError(f"{ref.name} is a step-level trace imported from a log: --calibration applies only to "
+                             "traces recorded by `rlrun record`; drop --calibration")
         return fit_steps(traces)
     warnings: list[str] = []
 

@@ -32,3 +32,12 @@ def test_perfetto_and_report_show_the_phases(tmp_path):
     assert {"RL steps", "generation rounds", "batch prep", "updates", "rewards"} <= threads  # one track each: no overlap
     res = CliRunner().invoke(app, ["report", "--trace", str(trace), "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 0, res.output
+
+
+def test_calibration_with_an_imported_trace_is_one_line(tmp_path):
+    trace = import_log("verl", EXAMPLE / "verl_gsm8k_qwen.log", config=EXAMPLE / "config.yaml", device="h100",
+                       out=tmp_path / "verl.parquet")
+    cal = Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet"
+    res = CliRunner().invoke(app, ["run", "-t", str(trace), "--calibration", str(cal), "--updates", "3"])
+    assert res.exit_code == 2 and "--calibration applies only to traces recorded by `rlrun record`" in res.output
+    assert len(res.output.strip().splitlines()) == 1
