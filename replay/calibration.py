@@ -490,6 +490,13 @@ def _identity(t: Trace) -> dict[str, Any]:
             "device_name": h.get("device_name"), "dtype": e.get("dtype")}
 
 
+def threads_of(t: Trace) -> int | None:
+    """CPU threads the trace's timings were taken at (its calibration's, else the run's torch threads)."""
+    c, h = t.meta.get("calibration") or {}, t.meta.get("hardware") or {}
+    v = c.get("threads") or h.get("torch_threads")
+    return int(v) if v else None
+
+
 def check_compatible(ref: Trace, cal: Trace) -> None:
     """One-line RlsimError unless `cal` was calibrated with the same model on the same kind of device."""
     a, b = _identity(ref), _identity(cal)
@@ -553,6 +560,11 @@ def calibrate(models, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], 
     for c in calibration:
         check_compatible(ref, c)
     sources = [ref] + list(calibration)
+    # a calibration at another thread count (`rlrun calibrate --threads`, for a split side's cores) stands for
+    # that device as measured: its rows alone, not anchored to the run's clock (the run ran on more threads)
+    foreign = [c for c in calibration if threads_of(c) and threads_of(ref) and threads_of(c) != threads_of(ref)]
+    if foreign:
+        sources = foreign
     cg = _rows(sources, CALIB_GEN, ("duration", "num_running", "context_tokens", "prefill_tokens"))
     ct = _rows(sources, CALIB_TRAIN, ("duration", "num_tokens", "calib_level"))
     rng = np.random.default_rng(seed)
@@ -564,6 +576,11 @@ def calibrate(models, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], 
     gen, update = models.gen, models.update
     notes: list[str] = []
     upd_ok = sel & np.isfinite(upd_proper) & np.isfinite(n_tok)
+    if foreign:
+        run = {k: v[:0] for k, v in run.items()}
+        upd_ok = np.zeros_like(upd_ok)
+        notes.append(f"calibration at {threads_of(foreign[0])} thread(s) (the run: {threads_of(ref)}): engine steps and "
+                     "training passes as measured there, not rescaled to the run; the optimizer step from the run")
 
     if len(cg["duration"]) >= 8:
         s_gen = anchor_gen(cg, run)

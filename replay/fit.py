@@ -15,6 +15,10 @@
 
 Everything is linear in its inputs, so sums of step costs are closed forms of summed features: the
 simulator relies on that. Imports neither torch nor SimPy.
+
+Colocated recordings only: rows of the split-mode kinds (idle, train_rank, allreduce) are ignored, and a
+trace recorded with `rlrun record --mode split` is refused (the simulator's split what-if starts from a
+colocated reference; `rlsim.replay.split_stats` measures a split recording).
 """
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ import numpy as np
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import Trace
-from rlsim.replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE
+from rlsim.replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE, placement
 from rlsim.replay.steps import step_table
 from rlsim.replay.util import ENGINE_DEFAULTS, default_group
 
@@ -252,6 +256,10 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     over the calibrated range (replay/calibration.py); every fit gets its validation and replicates."""
     traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
     ref = traces[0]
+    for t in traces:  # a split recording's step costs overlap and wait on each other: no colocated model in them
+        if placement(getattr(t, "config", None))["mode"] == "split":
+            raise RlsimError(f"{t.name} was recorded in split mode; fit a colocated recording (rlrun record --mode colocated) "
+                             "and predict the split with --gen-gpus/--train-gpus/--staleness")
     from rlsim.replay.fit_steps import fit_steps, is_step_level  # step-level traces (imported logs)
 
     if is_step_level(ref):

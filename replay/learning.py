@@ -86,7 +86,7 @@ def fit_learning_curve(trace: Trace) -> LearningCurve:
     g = cfg.get("group") or default_group(cfg.get("algo"))
     return LearningCurve(cum_responses=ev["cum_responses"][order].astype(float), score=ev["score"][order].astype(float),
                          batch=int((cfg.get("prompts") or 0) * g), lr_rule=str(cfg.get("lr_rule") or ""), name=trace.name,
-                         staleness=int(cfg.get("staleness") or 0))
+                         staleness=int(cfg.get("max_staleness", cfg.get("staleness")) or 0))
 
 
 @dataclass(frozen=True, eq=False)

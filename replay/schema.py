@@ -1,4 +1,4 @@
-"""The rlsim trace format, version 2: one Parquet file per run, one row per event.
+"""The rlsim trace format, version 3: one Parquet file per run, one row per event.
 
 Every row has `kind` in EVENT_KINDS and the common columns; the other columns are null where
 they do not apply to the row's kind. Times are seconds from run start on one monotonic clock.
@@ -9,13 +9,24 @@ step-level traces imported from other frameworks' logs (docs/importing.md). A ve
 those columns and reads exactly as before (the reader adds them as nulls). Also in version 2: the
 calibration kinds `calib_gen` and `calib_train` (and column `calib_level`), the profiles `rlrun record`
 takes before the first update and `rlrun calibrate` writes alone (replay/calibration.py fits them).
+
+Version 3 is additive too: split-mode recordings (`rlrun record --mode split`: engine replicas generating
+while data-parallel trainer ranks train). Columns `engine_id` (gen_step, response, sync, idle, eval),
+`rank` (train_rank, allreduce, idle) and `finish_version` (response); kinds `idle` (an engine or a rank
+waiting with nothing to do), `train_rank` (one rank's forward + backward of an update) and `allreduce`
+(one rank's gradient all-reduce, its `bytes`). Version-1 and -2 files lack those columns and read as
+before (nulls). The run config's placement fields (`mode`, `gen_devices`, ...) default as in
+CONFIG_DEFAULTS when missing (`placement`). In a split trace the `update` row's `step_time` runs from the
+end of the previous update's weight sync (the run's start for the first) to the end of this one's, and its
+`gen_time` is the time the trainer waited for finished responses in that interval; `sync` has one row per
+engine replica per update (docs/trace-format.md).
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)  # the reader accepts these; a v1 file lacks the COLUMN_SINCE columns
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)  # the reader accepts these; an older file lacks the newer COLUMN_SINCE columns
 META_KEY = b"rlsim"
 
 GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL = "gen_step", "response", "update", "sync", "eval"
@@ -28,7 +39,13 @@ PHASE, STEP_STATS = "phase", "step_stats"
 # of the calibration, its own clock (it runs before the run's t = 0); `step` and `policy_version` are 0.
 CALIB_GEN, CALIB_TRAIN = "calib_gen", "calib_train"
 CALIB_KINDS = (CALIB_GEN, CALIB_TRAIN)
-EVENT_KINDS = (GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL, PHASE, STEP_STATS, CALIB_GEN, CALIB_TRAIN)
+# version 3: split-mode recordings. `idle`: an interval a generation engine (engine_id set, rank null) or a
+# trainer rank (rank set, engine_id null) waited with nothing to do (step = the policy version at its start);
+# `train_rank`: one data-parallel rank's forward + backward of one update; `allreduce`: one rank's gradient
+# all-reduce of one update. The fit ignores them (it fits colocated recordings only).
+IDLE, TRAIN_RANK, ALLREDUCE = "idle", "train_rank", "allreduce"
+SPLIT_KINDS = (IDLE, TRAIN_RANK, ALLREDUCE)
+EVENT_KINDS = (GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL, PHASE, STEP_STATS, CALIB_GEN, CALIB_TRAIN, IDLE, TRAIN_RANK, ALLREDUCE)
 
 f64, i64 = pa.float64(), pa.int64()
 
@@ -59,13 +76,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("t_first_token", f64, (RESPONSE,), "time of its first generated token"),
     ("t_finished", f64, (RESPONSE,), "time it finished"),
     # update: one optimizer update (plus the timing of the whole RL step it closes)
-    ("num_responses", i64, (UPDATE, CALIB_TRAIN), "responses in the update (B = P x G); calib_train: responses in the profiled batch"),
-    ("num_tokens", i64, (UPDATE, CALIB_TRAIN), "tokens trained on in the update: prompt + response per sample, or each group's prompt once + all response tokens when metadata trainer.share_prompts"),
+    ("num_responses", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK), "responses in the update (B = P x G); calib_train: responses in the profiled batch; train_rank: the rank's share"),
+    ("num_tokens", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK), "tokens trained on in the update: prompt + response per sample, or each group's prompt once + all response tokens when metadata trainer.share_prompts; train_rank: the rank's share"),
     ("response_tokens_total", i64, (UPDATE,), "response tokens in the update"),
     ("lr", f64, (UPDATE,), "learning rate of the update"),
     ("loss", f64, (UPDATE,), "policy loss"),
-    ("t_forward", f64, (UPDATE, CALIB_TRAIN), "seconds in forward passes"),
-    ("t_backward", f64, (UPDATE, CALIB_TRAIN), "seconds in backward passes"),
+    ("t_forward", f64, (UPDATE, CALIB_TRAIN, TRAIN_RANK), "seconds in forward passes"),
+    ("t_backward", f64, (UPDATE, CALIB_TRAIN, TRAIN_RANK), "seconds in backward passes"),
     ("t_optimizer", f64, (UPDATE,), "seconds in the optimizer step"),
     ("grad_norm", f64, (UPDATE,), "L2 norm of the full-batch policy gradient (before clipping)"),
     ("grad_norm_micro", f64, (UPDATE,), "root mean square of the micro-batch policy gradient norms"),
@@ -73,12 +90,12 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("critic_loss", f64, (UPDATE,), "PPO value loss"),
     ("critic_grad_norm", f64, (UPDATE,), "full-batch value gradient norm"),
     ("critic_grad_norm_micro", f64, (UPDATE,), "RMS of micro-batch value gradient norms"),
-    ("step_time", f64, (UPDATE,), "wall seconds of the whole RL step: generation to end of sync"),
-    ("gen_time", f64, (UPDATE,), "wall seconds of the step's generation phase"),
+    ("step_time", f64, (UPDATE,), "wall seconds of the whole RL step: generation to end of sync (split mode: end of the previous update's sync, or the run's start, to the end of this one's)"),
+    ("gen_time", f64, (UPDATE,), "wall seconds of the step's generation phase (split mode: the trainer's wait for finished responses within step_time)"),
     ("reward_time", f64, (UPDATE,), "wall seconds computing rewards (and advantages) not overlapped with generation"),
     ("prep_time", f64, (UPDATE,), "wall seconds preparing the training batch (old log-probs, values)"),
     # sync: one weight sync into the engine
-    ("bytes", i64, (SYNC,), "bytes of weights sent"),
+    ("bytes", i64, (SYNC, ALLREDUCE), "sync: bytes of weights sent; allreduce: gradient bytes reduced"),
     # eval: held-out evaluation
     ("cum_responses", i64, (EVAL,), "training responses consumed so far"),
     ("cum_tokens", i64, (EVAL,), "training tokens consumed so far"),
@@ -104,6 +121,10 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("metrics", pa.string(), (STEP_STATS,), "JSON object: every numeric metric the framework logged for the step, under its original name (unknown names kept)"),
     # calibration (v2): the profile level a calib_gen / calib_train row belongs to
     ("calib_level", i64, (CALIB_GEN, CALIB_TRAIN), "calib_gen: sequences submitted at this rung of the concurrency ladder; calib_train: responses in the profiled batch"),
+    # split mode (v3): which engine replica / trainer rank a row belongs to, and the version a response ended on
+    ("engine_id", i64, (GEN_STEP, RESPONSE, SYNC, IDLE, EVAL), "generation engine replica (0-based); null (or 0) in colocated traces; idle: set for an engine's wait"),
+    ("rank", i64, (TRAIN_RANK, ALLREDUCE, IDLE), "data-parallel training rank (0-based); idle: set for a rank's wait"),
+    ("finish_version", i64, (RESPONSE,), "policy version its last token was generated under (policy_version: the one it started under); > policy_version: a partial rollout spanning a weight sync"),
 )
 
 COLUMN_NAMES = tuple(c[0] for c in COLUMNS)
@@ -118,6 +139,9 @@ REQUIRED = {
     STEP_STATS: ("metrics",),
     CALIB_GEN: ("t_start", "duration", "num_running", "prefill_tokens", "decode_tokens", "context_tokens", "calib_level"),
     CALIB_TRAIN: ("t_start", "duration", "num_responses", "num_tokens", "t_forward", "t_backward", "calib_level"),
+    IDLE: ("t_start", "duration"),  # and exactly one of engine_id / rank (replay/validate.py)
+    TRAIN_RANK: ("t_start", "duration", "rank", "num_responses", "num_tokens"),
+    ALLREDUCE: ("t_start", "duration", "bytes", "rank"),
 }
 
 # The first schema version that has a column / an event kind; absent: version 1. A file of version v
@@ -125,8 +149,25 @@ REQUIRED = {
 _V2_COLUMNS = ("phase", "phase_role", "response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio",
                "prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio", "score_mean", "score_min",
                "score_max", "metrics", "calib_level")
-COLUMN_SINCE: dict[str, int] = {c: 2 for c in _V2_COLUMNS}
-KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2}
+_V3_COLUMNS = ("engine_id", "rank", "finish_version")
+COLUMN_SINCE: dict[str, int] = {**{c: 2 for c in _V2_COLUMNS}, **{c: 3 for c in _V3_COLUMNS}}
+KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2, IDLE: 3, TRAIN_RANK: 3, ALLREDUCE: 3}
+
+# The run config's placement fields (metadata `config`, schema version 3); a trace without them (older
+# ones) was recorded colocated on one device: these defaults.
+CONFIG_DEFAULTS: dict[str, object] = {"mode": "colocated", "gen_devices": 1, "train_devices": 1, "max_staleness": 0,
+                                      "partial_rollout": False, "off_policy": "none", "tis_cap": 2.0, "threads": 0}
+MODES = ("colocated", "split")
+
+
+def placement(config: dict | None) -> dict[str, object]:
+    """The placement fields of a run config (CONFIG_DEFAULTS where missing or null; `train_devices` falls back
+    to an older config's `ranks`)."""
+    config = config or {}
+    out = {k: (config.get(k) if config.get(k) is not None else v) for k, v in CONFIG_DEFAULTS.items()}
+    if config.get("train_devices") is None and config.get("ranks") is not None:
+        out["train_devices"] = config["ranks"]
+    return out
 
 
 def columns_for_version(version: int) -> tuple[str, ...]:

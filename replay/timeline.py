@@ -117,14 +117,27 @@ def _phase_slices(trace) -> list[Slice]:
     return out
 
 
+def _ids(rows, col: str) -> np.ndarray:
+    """Integer ids of a column (engine_id / rank), 0 where null or absent (v1/v2 traces)."""
+    n = len(rows["kind"])
+    if col not in rows:
+        return np.zeros(n, np.int64)
+    v = np.asarray(rows[col], float)
+    return np.where(np.isfinite(v), v, 0).astype(np.int64)
+
+
 def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
-    """The recorded run as slices and counter samples (one engine, one trainer: the trace format's v1 layout)."""
+    """The recorded run as slices and counter samples: a lane per engine replica (`engine_id`) and per training
+    rank (`rank`) in split and data-parallel traces; one engine and one trainer in v1/v2 traces."""
     spans: list[Slice] = []
     counters: list[Counter] = []
     gen, train = LANE_GEN, LANE_TRAIN
+    split = (trace.config or {}).get("mode") == "split"
     g = trace.rows("gen_step")
+    eng = _ids(g, "engine_id")
     for i in range(len(g["kind"])):
         t0, d = float(g["t_start"][i]), float(g["duration"][i])
+        gen = f"gen/engine{eng[i]}"  # split traces: a lane per engine replica (engine_id; v1/v2 traces: engine 0)
         args = {k: _num(g[k][i]) for k in ("step", "policy_version", "num_running", "num_waiting", "prefill_tokens",
                                           "decode_tokens", "context_tokens", "kv_usage", "finished")}
         spans.append(Slice(gen, "gen_step", "gen.step", t0, d, args))
@@ -138,6 +151,7 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
     step_starts = np.asarray(g["t_start"], float)[order]
     step_ends = step_starts + np.asarray(g["duration"], float)[order]
     r = trace.rows("response")
+    r_eng = _ids(r, "engine_id")
     for i in range(len(r["kind"])):
         queued = r["t_queued"][i]
         queued = float(r["t_start"][i]) if np.isnan(queued) else float(queued)
@@ -153,7 +167,23 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
         args = {k: _num(r[k][i]) for k in ("step", "policy_version", "prompt_id", "group_index", "prompt_tokens",
                                           "response_tokens", "reward", "consumed_step", "t_queued", "t_first_token")}
         args["queued_s"] = _num(t0 - queued)
-        spans.append(Slice(gen, "response", name, t0, max(end - t0, 0.0), args))
+        if "finish_version" in r:
+            args["finish_version"] = _num(r["finish_version"][i])
+        spans.append(Slice(f"gen/engine{r_eng[i]}", "response", name, t0, max(end - t0, 0.0), args))
+    gen = LANE_GEN
+    # split and data-parallel traces (schema v3): per-rank compute and all-reduce, and idle intervals
+    for kind, track, name in (("train_rank", "update", "train.compute"), ("allreduce", "allreduce", "train.allreduce")):
+        x = trace.rows(kind)
+        ranks = _ids(x, "rank")
+        for i in range(len(x["kind"])):
+            spans.append(Slice(f"train/trainer{ranks[i]}", track, name, float(x["t_start"][i]), float(x["duration"][i]),
+                               {"step": _num(x["step"][i]), "rank": int(ranks[i])}))
+    x = trace.rows("idle")
+    for i in range(len(x["kind"])):
+        e, k = _num(x["engine_id"][i]), _num(x["rank"][i])
+        lane, nm = (f"gen/engine{int(e)}", "gen.idle") if e is not None else (f"train/trainer{int(k or 0)}", "train.idle")
+        spans.append(Slice(lane, "idle", nm, float(x["t_start"][i]), float(x["duration"][i]),
+                           {"policy_version": _num(x["policy_version"][i])}))
     # first request and first engine step of each RL step: where its generation round starts
     round_start: dict[int, float] = {}
     for st, t0 in zip(np.asarray(r["step"], float), np.where(np.isnan(r["t_queued"]), r["t_start"], r["t_queued"])):
@@ -167,7 +197,7 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
     s = trace.rows("sync")
     sync_end: dict[int, float] = {}
     for i in range(len(s["kind"])):
-        args = {k: _num(s[k][i]) for k in ("step", "policy_version", "bytes")}
+        args = {k: _num(s[k][i]) for k in ("step", "policy_version", "bytes") + (("engine_id",) if "engine_id" in s else ())}
         t0, d = float(s["t_start"][i]), float(s["duration"][i])
         spans.append(Slice(LANE_SYNC, "sync", "sync.weights", t0, d, args))
         if np.isfinite(float(s["step"][i])):
@@ -188,6 +218,8 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
             continue
         spans.append(Slice(train, "update", "train.update", t0, d, args))
         step = int(u["step"][i])
+        if split:  # no generation rounds: the replicas generate throughout; gen_time is the trainer's wait
+            round_start.pop(step, None)
         prep, rew = float(u["prep_time"][i]), float(u["reward_time"][i])
         t = t0
         if np.isfinite(prep) and prep > 0:

@@ -15,6 +15,11 @@ here:
   non-negative (`nonnegative`); rows within the run (`t_start` + `duration` not past the run's end by more
   than a tolerance; the calibration kinds on their own clock); update steps strictly increasing; an update's `num_responses` equal to the number
   of response rows consumed by its step (where the trace has response rows for it).
+- split-mode rows (schema version 3): `engine_id`, `rank` and `finish_version` are integer columns, so
+  non-negative like every other; an `idle` row has exactly one of `engine_id` (an engine waited) and `rank`
+  (a trainer rank waited); a response's `finish_version` is not below its `policy_version` (where both
+  are set). Metadata: the run config's placement fields typed (`mode` colocated or split, device counts
+  positive, ...; `schema.placement` gives older traces the defaults).
 
 A bad row raises `TraceError` with one line: the file, kind, column, the first offending row (index
 within its kind, and step), how many rows are bad and the fix. With `drop_invalid=True` such rows are
@@ -33,8 +38,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlsim.replay.errors import TraceError
-from rlsim.replay.schema import (CALIB_KINDS, COLUMN_NAMES, COLUMNS, EVENT_KINDS, EVAL, READABLE_VERSIONS, REQUIRED, RESPONSE,
-                                 SCHEMA_VERSION, UPDATE, arrow_schema, columns_for_version, kinds_for_version)
+from rlsim.replay.schema import (CALIB_KINDS, COLUMN_NAMES, COLUMNS, EVENT_KINDS, EVAL, IDLE, MODES, READABLE_VERSIONS, REQUIRED,
+                                 RESPONSE, SCHEMA_VERSION, UPDATE, arrow_schema, columns_for_version, kinds_for_version)
 
 FIX = "re-record it, or pass --drop-invalid to drop such rows"
 META_FIX = "the trace's `rlsim` metadata is corrupt; re-record it with `rlrun record`"
@@ -99,10 +104,18 @@ def _int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _bool(v: Any) -> bool:
+    return isinstance(v, bool)
+
+
+def _mode(v: Any) -> bool:
+    return v in MODES
+
+
 _TYPE_TEXT: dict[Callable[[Any], bool], str] = {
     _pos_int: "a positive integer", _nonneg_int: "a non-negative integer", _finite: "a finite number",
     _nonneg_num: "a non-negative finite number", _pos_num: "a positive finite number", _str: "a string",
-    _int: "an integer",
+    _int: "an integer", _bool: "true or false", _mode: " or ".join(MODES),
 }
 
 # sections that must be JSON objects when present (null is not an object)
@@ -116,6 +129,10 @@ META_FIELDS: dict[tuple[str, str], Callable[[Any], bool]] = {
     ("config", "lr_ref_batch"): _pos_int, ("config", "steps"): _nonneg_int, ("config", "eval_every"): _nonneg_int,
     ("config", "lr"): _finite, ("config", "lr_effective"): _finite, ("config", "algo"): _str,
     ("config", "lr_rule"): _str, ("config", "task"): _str,
+    # placement (schema version 3; missing in older traces: schema.CONFIG_DEFAULTS)
+    ("config", "mode"): _mode, ("config", "gen_devices"): _pos_int, ("config", "train_devices"): _pos_int,
+    ("config", "max_staleness"): _nonneg_int, ("config", "partial_rollout"): _bool, ("config", "off_policy"): _str,
+    ("config", "tis_cap"): _finite, ("config", "threads"): _nonneg_int,
     ("engine", "max_num_seqs"): _pos_int, ("engine", "kv_cache_tokens"): _pos_int, ("engine", "block_size"): _pos_int,
     ("engine", "max_model_len"): _pos_int,
     ("model", "bytes"): _nonneg_num, ("model", "parameters"): _nonneg_num, ("model", "name"): _str,
@@ -264,6 +281,7 @@ class _Checker:
             self.check_values(r)
         self.check_run_end()
         self.check_updates()
+        self.check_split()
         keep = np.ones(self.table.num_rows, bool)
         for r in self.rows.values():
             keep[r.pos[~r.alive]] = False
@@ -344,6 +362,25 @@ class _Checker:
         self.flag(u, "num_responses", hit & (nr != n),
                   "have a `num_responses` other than the number of response rows with that `consumed_step`",
                   lambda i: f"num_responses {nr[i]:.0f} vs {n[i]:.0f} response rows")
+
+
+    def check_split(self) -> None:
+        """Split-mode rows: an idle row is one engine's or one rank's wait (exactly one id set); a response
+        does not finish on an older policy version than it started on."""
+        idle = self.rows.get(IDLE)
+        if idle is not None and len(idle.pos):
+            has_e, has_r = ~idle.null["engine_id"], ~idle.null["rank"]
+            self.flag(idle, "engine_id", has_e == has_r, "have both or neither of `engine_id` and `rank` (an idle row is "
+                      "one engine's wait or one trainer rank's: exactly one of them)",
+                      lambda i: f"engine_id {'set' if has_e[i] else 'null'}, rank {'set' if has_r[i] else 'null'}")
+        resp = self.rows.get(RESPONSE)
+        if resp is not None and len(resp.pos):
+            fv, pv = resp.values["finish_version"], resp.values["policy_version"]
+            both = ~resp.null["finish_version"] & ~resp.null["policy_version"]
+            with np.errstate(invalid="ignore"):
+                self.flag(resp, "finish_version", both & (fv < pv),
+                          "have a `finish_version` below their `policy_version` (a response cannot finish on older weights "
+                          "than it started on)", lambda i: f"policy_version {pv[i]:.0f}, finish_version {fv[i]:.0f}")
 
 
 def validate(table: pa.Table, meta: Any, path: str | Path, *, drop_invalid: bool = False) -> Result:

@@ -11,6 +11,18 @@ group baseline):
   the mean of per-sequence means (`seq`, the original GRPO);
 - deviations from DeepSeekMath GRPO: no KL penalty and no reference model, no entropy bonus.
 
+Off-policy correction (`off_policy`, flag `--off-policy`; PPO and GRPO alike): `none` (default) trains on the
+samples as if the trainer had generated them. `tis`: truncated importance sampling (Yao et al. 2025, "Your
+Efficient RL Framework Secretly Brings You Off-Policy RL Training"): the engine that sampled a response token
+did so with log-prob logp_behavior (`Sample.behavior_logprobs`, recorded by vLLM), which differs from the
+trainer's logp_train of the same token (other kernels, precision, or a stale policy in split mode); each
+token's policy-loss term is multiplied by the detached weight w = min(exp(logp_train - logp_behavior), C),
+C = `tis_cap` (flag `--tis-cap`). logp_train is the trainer's log-prob before this batch's first optimizer
+step: with one update per batch that is the current one; with rollout reuse the PPO ratio (current / that
+one) does the rest, as in the paper. Tokens of samples without behaviour log-probs get w = 1. The mean of w
+and the fraction capped (ratio above C), over the tokens that have behaviour log-probs, go into
+`UpdateStats.extra` as `tis_weight_mean`, `tis_capped_frac` (and their count, `tis_tokens`).
+
 PPO: a separate value model (a copy of the policy's decoder with a scalar head, zero-initialised), the
 reward on the last response token, GAE(gamma, lambda) per sequence from the value model's outputs,
 the clipped policy loss above and a squared-error value loss. With one update per batch the values
@@ -23,6 +35,10 @@ itself only; groups are packed into rows of about `row_tokens` tokens, nothing i
 tail of each row. Each response's log-probs and gradients are those of the sequence on its own; the
 prompt's forward and backward are done once per group instead of G times. Logits are computed only at
 response positions.
+
+Data-parallel training (`runner/dp.py`) runs this same code on every rank with a hook (`dp`, see
+`Trainer.update`): micro-batch weights use the totals of the whole batch over all ranks, and the accumulated
+gradients and diagnostic sums are all-reduced before the norm, clipping and the optimizer step.
 
 Gradient diagnostics: each micro-batch's loss is normalised as its own estimate of the batch loss;
 its gradient norm is taken before it is added, weighted, into the full-batch gradient. `grad_norm` is
@@ -49,6 +65,8 @@ class Sample:
     prompt_id: int = 0
     group_index: int = 0
     advantage: float = 0.0  # GRPO: per-sequence advantage
+    # log-prob the engine sampled each response token with (one per response token; None/empty: unknown)
+    behavior_logprobs: list[float] | None = None
 
 
 @dataclass
@@ -204,12 +222,28 @@ class ValueModel(torch.nn.Module):
 
 
 class _GradAccumulator:
-    """Full-batch gradient as a weighted sum of micro-batch gradients, with each micro norm recorded."""
+    """Full-batch gradient as a weighted sum of micro-batch gradients, with each micro norm recorded.
+
+    The accumulators are views of one flat buffer (when all parameters share dtype and device), so a
+    data-parallel all-reduce sums them in place with one collective and no copy."""
 
     def __init__(self, params: list[torch.nn.Parameter]):
         self.params = [p for p in params if p.requires_grad]
-        self.acc = [torch.zeros_like(p) for p in self.params]
+        self.flat = None
+        if self.params and len({(p.dtype, p.device) for p in self.params}) == 1:
+            self.flat = torch.zeros(sum(p.numel() for p in self.params), dtype=self.params[0].dtype,
+                                    device=self.params[0].device)
+            offs = [0]
+            for p in self.params:
+                offs.append(offs[-1] + p.numel())
+            self.acc = [self.flat[a:b].view_as(p) for p, a, b in zip(self.params, offs, offs[1:])]
+        else:
+            self.acc = [torch.zeros_like(p) for p in self.params]
         self.micro_sq: list[float] = []
+
+    def buffers(self) -> list[torch.Tensor]:
+        """The accumulated gradient as tensors to all-reduce (the flat buffer, or one per parameter)."""
+        return [self.flat] if self.flat is not None else self.acc
 
     def add(self, weight: float) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
@@ -219,11 +253,15 @@ class _GradAccumulator:
         for p in self.params:
             p.grad = None
 
-    def finish(self) -> tuple[float, float]:
+    def finish(self, sq_sum: float | None = None, count: float | None = None) -> tuple[float, float]:
+        """Set the gradients; return the full norm and the micro-norm RMS (over `sq_sum`/`count`, the
+        all-reduced sum of squared micro norms and their number, when given)."""
         for p, a in zip(self.params, self.acc):
             p.grad = a
         full = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(a) for a in self.acc])))
-        rms = math.sqrt(sum(self.micro_sq) / max(1, len(self.micro_sq)))
+        if sq_sum is None:
+            sq_sum, count = sum(self.micro_sq), len(self.micro_sq)
+        rms = math.sqrt(sq_sum / max(1, count))
         return full, rms
 
 
@@ -262,10 +300,12 @@ class Trainer:
         if self.cuda:
             torch.cuda.synchronize()
 
-    def _policy_loss(self, logp, old_logp, adv_tok, seq_of_tgt, n_seq, denom_tokens):
+    def _policy_loss(self, logp, old_logp, adv_tok, seq_of_tgt, n_seq, denom_tokens, tis_w=None):
         ratio = torch.exp(logp - old_logp)
         eps = self.cfg.clip_eps
         per_tok = -torch.minimum(ratio * adv_tok, torch.clamp(ratio, 1 - eps, 1 + eps) * adv_tok)
+        if tis_w is not None:  # --off-policy tis: detached truncated importance weights
+            per_tok = per_tok * tis_w
         if self.cfg.loss_agg == "token":
             return per_tok.sum() / denom_tokens
         lens = torch.bincount(seq_of_tgt, minlength=n_seq).clamp(min=1).float()
@@ -297,7 +337,7 @@ class Trainer:
     def micro_for(self, responses: int) -> int:
         """Responses per micro-batch of an update of `responses` (the rule of RunConfig.micro at that batch)."""
         cfg = self.cfg
-        per_update = max(responses // (cfg.minibatches * cfg.ranks), 1)
+        per_update = max(responses // (cfg.minibatches * cfg.train_devices), 1)
         if cfg.micro_batch:
             return min(cfg.micro_batch, per_update)
         return max(min(per_update, 4), per_update // 4)
@@ -315,13 +355,55 @@ class Trainer:
         st.num_tokens = sum(b["num_tokens"] for b in micros)
         st.response_tokens = sum(len(s.response_ids) for s in samples)
         self._step(micros, micro_samples, None, st, apply=False)
+        self._tis_finish(st)
         return st
+
+    def _tis_weights(self, logp_train: torch.Tensor, ss: list[Sample], sums: list[float]) -> torch.Tensor:
+        """Truncated importance weights min(exp(logp_train - logp_behavior), tis_cap), one per response token
+        of `ss` (in `pack`'s target order), detached; 1 where a sample has no behaviour log-probs. Adds
+        (sum of weights, tokens capped, tokens with behaviour log-probs) to `sums`."""
+        beh, has = [], []
+        for s in ss:
+            n = len(s.response_ids)
+            b = s.behavior_logprobs
+            if b:
+                if len(b) != n:
+                    raise ValueError(f"sample has {len(b)} behavior_logprobs for {n} response tokens")
+                beh.extend(b)
+                has.extend([True] * n)
+            else:
+                beh.extend([0.0] * n)
+                has.extend([False] * n)
+        lp = logp_train.detach().float()
+        beh_t = torch.tensor(beh, dtype=torch.float32, device=lp.device)
+        has_t = torch.tensor(has, dtype=torch.bool, device=lp.device)
+        ratio = torch.exp(lp - beh_t)
+        cap = self.cfg.tis_cap
+        w = torch.where(has_t, torch.clamp(ratio, max=cap), torch.ones_like(ratio))
+        sums[0] += float(w[has_t].sum())
+        sums[1] += float((has_t & (ratio > cap)).sum())
+        sums[2] += float(has_t.sum())
+        return w
+
+    @staticmethod
+    def _tis_finish(st: UpdateStats) -> None:
+        sums = st.extra.pop("_tis", None)
+        if sums is not None:
+            st.extra["tis_weight_mean"] = sums[0] / sums[2] if sums[2] else 1.0
+            st.extra["tis_capped_frac"] = sums[1] / sums[2] if sums[2] else 0.0
+            st.extra["tis_tokens"] = int(sums[2])
 
     def _old_logprobs(self, micros) -> list[torch.Tensor]:
         with torch.no_grad():
             return [token_logprobs(self.policy, b, self.cfg.temperature).detach() for b in micros]
 
-    def update(self, samples: list[Sample], lr: float) -> UpdateStats:
+    def update(self, samples: list[Sample], lr: float, dp=None) -> UpdateStats:
+        """One RL step on `samples`. `dp`: data-parallel hook (`runner/dp.py`; None: this process alone), an
+        object with `totals(n_tgt, n_seq) -> (n_tgt, n_seq)`, the target tokens and sequences of the whole
+        optimizer step summed over all ranks (called once per optimizer step, before its first forward), and
+        `allreduce(tensors, scalars) -> scalars`, which sums the gradient buffers in place over the ranks and
+        returns the summed float scalars (called once per optimizer step, after the last backward). With it,
+        `samples` is this rank's shard and the step's gradient, loss and norms are those of the whole batch."""
         cfg, st = self.cfg, UpdateStats()
         for g in self.opt.param_groups:
             g["lr"] = lr
@@ -349,7 +431,7 @@ class Trainer:
             for k in range(0, len(order), per_mb):
                 idx = order[k:k + per_mb]
                 f, fm, cf, cfm, lo, clo = self._step([micros[i] for i in idx], [micro_samples[i] for i in idx],
-                                                     None if old is None else [old[i] for i in idx], st)
+                                                     None if old is None else [old[i] for i in idx], st, dp=dp)
                 norms.append(f); micro_norms.append(fm); losses.append(lo)
                 if cf is not None:
                     c_norms.append(cf); c_micro.append(cfm); c_losses.append(clo)
@@ -359,16 +441,21 @@ class Trainer:
         if c_norms:
             st.critic_grad_norm, st.critic_grad_norm_micro = rms(c_norms), rms(c_micro)
             st.critic_loss = sum(c_losses) / len(c_losses)
+        self._tis_finish(st)
         return st
 
-    def _step(self, micros, micro_samples, old, st: UpdateStats, apply: bool = True):
+    def _step(self, micros, micro_samples, old, st: UpdateStats, apply: bool = True, dp=None):
         cfg = self.cfg
         n_tgt = [int(b["tgt_tokens"].numel()) for b in micros]
         n_seq = [len(s) for s in micro_samples]
         tot_tgt, tot_seq = sum(n_tgt), sum(n_seq)
+        if dp is not None:  # weights relative to the whole batch over all ranks
+            tot_tgt, tot_seq = dp.totals(tot_tgt, tot_seq)
         acc = _GradAccumulator(list(self.policy.parameters()))
         cacc = _GradAccumulator(list(self.critic.parameters())) if self.critic is not None else None
         loss_sum = closs_sum = 0.0
+        tis = cfg.off_policy == "tis"
+        tis_sums = [0.0, 0.0, 0.0]
         for i, (b, ss) in enumerate(zip(micros, micro_samples)):
             # each micro loss is its own estimate of the batch loss; weight w puts it into the batch sum
             w = (n_tgt[i] / tot_tgt) if cfg.loss_agg == "token" else (n_seq[i] / tot_seq)
@@ -382,7 +469,8 @@ class Trainer:
                 else:
                     adv = torch.tensor([s.advantage for s in ss], dtype=torch.float32, device=logp.device)[b["seq_of_tgt"]]
                 old_logp = logp.detach() if old is None else old[i]
-                loss = self._policy_loss(logp, old_logp, adv, b["seq_of_tgt"], n_seq[i], n_tgt[i])
+                tis_w = self._tis_weights(old_logp, ss, tis_sums) if tis else None
+                loss = self._policy_loss(logp, old_logp, adv, b["seq_of_tgt"], n_seq[i], n_tgt[i], tis_w)
                 if self.critic is not None:
                     closs = 0.5 * ((values - ret) ** 2).mean()
             self._sync()
@@ -399,24 +487,33 @@ class Trainer:
             loss_sum += float(loss.detach()) * w
             st.t_forward += t1 - t0
             st.t_backward += t2 - t1 + (time.perf_counter() - t2)
+        csq = (sum(cacc.micro_sq), len(cacc.micro_sq)) if cacc is not None else (0.0, 0)
+        psq = (sum(acc.micro_sq), len(acc.micro_sq))
+        if dp is not None:  # sum the gradients and the diagnostic sums over all ranks
+            bufs = acc.buffers() + (cacc.buffers() if cacc is not None else [])
+            red = dp.allreduce(bufs, [psq[0], psq[1], loss_sum, closs_sum, csq[0], csq[1], *tis_sums])
+            psq, loss_sum, closs_sum, csq, tis_sums = (red[0], red[1]), red[2], red[3], (red[4], red[5]), red[6:9]
+        if tis:
+            prev = st.extra.setdefault("_tis", [0.0, 0.0, 0.0])
+            st.extra["_tis"] = [a + b for a, b in zip(prev, tis_sums)]
         if not apply:  # calibration (`profile`): the gradients are computed and normed, then discarded
-            full, micro_rms = acc.finish()
+            full, micro_rms = acc.finish(*psq)
             if cacc is not None:
-                cacc.finish()
+                cacc.finish(*csq)
             for mod in (self.policy, self.critic):
                 if mod is not None:
                     mod.zero_grad(set_to_none=True)
             self._sync()
             return full, micro_rms, None, None, loss_sum, None
         t3 = time.perf_counter()
-        full, micro_rms = acc.finish()
+        full, micro_rms = acc.finish(*psq)
         if cfg.clip_grad > 0:
             torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.clip_grad)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         cfull = cmicro = None
         if cacc is not None:
-            cfull, cmicro = cacc.finish()
+            cfull, cmicro = cacc.finish(*csq)
             if cfg.clip_grad > 0:
                 torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.clip_grad)
             self.critic_opt.step()

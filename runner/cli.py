@@ -46,7 +46,14 @@ def record(
     minibatches: int = typer.Option(1, help=H["minibatches"]),
     epochs: int = typer.Option(1, help=H["epochs"]),
     micro_batch: int = typer.Option(0, help=H["micro_batch"]),
-    ranks: int = typer.Option(1, help=H["ranks"]),
+    mode: str = typer.Option("colocated", help=H["mode"]),
+    gen_devices: int = typer.Option(1, help=H["gen_devices"]),
+    train_devices: int = typer.Option(1, help=H["train_devices"]),
+    max_staleness: int = typer.Option(0, help=H["max_staleness"]),
+    partial_rollout: bool = typer.Option(False, "--partial-rollout/--no-partial-rollout", help=H["partial_rollout"]),
+    off_policy: str = typer.Option("none", help=H["off_policy"]),
+    tis_cap: float = typer.Option(2.0, help=H["tis_cap"]),
+    threads: int = typer.Option(0, help=H["threads"]),
     compile: bool = typer.Option(False, "--compile/--no-compile", help=H["compile"]),
     max_num_seqs: int = typer.Option(1024, help=H["max_num_seqs"]),
     gen_batch: int = typer.Option(0, help=H["gen_batch"]),
@@ -63,7 +70,9 @@ def record(
         critic_lr=critic_lr, max_tokens=max_tokens, temperature=temperature, eval_every=eval_every,
         eval_prompts=eval_prompts, eval_k=eval_k, task=task, dataset=dataset, reward=reward, model=model, seed=seed,
         std_scale=std_scale, loss_agg=loss_agg, gamma=gamma, lam=lam, minibatches=minibatches, epochs=epochs,
-        micro_batch=micro_batch, ranks=ranks, compile=compile, max_num_seqs=max_num_seqs, gen_batch=gen_batch,
+        micro_batch=micro_batch, train_devices=train_devices, mode=mode,
+        gen_devices=gen_devices, max_staleness=max_staleness, partial_rollout=partial_rollout, off_policy=off_policy,
+        tis_cap=tis_cap, threads=threads, compile=compile, max_num_seqs=max_num_seqs, gen_batch=gen_batch,
         kv_cache_gib=kv_cache_gib, dtype=dtype, record_steps=record_steps, calibrate=calibrate, progress=progress, out=out,
         overwrite=overwrite,
     ).validate()
@@ -97,6 +106,7 @@ def calibrate_cmd(
     kv_cache_gib: float = typer.Option(1.0, help=H["kv_cache_gib"]),
     max_model_len: int = typer.Option(256, help=H["max_model_len"]),
     dtype: str = typer.Option("auto", help=H["dtype"]),
+    threads: int = typer.Option(0, help=H["threads"]),
     overwrite: bool = typer.Option(False, "--overwrite", help=H["overwrite"]),
 ):
     """Profile engine steps and training passes alone (what `record` does before its first update) and write
@@ -105,7 +115,7 @@ def calibrate_cmd(
         algo=algo, prompts=prompts, group=group, steps=1, max_tokens=max_tokens, temperature=temperature, task=task,
         dataset=dataset, reward=reward, model=model, seed=seed, micro_batch=micro_batch, compile=compile,
         max_num_seqs=max_num_seqs, gen_batch=gen_batch, kv_cache_gib=kv_cache_gib, max_model_len=max_model_len,
-        dtype=dtype, calibrate=True, progress=False, out=out, overwrite=overwrite,
+        dtype=dtype, threads=threads, calibrate=True, progress=False, out=out, overwrite=overwrite,
     ).validate()
     from rlsim.runner.loop import record as run_record
 

@@ -55,9 +55,23 @@ class RunConfig:
     minibatches: int = _f(1, "optimizer updates per rollout batch per epoch (1: the article's clean protocol)")
     epochs: int = _f(1, "passes over each rollout batch (1: no rollout reuse)")
     micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto")
-    ranks: int = _f(1, "data-parallel training ranks the batch is split over (must divide the batch)")
+    train_devices: int = _f(1, "data-parallel training ranks, one device each (CPU: one core each, gloo; GPU: one GPU each, "
+                               "NCCL), started by rlrun; gradients all-reduced; must divide the batch")
     compile: bool = _f(False, "torch.compile the policy (and critic) decoder for training, dynamic shapes; compiled "
                               "before recording starts (tens of seconds on CPU, recorded as trainer.warmup_s; needs a C++ compiler on CPU)")
+    # placement and asynchronous rollout (split mode)
+    mode: str = _f("colocated", "colocated: generate, then train, on the same devices (the synchronous reference); split: "
+                                "vLLM engine replicas in their own processes on their own devices, generating while the trainer trains")
+    gen_devices: int = _f(1, "split mode: generation devices (CPU: cores; GPU: GPUs), one vLLM engine replica each")
+    max_staleness: int = _f(0, "split mode: AReaL's eta; a prompt starts only while the samples started stay within eta policy "
+                               "versions of the current one (in-flight ones count); 0 = synchronous")
+    partial_rollout: bool = _f(False, "split mode: in-flight responses continue across a weight sync (KV kept) and record the "
+                                      "versions they span; off: they finish on the old weights before the engine loads the new ones")
+    off_policy: str = _f("none", "off-policy correction: none, or tis (truncated importance sampling: each token's loss "
+                                 "weighted by min(pi_train / pi_behaviour, --tis-cap), behaviour log-probs recorded by the engine)")
+    tis_cap: float = _f(2.0, "cap C of the truncated importance ratio (--off-policy tis)")
+    threads: int = _f(0, "CPU threads per process side (engine, each trainer rank); 0: colocated all cores, split the "
+                         "side's devices; calibrate with --threads to profile at a split's per-side thread count")
     # engine
     max_num_seqs: int = _f(1024, "vLLM max_num_seqs: sequences decoded concurrently (1024 holds a P=128, G=8 batch in one wave: on CPU an engine step costs mostly per-step and per-request overhead, so fewer, fuller steps are faster)")
     gen_batch: int = _f(0, "responses submitted to the engine per RL step (0: = train batch B; must be >= B)")
@@ -100,7 +114,7 @@ class RunConfig:
 
         Four micro-batches give the small-batch gradient norms for the noise-scale estimate at little cost
         (measured on 2 CPU cores, B=256: 2 micro-batches 0.44 s per update, 8 micro-batches 0.52 s)."""
-        per_update = self.batch // (self.minibatches * self.ranks)
+        per_update = self.batch // (self.minibatches * self.train_devices)
         if self.micro_batch:
             return min(self.micro_batch, per_update)
         return max(min(per_update, 4), per_update // 4)
@@ -135,12 +149,13 @@ class RunConfig:
             bad(f"unknown --reward {self.reward!r}; choose exact or numeric")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             bad(f"unknown --dtype {self.dtype!r}; choose auto, float32, bfloat16 or float16")
-        for name in ("steps", "max_tokens", "eval_prompts", "eval_k", "minibatches", "epochs", "ranks",
+        for name in ("steps", "max_tokens", "eval_prompts", "eval_k", "minibatches", "epochs", "train_devices",
+                     "gen_devices",
                      "max_num_seqs", "lr_ref_batch", "max_model_len"):
             v = getattr(self, name)
             if v < 1:
                 bad(f"--{name.replace('_', '-')} is {v}; it must be at least 1")
-        for name in ("eval_every", "micro_batch", "gen_batch", "seed"):
+        for name in ("eval_every", "micro_batch", "gen_batch", "seed", "max_staleness", "threads"):
             v = getattr(self, name)
             if v < 0:
                 bad(f"--{name.replace('_', '-')} is {v}; it must be 0 or more")
@@ -162,9 +177,24 @@ class RunConfig:
             bad("--gamma and --lam must lie in [0, 1]")
         if self.gen_batch and self.gen_batch < self.batch:
             bad(f"--gen-batch {self.gen_batch} is smaller than the train batch B = P x G = {self.batch}; generate at least B responses per step")
-        if self.batch % self.ranks:
-            bad(f"batch B = P x G = {self.batch} is not divisible by --ranks {self.ranks}; choose P so that P x G is a multiple of {self.ranks}")
-        per_rank = self.batch // self.ranks
+        if self.mode not in ("colocated", "split"):
+            bad(f"unknown --mode {self.mode!r}; choose colocated or split")
+        if self.off_policy not in ("none", "tis"):
+            bad(f"unknown --off-policy {self.off_policy!r}; choose none or tis")
+        if not (self.tis_cap >= 1 and math.isfinite(self.tis_cap)):
+            bad(f"--tis-cap is {self.tis_cap}; it must be at least 1")
+        if self.mode == "colocated":
+            for name, v, default in (("max_staleness", self.max_staleness, 0), ("partial_rollout", self.partial_rollout, False),
+                                     ("gen_devices", self.gen_devices, 1)):
+                if v != default:
+                    bad(f"--{name.replace('_', '-')} needs --mode split (asynchronous rollout on separate generation devices)")
+        if self.batch % self.train_devices:
+            bad(f"batch B = P x G = {self.batch} is not divisible by --train-devices {self.train_devices}; choose P so that "
+                f"P x G is a multiple of {self.train_devices}")
+        if self.train_devices > 1 and self.prompts % self.train_devices:
+            bad(f"--prompts {self.prompts} is not divisible by --train-devices {self.train_devices}: each rank trains whole "
+                f"groups; choose P as a multiple of {self.train_devices}")
+        per_rank = self.batch // self.train_devices
         if per_rank % self.minibatches:
             bad(f"batch per rank {per_rank} is not divisible by --minibatches {self.minibatches}; choose P or --minibatches so it divides")
         if self.micro_batch and (per_rank // self.minibatches) % self.micro:
@@ -177,6 +207,9 @@ class RunConfig:
             if self.task not in BUILTIN_TASKS:
                 bad(f"unknown --task {self.task!r}; choose one of {', '.join(BUILTIN_TASKS)} or pass --dataset FILE")
         if check_files:
+            from rlsim.runner.placement import place
+
+            place(self.mode, self.gen_devices, self.train_devices)  # devices exist and do not overlap
             if self.model is not None:
                 from rlsim.runner.model import check_model_dir
 

@@ -50,6 +50,9 @@ class Completion:
     t_first_token: float | None = None
     t_finished: float | None = None
     finish_reason: str | None = None
+    logprobs: list[float] = field(default_factory=list)  # behaviour log-probs, one per token (sampling.logprobs set)
+    start_version: int = 0  # policy version of the weights its first token was sampled with
+    finish_version: int = 0  # ... and its last
 
 
 def resolve_dtype(dtype: str) -> str:
@@ -109,6 +112,9 @@ class Engine:
 
         self.scheduler.schedule = schedule
         self._next_id = 0
+        self._live: dict[tuple[str, int], Completion] = {}  # (request id, child index) -> its sample
+        self._reqs: dict[Any, list[str]] = {}  # tag -> request ids (to abort a prompt's requests)
+        self._params: dict[int, tuple[Any, Any]] = {}  # n -> (the caller's SamplingParams, its clone with n)
         cc = self.engine.vllm_config.cache_config
         self.block_size = int(cc.block_size)
         self.kv_cache_tokens = int((cc.num_gpu_blocks or 0) * cc.block_size)
@@ -124,60 +130,107 @@ class Engine:
                 "max_num_batched_tokens": self.max_num_batched_tokens, "prefix_caching": True,
                 "enforce_eager": True}
 
-    def sampling(self, max_tokens: int, temperature: float, ignore_eos: bool = False):
+    def sampling(self, max_tokens: int, temperature: float, ignore_eos: bool = False, logprobs: bool = False):
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=1.0,
-                              output_kind=RequestOutputKind.DELTA, detokenize=False, ignore_eos=ignore_eos)
+                              output_kind=RequestOutputKind.DELTA, detokenize=False, ignore_eos=ignore_eos,
+                              logprobs=0 if logprobs else None)  # 0: only the sampled token's log-prob
+
+    def add(self, tag: Any, ids: list[int], n: int, sampling, *, version: int = 0,
+            continuing: list[Completion] | None = None) -> list[Completion]:
+        """Queue one prompt for `n` samples (one request with n = G, or n requests when greedy); returns
+        their Completions, filled in by `step()`. `continuing`: resume these partial samples (partial rollout
+        across a weight sync): one request each with the prompt + the tokens generated so far, for the
+        remaining max_tokens, so the engine recomputes their KV on the new weights."""
+        t = self.clock()
+        if continuing:
+            out = []
+            for c in continuing:
+                rid = f"r{self._next_id}"
+                self._next_id += 1
+                p = sampling.clone()
+                p.n, p.max_tokens = 1, sampling.max_tokens - len(c.token_ids)
+                self._live[(rid, 0)] = c
+                self._reqs.setdefault(c.tag, []).append(rid)
+                self.engine.add_request(rid, {"prompt_token_ids": list(c.prompt_ids) + list(c.token_ids)}, p)
+                out.append(c)
+            return out
+        k = 1 if not sampling.temperature else n  # vLLM refuses n > 1 with greedy sampling: n requests then
+        out = []
+        for first in range(0, n, max(k, 1)):
+            rid = f"r{self._next_id}"
+            self._next_id += 1
+            if k not in self._params or self._params[k][0] is not sampling:
+                p = sampling.clone()
+                p.n = k
+                self._params[k] = (sampling, p)
+            for i in range(k):
+                c = Completion(tag=tag, prompt_ids=list(ids), index=first + i, t_queued=t, start_version=version)
+                self._live[(rid, i)] = c
+                out.append(c)
+            self._reqs.setdefault(tag, []).append(rid)
+            self.engine.add_request(rid, {"prompt_token_ids": list(ids)}, self._params[k][1])
+        return out
+
+    def has_work(self) -> bool:
+        return self.engine.has_unfinished_requests()
+
+    def step(self, version: int = 0) -> tuple[StepStats, list[Completion]]:
+        """One engine step: its stats and the samples that finished in it."""
+        clock = self.clock
+        t0 = clock()
+        outs = self.engine.step()
+        t1 = clock()
+        done: list[Completion] = []
+        for o in outs:
+            for seq in o.outputs:  # DELTA: the children that advanced in this step
+                c = self._live.get((o.request_id, seq.index))
+                if c is None:
+                    continue
+                if seq.token_ids:
+                    if c.t_first_token is None:
+                        c.t_first_token = t1
+                    c.token_ids.extend(seq.token_ids)
+                    if seq.logprobs is not None:  # one {token: Logprob} per new token; the sampled one is there
+                        c.logprobs.extend(lp[tid].logprob for tid, lp in zip(seq.token_ids, seq.logprobs))
+                if seq.finish_reason is not None:
+                    c.t_finished, c.finish_reason, c.finish_version = t1, seq.finish_reason, version
+                    done.append(self._live.pop((o.request_id, seq.index)))
+        n, pre, dec, ctx = self._last
+        self._last = (0, 0, 0, 0)
+        st = StepStats(t_start=t0, duration=t1 - t0, num_running=n, num_waiting=len(self.scheduler.waiting),
+                       prefill_tokens=pre, decode_tokens=dec, context_tokens=ctx,
+                       kv_usage=float(self.scheduler.kv_cache_manager.usage), finished=len(done))
+        return st, done
+
+    def abort(self, tag: Any) -> list[Completion]:
+        """Abort every request of `tag`; returns its unfinished samples (tokens so far kept)."""
+        rids = self._reqs.pop(tag, [])
+        self.engine.abort_request(rids)
+        left = [k for k in self._live if k[0] in set(rids)]
+        return [self._live.pop(k) for k in left]
+
+    def in_flight(self) -> list[Any]:
+        """Tags with unfinished samples."""
+        return sorted({c.tag for c in self._live.values()}, key=str)
 
     def generate(self, prompts: list[tuple[Any, list[int], int]], sampling,
                  on_step: Callable[[StepStats], None] | None = None) -> list[Completion]:
         """Run all prompts `(tag, token ids, n)` to completion, n samples each; call `on_step` after
         every engine step. Returns one Completion per sample (tag, index 0..n-1), in finishing order."""
-        eng, clock = self.engine, self.clock
-        params: dict[int, Any] = {}
-        live: dict[tuple[str, int], Completion] = {}
-        done: list[Completion] = []
-        greedy = not sampling.temperature  # vLLM refuses n > 1 with greedy sampling: n requests then
         for tag, ids, n in prompts:
-            t, k = clock(), (1 if greedy else n)  # samples per request
-            for first in range(0, n, max(k, 1)):
-                rid = f"r{self._next_id}"
-                self._next_id += 1
-                if k not in params:
-                    params[k] = sampling.clone()
-                    params[k].n = k
-                for i in range(k):
-                    live[(rid, i)] = Completion(tag=tag, prompt_ids=list(ids), index=first + i, t_queued=t)
-                eng.add_request(rid, {"prompt_token_ids": list(ids)}, params[k])
-        while eng.has_unfinished_requests():
-            t0 = clock()
-            outs = eng.step()
-            t1 = clock()
-            finished = 0
-            for o in outs:
-                for seq in o.outputs:  # DELTA: the children that advanced in this step
-                    c = live.get((o.request_id, seq.index))
-                    if c is None:
-                        continue
-                    if seq.token_ids:
-                        if c.t_first_token is None:
-                            c.t_first_token = t1
-                        c.token_ids.extend(seq.token_ids)
-                    if seq.finish_reason is not None:
-                        c.t_finished, c.finish_reason = t1, seq.finish_reason
-                        done.append(live.pop((o.request_id, seq.index)))
-                        finished += 1
+            self.add(tag, ids, n, sampling)
+        done: list[Completion] = []
+        while self.engine.has_unfinished_requests():
+            st, fin = self.step()
+            done.extend(fin)
             if on_step is not None:
-                n, pre, dec, ctx = self._last
-                on_step(StepStats(t_start=t0, duration=t1 - t0, num_running=n,
-                                  num_waiting=len(self.scheduler.waiting), prefill_tokens=pre,
-                                  decode_tokens=dec, context_tokens=ctx,
-                                  kv_usage=float(self.scheduler.kv_cache_manager.usage), finished=finished))
-            self._last = (0, 0, 0, 0)
-        if live:  # pragma: no cover - the engine reported no output for these
-            raise RuntimeError(f"{len(live)} samples never finished in the engine")
+                on_step(st)
+        self._reqs.clear()
+        if self._live:  # pragma: no cover - the engine reported no output for these
+            raise RuntimeError(f"{len(self._live)} samples never finished in the engine")
         return done
 
     def sync(self, state_dict: dict[str, Any]) -> int:

@@ -10,6 +10,7 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -106,24 +107,40 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibration: bool = False) -> Path:
-    """Run and record one RL run as a trace at `cfg.out`; returns its path. `only_calibration` (`rlrun
-    calibrate`): set up and calibrate as a run would, write the calibration rows and metadata, stop."""
-    cfg.validate()
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    import random
+@dataclass
+class Setup:
+    """What both record loops (colocated here, split in runner/split.py) start from."""
+    cfg: RunConfig
+    model_dir: Path
+    task: Any
+    tok: Any
+    policy: Any
+    pad_id: int
+    device: Any
+    eval_set: list
+    eval_ids: list[list[int]]
 
+    def encode(self, prompt: str) -> list[int]:
+        """Token ids by the trainer's own tokenizer call: the engine sees exactly the trained contexts."""
+        return list(self.tok(prompt)["input_ids"])
+
+    def meta(self, **sections) -> dict[str, Any]:
+        from rlsim.runner.model import model_info
+
+        return {"created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"), "seed": self.cfg.seed,
+                "config": self.cfg.to_meta(), **sections, "hardware": hardware_info(self.device),
+                "model": model_info(self.policy, Path(self.model_dir)), "packages": package_versions(),
+                "task": {"name": self.task.name, "eval_prompts": len(self.eval_set)}, "command": _command()}
+
+
+def setup(cfg: RunConfig, log: Callable[[str], None]) -> Setup:
+    """Model (built and cached when not given), tokenizer, task, policy on its device, eval prompts."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlsim.replay.io import TraceWriter
-    from rlsim.runner.algo import Sample, Trainer, grpo_advantages
-    from rlsim.runner.engine import Engine
-    from rlsim.runner.model import Recipe, check_model_dir, ensure_model, model_info
+    from rlsim.runner.model import Recipe, check_model_dir, ensure_model
     from rlsim.runner.tasks import make_task
 
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model_dir = check_model_dir(cfg.model) if cfg.model else ensure_model(Recipe.for_task(cfg.task), log=log)
     task = make_task(cfg.task, cfg.dataset, cfg.reward)
@@ -133,17 +150,55 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibratio
     except (OSError, ValueError) as e:
         raise RlsimError(f"cannot load the model in {model_dir} ({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+    eval_set = task.eval_set(cfg.eval_prompts, cfg.seed)
+    eval_ids = [list(tok(ex.prompt)["input_ids"]) for ex in eval_set]
+    return Setup(cfg, Path(model_dir), task, tok, policy, pad_id, device, eval_set, eval_ids)
+
+
+def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibration: bool = False) -> Path:
+    """Run and record one RL run as a trace at `cfg.out`; returns its path. `only_calibration` (`rlrun
+    calibrate`): set up and calibrate as a run would, write the calibration rows and metadata, stop."""
+    cfg.validate()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import random
+
+    import torch
+
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    ctx = setup(cfg, log)
+    if cfg.mode == "split":
+        from rlsim.runner.split import record_split
+
+        return Path(record_split(cfg, ctx, log))
+    from rlsim.runner.placement import pinned, place
+
+    pl = place(cfg.mode, cfg.gen_devices, cfg.train_devices)
+    # --threads (e.g. `rlrun calibrate --threads 1`: profile at a split side's threads): on that many cores
+    cores = sorted(os.sched_getaffinity(0))[:cfg.threads] if cfg.threads and pl.kind == "cpu" else None
+    with pinned(cores, cfg.threads or None):
+        return _record_colocated(cfg, ctx, pl, log, only_calibration)
+
+
+def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: bool) -> Path:
+    import torch
+
+    from rlsim.replay.io import TraceWriter
+    from rlsim.runner.algo import Sample, Trainer, grpo_advantages
+    from rlsim.runner.dp import DataParallel
+    from rlsim.runner.engine import Engine
+
+    task, tok, policy, pad_id, device, model_dir = ctx.task, ctx.tok, ctx.policy, ctx.pad_id, ctx.device, ctx.model_dir
+    gen_threads = torch.get_num_threads()
+    # colocated ranks: rank 0 generates on all its cores, then trains on its share like the other ranks
+    train_threads = pl.threads(pl.train[0], cfg.threads) if pl.kind == "cpu" and cfg.train_devices > 1 else gen_threads
     engine = Engine(str(model_dir), max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
                     kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype, seed=cfg.seed)
     log(f"engine started in {engine.start_time_s:.1f} s ({engine.kv_cache_tokens} KV tokens, dtype {engine.dtype})")
     trainer = Trainer(policy, cfg, pad_id, device)
-    sampling = engine.sampling(cfg.max_tokens, cfg.temperature)
+    sampling = engine.sampling(cfg.max_tokens, cfg.temperature, logprobs=cfg.off_policy == "tis")
 
-    def encode(prompt: str) -> list[int]:
-        return list(tok(prompt)["input_ids"])
-
-    eval_set = task.eval_set(cfg.eval_prompts, cfg.seed)
-    eval_ids = [encode(ex.prompt) for ex in eval_set]
+    encode, eval_set, eval_ids = ctx.encode, ctx.eval_set, ctx.eval_ids
     # warm-up outside the recorded run: the first engine steps carry one-time costs
     t_w = time.perf_counter()
     warm = engine.generate([(None, ids, 1) for ids in eval_ids[: min(len(eval_ids), 64)]], sampling)
@@ -170,18 +225,11 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibratio
         cal_resp = [list(c.token_ids) for c in warm if c.token_ids] or [[pad_id]]
         calib_rows, calib_info = run_calibration(engine, trainer, cfg, cal_prompts, cal_resp, log=log)
 
-    minfo = model_info(policy, Path(model_dir))
-    meta = {
-        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "seed": cfg.seed, "config": cfg.to_meta(), "engine": {**engine.facts(), "warmup_excluded": True},
-        "trainer": {"compile": cfg.compile, "warmup_s": t_train_warm, "row_tokens": trainer.row_tokens,
-                    "share_prompts": trainer.share_prompts},
-        "hardware": hardware_info(device), "model": minfo, "packages": package_versions(),
-        "task": {"name": task.name, "eval_prompts": len(eval_set)},
-        "command": _command(),
-    }
-    if calib_info is not None:
-        meta["calibration"] = calib_info
+    meta = ctx.meta(engine={**engine.facts(), "warmup_excluded": True},
+                    trainer={"compile": cfg.compile, "warmup_s": t_train_warm, "row_tokens": trainer.row_tokens,
+                             "share_prompts": trainer.share_prompts})
+    if calib_info is not None:  # the thread count it was profiled at: a split side may run at fewer
+        meta["calibration"] = {**calib_info, "threads": gen_threads}
     if only_calibration:
         meta["kind"] = "calibration"
         with TraceWriter(cfg.out, meta, overwrite=cfg.overwrite) as w:
@@ -189,6 +237,13 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibratio
                 w.add(kind, **r)
         log(f"calibration written: {cfg.out} ({len(calib_rows)} rows)")
         return Path(cfg.out)
+    dp = DataParallel(trainer, cfg, str(model_dir), pad_id, t0=0.0,
+                      cores=[list(c) for c in pl.train] if pl.kind == "cpu" and cfg.train_devices > 1 else None)
+    if cfg.train_devices > 1:  # the other ranks' first-call costs (and compilation) stay out of the run too
+        torch.set_num_threads(train_threads)
+        dp.warmup([Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id], reward=0.0, advantage=1.0)
+                   for c in warm])
+        torch.set_num_threads(gen_threads)
     stream = task.train_stream(cfg.seed)
     P, G, B = cfg.prompts, cfg.G, cfg.batch
     lr = cfg.lr_effective
@@ -255,14 +310,20 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibratio
                 text = tok.decode(c.token_ids, skip_special_tokens=True)
                 r = task.reward(text, examples[j])
                 samples.append(Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id], reward=r,
-                                      prompt_id=pids[j], group_index=g))
+                                      prompt_id=pids[j], group_index=g,
+                                      behavior_logprobs=list(c.logprobs) if c.logprobs else None))
             if cfg.algo == "grpo":
                 for s, a in zip(samples, grpo_advantages([s.reward for s in samples], G, cfg.std_scale)):
                     s.advantage = a
             reward_time = clock() - t_r
             t_u = clock()
-            st = trainer.update(samples, lr)
+            torch.set_num_threads(train_threads)
+            st, rank_rows, ar_rows = dp.update(samples, lr)
+            torch.set_num_threads(gen_threads)
             u_dur = clock() - t_u
+            if cfg.train_devices > 1:  # per-rank compute and the gradient all-reduce (run clock: minus T0)
+                rows += [("train_rank", dict(r, t_start=r["t_start"] - T0, step=step, policy_version=step)) for r in rank_rows]
+                rows += [("allreduce", dict(r, t_start=r["t_start"] - T0, step=step, policy_version=step)) for r in ar_rows]
             t_s = clock()
             nbytes = engine.sync(policy.state_dict())
             s_dur = clock() - t_s
@@ -310,6 +371,7 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibratio
         raise
     finally:
         prog.close()
+        dp.close()
     writer.close()
     log(f"{'interrupted; ' if interrupted else ''}trace written: {cfg.out} ({writer.rows_written} rows)")
     return Path(cfg.out)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from rlsim.replay.io import read_trace
-from rlsim.replay.schema import EVENT_KINDS
+from rlsim.replay.schema import EVENT_KINDS, placement
+from rlsim.replay.split_stats import split_stats
 from rlsim.replay.steps import step_table
 
 
@@ -26,6 +27,23 @@ def step_split(trace) -> dict[str, float]:
     return {"steps": n, "step": step, "gen": gen, "train": train, "sync": sync, "reward": reward,
             "other": max(0.0, step - gen - train - sync - reward), "eval": float(np.nansum(trace.rows("eval")["duration"])),
             "responses": tot["num_responses"]}
+
+
+def split_lines(trace) -> list[str]:
+    """A split recording: placement, measured idle ratios, staleness and overlap (rlsim.replay.split_stats)."""
+    s = split_stats(trace)
+    pl = placement(trace.config)
+    pct = lambda x: f"{100 * x:.1f}%" if np.isfinite(x) else "-"  # noqa: E731
+    return [f"split      {s.gen_devices} generation engine{'s' if s.gen_devices != 1 else ''} : {s.train_devices} trainer "
+            f"rank{'s' if s.train_devices != 1 else ''}, max staleness {s.max_staleness}, partial rollout "
+            f"{'on' if s.partial_rollout else 'off'}, off-policy {pl['off_policy']}"
+            + (f" (cap {_f(pl['tis_cap'], 'g')})" if pl["off_policy"] != "none" else ""),
+            f"measured   over {_f(s.window[0], '.1f')}..{_f(s.window[1], '.1f')} s "
+            f"({'after the first 2 updates' if trace.count('update') > 2 else 'the whole run'}, evals left out): "
+            f"{_f(s.responses_per_s, '.1f')} responses/s; generator idle {pct(s.gen_idle_ratio)}, trainer idle "
+            f"{pct(s.train_idle_ratio)}; generation overlapped training {_f(s.overlap_s, '.1f')} s",
+            f"staleness  mean {_f(s.staleness_mean, '.2f')}, max {s.staleness_max} policy versions; "
+            f"{s.partial_responses} responses spanned a weight sync"]
 
 
 def summarize(path: str) -> str:
@@ -68,8 +86,19 @@ def summarize(path: str) -> str:
                      f"{len(rungs)} concurrencies {min(rungs, default=0)}..{max(rungs, default=0)}, training "
                      f"{_f(cal.get('train_s'), '.1f')} s at {len(set(toks))} token levels {min(toks, default=0)}..{max(toks, default=0)}"
                      + (f"; skipped {', '.join(cal['skipped'])}" if cal.get("skipped") else ""))
+    if placement(c)["mode"] == "split":
+        lines += split_lines(t)
     sp = step_split(t)
-    if sp:
+    if sp and placement(c)["mode"] == "split":  # phases overlap: the trainer's view of its step
+        tot = sp["step"] or float("nan")
+        n_eng = max(1, int(placement(c)["gen_devices"]))
+        lines.append(f"step time  {sp['steps']} steps, {_f(sp['step'] / sp['steps'])} s mean (trainer's view): waited for "
+                     f"responses {100 * sp['gen'] / tot:.1f}%, training {100 * sp['train'] / tot:.1f}%, weight sync "
+                     f"{100 * sp['sync'] / n_eng / tot:.1f}% (per engine), rewards {100 * sp['reward'] / tot:.1f}%; evals "
+                     "run on engine 0 beside the training requests")
+        lines.append(f"throughput {_f(sp['responses'] / sp['step'], '.1f')} responses/s over RL steps; "
+                     f"{int(sp['responses'])} responses")
+    elif sp:
         tot = sp["step"] or float("nan")
         lines.append(f"step time  {sp['steps']} steps, {_f(sp['step'] / sp['steps'])} s mean: "
                      f"generation {100 * sp['gen'] / tot:.1f}%, training {100 * sp['train'] / tot:.1f}%, "

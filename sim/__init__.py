@@ -6,12 +6,12 @@ The package is laid out in three folders: this one (sim/: the SimPy model, what-
 `rlsim.runner` (runner/: real runs with torch and vLLM, imported only by `rlrun`).
 
 Notebook API (rlsim.api, loaded on first use so that `import rlsim.replay` stays light):
-`load_trace`, `events`, `steps`, `fit`, `predict`, `sweep`, `check_fidelity`; errors are `RlsimError`.
+`load_trace`, `events`, `steps`, `split_stats`, `fit`, `predict`, `sweep`, `check_fidelity`; errors are `RlsimError`.
 """
 from rlsim.replay.errors import RlsimError, TraceError
 
-__all__ = ["RlsimError", "TraceError", "load_trace", "events", "steps", "fit", "predict", "sweep", "check_fidelity"]
-_API = {"load_trace", "events", "steps", "fit", "predict", "sweep", "check_fidelity"}
+__all__ = ["RlsimError", "TraceError", "load_trace", "events", "steps", "split_stats", "fit", "predict", "sweep", "check_fidelity"]
+_API = {"load_trace", "events", "steps", "split_stats", "fit", "predict", "sweep", "check_fidelity"}
 
 
 def __getattr__(name: str):

@@ -5,6 +5,7 @@ same `RlsimError` (one line saying what is wrong and how to fix it) the CLI prin
     tr = rlsim.load_trace("traces/grpo_p128.parquet")   # validated; tr.table is the pyarrow Table
     rlsim.events(tr)                                     # one row per recorded event
     rlsim.steps(tr)                                      # one row per RL step (rlsim.replay.steps)
+    rlsim.split_stats(tr)                                # measured idle ratios, staleness, overlap (rlsim.replay.split_stats)
     study = rlsim.fit([tr])                              # cost and learning models, fitted once
     rlsim.predict(study, prompts=2048)                   # reference and candidate, sigma, rho, T ratio
     rlsim.sweep([tr], {"prompts": [256, 1024], "group": [4, 8]})   # ranked, best first
@@ -41,6 +42,14 @@ def steps(trace: Trace | str | os.PathLike):
     from rlsim.replay.steps import step_table
 
     return pd.DataFrame(step_table(_trace(trace)))
+
+
+def split_stats(trace: Trace | str | os.PathLike, *, skip: int = 2) -> dict[str, Any]:
+    """Measured placement metrics of a recorded run (colocated or split): responses/s, generator and trainer
+    idle ratios, staleness, partial rollouts, generation/training overlap (rlsim.replay.split_stats.SplitStats)."""
+    from rlsim.replay.split_stats import split_stats as measure
+
+    return measure(_trace(trace), skip=skip).to_dict()
 
 
 def fit(traces: Sequence[Trace | str | os.PathLike], *, rho_model: str = "auto", target: float | None = None,

@@ -19,7 +19,10 @@ Model
   v the current policy version (weight syncs so far). In-flight requests count, so the k-th P prompts
   to start (batch k) start no earlier than version k - eta. eta = 0 is synchronous: batch k is generated
   on the weights of version k, after update k-1's sync.
-- Trainer: waits for P finished groups (the first to finish), consumes them as update u (version u -> u+1):
+- Trainer: update u (version u -> u+1) consumes P finished groups: every prompt admitted at a version
+  <= u - eta (consumed later it would exceed the limit; the gate keeps them within one batch), then the
+  oldest admitted of the other finished ones (ties: completion order); it waits until those are finished,
+  so a consumed sample's staleness never exceeds eta (`rlrun record --mode split` does the same). Then
   rewards (host), then on each of the `train_gpus` = M data-parallel ranks the fitted prep and update models
   at that rank's tokens (B / M responses each, in completion order: a + b·tokens_r, the trace's one-device
   fit), then a ring all-reduce of the gradients once the slowest rank is done:
@@ -35,8 +38,7 @@ Model
   recomputed (prompt + generated tokens prefilled in the next step): a response may span several
   versions (its start and finish versions are in the timeline).
 - Staleness of a consumed sample = the update that consumes it - the policy version its generation
-  started under (its oldest tokens). Consumption follows completion, so a long response can lag more than
-  eta (the rule bounds how many samples run ahead, not their order): the max is reported as measured.
+  started under (its oldest tokens); at most eta by the consumption rule above.
 
 Outputs (SimRun): per update, the step time (between consecutive update ends), the time the trainer waited
 for generation (batch, and replicas joining the sync: `gen_time`), training (slowest rank + all-reduce),
@@ -222,6 +224,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     rep = np.full(S, -1, np.int64)   # replica that ran it
     cons = np.full(S, -1, np.int64)  # update that consumed it
     left = np.full(NP, G, np.int64)  # per prompt: sequences not finished
+    pv = np.full(NP, np.iinfo(np.int64).max, np.int64)  # per prompt: the policy version when it was admitted
     max_ctx = int((p + L).max()) if S else 0
     kv_bind = cfg.exact_engine or eng.kv_can_bind(max_ctx)
     bs, cap, max_seqs = eng.block_size, eng.kv_blocks, eng.max_num_seqs
@@ -323,6 +326,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
                 if nwait < free and st.next_prompt < allowed:
                     j = min(allowed, st.next_prompt + -(-(free - nwait) // G))  # whole prompts, while slots are free
                     wait.append((st.next_prompt * G, j * G))
+                    pv[st.next_prompt:j] = st.version
                     nwait += (j - st.next_prompt) * G
                     st.next_prompt = j
                 m = min(free, nwait)
@@ -444,7 +448,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
                 if len(complete):
                     st.ready_groups.extend(complete.tolist())
                     if st.batch_ev is not None and len(st.ready_groups) >= P and not st.batch_ev.triggered:
-                        st.batch_ev.succeed()
+                        st.batch_ev.succeed()  # the trainer re-checks its rule
                 if record_timeline and not len(run):
                     counters.append(Counter(lane_gen(r), "gen.running", env.now, 0.0))
 
@@ -467,16 +471,26 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
 
     def trainer():
         nonlocal lag_sum, lag_max
+        fu = 0  # prompts below fu have all finished (a lower bound, advanced after each update)
         prev = 0.0
         steps_prev = pre_prev = 0
         for u in range(U):
             tw = env.now
-            while len(st.ready_groups) < P:
+            D = int(np.searchsorted(pv, u - eta, side="right"))  # prompts [0, D) were admitted at versions <= u - eta
+            while len(st.ready_groups) < P or not np.all(left[fu:D] == 0):
                 st.batch_ev = env.event()
                 yield st.batch_ev
                 st.batch_ev = None
             waited = env.now - tw
-            g = np.fromiter((st.ready_groups.popleft() for _ in range(P)), np.int64, P)
+            rg = np.fromiter(st.ready_groups, np.int64, len(st.ready_groups))
+            order = np.lexsort((np.arange(len(rg)), pv[rg], rg >= D))  # due first, then oldest admitted, then finish
+            pick = np.sort(order[:P])
+            g = rg[pick]
+            keep = np.ones(len(rg), bool)
+            keep[pick] = False
+            st.ready_groups = deque(rg[keep].tolist())
+            while fu < NP and left[fu] == 0:
+                fu += 1
             seqs = (g[:, None] * G + np.arange(G)).ravel()
             cons[seqs] = u
             lag = u - v0[seqs]

@@ -21,7 +21,7 @@ from rlsim.replay.fit import FittedModels, fit_trace
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import (RHO_MODELS, LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve,
                              invariant_rho, noise_scale, noise_scale_rho, regime)
-from rlsim.replay.schema import EVAL
+from rlsim.replay.schema import EVAL, placement
 from rlsim.replay.util import ENGINE_DEFAULTS
 from rlsim.config import EngineConfig, SimConfig, WhatIf
 from rlsim.outcome import Outcome, RunResult
@@ -200,7 +200,8 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
             if a != b:
                 setup_warnings.append(f"{t.name} has {what} {b!r}, the reference {a!r}: its learning curve may not be comparable")
     # step costs fitted across the traces of the same setup (their batch sizes give the slopes a range)
-    pooled = [ref] + [t for t in traces[1:] if same_setup(ref, t)]
+    # (split-mode recordings give learning curves at their staleness limit, not step costs: see fit_trace)
+    pooled = [ref] + [t for t in traces[1:] if same_setup(ref, t) and placement(t.config)["mode"] == "colocated"]
     models = fit_trace(pooled if len(pooled) > 1 else ref, calibration=list(calibration))
     reference = WhatIf(prompts=models.prompts, group=models.group, lr_rule=str(cfg.get("lr_rule") or "sqrt"))
     if not reference.prompts:

@@ -282,3 +282,17 @@ def test_cli_run_and_perfetto_export_show_every_engine_and_rank(traces, tmp_path
     procs = {e["args"]["name"] for e in obj["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
     assert {"gen/engine0", "gen/engine1", "train/trainer0", "train/trainer1", "sync", "rl"} <= procs
     assert counts["gen_step"] > 0 and counts["response"] > 0 and counts["allreduce"] == 2 * 5 and counts["sync"] == 5
+
+
+def test_a_long_response_is_consumed_before_it_exceeds_the_limit():
+    # P = G = 1, eta = 1, partial rollout: prompt 0 needs 10 tokens, the others 2. Consumed in completion order,
+    # prompt 1 (update 0) and prompt 2 (admitted at version 1, done before prompt 0) would go first and prompt 0
+    # would reach update 2, two versions after it started. The rule makes update 1 wait for prompt 0.
+    m = hand_models([([1], [10]), ([1], [2]), ([1], [2]), ([1], [2])], c=(1.0, 0.0, 0.0, 0.0), update=(1.0, 0.0),
+                    sync=0.1, max_num_seqs=4)
+    run = simulate(m, _cfg(m, updates=3, split=SplitConfig(1, 1, staleness=1, partial_rollout=True)), rng=RNG,
+                   record_timeline=True)
+    resp = sorted((s.args["prompt_id"], s.args["start_version"], s.args["consumed_update"]) for s in run.timeline
+                  if s.track == "response" and s.args["consumed_update"] is not None)
+    assert resp == [(0, 0, 1), (1, 0, 0), (2, 1, 2)]
+    assert run.staleness_max == 1

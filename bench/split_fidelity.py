@@ -1,0 +1,156 @@
+"""Split devices and asynchronous rollout: the simulator's predictions against real split recordings.
+
+Records on this machine (serialised with `flock /tmp/rlsim-heavy.lock`, resumable: a trace that exists
+and reads as complete is kept):
+- `coloc`: the colocated synchronous reference (calibrated, as `rlrun record` does by default);
+- `calib_t1`: `rlrun calibrate --threads 1`, the engine and the trainer profiled at one thread, which is
+  what each side gets in a split on 2 cores (one core each);
+- split runs (`--mode split --gen-devices 1 --train-devices 1`) at `--max-staleness` 0, 1, 2, one with
+  `--partial-rollout`, and a second seed; and a colocated run with `--train-devices 2` (data-parallel).
+Then predicts every split run from the colocated recording alone (`rlsim run --trace coloc.parquet
+--calibration calib_t1.parquet --gen-gpus 1 --train-gpus 1 --staleness K [--partial-rollout]`, a long
+simulated run, so its ratios are steady-state) and compares with what each run measured in steady state
+(`rlsim.replay.split_stats`: after the first two updates): responses/s, generator and trainer idle
+ratios, mean staleness. A second prediction without `--calibration` (the colocated run's own two-thread
+costs) shows what the per-side calibration buys.
+
+Targets (issue "split devices and asynchronous rollout"): responses/s within 10 %, idle ratios within 0.05.
+The colocated `--train-devices 2` run is measured and shown beside the one-rank reference; the simulator's
+colocated loop has no data-parallel model (its `--train-gpus` is a split option), so it has no prediction.
+
+    python bench/split_fidelity.py                 # record what is missing (~8 min on 2 quiet cores), analyse
+    python bench/split_fidelity.py --steps 4       # smoke test
+    python bench/split_fidelity.py --no-record     # analyse what is recorded
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = "/tmp/rlsim-heavy.lock"
+P, G = 32, 8
+COMMON = ["--prompts", str(P), "--group", str(G), "--eval-every", "0", "--eval-prompts", "16", "--eval-k", "1",
+          "--no-progress", "--overwrite"]
+SPLIT = ["--mode", "split", "--gen-devices", "1", "--train-devices", "1", "--no-calibrate"]
+# (name, extra rlrun record args, staleness, partial) -- None staleness: not a split run
+RUNS = [
+    ("split_e0", SPLIT + ["--max-staleness", "0"], 0, False),
+    ("split_e1", SPLIT + ["--max-staleness", "1"], 1, False),
+    ("split_e2", SPLIT + ["--max-staleness", "2"], 2, False),
+    ("split_e2_partial", SPLIT + ["--max-staleness", "2", "--partial-rollout"], 2, True),
+    ("split_e1_seed1", SPLIT + ["--max-staleness", "1", "--seed", "1"], 1, False),
+    ("coloc_dp2", ["--train-devices", "2", "--no-calibrate"], None, False),
+]
+
+
+def tool(name: str) -> str:
+    exe = Path(sys.executable).with_name(name)
+    return str(exe) if exe.exists() else (shutil.which(name) or name)
+
+
+def _complete(path: Path, steps: int | None) -> bool:
+    from rlsim.replay.errors import RlsimError
+    from rlsim.replay.io import read_trace
+
+    if not path.exists():
+        return False
+    try:
+        t = read_trace(path)
+    except RlsimError:
+        return False
+    if steps is None:  # a calibration file
+        return bool(t.count("calib_gen"))
+    return t.meta.get("status") == "complete" and t.count("update") == steps
+
+
+def _run(cmd: list[str], log) -> None:
+    log(" ".join(cmd))
+    t0 = time.perf_counter()
+    p = subprocess.run(["flock", LOCK, *cmd], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
+    log(f"  {time.perf_counter() - t0:.0f} s wall")
+
+
+def record(out: Path, steps: int, log=print) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    rl = tool("rlrun")
+    if not _complete(out / "coloc.parquet", steps):
+        _run([rl, "record", *COMMON, "--steps", str(steps), "--out", str(out / "coloc.parquet")], log)
+    if not _complete(out / "calib_t1.parquet", None):
+        _run([rl, "calibrate", "--prompts", str(P), "--group", str(G), "--threads", "1", "--overwrite",
+              "--out", str(out / "calib_t1.parquet")], log)
+    for name, extra, _k, _p in RUNS:
+        if not _complete(out / f"{name}.parquet", steps):
+            _run([rl, "record", *COMMON, *extra, "--steps", str(steps), "--out", str(out / f"{name}.parquet")], log)
+
+
+def predict(out: Path, staleness: int, partial: bool, calibrated: bool, updates: int) -> dict:
+    cmd = [tool("rlsim"), "run", "--trace", str(out / "coloc.parquet"), "--batch", str(P), "--group", str(G),
+           "--gen-gpus", "1", "--train-gpus", "1", "--staleness", str(staleness), "--updates", str(updates), "--json"]
+    if partial:
+        cmd.append("--partial-rollout")
+    if calibrated:
+        cmd += ["--calibration", str(out / "calib_t1.parquet")]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"rlsim run failed: {p.stderr.strip()[-1500:]}")
+    return json.loads(p.stdout)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="/tmp/rlsim-split-fidelity", help="folder for the recordings")
+    ap.add_argument("--steps", type=int, default=30, help="updates per recording")
+    ap.add_argument("--updates", type=int, default=200, help="updates per simulated run (steady state)")
+    ap.add_argument("--no-record", action="store_true", help="analyse only what is recorded")
+    a = ap.parse_args(argv)
+    out = Path(a.out)
+    if not a.no_record:
+        record(out, a.steps)
+    from rlsim.replay.split_stats import split_stats
+
+    ref = split_stats(out / "coloc.parquet")
+    print(f"\nreference (colocated, 2 threads, P={P} G={G}): {ref.responses_per_s:.1f} resp/s measured\n")
+    hdr = (f"{'run':18} {'resp/s meas':>11} {'pred':>7} {'err':>7} {'(2-thr)':>8} | {'gen idle':>8} {'pred':>6} | "
+           f"{'train idle':>10} {'pred':>6} | {'stale':>5} {'pred':>5}")
+    print(hdr)
+    print("-" * len(hdr))
+    errs, gi, ti = [], [], []
+    for name, _extra, k, partial in RUNS:
+        path = out / f"{name}.parquet"
+        if not path.exists():
+            continue
+        m = split_stats(path)
+        if k is None:
+            print(f"{name:18} {m.responses_per_s:11.1f} {'-':>7} {'-':>7} {'-':>8} | {m.gen_idle_ratio:8.2f} {'-':>6} | "
+                  f"{m.train_idle_ratio:10.2f} {'-':>6} | {m.staleness_mean:5.2f} {'-':>5}")
+            continue
+        pc = predict(out, k, partial, True, a.updates)
+        pu = predict(out, k, partial, False, a.updates)
+        e = pc["responses_per_s"] / m.responses_per_s - 1
+        eu = pu["responses_per_s"] / m.responses_per_s - 1
+        errs.append(abs(e))
+        gi.append(abs(pc["gen_idle_ratio"] - m.gen_idle_ratio))
+        ti.append(abs(pc["train_idle_ratio"] - m.train_idle_ratio))
+        print(f"{name:18} {m.responses_per_s:11.1f} {pc['responses_per_s']:7.1f} {100 * e:+6.1f}% {100 * eu:+7.1f}% | "
+              f"{m.gen_idle_ratio:8.2f} {pc['gen_idle_ratio']:6.2f} | {m.train_idle_ratio:10.2f} {pc['train_idle_ratio']:6.2f} | "
+              f"{m.staleness_mean:5.2f} {pc['staleness_mean']:5.2f}")
+    if errs:
+        import numpy as np
+
+        print(f"\nresponses/s |error|: median {100 * np.median(errs):.1f}%, max {100 * max(errs):.1f}% (target: every run within 10%)")
+        print(f"idle ratio |error|: generator max {max(gi):.3f}, trainer max {max(ti):.3f} (target: within 0.05)")
+        ok = max(errs) <= 0.10 and max(gi) <= 0.05 and max(ti) <= 0.05
+        print("targets met" if ok else "targets NOT met")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
