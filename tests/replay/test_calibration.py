@@ -88,3 +88,20 @@ def test_a_v1_trace_reads_and_fits_as_before_with_a_warning():
     assert m.gen.form == "linear" and m.gen.c_knee == 0 and not m.validation.calibrated
     assert any("rlrun calibrate" in w for w in m.warnings)
     assert math.isfinite(m.validation.gen_cv)
+
+
+def test_a_calibration_at_other_threads_stands_for_its_device_unanchored(tmp_path):
+    # the run at 2 threads; `rlrun calibrate --threads 1` measured steps and training passes twice as slow
+    fast = SynthSpec(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=2e-3, c_seq=1e-4, calibrate=True, noise=0.01)
+    slow = SynthSpec(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=4e-3, c_seq=2e-4, calibrate=True, noise=0.01,
+                     calib_train_a=0.008, update_b=2 * fast.update_b)
+    ref = read_trace(synthetic_trace(tmp_path / "run.parquet", fast, meta_overrides={"calibration": {"threads": 2}}))
+    n = np.array([1.0, 64, 512])
+    for threads, want in ((1, slow), (2, fast)):
+        cal = read_trace(synthetic_trace(tmp_path / f"cal{threads}.parquet", slow,
+                                         meta_overrides={"calibration": {"threads": threads}}))
+        m = fit_trace(ref, calibration=[cal])
+        # at another thread count the calibration is taken as measured; at the run's own it is put on the run's clock
+        assert m.gen.predict(n, 20 * n) == pytest.approx(true_step_seconds(want, n, 20 * n, 0), rel=0.1), threads
+        assert m.update.slope == pytest.approx(want.update_b, rel=0.1), threads
+        assert any("thread" in note for note in m.validation.notes) == (threads == 1)

@@ -1,0 +1,303 @@
+"""The proof: a real batch-size study on this machine, and how well rlsim predicted it.
+
+Records GRPO runs of the built-in task with `rlrun record` at P in {8, 16, 32, 64, 128, 256}, G = 8, the
+square-root lr rule from the reference P = 32 (lr 3e-4 at B = 256), plus P = 64 at the reference's fixed
+lr (the article's Finding 4), SEEDS seeds each; every run gets the same sample budget (at least MIN_UPDATES
+updates) and an eval every ~EVAL_SAMPLES samples. Serialised (`flock /tmp/rlsim-heavy.lock`) and
+resumable (a complete trace is not recorded again). The reference runs (P = 32) are calibrated.
+
+Then, measured from the runs: samples-to-target N*(P) (where the isotonic-smoothed eval curve first reaches
+the target, linearly interpolated between evals; the target is 90 % of the worst reference seed's best
+score; a run that never reaches it is censored: its N* is at least its budget, shown as ">=" and used as
+that lower bound in means and rankings), its spread over seeds,
+rho(P) = N*(P) / N*(32), sigma(P) (steady-state responses/s over the reference's), T(P) = rho / sigma,
+the critical generation batch (where sigma stops growing: the smallest P whose sigma is within 10 % of the
+largest) and the critical training batch (the largest P whose rho stays within 1.2 of 1).
+
+Predicted, from what a user would have before the study:
+  1. the reference trace alone: `rlsim run --trace ref.parquet --batch P` (noise-scale rho, fitted throughput);
+  2. curves, leaving P out: `rlsim run --trace ref ... --trace <the other sizes' runs> --batch P --rho curves`.
+Compared: sigma, rho and the T ratio with errors, and the Kendall tau between predicted and measured
+rankings of time-to-target, with a bootstrap interval over seeds.
+
+    python bench/batch_study.py                  # record what is missing (~1 h on 2 quiet cores), analyse
+    python bench/batch_study.py --no-record      # analyse what is recorded
+    python bench/batch_study.py --seeds 1 --sizes 8,32 --budget 2048   # smoke test
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = "/tmp/rlsim-heavy.lock"
+SIZES = (8, 16, 32, 64, 128, 256)
+REF_P, G, LR = 32, 8, 3e-4
+SEEDS = 3
+BUDGET = 16384          # responses per run (every size gets the same number of samples) ...
+MIN_UPDATES = 12        # ... but at least this many updates
+EVAL_SAMPLES = 512      # an eval about every this many responses
+EVAL_PROMPTS, EVAL_K = 128, 2
+
+
+def tool(name: str) -> str:
+    exe = Path(sys.executable).with_name(name)
+    return str(exe) if exe.exists() else (shutil.which(name) or name)
+
+
+def runs(sizes, seeds) -> list[tuple[str, int, str, int]]:
+    """(name, P, lr rule, seed), seed-major so that a partial study has every size."""
+    out = []
+    for s in range(seeds):
+        for P in sizes:
+            out.append((f"grpo_p{P}_s{s}", P, "sqrt", s))
+        if 64 in sizes:
+            out.append((f"grpo_p64_fixed_s{s}", 64, "fixed", s))
+    return out
+
+
+def steps_for(P: int, budget: int) -> int:
+    return max(MIN_UPDATES, math.ceil(budget / (P * G)))
+
+
+def _complete(path: Path, steps: int) -> bool:
+    from rlsim.replay.errors import RlsimError
+    from rlsim.replay.io import read_trace
+
+    if not path.exists():
+        return False
+    try:
+        t = read_trace(path)
+    except RlsimError:
+        return False
+    return t.meta.get("status") == "complete" and t.count("update") == steps
+
+
+def record(out: Path, sizes, seeds: int, budget: int, log=print) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for name, P, rule, seed in runs(sizes, seeds):
+        steps = steps_for(P, budget)
+        path = out / f"{name}.parquet"
+        if _complete(path, steps):
+            continue
+        cmd = [tool("rlrun"), "record", "--prompts", str(P), "--group", str(G), "--steps", str(steps), "--lr", str(LR),
+               "--lr-rule", rule, "--lr-ref-batch", str(REF_P * G), "--eval-every", str(max(1, EVAL_SAMPLES // (P * G))),
+               "--eval-prompts", str(EVAL_PROMPTS), "--eval-k", str(EVAL_K), "--seed", str(seed), "--no-progress",
+               "--overwrite", "--out", str(path)]
+        if not (P == REF_P and rule == "sqrt"):
+            cmd.append("--no-calibrate")  # only the reference runs carry a calibration (what a user would record)
+        log(" ".join(cmd[1:]))
+        t0 = time.perf_counter()
+        p = subprocess.run(["flock", LOCK, *cmd], cwd=ROOT, capture_output=True, text=True)
+        if p.returncode:
+            raise SystemExit(f"{name} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
+        log(f"  {time.perf_counter() - t0:.0f} s wall")
+        sys.stdout.flush()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "traces" / "study"), help="folder of the study's traces")
+    ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="prompts per update to record")
+    ap.add_argument("--seeds", type=int, default=SEEDS)
+    ap.add_argument("--budget", type=int, default=BUDGET, help="responses per run")
+    ap.add_argument("--no-record", action="store_true")
+    ap.add_argument("--record-only", action="store_true")
+    ap.add_argument("--json", help="write the tables as JSON here")
+    ap.add_argument("--chart", help="folder for a PNG + HTML chart of measured vs predicted time-to-target")
+    a = ap.parse_args(argv)
+    sizes = tuple(int(x) for x in a.sizes.split(","))
+    out = Path(a.out)
+    if not a.no_record:
+        record(out, sizes, a.seeds, a.budget)
+    if a.record_only:
+        return 0
+    res = analyse(out, sizes, a.seeds, a.budget)
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1, default=float))
+    if a.chart:
+        chart(res, Path(a.chart))
+    return 0
+
+
+
+# ------------------------------------------------------------------------------------------------ analysis
+def _rlsim_run(traces: list[Path], P: int, rule: str, target: float, rho: str) -> dict:
+    cmd = [tool("rlsim"), "run", *[x for t in traces for x in ("--trace", str(t))], "--batch", str(P), "--group", str(G),
+           "--lr-rule", rule, "--target", f"{target:.6g}", "--rho", rho, "--json"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"rlsim run failed: {' '.join(cmd)}\n{p.stderr.strip()[-1500:]}")
+    return json.loads(p.stdout)
+
+
+def kendall_tau(a, b) -> float:
+    """Kendall's tau-b of two score lists (ties count neither way)."""
+    n, conc, disc, ta, tb = len(a), 0, 0, 0, 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            x, y = np.sign(a[i] - a[j]), np.sign(b[i] - b[j])
+            if x == 0 and y == 0:
+                continue
+            if x == 0:
+                ta += 1
+            elif y == 0:
+                tb += 1
+            elif x == y:
+                conc += 1
+            else:
+                disc += 1
+    den = math.sqrt((conc + disc + ta) * (conc + disc + tb))
+    return (conc - disc) / den if den else math.nan
+
+
+def measure(out: Path, sizes, seeds: int) -> dict:
+    """Per run: samples-to-target curve, steady responses/s, wall time; grouped by (P, rule)."""
+    from rlsim.replay.io import read_trace
+    from rlsim.replay.learning import fit_learning_curve
+    from rlsim.replay.split_stats import split_stats
+
+    res: dict = {}
+    for name, P, rule, seed in runs(sizes, seeds):
+        path = out / f"{name}.parquet"
+        if not path.exists():
+            continue
+        t = read_trace(path)
+        if t.meta.get("status") != "complete":
+            continue
+        c = fit_learning_curve(t)
+        res.setdefault((P, rule), []).append(dict(name=name, seed=seed, path=path, curve=c, rps=split_stats(t).responses_per_s,
+                                                  first=float(c.score[0]), best=c.best))
+    return res
+
+
+def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = None, log=print) -> dict:
+    runs_ = measure(out, sizes, seeds)
+    refs = runs_.get((REF_P, "sqrt"), [])
+    if not refs:
+        raise SystemExit(f"no complete reference run (P = {REF_P}) in {out}")
+    if target is None:  # a score every reference seed reaches, well above the start: 90 % of the worst seed's best
+        target = round(0.9 * min(r["best"] for r in refs), 3)
+    for rs in runs_.values():
+        for r in rs:
+            # a run that never reached the target is censored: its N* is at least the responses it trained on
+            r["n_star"] = r["curve"].samples_to_target(target)
+            r["censored"] = r["n_star"] is None
+            if r["censored"]:
+                r["n_star"] = float(r["curve"].cum_responses[-1])
+    n_ref = float(np.mean([r["n_star"] for r in refs]))
+    rps_ref = float(np.mean([r["rps"] for r in refs]))
+    log(f"\ntarget score {target} (mean@{EVAL_K}, {EVAL_PROMPTS} held-out prompts); reference P={REF_P}: "
+        f"N* = {n_ref:.0f} responses, {rps_ref:.1f} responses/s (mean of {len(refs)} seeds)\n")
+    rows = []
+    for (P, rule), rs in sorted(runs_.items()):
+        hit = [n for n in (r["n_star"] for r in rs)]  # censored runs at their budget: lower bounds
+        rho_s = [n / n_ref for n in hit]
+        sig_s = [r["rps"] / rps_ref for r in rs]
+        row = dict(P=P, rule=rule, seeds=len(rs), reached=sum(not r["censored"] for r in rs),
+                   censored=any(r["censored"] for r in rs), n_star=float(np.mean(hit)),
+                   rho=float(np.mean(hit)) / n_ref, rho_min=min(rho_s), rho_max=max(rho_s), sigma=float(np.mean(sig_s)),
+                   sigma_min=min(sig_s), sigma_max=max(sig_s), rps=float(np.mean([r["rps"] for r in rs])))
+        row["T"] = row["rho"] / row["sigma"]
+        rows.append(row)
+    # predictions
+    ref_paths = [r["path"] for r in sorted(refs, key=lambda r: r["seed"])]
+    for row in rows:
+        P, rule = row["P"], row["rule"]
+        p1 = [_rlsim_run([rp], P, rule, target, "noise-scale") for rp in ref_paths]
+        row["pred_sigma"] = float(np.mean([p["sigma"] for p in p1]))
+        row["pred_rho"] = float(np.mean([p["rho"] for p in p1]))
+        row["pred_T"] = float(np.mean([p["time_to_target_ratio"] for p in p1]))
+        row["pred_T_seeds"] = [p["time_to_target_ratio"] for p in p1]
+        others = [r["path"] for (P2, rule2), rs in runs_.items() if (P2 != P and rule2 == "sqrt") for r in rs
+                  if r["path"] not in ref_paths]
+        if P == REF_P and rule == "sqrt":
+            row["curves_rho"] = row["curves_T"] = 1.0
+        else:
+            try:
+                p2 = _rlsim_run([ref_paths[0], *others], P, rule, target, "curves")
+                row["curves_rho"], row["curves_T"] = p2["rho"], p2["time_to_target_ratio"]
+            except SystemExit as e:
+                row["curves_rho"] = row["curves_T"] = math.nan
+                row["curves_error"] = str(e).splitlines()[-1][:200]
+    _print(rows, log)
+    # ranking of time-to-target over the sqrt-rule sizes, with a bootstrap over seeds
+    sq = [r for r in rows if r["rule"] == "sqrt"]
+    tau = kendall_tau([r["pred_T"] for r in sq], [r["T"] for r in sq])
+    tau_c = kendall_tau([r["curves_T"] for r in sq], [r["T"] for r in sq])
+    rng = np.random.default_rng(0)
+    boot = []
+    for _ in range(1000):
+        Ts = []
+        ref_b = rng.choice(refs, len(refs))
+        nr = np.mean([r["n_star"] for r in ref_b])
+        qr = np.mean([r["rps"] for r in ref_b])
+        for r0 in sq:
+            rs = runs_[(r0["P"], "sqrt")]
+            b = rng.choice(rs, len(rs))
+            Ts.append((np.mean([x["n_star"] for x in b]) / nr) / (np.mean([x["rps"] for x in b]) / qr))
+        boot.append(kendall_tau([r["pred_T"] for r in sq], Ts))
+    lo, hi = np.nanpercentile(boot, [5, 95]) if boot else (math.nan, math.nan)
+    sig_sorted = sorted((r for r in rows if r["rule"] == "sqrt"), key=lambda r: r["P"])
+    smax = max(r["sigma"] for r in sig_sorted)
+    crit_gen = next(r["P"] for r in sig_sorted if r["sigma"] >= 0.9 * smax)
+    base = sig_sorted[0]["n_star"]
+    crit_train = max((r["P"] for r in sig_sorted if not r["censored"] and r["n_star"] <= 1.2 * base), default=math.nan)
+    within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
+    ok_rho = [r["rho_min"] <= r["pred_rho"] <= r["rho_max"] for r in within]
+    log(f"\nKendall tau, predicted (reference alone) vs measured T ranking over P = {', '.join(str(r['P']) for r in sq)}: "
+        f"{tau:.2f} (90 % bootstrap over seeds {lo:.2f}..{hi:.2f}; target >= 0.8); from curves (P left out): {tau_c:.2f}")
+    log(f"rho predicted (noise scale) within the measured seed spread for P within 4x of {REF_P}: "
+        f"{sum(ok_rho)} of {len(ok_rho)} ({', '.join(str(r['P']) for r, ok in zip(within, ok_rho) if not ok) or 'all'} outside)")
+    log(f"critical generation batch (sigma within 10 % of its largest): P = {crit_gen}; critical training batch "
+        f"(samples-to-target within 1.2x of P = {sig_sorted[0]['P']}): P = {crit_train}")
+    return dict(target=target, n_star_ref=n_ref, rps_ref=rps_ref, rows=[{k: v for k, v in r.items() if k != "pred_T_seeds"} for r in rows],
+                kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], kendall_tau_curves=tau_c,
+                rho_within_spread=[int(x) for x in ok_rho], critical_gen_batch=crit_gen, critical_train_batch=crit_train)
+
+
+def chart(res: dict, out_dir: Path) -> None:
+    """Measured T ratio (seed spread as a band) against the two predictions, over P (log axis)."""
+    import altair as alt
+
+    from rlsim.charts import save_chart
+
+    pts = []
+    for r in res["rows"]:
+        if r["rule"] != "sqrt":
+            continue
+        lo, hi = r["rho_min"] / r["sigma_max"], r["rho_max"] / r["sigma_min"]
+        for what, v in (("measured (mean of seeds)", r["T"]), ("predicted: reference alone", r["pred_T"]),
+                        ("predicted: curves, P left out", r["curves_T"])):
+            pts.append({"P": r["P"], "T ratio": v if math.isfinite(v) else None, "series": what, "lo": lo, "hi": hi})
+    base = alt.Chart(alt.Data(values=pts)).encode(x=alt.X("P:Q", scale=alt.Scale(type="log", base=2), title="prompts per update P (G = 8)"))
+    band = base.transform_filter(alt.datum.series == "measured (mean of seeds)").mark_errorbar().encode(
+        y=alt.Y("lo:Q", title="time-to-target ratio T / T(P=32)"), y2="hi:Q")
+    lines = base.mark_line(point=True).encode(y="T ratio:Q", color=alt.Color("series:N", title=None))
+    save_chart((band + lines).properties(width=520, height=300, title="Batch-size study: measured vs predicted"),
+               out_dir, "batch_study_T")
+
+
+def _print(rows, log) -> None:
+    hdr = (f"{'P':>4} {'lr':>5} {'seeds':>5} {'N* (mean)':>10} | {'rho meas (spread)':>20} {'pred':>6} {'curves':>6} | "
+           f"{'sigma meas (spread)':>20} {'pred':>6} | {'T meas':>6} {'pred':>6} {'curves':>6}")
+    log(hdr)
+    log("-" * len(hdr))
+    for r in rows:
+        ge = ">=" if r["censored"] else "  "  # some seed never reached the target: a lower bound
+        log(f"{r['P']:4d} {r['rule']:>5} {r['reached']:>2}/{r['seeds']:<2} {ge}{r['n_star']:8.0f} | "
+            f"{ge}{r['rho']:4.2f} ({r['rho_min']:.2f}..{r['rho_max']:.2f}) {r['pred_rho']:6.2f} {r['curves_rho']:6.2f} | "
+            f"{r['sigma']:6.2f} ({r['sigma_min']:.2f}..{r['sigma_max']:.2f}) {r['pred_sigma']:6.2f} | "
+            f"{ge}{r['T']:4.2f} {r['pred_T']:6.2f} {r['curves_T']:6.2f}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
