@@ -5,8 +5,8 @@ and reads as complete is kept):
 - `coloc`: the colocated synchronous reference (calibrated, as `rlrun record` does by default);
 - `calib_t1`: `rlrun calibrate --threads 1`, the engine and the trainer profiled at one thread, which is
   what each side gets in a split on 2 cores (one core each);
-- split runs (`--mode split --gen-devices 1 --train-devices 1`) at `--max-staleness` 0, 1, 2, one with
-  `--partial-rollout`, and a second seed; and a colocated run with `--train-devices 2` (data-parallel).
+- split runs (`--mode split --gen-devices 1 --train-devices 1`) at `--max-staleness` 0, 1, 2 and 2 with
+  `--partial-rollout`, each at seeds 0 and 1; and a colocated run with `--train-devices 2` (data-parallel).
 Then predicts every split run from the colocated recording alone (`rlsim run --trace coloc.parquet
 --calibration calib_t1.parquet --gen-gpus 1 --train-gpus 1 --staleness K [--partial-rollout]`, a long
 simulated run, so its ratios are steady-state) and compares with what each run measured in steady state
@@ -45,6 +45,9 @@ RUNS = [
     ("split_e2", SPLIT + ["--max-staleness", "2"], 2, False),
     ("split_e2_partial", SPLIT + ["--max-staleness", "2", "--partial-rollout"], 2, True),
     ("split_e1_seed1", SPLIT + ["--max-staleness", "1", "--seed", "1"], 1, False),
+    ("split_e0_seed1", SPLIT + ["--max-staleness", "0", "--seed", "1"], 0, False),
+    ("split_e2_seed1", SPLIT + ["--max-staleness", "2", "--seed", "1"], 2, False),
+    ("split_e2_partial_seed1", SPLIT + ["--max-staleness", "2", "--partial-rollout", "--seed", "1"], 2, True),
     ("coloc_dp2", ["--train-devices", "2", "--no-calibrate"], None, False),
 ]
 
@@ -118,7 +121,7 @@ def main(argv=None) -> int:
 
     ref = split_stats(out / "coloc.parquet")
     print(f"\nreference (colocated, 2 threads, P={P} G={G}): {ref.responses_per_s:.1f} resp/s measured\n")
-    hdr = (f"{'run':18} {'resp/s meas':>11} {'pred':>7} {'err':>7} {'(2-thr)':>8} | {'gen idle':>8} {'pred':>6} | "
+    hdr = (f"{'run':22} {'resp/s meas':>11} {'pred':>7} {'err':>7} {'(2-thr)':>8} | {'gen idle':>8} {'pred':>6} | "
            f"{'train idle':>10} {'pred':>6} | {'stale':>5} {'pred':>5}")
     print(hdr)
     print("-" * len(hdr))
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
             continue
         m = split_stats(path)
         if k is None:
-            print(f"{name:18} {m.responses_per_s:11.1f} {'-':>7} {'-':>7} {'-':>8} | {m.gen_idle_ratio:8.2f} {'-':>6} | "
+            print(f"{name:22} {m.responses_per_s:11.1f} {'-':>7} {'-':>7} {'-':>8} | {m.gen_idle_ratio:8.2f} {'-':>6} | "
                   f"{m.train_idle_ratio:10.2f} {'-':>6} | {m.staleness_mean:5.2f} {'-':>5}")
             continue
         pc = predict(out, k, partial, True, a.updates)
@@ -139,7 +142,7 @@ def main(argv=None) -> int:
         errs.append(abs(e))
         gi.append(abs(pc["gen_idle_ratio"] - m.gen_idle_ratio))
         ti.append(abs(pc["train_idle_ratio"] - m.train_idle_ratio))
-        print(f"{name:18} {m.responses_per_s:11.1f} {pc['responses_per_s']:7.1f} {100 * e:+6.1f}% {100 * eu:+7.1f}% | "
+        print(f"{name:22} {m.responses_per_s:11.1f} {pc['responses_per_s']:7.1f} {100 * e:+6.1f}% {100 * eu:+7.1f}% | "
               f"{m.gen_idle_ratio:8.2f} {pc['gen_idle_ratio']:6.2f} | {m.train_idle_ratio:10.2f} {pc['train_idle_ratio']:6.2f} | "
               f"{m.staleness_mean:5.2f} {pc['staleness_mean']:5.2f}")
     if errs:
