@@ -64,6 +64,19 @@ def test_split_run_with_staleness_0_is_synchronous(tmp_path, tiny_model, small_c
     assert (np.asarray(resp["finish_version"]) == np.asarray(resp["policy_version"])).all()
 
 
+@two_cores
+@pytest.mark.engine
+def test_split_over_generation_and_partial_rollout_keep_g_per_prompt(tmp_path, tiny_model, small_config):
+    # P = 4, G = 4, 24 responses generated per 16 trained: the first G of each prompt to finish are kept
+    tr = _split_run(tmp_path, small_config, steps=3, max_staleness=2, partial_rollout=True, gen_batch=24)
+    resp = tr.rows("response")
+    per_prompt = np.bincount(np.asarray(resp["prompt_id"], int))
+    assert len(per_prompt) == 12 and (per_prompt == 4).all()
+    assert sorted(set(np.asarray(resp["group_index"], int).tolist())) == [0, 1, 2, 3]
+    lag = np.asarray(resp["consumed_step"]) - np.asarray(resp["policy_version"])
+    assert lag.max() <= 2 and (np.asarray(resp["finish_version"]) >= np.asarray(resp["policy_version"])).all()
+
+
 def test_placement_gives_each_side_its_own_devices():
     pl = place("split", 1, 2, have=("cpu", [0, 1, 2, 3]))
     assert pl.gen == ((0,),) and pl.train == ((1,), (2,))
