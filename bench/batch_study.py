@@ -29,16 +29,16 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCK = "/tmp/rlsim-heavy.lock"
+if str(ROOT) not in sys.path:  # run as `python bench/batch_study.py`
+    sys.path.insert(0, str(ROOT))
+from bench.recording import complete, run_locked, tool  # noqa: E402
 SIZES = (8, 16, 32, 64, 128, 256)
 REF_P, G, LR = 32, 8, 3e-4
 SEEDS = 3
@@ -46,11 +46,6 @@ BUDGET = 16384          # responses per run (every size gets the same number of 
 MIN_UPDATES = 12        # ... but at least this many updates
 EVAL_SAMPLES = 512      # an eval about every this many responses
 EVAL_PROMPTS, EVAL_K = 128, 2
-
-
-def tool(name: str) -> str:
-    exe = Path(sys.executable).with_name(name)
-    return str(exe) if exe.exists() else (shutil.which(name) or name)
 
 
 def runs(sizes, seeds) -> list[tuple[str, int, str, int]]:
@@ -68,25 +63,12 @@ def steps_for(P: int, budget: int) -> int:
     return max(MIN_UPDATES, math.ceil(budget / (P * G)))
 
 
-def _complete(path: Path, steps: int) -> bool:
-    from rlsim.replay.errors import RlsimError
-    from rlsim.replay.io import read_trace
-
-    if not path.exists():
-        return False
-    try:
-        t = read_trace(path)
-    except RlsimError:
-        return False
-    return t.meta.get("status") == "complete" and t.count("update") == steps
-
-
 def record(out: Path, sizes, seeds: int, budget: int, log=print) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, P, rule, seed in runs(sizes, seeds):
         steps = steps_for(P, budget)
         path = out / f"{name}.parquet"
-        if _complete(path, steps):
+        if complete(path, steps):
             continue
         cmd = [tool("rlrun"), "record", "--prompts", str(P), "--group", str(G), "--steps", str(steps), "--lr", str(LR),
                "--lr-rule", rule, "--lr-ref-batch", str(REF_P * G), "--eval-every", str(max(1, EVAL_SAMPLES // (P * G))),
@@ -94,13 +76,7 @@ def record(out: Path, sizes, seeds: int, budget: int, log=print) -> None:
                "--overwrite", "--out", str(path)]
         if not (P == REF_P and rule == "sqrt"):
             cmd.append("--no-calibrate")  # only the reference runs carry a calibration (what a user would record)
-        log(" ".join(cmd[1:]))
-        t0 = time.perf_counter()
-        p = subprocess.run(["flock", LOCK, *cmd], cwd=ROOT, capture_output=True, text=True)
-        if p.returncode:
-            raise SystemExit(f"{name} failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
-        log(f"  {time.perf_counter() - t0:.0f} s wall")
-        sys.stdout.flush()
+        run_locked(cmd, log)
 
 
 def main(argv=None) -> int:
@@ -259,9 +235,36 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
         f"{sum(ok_rho)} of {len(ok_rho)} ({', '.join(str(r['P']) for r, ok in zip(within, ok_rho) if not ok) or 'all'} outside)")
     log(f"critical generation batch (sigma within 10 % of its largest): P = {crit_gen}; critical training batch "
         f"(samples-to-target within 1.2x of P = {sig_sorted[0]['P']}): P = {crit_train}")
+    # which B_crit could the noise-scale form (1 + B/B_crit) / (1 + B_ref/B_crit) fit? each size above the reference
+    # bounds it: measured rho <= its seed maximum (reached by every seed) gives B_crit >= (B - r B_ref) / (r - 1);
+    # a censored size (rho >= its lower bound r) gives B_crit <= (B - r B_ref) / (r - 1)
+    b_ref, lo_b, hi_b = REF_P * G, 0.0, math.inf
+    for r in sq:
+        B = r["P"] * G
+        if B <= b_ref:
+            continue
+        if not r["censored"] and r["rho_max"] > 1:
+            lo_b = max(lo_b, (B - r["rho_max"] * b_ref) / (r["rho_max"] - 1))
+        elif r["censored"] and r["rho"] > 1:
+            hi_b = min(hi_b, (B - r["rho"] * b_ref) / (r["rho"] - 1))
+    from rlsim.replay.io import read_trace
+    from rlsim.replay.learning import noise_scale, two_batch_estimates
+
+    b_ema, b_rom = [], []
+    for ref in sorted(refs, key=lambda r: r["seed"]):
+        u = read_trace(ref["path"]).rows("update")
+        g2, tr = two_batch_estimates(u["micro_batch"].astype(float), u["num_responses"].astype(float),
+                                     u["grad_norm_micro"].astype(float), u["grad_norm"].astype(float))
+        b_ema.append(noise_scale(read_trace(ref["path"])).b_crit)
+        b_rom.append(float(np.mean(tr) / np.mean(g2)))
+    log(f"B_crit of the reference seeds (responses): {', '.join(f'{b:.0f}' for b in b_ema)} (rlsim: last value of the EMA "
+        f"ratio); {', '.join(f'{b:.0f}' for b in b_rom)} (ratio of the run's means)")
+    log(f"B_crit the measured rho allows: >= {lo_b:.0f} (sizes that every seed finished, within their spread) and "
+        f"<= {hi_b:.0f} (censored sizes): {'none fits both' if lo_b > hi_b else 'consistent'}")
     return dict(target=target, n_star_ref=n_ref, rps_ref=rps_ref, rows=[{k: v for k, v in r.items() if k != "pred_T_seeds"} for r in rows],
                 kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], kendall_tau_curves=tau_c,
-                rho_within_spread=[int(x) for x in ok_rho], critical_gen_batch=crit_gen, critical_train_batch=crit_train)
+                rho_within_spread=[int(x) for x in ok_rho], critical_gen_batch=crit_gen, critical_train_batch=crit_train,
+                b_crit_ref_ema=b_ema, b_crit_ref_ratio_of_means=b_rom, b_crit_allowed=[lo_b, hi_b])
 
 
 def chart(res: dict, out_dir: Path) -> None:

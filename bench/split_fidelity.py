@@ -12,13 +12,15 @@ Then predicts every split run from the colocated recording alone (`rlsim run --t
 simulated run, so its ratios are steady-state) and compares with what each run measured in steady state
 (`rlsim.replay.split_stats`: after the first two updates): responses/s, generator and trainer idle
 ratios, mean staleness. A second prediction without `--calibration` (the colocated run's own two-thread
-costs) shows what the per-side calibration buys.
+costs) shows what the per-side calibration buys. The last two columns say how much slower than that
+calibration each run's own engine steps and updates ran (medians of measured / calibrated seconds after the
+first two updates): the two sides' interference when they overlap.
 
 Targets (issue "split devices and asynchronous rollout"): responses/s within 10 %, idle ratios within 0.05.
 The colocated `--train-devices 2` run is measured and shown beside the one-rank reference; the simulator's
 colocated loop has no data-parallel model (its `--train-gpus` is a split option), so it has no prediction.
 
-    python bench/split_fidelity.py                 # record what is missing (~8 min on 2 quiet cores), analyse
+    python bench/split_fidelity.py                 # record what is missing (~12 min on 2 quiet cores), analyse
     python bench/split_fidelity.py --steps 4       # smoke test
     python bench/split_fidelity.py --no-record     # analyse what is recorded
 """
@@ -26,14 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCK = "/tmp/rlsim-heavy.lock"
+if str(ROOT) not in sys.path:  # run as `python bench/split_fidelity.py`
+    sys.path.insert(0, str(ROOT))
+from bench.recording import complete, run_locked, tool  # noqa: E402
 P, G = 32, 8
 COMMON = ["--prompts", str(P), "--group", str(G), "--eval-every", "0", "--eval-prompts", "16", "--eval-k", "1",
           "--no-progress", "--overwrite"]
@@ -52,46 +54,17 @@ RUNS = [
 ]
 
 
-def tool(name: str) -> str:
-    exe = Path(sys.executable).with_name(name)
-    return str(exe) if exe.exists() else (shutil.which(name) or name)
-
-
-def _complete(path: Path, steps: int | None) -> bool:
-    from rlsim.replay.errors import RlsimError
-    from rlsim.replay.io import read_trace
-
-    if not path.exists():
-        return False
-    try:
-        t = read_trace(path)
-    except RlsimError:
-        return False
-    if steps is None:  # a calibration file
-        return bool(t.count("calib_gen"))
-    return t.meta.get("status") == "complete" and t.count("update") == steps
-
-
-def _run(cmd: list[str], log) -> None:
-    log(" ".join(cmd))
-    t0 = time.perf_counter()
-    p = subprocess.run(["flock", LOCK, *cmd], cwd=ROOT, capture_output=True, text=True)
-    if p.returncode:
-        raise SystemExit(f"failed ({p.returncode}): {p.stderr.strip()[-2000:]}")
-    log(f"  {time.perf_counter() - t0:.0f} s wall")
-
-
 def record(out: Path, steps: int, log=print) -> None:
     out.mkdir(parents=True, exist_ok=True)
     rl = tool("rlrun")
-    if not _complete(out / "coloc.parquet", steps):
-        _run([rl, "record", *COMMON, "--steps", str(steps), "--out", str(out / "coloc.parquet")], log)
-    if not _complete(out / "calib_t1.parquet", None):
-        _run([rl, "calibrate", "--prompts", str(P), "--group", str(G), "--threads", "1", "--overwrite",
-              "--out", str(out / "calib_t1.parquet")], log)
+    if not complete(out / "coloc.parquet", steps):
+        run_locked([rl, "record", *COMMON, "--steps", str(steps), "--out", str(out / "coloc.parquet")], log)
+    if not complete(out / "calib_t1.parquet", None):
+        run_locked([rl, "calibrate", "--prompts", str(P), "--group", str(G), "--threads", "1", "--overwrite",
+                    "--out", str(out / "calib_t1.parquet")], log)
     for name, extra, _k, _p in RUNS:
-        if not _complete(out / f"{name}.parquet", steps):
-            _run([rl, "record", *COMMON, *extra, "--steps", str(steps), "--out", str(out / f"{name}.parquet")], log)
+        if not complete(out / f"{name}.parquet", steps):
+            run_locked([rl, "record", *COMMON, *extra, "--steps", str(steps), "--out", str(out / f"{name}.parquet")], log)
 
 
 def predict(out: Path, staleness: int, partial: bool, calibrated: bool, updates: int) -> dict:
@@ -107,6 +80,21 @@ def predict(out: Path, staleness: int, partial: bool, calibrated: bool, updates:
     return json.loads(p.stdout)
 
 
+def slowdown(models, path: Path) -> tuple[float, float]:
+    """How much slower than the one-thread calibration the run's own steps ran: the median over its steady
+    updates (after the first two) of measured / calibrated seconds, for engine steps and for updates."""
+    import numpy as np
+
+    from rlsim.replay.io import read_trace
+
+    t = read_trace(path)
+    g, u = t.rows("gen_step"), t.rows("update")
+    ok = g["step"] >= 2
+    pred = models.gen.predict(g["num_running"][ok], g["context_tokens"][ok], g["prefill_tokens"][ok])
+    upd = models.update.predict(u["num_tokens"][2:])
+    return float(np.median(g["duration"][ok] / pred)), float(np.median(u["duration"][2:] / upd))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="/tmp/rlsim-split-fidelity", help="folder for the recordings")
@@ -117,12 +105,15 @@ def main(argv=None) -> int:
     out = Path(a.out)
     if not a.no_record:
         record(out, a.steps)
+    from rlsim.replay.fit import fit_trace
+    from rlsim.replay.io import read_trace
     from rlsim.replay.split_stats import split_stats
 
     ref = split_stats(out / "coloc.parquet")
+    cal_models = fit_trace(read_trace(out / "coloc.parquet"), calibration=[read_trace(out / "calib_t1.parquet")])
     print(f"\nreference (colocated, 2 threads, P={P} G={G}): {ref.responses_per_s:.1f} resp/s measured\n")
     hdr = (f"{'run':22} {'resp/s meas':>11} {'pred':>7} {'err':>7} {'(2-thr)':>8} | {'gen idle':>8} {'pred':>6} | "
-           f"{'train idle':>10} {'pred':>6} | {'stale':>5} {'pred':>5}")
+           f"{'train idle':>10} {'pred':>6} | {'stale':>5} {'pred':>5} | {'x cal: steps':>12} {'updates':>7}")
     print(hdr)
     print("-" * len(hdr))
     errs, gi, ti = [], [], []
@@ -142,9 +133,10 @@ def main(argv=None) -> int:
         errs.append(abs(e))
         gi.append(abs(pc["gen_idle_ratio"] - m.gen_idle_ratio))
         ti.append(abs(pc["train_idle_ratio"] - m.train_idle_ratio))
+        sg, su = slowdown(cal_models, path)
         print(f"{name:22} {m.responses_per_s:11.1f} {pc['responses_per_s']:7.1f} {100 * e:+6.1f}% {100 * eu:+7.1f}% | "
               f"{m.gen_idle_ratio:8.2f} {pc['gen_idle_ratio']:6.2f} | {m.train_idle_ratio:10.2f} {pc['train_idle_ratio']:6.2f} | "
-              f"{m.staleness_mean:5.2f} {pc['staleness_mean']:5.2f}")
+              f"{m.staleness_mean:5.2f} {pc['staleness_mean']:5.2f} | {sg:12.2f} {su:7.2f}")
     if errs:
         import numpy as np
 

@@ -209,7 +209,7 @@ class RunConfig:
         if check_files:
             from rlsim.runner.placement import place
 
-            place(self.mode, self.gen_devices, self.train_devices)  # devices exist and do not overlap
+            place(self.mode, self.gen_devices, self.train_devices, threads=self.threads)  # devices exist, do not overlap
             if self.model is not None:
                 from rlsim.runner.model import check_model_dir
 

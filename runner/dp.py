@@ -161,8 +161,8 @@ def _shutdown(pg) -> None:
             pass
 
 
-def _rank_device(rank: int, cuda: bool) -> torch.device:
-    return torch.device(f"cuda:{rank}") if cuda else torch.device("cpu")
+def _rank_device(gpu: int | None) -> torch.device:
+    return torch.device(f"cuda:{gpu}") if gpu is not None else torch.device("cpu")
 
 
 def _pin(cores: list[int] | None) -> None:
@@ -172,19 +172,20 @@ def _pin(cores: list[int] | None) -> None:
 
 
 def _helper_main(rank: int, world: int, port: int, model_dir: str, cfg: RunConfig, pad_id: int, t0: float,
-                 cores: list[int] | None, cuda: bool, conn) -> None:
+                 cores: list[int] | None, gpu: int | None, conn) -> None:
     """Rank `rank` (>= 1): load, join the group, then serve ("update", shard, lr) / ("warmup", samples) /
     ("close",) from rank 0, replying ("ok", payload) or ("error", text)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's; it closes the helpers
     pg, code = None, 0
     try:
         _pin(cores)
+        cuda = gpu is not None
         if not cores and cfg.threads and not cuda:
             torch.set_num_threads(cfg.threads)
         import torch.distributed as dist
         from transformers import AutoModelForCausalLM
 
-        device = _rank_device(rank, cuda)
+        device = _rank_device(gpu)
         if cuda:
             torch.cuda.set_device(device)
         torch.manual_seed(cfg.seed)
@@ -242,7 +243,8 @@ class DataParallel:
 
     N = cfg.train_devices. N == 1: no processes, no process group; `update` calls `trainer.update`.
     N > 1: ranks 1..N-1 are spawned here, each loads the model from `model_dir` (float32), builds its own
-    Trainer with the same cfg and seed and joins a private gloo (CPU) / NCCL (CUDA: rank r on cuda:r) group;
+    Trainer with the same cfg and seed and joins a private gloo (CPU) / NCCL (CUDA: rank r on cuda:gpus[r], default
+    cuda:r) group;
     their start state is checked against rank 0's. `cores[r]`: the CPU cores of rank r (r >= 1 pinned with
     sched_setaffinity and torch.set_num_threads(len(cores[r])); rank 0's affinity is the caller's business);
     None: left as is, except that a CPU helper takes cfg.threads intra-op threads when that is set. (On CPU,
@@ -253,7 +255,7 @@ class DataParallel:
     """
 
     def __init__(self, trainer: Trainer, cfg: RunConfig, model_dir: str, pad_id: int, *, t0: float,
-                 cores: list[list[int]] | None = None):
+                 cores: list[list[int]] | None = None, gpus: list[int] | None = None):
         self.trainer, self.cfg, self.t0 = trainer, cfg, t0
         self.world = int(cfg.train_devices)
         self.device = torch.device(trainer.device)
@@ -284,7 +286,8 @@ class DataParallel:
                 parent, child = ctx.Pipe()
                 p = ctx.Process(target=_helper_main, name=f"rlsim-dp-rank{r}",
                                 args=(r, self.world, self._store.port, str(model_dir), cfg, pad_id, t0,
-                                      None if cores is None else list(cores[r]), cuda, child))
+                                      None if cores is None else list(cores[r]),
+                                      (gpus[r] if gpus is not None else r) if cuda else None, child))
                 p.start()
                 child.close()
                 self._procs.append(p)

@@ -173,7 +173,7 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibratio
         return Path(record_split(cfg, ctx, log))
     from rlsim.runner.placement import pinned, place
 
-    pl = place(cfg.mode, cfg.gen_devices, cfg.train_devices)
+    pl = place(cfg.mode, cfg.gen_devices, cfg.train_devices, threads=cfg.threads)
     # --threads (e.g. `rlrun calibrate --threads 1`: profile at a split side's threads): on that many cores
     cores = sorted(os.sched_getaffinity(0))[:cfg.threads] if cfg.threads and pl.kind == "cpu" else None
     with pinned(cores, cfg.threads or None):
@@ -203,10 +203,16 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
     t_w = time.perf_counter()
     warm = engine.generate([(None, ids, 1) for ids in eval_ids[: min(len(eval_ids), 64)]], sampling)
     log(f"engine warm-up generate: {time.perf_counter() - t_w:.2f} s")
-    # trainer warm-up (compilation with --compile) on the warm-up responses; weights are not changed
+    # data-parallel ranks (none beyond this process with one training device): rank r trains on pl.train[r]
+    dp = DataParallel(trainer, cfg, str(model_dir), pad_id, t0=0.0,
+                      cores=[list(c) for c in pl.train] if pl.kind == "cpu" and cfg.train_devices > 1 else None,
+                      gpus=[c[0] for c in pl.train] if pl.kind == "cuda" else None)
+    # trainer warm-up on every rank (compilation with --compile) on the warm-up responses; weights are not changed
     try:
-        t_train_warm = trainer.warmup([Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id],
-                                              reward=0.0, advantage=1.0) for c in warm])
+        torch.set_num_threads(train_threads)
+        t_train_warm = dp.warmup([Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id],
+                                         reward=0.0, advantage=1.0) for c in warm])
+        torch.set_num_threads(gen_threads)
     except Exception as e:  # inductor needs a working C++ compiler on CPU; nothing has been recorded yet
         if not cfg.compile:
             raise
@@ -236,14 +242,8 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
             for kind, r in calib_rows:
                 w.add(kind, **r)
         log(f"calibration written: {cfg.out} ({len(calib_rows)} rows)")
+        dp.close()
         return Path(cfg.out)
-    dp = DataParallel(trainer, cfg, str(model_dir), pad_id, t0=0.0,
-                      cores=[list(c) for c in pl.train] if pl.kind == "cpu" and cfg.train_devices > 1 else None)
-    if cfg.train_devices > 1:  # the other ranks' first-call costs (and compilation) stay out of the run too
-        torch.set_num_threads(train_threads)
-        dp.warmup([Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id], reward=0.0, advantage=1.0)
-                   for c in warm])
-        torch.set_num_threads(gen_threads)
     stream = task.train_stream(cfg.seed)
     P, G, B = cfg.prompts, cfg.G, cfg.batch
     lr = cfg.lr_effective

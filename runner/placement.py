@@ -42,17 +42,29 @@ class Placement:
     gen: tuple[tuple[int, ...], ...]   # per engine replica: its devices (split) / () in colocated mode
     train: tuple[tuple[int, ...], ...]  # per training rank: its devices
     total: int                         # devices on the machine
+    visible: tuple[int, ...] = ()      # cuda: the physical GPU id of each torch index (CUDA_VISIBLE_DEVICES order)
+
+    def physical(self, devices: tuple[int, ...]) -> tuple[int, ...]:
+        """Ids for CUDA_VISIBLE_DEVICES of a process (GPUs); core ids as they are (CPU)."""
+        return tuple(self.visible[d] for d in devices) if self.kind == "cuda" else devices
 
     def threads(self, devices: tuple[int, ...], override: int) -> int:
         """CPU threads for a side on `devices` (--threads overrides)."""
         return override or max(1, len(devices))
 
 
-def place(mode: str, gen_devices: int, train_devices: int, have: tuple[str, list[int]] | None = None) -> Placement:
-    """Assign devices or raise RlsimError with the fix in one line."""
+def place(mode: str, gen_devices: int, train_devices: int, have: tuple[str, list[int]] | None = None,
+          threads: int = 0) -> Placement:
+    """Assign devices or raise RlsimError with the fix in one line. Devices are core ids on CPU and torch
+    indices (0..n-1) on CUDA (`Placement.physical` maps them back for CUDA_VISIBLE_DEVICES)."""
     kind, ids = have or machine_devices()
     what = "GPUs" if kind == "cuda" else "CPU cores"
     n = len(ids)
+    if kind == "cpu" and threads > n:
+        raise RlsimError(f"--threads {threads} is more than the {n} CPU cores this process may use; use at most {n}")
+    visible = tuple(ids) if kind == "cuda" else ()
+    if kind == "cuda":
+        ids = list(range(n))
     if mode == "split":
         need = gen_devices + train_devices
         if need > n:
@@ -61,13 +73,13 @@ def place(mode: str, gen_devices: int, train_devices: int, have: tuple[str, list
                              f"lower them so the sum is at most {n}")
         gen = tuple((ids[i],) for i in range(gen_devices))
         train = tuple((ids[gen_devices + r],) for r in range(train_devices))
-        return Placement(kind, gen, train, n)
+        return Placement(kind, gen, train, n, visible)
     if train_devices > n:
         raise RlsimError(f"--train-devices {train_devices} is more than the {n} {what} this machine has; "
                          f"use at most {n}")
     share = n // train_devices
     train = tuple(tuple(ids[r * share:(r + 1) * share]) for r in range(train_devices))
-    return Placement(kind, (), train, n)
+    return Placement(kind, (), train, n, visible)
 
 
 @contextmanager

@@ -186,7 +186,7 @@ class Replicas:
         self.inqs = [ctx.Queue() for _ in range(n)]
         self.procs = []
         for i in range(n):
-            args = {**base, "kind": placement.kind, "devices": placement.gen[i],
+            args = {**base, "kind": placement.kind, "devices": placement.physical(placement.gen[i]),
                     "threads": placement.threads(placement.gen[i], threads)}
             p = ctx.Process(target=engine_main, args=(i, args, self.inqs[i], self.outq), daemon=True,
                             name=f"rlsim-engine-{i}")
@@ -242,7 +242,7 @@ def record_split(cfg, ctx, log: Callable[[str], None]):
     """Record a split-mode run. `ctx`: the set-up shared with the colocated loop (runner/loop.py `Setup`)."""
     from rlsim.runner.placement import place, pinned
 
-    pl = place(cfg.mode, cfg.gen_devices, cfg.train_devices)
+    pl = place(cfg.mode, cfg.gen_devices, cfg.train_devices, threads=cfg.threads)
     with pinned(pl.train[0] if pl.kind == "cpu" else None, pl.threads(pl.train[0], cfg.threads)):
         return _record_split(cfg, ctx, log, pl)
 
@@ -259,9 +259,16 @@ def _record_split(cfg, ctx, log, pl):
     reps = Replicas(cfg.gen_devices, base, pl, cfg.threads, log)
     dp = None
     try:
-        trainer = Trainer(ctx.policy, cfg, ctx.pad_id, ctx.device)
+        device = ctx.device
+        if pl.kind == "cuda":  # rank 0 on its own GPU, not the engines' (setup put the policy on cuda:0)
+            import torch
+
+            device = torch.device(f"cuda:{pl.train[0][0]}")
+            ctx.policy.to(device)
+        trainer = Trainer(ctx.policy, cfg, ctx.pad_id, device)
         dp = DataParallel(trainer, cfg, str(ctx.model_dir), ctx.pad_id, t0=0.0,
-                          cores=[list(c) for c in pl.train] if pl.kind == "cpu" else None)
+                          cores=[list(c) for c in pl.train] if pl.kind == "cpu" else None,
+                          gpus=[c[0] for c in pl.train] if pl.kind == "cuda" else None)
         # every rank's first-call costs (and compilation) outside the recorded run; weights are not changed
         t_warm = dp.warmup([Sample(prompt_ids=ctx.eval_ids[i % len(ctx.eval_ids)], response_ids=ids or [ctx.pad_id],
                                    reward=0.0, advantage=1.0) for i, ids in enumerate(reps.warm)])

@@ -86,6 +86,12 @@ def test_placement_gives_each_side_its_own_devices():
         place("split", 2, 1, have=("cpu", [0, 1]))
     with pytest.raises(RlsimError, match="more than the 2 GPUs"):
         place("colocated", 1, 3, have=("cuda", [0, 1]))
+    with pytest.raises(RlsimError, match="--threads 3 is more than the 2 CPU cores"):
+        place("colocated", 1, 1, have=("cpu", [0, 1]), threads=3)
+    # GPUs: torch indices for the trainer, physical ids (CUDA_VISIBLE_DEVICES=2,3,5) for an engine process
+    gpu = place("split", 1, 2, have=("cuda", [2, 3, 5]))
+    assert gpu.gen == ((0,),) and gpu.train == ((1,), (2,)) and gpu.physical(gpu.gen[0]) == (2,)
+    assert gpu.physical(gpu.train[1]) == (5,)
 
 
 @pytest.mark.parametrize("kw, msg", [
