@@ -20,6 +20,10 @@ Predicted, from what a user would have before the study:
 Compared: sigma, rho and the T ratio with errors, and the Kendall tau between predicted and measured
 rankings of time-to-target, with a bootstrap interval over seeds.
 
+Then the improved model (`--rho lr-aware`, replay/learning.py): its two constants (m, kappa) fitted on seed 0
+alone (the reference P = 32 and the other sizes of seed 0), then checked on the held-out seeds 1 and 2, each
+predicted from its own reference trace with those constants, against the noise-scale model on the same seeds.
+
     python bench/batch_study.py                  # record what is missing (~1 h on 2 quiet cores), analyse
     python bench/batch_study.py --no-record      # analyse what is recorded
     python bench/batch_study.py --seeds 1 --sizes 8,32 --budget 2048   # smoke test
@@ -48,14 +52,18 @@ EVAL_SAMPLES = 512      # an eval about every this many responses
 EVAL_PROMPTS, EVAL_K = 128, 2
 
 
-def runs(sizes, seeds) -> list[tuple[str, int, str, int]]:
+TASK = "add2"
+
+
+def runs(sizes, seeds, task: str = TASK) -> list[tuple[str, int, str, int]]:
     """(name, P, lr rule, seed), seed-major so that a partial study has every size."""
+    pre = "grpo" if task == TASK else f"grpo_{task}"
     out = []
     for s in range(seeds):
         for P in sizes:
-            out.append((f"grpo_p{P}_s{s}", P, "sqrt", s))
+            out.append((f"{pre}_p{P}_s{s}", P, "sqrt", s))
         if 64 in sizes:
-            out.append((f"grpo_p64_fixed_s{s}", 64, "fixed", s))
+            out.append((f"{pre}_p64_fixed_s{s}", 64, "fixed", s))
     return out
 
 
@@ -63,9 +71,9 @@ def steps_for(P: int, budget: int) -> int:
     return max(MIN_UPDATES, math.ceil(budget / (P * G)))
 
 
-def record(out: Path, sizes, seeds: int, budget: int, log=print) -> None:
+def record(out: Path, sizes, seeds: int, budget: int, task: str = TASK, log=print) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name, P, rule, seed in runs(sizes, seeds):
+    for name, P, rule, seed in runs(sizes, seeds, task):
         steps = steps_for(P, budget)
         path = out / f"{name}.parquet"
         if complete(path, steps):
@@ -73,7 +81,7 @@ def record(out: Path, sizes, seeds: int, budget: int, log=print) -> None:
         cmd = [tool("rlrun"), "record", "--prompts", str(P), "--group", str(G), "--steps", str(steps), "--lr", str(LR),
                "--lr-rule", rule, "--lr-ref-batch", str(REF_P * G), "--eval-every", str(max(1, EVAL_SAMPLES // (P * G))),
                "--eval-prompts", str(EVAL_PROMPTS), "--eval-k", str(EVAL_K), "--seed", str(seed), "--no-progress",
-               "--overwrite", "--out", str(path)]
+               "--overwrite", "--out", str(path)] + (["--task", task] if task != TASK else [])
         if not (P == REF_P and rule == "sqrt"):
             cmd.append("--no-calibrate")  # only the reference runs carry a calibration (what a user would record)
         run_locked(cmd, log)
@@ -85,6 +93,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="prompts per update to record")
     ap.add_argument("--seeds", type=int, default=SEEDS)
     ap.add_argument("--budget", type=int, default=BUDGET, help="responses per run")
+    ap.add_argument("--task", default=TASK, help="built-in task")
+    ap.add_argument("--lr-aware", help="B_BEND,KAPPA: also predict with the lr-aware model at these constants (e.g. "
+                                       "another task's fit, to see whether it transfers)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--record-only", action="store_true")
     ap.add_argument("--json", help="write the tables as JSON here")
@@ -93,10 +104,11 @@ def main(argv=None) -> int:
     sizes = tuple(int(x) for x in a.sizes.split(","))
     out = Path(a.out)
     if not a.no_record:
-        record(out, sizes, a.seeds, a.budget)
+        record(out, sizes, a.seeds, a.budget, a.task)
     if a.record_only:
         return 0
-    res = analyse(out, sizes, a.seeds, a.budget)
+    res = analyse(out, sizes, a.seeds, a.budget, task=a.task,
+                  lr_aware=tuple(float(x) for x in a.lr_aware.split(",")) if a.lr_aware else None)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=float))
     if a.chart:
@@ -106,9 +118,9 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ analysis
-def _rlsim_run(traces: list[Path], P: int, rule: str, target: float, rho: str) -> dict:
+def _rlsim_run(traces: list[Path], P: int, rule: str, target: float, rho: str, *extra: str) -> dict:
     cmd = [tool("rlsim"), "run", *[x for t in traces for x in ("--trace", str(t))], "--batch", str(P), "--group", str(G),
-           "--lr-rule", rule, "--target", f"{target:.6g}", "--rho", rho, "--json"]
+           "--lr-rule", rule, "--target", f"{target:.6g}", "--rho", rho, "--json", *extra]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"rlsim run failed: {' '.join(cmd)}\n{p.stderr.strip()[-1500:]}")
@@ -135,14 +147,14 @@ def kendall_tau(a, b) -> float:
     return (conc - disc) / den if den else math.nan
 
 
-def measure(out: Path, sizes, seeds: int) -> dict:
+def measure(out: Path, sizes, seeds: int, task: str = TASK) -> dict:
     """Per run: samples-to-target curve, steady responses/s, wall time; grouped by (P, rule)."""
     from rlsim.replay.io import read_trace
     from rlsim.replay.learning import fit_learning_curve
     from rlsim.replay.split_stats import split_stats
 
     res: dict = {}
-    for name, P, rule, seed in runs(sizes, seeds):
+    for name, P, rule, seed in runs(sizes, seeds, task):
         path = out / f"{name}.parquet"
         if not path.exists():
             continue
@@ -155,8 +167,9 @@ def measure(out: Path, sizes, seeds: int) -> dict:
     return res
 
 
-def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = None, log=print) -> dict:
-    runs_ = measure(out, sizes, seeds)
+def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = None, log=print, task: str = TASK,
+            lr_aware: tuple[float, float] | None = None) -> dict:
+    runs_ = measure(out, sizes, seeds, task)
     refs = runs_.get((REF_P, "sqrt"), [])
     if not refs:
         raise SystemExit(f"no complete reference run (P = {REF_P}) in {out}")
@@ -193,6 +206,13 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
         row["pred_rho"] = float(np.mean([p["rho"] for p in p1]))
         row["pred_T"] = float(np.mean([p["time_to_target_ratio"] for p in p1]))
         row["pred_T_seeds"] = [p["time_to_target_ratio"] for p in p1]
+        # the lr-aware model with given constants (--lr-aware M,K: e.g. the add2 study's fit, to see how it transfers)
+        row["lrd_rho"] = row["lrd_T"] = math.nan
+        if lr_aware:
+            p3 = [_rlsim_run([rp], P, rule, target, "lr-aware", "--bend-batch", str(lr_aware[0]), "--kappa", str(lr_aware[1]))
+                  for rp in ref_paths]
+            row["lrd_rho"] = float(np.mean([p["rho"] for p in p3]))
+            row["lrd_T"] = float(np.mean([p["time_to_target_ratio"] for p in p3]))
         others = [r["path"] for (P2, rule2), rs in runs_.items() if (P2 != P and rule2 == "sqrt") for r in rs
                   if r["path"] not in ref_paths]
         if P == REF_P and rule == "sqrt":
@@ -209,6 +229,7 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
     sq = [r for r in rows if r["rule"] == "sqrt"]
     tau = kendall_tau([r["pred_T"] for r in sq], [r["T"] for r in sq])
     tau_c = kendall_tau([r["curves_T"] for r in sq], [r["T"] for r in sq])
+    tau_d = kendall_tau([r["lrd_T"] for r in sq], [r["T"] for r in sq]) if lr_aware else math.nan
     rng = np.random.default_rng(0)
     boot = []
     for _ in range(1000):
@@ -230,9 +251,10 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
     within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
     ok_rho = [r["rho_min"] <= r["pred_rho"] <= r["rho_max"] for r in within]
     log(f"\nKendall tau, predicted (reference alone) vs measured T ranking over P = {', '.join(str(r['P']) for r in sq)}: "
-        f"{tau:.2f} (90 % bootstrap over seeds {lo:.2f}..{hi:.2f}; target >= 0.8); from curves (P left out): {tau_c:.2f}")
+        f"{tau:.2f} (90 % bootstrap over seeds {lo:.2f}..{hi:.2f}; target >= 0.8); from curves (P left out): {tau_c:.2f}"
+        + (f"; lr-aware at --lr-aware {lr_aware[0]:g},{lr_aware[1]:g}: {tau_d:.2f}" if lr_aware else ""))
     log(f"rho predicted (noise scale) within the measured seed spread for P within 4x of {REF_P}: "
-        f"{sum(ok_rho)} of {len(ok_rho)} ({', '.join(str(r['P']) for r, ok in zip(within, ok_rho) if not ok) or 'all'} outside)")
+        f"{sum(ok_rho)} of {len(ok_rho)} ({', '.join(str(r['P']) for r, ok in zip(within, ok_rho) if not ok) or 'none'} outside)")
     log(f"critical generation batch (sigma within 10 % of its largest): P = {crit_gen}; critical training batch "
         f"(samples-to-target within 1.2x of P = {sig_sorted[0]['P']}): P = {crit_train}")
     # which B_crit could the noise-scale form (1 + B/B_crit) / (1 + B_ref/B_crit) fit? each size above the reference
@@ -261,10 +283,123 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
         f"ratio); {', '.join(f'{b:.0f}' for b in b_rom)} (ratio of the run's means)")
     log(f"B_crit the measured rho allows: >= {lo_b:.0f} (sizes that every seed finished, within their spread) and "
         f"<= {hi_b:.0f} (censored sizes): {'none fits both' if lo_b > hi_b else 'consistent'}")
+    held = held_out(runs_, rows, target, log)
     return dict(target=target, n_star_ref=n_ref, rps_ref=rps_ref, rows=[{k: v for k, v in r.items() if k != "pred_T_seeds"} for r in rows],
-                kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], kendall_tau_curves=tau_c,
+                kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], kendall_tau_curves=tau_c, kendall_tau_lr_aware_given=tau_d,
                 rho_within_spread=[int(x) for x in ok_rho], critical_gen_batch=crit_gen, critical_train_batch=crit_train,
-                b_crit_ref_ema=b_ema, b_crit_ref_ratio_of_means=b_rom, b_crit_allowed=[lo_b, hi_b])
+                b_crit_ref_ema=b_ema, b_crit_ref_ratio_of_means=b_rom, b_crit_allowed=[lo_b, hi_b], held_out=held)
+
+
+FIT_SEED = 0
+
+
+def held_out(runs_: dict, rows: list[dict], target: float, log=print) -> dict:
+    """The lr-aware model fitted on seed FIT_SEED, checked on the other seeds against noise-scale on the same seeds."""
+    from rlsim.replay.learning import fit_lr_aware
+
+    fit_runs = [r for rs in runs_.values() for r in rs if r["seed"] == FIT_SEED]
+    ref0 = next((r for r in runs_.get((REF_P, "sqrt"), []) if r["seed"] == FIT_SEED), None)
+    seeds = sorted({r["seed"] for rs in runs_.values() for r in rs} - {FIT_SEED})
+    if ref0 is None or not seeds:
+        log("\nheld-out check skipped: it needs seed 0 and at least one other seed")
+        return {}
+    fit = fit_lr_aware(ref0["curve"], [r["curve"] for r in fit_runs], target)
+    log(f"\nlr-aware rho fitted on seed {FIT_SEED} ({fit.runs} runs besides its reference): B_bend = {fit.b_bend:.4g}, "
+        f"kappa = {fit.kappa:.3g} (squared log error {fit.loss:.3g}); checked on seeds {', '.join(map(str, seeds))}, "
+        f"each predicted from its own P = {REF_P} trace")
+    refs = {r["seed"]: r for r in runs_[(REF_P, "sqrt")] if r["seed"] in seeds}
+    n_ref = float(np.mean([refs[s]["n_star"] for s in seeds]))
+    rps_ref = float(np.mean([refs[s]["rps"] for s in seeds]))
+    params = ("--bend-batch", f"{fit.b_bend:.6g}", "--kappa", f"{fit.kappa:.6g}")
+    out = []
+    for row in rows:
+        P, rule = row["P"], row["rule"]
+        rs = [r for r in runs_[(P, rule)] if r["seed"] in seeds]
+        r = dict(P=P, rule=rule, censored=any(x["censored"] for x in rs), rho=float(np.mean([x["n_star"] for x in rs])) / n_ref,
+                 sigma=float(np.mean([x["rps"] for x in rs])) / rps_ref, rho_min=row["rho_min"], rho_max=row["rho_max"])
+        r["T"] = r["rho"] / r["sigma"]
+        for name, rho, extra in (("old", "noise-scale", ()), ("new", "lr-aware", params)):
+            pr = [_rlsim_run([refs[s]["path"]], P, rule, target, rho, *extra) for s in seeds]
+            r[f"{name}_rho"] = float(np.mean([p["rho"] for p in pr]))
+            r[f"{name}_T"] = float(np.mean([p["time_to_target_ratio"] for p in pr]))
+        out.append(r)
+    log(f"{'P':>4} {'lr':>5} | {'rho meas':>8} {'(3-seed spread)':>15} {'noise-scale':>11} {'lr-aware':>8} | "
+        f"{'T meas':>6} {'noise-scale':>11} {'lr-aware':>8}")
+    for r in out:
+        ge = ">=" if r["censored"] else "  "
+        log(f"{r['P']:4d} {r['rule']:>5} | {ge}{r['rho']:6.2f} ({r['rho_min']:5.2f}..{r['rho_max']:5.2f}) {r['old_rho']:11.2f} "
+            f"{r['new_rho']:8.2f} | {ge}{r['T']:4.2f} {r['old_T']:11.2f} {r['new_T']:8.2f}")
+    sq = [r for r in out if r["rule"] == "sqrt"]
+    res = dict(fit_seed=FIT_SEED, seeds=seeds, b_bend=fit.b_bend, kappa=fit.kappa, fit_loss=fit.loss, rows=out)
+    rng = np.random.default_rng(0)
+    for name in ("old", "new"):
+        pred = [r[f"{name}_T"] for r in sq]
+        tau = kendall_tau(pred, [r["T"] for r in sq])
+        boot = []
+        for _ in range(1000):  # resample the held-out seeds of every size (and of the reference)
+            b_ref = rng.choice(seeds, len(seeds))
+            nr = np.mean([refs[s]["n_star"] for s in b_ref])
+            qr = np.mean([refs[s]["rps"] for s in b_ref])
+            Ts = []
+            for r0 in sq:
+                rs = [x for x in runs_[(r0["P"], "sqrt")] if x["seed"] in seeds]
+                b = rng.choice(rs, len(rs))
+                Ts.append((np.mean([x["n_star"] for x in b]) / nr) / (np.mean([x["rps"] for x in b]) / qr))
+            boot.append(kendall_tau(pred, Ts))
+        lo, hi = np.nanpercentile(boot, [5, 95])
+        within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
+        ok = [r["rho_min"] <= r[f"{name}_rho"] <= r["rho_max"] or (r["censored"] and r[f"{name}_rho"] >= r["rho_min"])
+              for r in within]
+        err = [abs(math.log(r[f"{name}_rho"] / r["rho"])) for r in out if not r["censored"] and r["P"] != REF_P]
+        res[name] = dict(kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], rho_within_spread=[int(x) for x in ok],
+                         median_abs_log_rho_error=float(np.median(err)) if err else math.nan)
+        log(f"{'noise-scale' if name == 'old' else 'lr-aware':>11} on the held-out seeds: Kendall tau {tau:.2f} (90 % bootstrap "
+            f"{lo:.2f}..{hi:.2f}; target >= 0.8); rho within the 3-seed spread for P within 4x of {REF_P}: {sum(ok)} of "
+            f"{len(ok)} (a censored size counts when the prediction is at or above its lowest bound); median |log(pred/meas)| "
+            f"of rho over the sizes every held-out seed finished: {res[name]['median_abs_log_rho_error']:.3f}")
+    res["seed_cv"] = seed_cv(runs_, target, log)
+    return res
+
+
+def seed_cv(runs_: dict, target: float, log=print) -> dict:
+    """Every seed in turn as the fit seed: lr-aware fitted on its runs, noise-scale from each other seed's reference;
+    both predict every other seed's rho (its own N* over its own reference's), |log error| (censored: only when low)."""
+    from rlsim.replay.io import read_trace
+    from rlsim.replay.learning import fit_lr_aware, noise_scale, noise_scale_rho
+
+    seeds = sorted({r["seed"] for rs in runs_.values() for r in rs})
+    by = {(P, rule, r["seed"]): r for (P, rule), rs in runs_.items() for r in rs}
+    errs: dict[str, list[float]] = {"noise-scale": [], "lr-aware": []}
+    for f in seeds:
+        if (REF_P, "sqrt", f) not in by:
+            continue
+        ref = by[(REF_P, "sqrt", f)]["curve"]
+        fit = fit_lr_aware(ref, [r["curve"] for k, r in by.items() if k[2] == f], target)
+        for s in seeds:
+            if s == f or (REF_P, "sqrt", s) not in by:
+                continue
+            rs = by[(REF_P, "sqrt", s)]
+            lr_model = lr_aware_rho_for(ref.batch, fit)
+            ns = noise_scale(read_trace(rs["path"])).b_crit
+            for (P, rule, s2), r in by.items():
+                if s2 != s or (P == REF_P and rule == "sqrt"):
+                    continue
+                meas = r["n_star"] / rs["n_star"]
+                for name, p in (("noise-scale", noise_scale_rho(ref.batch, ns).rho(P * G)),
+                                ("lr-aware", lr_model.rho(P * G, x=r["curve"].lr / rs["curve"].lr))):
+                    e = math.log(p / meas) if math.isfinite(p) else 5.0
+                    errs[name].append(0.0 if (r["censored"] and e > 0) else abs(e))
+    out = {k: dict(mean=float(np.mean(v)), median=float(np.median(v)), n=len(v)) for k, v in errs.items() if v}
+    if out:
+        log("seed cross-validation (each seed fits lr-aware in turn; every other seed's rho predicted): |log(pred/meas)| "
+            + "; ".join(f"{k} mean {v['mean']:.3f}, median {v['median']:.3f} (n = {v['n']})" for k, v in out.items()))
+    return out
+
+
+def lr_aware_rho_for(b_ref: float, fit):
+    from rlsim.replay.learning import lr_aware_rho
+
+    return lr_aware_rho(b_ref, fit.b_bend, fit.kappa)
 
 
 def chart(res: dict, out_dir: Path) -> None:
@@ -281,6 +416,11 @@ def chart(res: dict, out_dir: Path) -> None:
         for what, v in (("measured (mean of seeds)", r["T"]), ("predicted: reference alone", r["pred_T"]),
                         ("predicted: curves, P left out", r["curves_T"])):
             pts.append({"P": r["P"], "T ratio": v if math.isfinite(v) else None, "series": what, "lo": lo, "hi": hi})
+    held = res.get("held_out") or {}
+    for r in held.get("rows", []):  # the lr-aware model fitted on seed 0, predicting the held-out seeds' references
+        if r["rule"] == "sqrt":
+            pts.append({"P": r["P"], "T ratio": r["new_T"], "series": f"lr-aware (fit on seed {held['fit_seed']}), held-out seeds",
+                        "lo": None, "hi": None})
     base = alt.Chart(alt.Data(values=pts)).encode(x=alt.X("P:Q", scale=alt.Scale(type="log", base=2), title="prompts per update P (G = 8)"))
     band = base.transform_filter(alt.datum.series == "measured (mean of seeds)").mark_errorbar().encode(
         y=alt.Y("lo:Q", title="time-to-target ratio T / T(P=32)"), y2="hi:Q")
@@ -290,16 +430,17 @@ def chart(res: dict, out_dir: Path) -> None:
 
 
 def _print(rows, log) -> None:
-    hdr = (f"{'P':>4} {'lr':>5} {'seeds':>5} {'N* (mean)':>10} | {'rho meas (spread)':>20} {'pred':>6} {'curves':>6} | "
-           f"{'sigma meas (spread)':>20} {'pred':>6} | {'T meas':>6} {'pred':>6} {'curves':>6}")
+    hdr = (f"{'P':>4} {'lr':>5} {'seeds':>5} {'N* (mean)':>10} | {'rho meas (spread)':>20} {'pred':>6} {'curves':>6} {'lr-aw':>6} | "
+           f"{'sigma meas (spread)':>20} {'pred':>6} | {'T meas':>6} {'pred':>6} {'curves':>6} {'lr-aw':>6}")
+    log("pred: noise-scale from the reference alone; curves: the other sizes' runs, P left out; lr-aw: lr-aware at --lr-aware")
     log(hdr)
     log("-" * len(hdr))
     for r in rows:
         ge = ">=" if r["censored"] else "  "  # some seed never reached the target: a lower bound
         log(f"{r['P']:4d} {r['rule']:>5} {r['reached']:>2}/{r['seeds']:<2} {ge}{r['n_star']:8.0f} | "
-            f"{ge}{r['rho']:4.2f} ({r['rho_min']:.2f}..{r['rho_max']:.2f}) {r['pred_rho']:6.2f} {r['curves_rho']:6.2f} | "
+            f"{ge}{r['rho']:4.2f} ({r['rho_min']:.2f}..{r['rho_max']:.2f}) {r['pred_rho']:6.2f} {r['curves_rho']:6.2f} {r['lrd_rho']:6.2f} | "
             f"{r['sigma']:6.2f} ({r['sigma_min']:.2f}..{r['sigma_max']:.2f}) {r['pred_sigma']:6.2f} | "
-            f"{ge}{r['T']:4.2f} {r['pred_T']:6.2f} {r['curves_T']:6.2f}")
+            f"{ge}{r['T']:4.2f} {r['pred_T']:6.2f} {r['curves_T']:6.2f} {r['lrd_T']:6.2f}")
 
 
 if __name__ == "__main__":

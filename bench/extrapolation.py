@@ -17,9 +17,16 @@ the pairs whose measured T ratio is outside 0.95-1.05.
 
 Targets (issue "trustworthy extrapolation"): median |error| of responses/s <= 5 %, max <= 10 %.
 
+The machine's own floor (`--repeats 2`): every run is recorded again, same config and seed, after the whole
+first pass. Fitting one recording and predicting the repeat of the same configuration is an extrapolation
+of ratio 1: its error is what the machine's drift between recordings alone costs, the least any pair can
+reach. Printed too: how much of the pairs' error one speed factor per recording explains (least squares on
+log errors; the residual is the part a speed drift does not explain, an optimistic estimate of the models' own error).
+
     python bench/extrapolation.py                      # record what is missing (~6-10 min on 2 quiet cores), analyse
     python bench/extrapolation.py --steps 3 --only 2   # smoke test: two tiny runs
     python bench/extrapolation.py --no-record          # analyse the traces already recorded
+    python bench/extrapolation.py --repeats 2          # and a second recording of every run: the drift floor
 """
 from __future__ import annotations
 
@@ -57,13 +64,17 @@ def rlrun() -> str:
     return str(exe) if exe.exists() else (shutil.which("rlrun") or "rlrun")
 
 
-def record(out_dir: Path, runs, steps: int, log=print) -> list[Path]:
+def trace_path(out_dir: Path, name: str, steps: int, rep: int = 0) -> Path:
+    return out_dir / (f"{name}_s{steps}.parquet" if rep == 0 else f"{name}_s{steps}_r{rep}.parquet")
+
+
+def record(out_dir: Path, runs, steps: int, log=print, rep: int = 0) -> list[Path]:
     from rlsim.replay.errors import RlsimError
     from rlsim.replay.io import read_trace
 
     paths = []
     for name, algo, task, P, G in runs:
-        out = out_dir / f"{name}_s{steps}.parquet"
+        out = trace_path(out_dir, name, steps, rep)
         paths.append(out)
         if out.exists():
             try:
@@ -171,6 +182,51 @@ def analyse(paths: list[Path], calibrated: bool) -> dict:
     return {"calibrated": calibrated, "rows": rows, "summary": summarize(rows)}
 
 
+def floor(first: list[Path], second: list[Path]) -> dict:
+    """Fit one recording, predict the repeat of the same configuration (both ways): the drift floor."""
+    from rlsim.replay.fit import fit_trace
+    from rlsim.replay.io import read_trace
+
+    rows = []
+    for pa, pb in zip(first, second):
+        if not (pa.exists() and pb.exists()):
+            continue
+        ta, tb = read_trace(pa), read_trace(pb)
+        fa, fb = fit_trace(ta), fit_trace(tb)
+        for (x, fx), (y, fy) in (((ta, fa), (tb, fb)), ((tb, fb), (ta, fa))):
+            run, _ = predict(fx, y, fy)
+            rec = fy.recorded
+            rows.append({"fit": x.name, "predict": y.name,
+                         "rps_err": steady(run.responses / run.step_time) / steady(rec.num_responses / rec.step_time) - 1,
+                         "gen_err": steady(run.gen_time) / steady(rec.gen_time) - 1,
+                         "train_err": steady(run.train_time) / steady(rec.train_time) - 1})
+    if not rows:
+        return {}
+    out = {"pairs": len(rows), "rows": rows}
+    for k in ("rps", "gen", "train"):
+        e = np.abs([r[f"{k}_err"] for r in rows])
+        out[f"{k}_median_abs_err"], out[f"{k}_max_abs_err"] = float(np.median(e)), float(np.max(e))
+    return out
+
+
+def speed_factors(rows: list[dict], key: str = "rps_err") -> dict:
+    """log(1 + err) = log s_fit - log s_predict + residual, least squares: one speed factor per recording."""
+    names = sorted({r["fit"] for r in rows} | {r["predict"] for r in rows})
+    if len(names) < 3:
+        return {}
+    idx = {n: i for i, n in enumerate(names)}
+    A = np.zeros((len(rows), len(names)))
+    for i, r in enumerate(rows):
+        A[i, idx[r["fit"]]] += 1
+        A[i, idx[r["predict"]]] -= 1
+    y = np.log1p([r[key] for r in rows])
+    s, *_ = np.linalg.lstsq(A[:, 1:], y, rcond=None)  # the first recording fixes the scale (factors are relative)
+    res = np.expm1(y - A[:, 1:] @ s)
+    f = np.exp(np.r_[0.0, s] - np.mean(np.r_[0.0, s]))
+    return {"factors": dict(zip(names, map(float, f))), "residual_median_abs": float(np.median(np.abs(res))),
+            "residual_max_abs": float(np.max(np.abs(res)))}
+
+
 def summarize(rows: list[dict]) -> dict:
     if not rows:
         return {}
@@ -183,7 +239,7 @@ def summarize(rows: list[dict]) -> dict:
             "decisive_pairs": len(decisive),
             "regime_agree": sum(r["regime_predicted"] == r["regime_measured"] for r in decisive),
             "regime_undecided": sum(r["regime_predicted"] == "undecided" for r in decisive),
-            "targets_met": bool(np.median(e) <= 0.05 and np.max(e) <= 0.10)}
+            "targets_met": bool(np.median(e) <= 0.05 and np.max(e) <= 0.10), "speed_factors": speed_factors(rows)}
 
 
 def print_table(res: dict) -> None:
@@ -203,6 +259,11 @@ def print_table(res: dict) -> None:
               f"generation median {100 * s['gen_median_abs_err']:.1f}%, training median {100 * s['train_median_abs_err']:.1f}%; "
               f"measured inside the interval {100 * s['interval_coverage']:.0f}%; regime (measured T outside 0.95-1.05, "
               f"{s['decisive_pairs']} pairs): {s['regime_agree']} agree, {s['regime_undecided']} undecided")
+        sf = s.get("speed_factors")
+        if sf:
+            fs = sf["factors"].values()
+            print(f"one speed factor per recording ({min(fs):.2f}..{max(fs):.2f}) explains all but: responses/s |residual| "
+                  f"median {100 * sf['residual_median_abs']:.1f}%, max {100 * sf['residual_max_abs']:.1f}%")
 
 
 def main(argv=None) -> None:
@@ -212,19 +273,30 @@ def main(argv=None) -> None:
     ap.add_argument("--out-dir", type=Path, default=Path("/tmp/rlsim-extrapolation"), help="where the traces go")
     ap.add_argument("--no-record", action="store_true", help="analyse the traces already in --out-dir")
     ap.add_argument("--json", type=Path, default=None, help="also write both tables as JSON here")
+    ap.add_argument("--repeats", type=int, default=1, help="record every run this many times (2: the drift floor)")
     args = ap.parse_args(argv)
     runs = RUNS[: args.only] if args.only else RUNS
     args.out_dir.mkdir(parents=True, exist_ok=True)
-    if args.no_record:
-        paths = [args.out_dir / f"{r[0]}_s{args.steps}.parquet" for r in runs]
-        paths = [p for p in paths if p.exists()]
-    else:
-        paths = record(args.out_dir, runs, args.steps)
+    reps = []
+    for rep in range(args.repeats):  # a whole pass before the next: the repeats are minutes apart
+        if args.no_record:
+            reps.append([trace_path(args.out_dir, r[0], args.steps, rep) for r in runs])
+        else:
+            reps.append(record(args.out_dir, runs, args.steps, rep=rep))
+    paths = [p for p in reps[0] if p.exists()]
     if len(paths) < 2:
         raise SystemExit("need at least two traces")
     out = [analyse(paths, calibrated=True), analyse(paths, calibrated=False)]
     for res in out:
         print_table(res)
+    if args.repeats > 1:
+        fl = floor(reps[0], reps[1])
+        out.append({"floor": fl})
+        if fl:
+            print(f"\n== drift floor: fit one recording, predict the repeat of the same configuration ({fl['pairs']} pairs)\n"
+                  f"responses/s |error| median {100 * fl['rps_median_abs_err']:.1f}%, max {100 * fl['rps_max_abs_err']:.1f}%; "
+                  f"generation median {100 * fl['gen_median_abs_err']:.1f}%, max {100 * fl['gen_max_abs_err']:.1f}%; "
+                  f"training median {100 * fl['train_median_abs_err']:.1f}%, max {100 * fl['train_max_abs_err']:.1f}%")
     if args.json:
         from rlsim.replay.util import dumps
 

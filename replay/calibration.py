@@ -23,7 +23,8 @@ for older traces (`rlsim run --calibration FILE`). Here (`calibrate`, called at 
   rows are scaled by the run's step times at the run's own concurrency over what the calibration alone
   predicts there (`anchor_gen`; a shared machine may run at another speed during the calibration, and a
   `rlrun calibrate` file comes from another time); the training line likewise by the run's forward +
-  backward seconds.
+  backward seconds. Last, the fitted times are scaled so that they sum to the run's own engine time over its
+  steps (`run_level`): the calibration sets the shape, the run its level, in total rather than at one level.
 - training: the forward + backward seconds of the calibration's token levels give the per-token slope
   (a line through the level medians, relative errors); the per-update fixed cost (optimizer step and the
   rest) is the robust location of (measured update seconds - slope x tokens) over the run's updates.
@@ -549,6 +550,19 @@ def anchor_gen(cal: dict[str, np.ndarray], run: dict[str, np.ndarray]) -> float:
     return float(np.exp(np.median(np.log(ratio)))) if len(ratio) >= 5 else math.nan
 
 
+def run_level(coef: np.ndarray, run: dict[str, np.ndarray], min_rows: int = 20) -> float:
+    """Sum of the run's engine-step seconds over the sum the coefficients predict for those steps (nan with too few
+    run steps, e.g. a calibration measured on another thread count, whose run rows are set aside)."""
+    y = np.asarray(run["duration"], float)
+    n = np.asarray(run["num_running"], float)
+    ok = np.isfinite(y) & (n > 0)
+    if ok.sum() < min_rows:
+        return math.nan
+    pred = _predict_rows(coef, n[ok], np.asarray(run["context_tokens"], float)[ok], np.asarray(run["prefill_tokens"], float)[ok])
+    tot = float(pred.sum())
+    return float(y[ok].sum()) / tot if tot > 0 else math.nan
+
+
 def calibrate(models, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], *, upd_proper: np.ndarray,
               n_tok: np.ndarray, t_opt: np.ndarray, sel: np.ndarray, t_fb: np.ndarray | None = None,
               calibration: Sequence[Trace] = (), reps: int = REPLICATES, seed: int = 0):
@@ -598,7 +612,16 @@ def calibrate(models, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], 
         is_cal = np.arange(n_cal + len(run["duration"])) < n_cal
         anchor = np.concatenate([np.zeros(n_cal, bool), anchor_rows(run["num_running"])]) if math.isfinite(s_gen) else None
         gf = fit_gen_calibrated(both, cal=is_cal, anchor=anchor)
-        c = gf.coef
+        c = gf.coef.copy()
+        # The level: the level-weighted fit gives the run's own concurrencies one vote among the calibration's
+        # levels, so where the curve is not one line it can pass a few % off the run's operating point (and its
+        # anchor is a median at one level). What the run's engine steps took in total is measured: scale the
+        # times (not the knee position) so that the fit sums to it over the run's own steps.
+        level = run_level(c, run)
+        if math.isfinite(level):
+            c[:5] *= level
+            if abs(level - 1) > 0.01:
+                notes.append(f"engine-step fit scaled by {level:.3g} to the run's total engine time over its own steps")
         invalid = sum(t.dropped_rows(GEN_STEP) for t in traces[:1] if hasattr(t, "dropped_rows"))  # rows the reader dropped
         q = FitQuality(n=gf.rows, r2=gf.r2, rmse=math.nan, median_rel_err=math.nan, p95_rel_err=math.nan, dropped=gf.dropped + invalid,
                        method=f"calibrated {gf.form} (level-weighted nnls)")
@@ -616,6 +639,8 @@ def calibrate(models, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], 
         gen_source = (f"{len(cg['duration'])} calibration steps + {len(run['duration'])} run steps, "
                       f"{len(gf.problem.level_ids)} concurrency levels {gf.concurrency_range[0]}..{gf.concurrency_range[1]}")
         gen_reps = bootstrap_gen(gf.problem, gf.form, reps, rng, by="level")
+        if math.isfinite(level) and len(gen_reps):
+            gen_reps[:, :5] *= level
         val_gen = dict(gen_form=gf.form, gen_knee=float(c[5]) if gf.form == "knee" else math.nan, gen_r2=gf.r2,
                        gen_cv=cv_used[0], gen_cv_max=cv_used[1], gen_cv_linear=gf.cv["linear"][0],
                        gen_cv_knee=gf.cv.get("knee", (math.nan,))[0], gen_levels=cv_used[2], gen_source=gen_source)

@@ -7,11 +7,25 @@ sample-cost models rho(B) = N*(B) / N*(B_ref).
   rho(B) = (1 + B/B_crit) / (1 + B_ref/B_crit).
 - curves:      several traces at different batch sizes: samples-to-target N*(B), interpolated linearly
   in log B (clamped outside the measured range).
+- lr-aware:    Adam at the lr each batch actually gets (the run's lr rule), not the tuned-at-every-batch lr
+  that noise-scale assumes. Progress per update, relative to the reference's:
+      delta(B) = x h(B) - kappa x^2 h(B_ref),   x = lr(B) / lr(B_ref),   h(B) = (1 + B_bend / B)^(-1/2)
+  First order: Adam's update has a fixed size per coordinate, so the gain along the gradient is lr times the
+  update's signal fraction, |G| / sqrt(|G|^2 + tr(Sigma)/B) for a noise scale B_bend (h). Second order: the
+  curvature cost of an update of size lr (kappa: the share of the reference's first-order gain it takes
+  back). Then N*(B) ~ B / delta(B) and rho(B) = (B / B_ref) delta(B_ref) / delta(B): flat while B << B_bend
+  under the sqrt rule, then rising steeply once h saturates and the x^2 term grows (infinite where delta <= 0:
+  that lr does not make progress). B_bend and kappa are fitted on runs at other batch sizes or lrs
+  (`fit_lr_aware`) or given. B_bend is fitted rather than taken from the trace's two-batch B_noise: Adam's
+  per-coordinate noise scale is not tr(Sigma)/|G|^2, and the two-batch estimate varied 3-5x between seeds of
+  one configuration in the study, which made per-trace scaling worse on seeds it did not see (docs/results.md).
+  The constants are the task's: one task's fit does not transfer to another, so there are no defaults.
 
 Pure numpy; imports neither torch nor SimPy.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -22,7 +36,7 @@ from rlsim.replay.util import default_group
 from rlsim.replay.io import Trace
 from rlsim.replay.schema import EVAL, UPDATE
 
-RHO_MODELS = ("invariant", "noise-scale", "curves", "auto")
+RHO_MODELS = ("invariant", "noise-scale", "curves", "lr-aware", "auto")
 
 
 @dataclass(frozen=True, eq=False)
@@ -35,6 +49,7 @@ class LearningCurve:
     lr_rule: str = field(default="", metadata={"help": "learning-rate rule of the run"})
     name: str = field(default="", metadata={"help": "trace name"})
     staleness: int = field(default=0, metadata={"help": "staleness limit the run was recorded with (config `staleness`; 0: synchronous)"})
+    lr: float = field(default=math.nan, metadata={"help": "the run's effective learning rate (nan: not recorded)"})
 
     @property
     def smoothed(self) -> np.ndarray:
@@ -86,7 +101,23 @@ def fit_learning_curve(trace: Trace) -> LearningCurve:
     g = cfg.get("group") or default_group(cfg.get("algo"))
     return LearningCurve(cum_responses=ev["cum_responses"][order].astype(float), score=ev["score"][order].astype(float),
                          batch=int((cfg.get("prompts") or 0) * g), lr_rule=str(cfg.get("lr_rule") or ""), name=trace.name,
-                         staleness=int(cfg.get("max_staleness", cfg.get("staleness")) or 0))
+                         staleness=int(cfg.get("max_staleness", cfg.get("staleness")) or 0), lr=effective_lr(cfg))
+
+
+def effective_lr(cfg: dict) -> float:
+    """The lr a run trained with: its recorded `lr_effective`, else `lr` under `lr_rule` from `lr_ref_batch`."""
+    if cfg.get("lr_effective") is not None:
+        return float(cfg["lr_effective"])
+    lr, ref = cfg.get("lr"), cfg.get("lr_ref_batch")
+    b = (cfg.get("prompts") or 0) * (cfg.get("group") or default_group(cfg.get("algo")))
+    if lr is None or not ref or not b:
+        return math.nan
+    return float(lr) * lr_scale(str(cfg.get("lr_rule") or "sqrt"), b / float(ref))
+
+
+def lr_scale(rule: str, ratio: float) -> float:
+    """lr(B) / lr(B_ref) under an lr rule, for B / B_ref = ratio."""
+    return {"sqrt": math.sqrt(ratio), "linear": ratio}.get(rule, 1.0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -151,21 +182,34 @@ class RhoModel:
 
     kind: str = field(metadata={"help": "invariant | noise-scale | curves"})
     b_ref: float = field(metadata={"help": "reference batch in responses"})
-    b_crit: float = field(default=math.nan, metadata={"help": "critical batch (noise-scale)"})
+    b_crit: float = field(default=math.nan, metadata={"help": "critical batch (noise-scale); the bend batch B_bend (lr-aware)"})
     log_b: tuple[float, ...] = field(default=(), metadata={"help": "curves: log batch of each trace (sorted)"})
     n_star: tuple[float, ...] = field(default=(), metadata={"help": "curves: samples-to-target of each trace"})
     lr_rules: tuple[str, ...] = field(default=(), metadata={"help": "curves: lr rule of each trace"})
     invariant_range: float = field(default=16.0, metadata={"help": "invariant: batch ratio up to which rho = 1 is trusted"})
+    kappa: float = field(default=math.nan, metadata={"help": "lr-aware: share of the reference update's gain that curvature takes back"})
+    lr_rule: str = field(default="sqrt", metadata={"help": "lr-aware: the reference's lr rule (the default for a candidate)"})
+    source: str = field(default="", metadata={"help": "lr-aware: where B_bend and kappa come from"})
 
-    def rho(self, b: float) -> float:
+    def rho(self, b: float, lr_rule: str | None = None, x: float | None = None) -> float:
+        """rho at batch b; lr-aware also takes the candidate's lr rule, or its lr over the reference's (x)."""
         if self.kind == "invariant":
             return 1.0
         if self.kind == "noise-scale":
             return (1 + b / self.b_crit) / (1 + self.b_ref / self.b_crit)
+        if self.kind == "lr-aware":
+            x = lr_scale(lr_rule or self.lr_rule, b / self.b_ref) if x is None else x
+            d_ref, d = self.progress(self.b_ref, 1.0), self.progress(b, x)
+            return (b / self.b_ref) * d_ref / d if d > 0 else math.inf
         if self.kind == "curves":
             n_ref = float(np.interp(math.log(self.b_ref), self.log_b, self.n_star))
             return float(np.interp(math.log(b), self.log_b, self.n_star)) / n_ref
-        raise RlsimError(f"unknown rho model {self.kind!r}; use one of invariant, noise-scale, curves, auto")
+        raise RlsimError(f"unknown rho model {self.kind!r}; use one of {', '.join(RHO_MODELS)}")
+
+    def progress(self, b: float, x: float) -> float:
+        """lr-aware: progress per update at batch b and lr x times the reference's (delta in the docstring)."""
+        h = lambda bb: (1.0 + self.b_crit / bb) ** -0.5  # noqa: E731
+        return x * h(b) - self.kappa * x * x * h(self.b_ref)
 
     def notes(self, b: float) -> list[str]:
         """Warnings about trusting rho at batch b."""
@@ -174,6 +218,9 @@ class RhoModel:
         if self.kind == "invariant" and (r > self.invariant_range or r < 1 / self.invariant_range):
             out.append(f"rho=1 assumed at {r:.3g}x the reference batch, outside the {self.invariant_range:g}x range the "
                        "article found approximately invariant; record runs at other batch sizes (--rho curves)")
+        if self.kind == "lr-aware" and not math.isfinite(self.rho(b)):
+            out.append(f"at batch {b:g} the lr-aware model's lr is past the point where an update makes progress "
+                       f"(kappa {self.kappa:.3g}): rho is infinite; use a smaller lr rule (--lr-rule fixed or sqrt)")
         if self.kind == "curves" and self.log_b:
             lb = math.log(b)
             if lb < self.log_b[0] - 1e-9 or lb > self.log_b[-1] + 1e-9:
@@ -191,6 +238,79 @@ def noise_scale_rho(b_ref: float, b_crit: float) -> RhoModel:
         raise RlsimError("the gradient noise scale is not estimable from this trace (grad_norm and grad_norm_micro "
                          "missing or too noisy); use --rho invariant or --rho curves")
     return RhoModel("noise-scale", float(b_ref), b_crit=float(b_crit))
+
+
+def lr_aware_rho(b_ref: float, b_bend: float, kappa: float, lr_rule: str = "sqrt", *, source: str = "given") -> RhoModel:
+    if not (b_bend > 0 and math.isfinite(b_bend)) or not (0 <= kappa < 1):
+        raise RlsimError(f"lr-aware constants out of range: --bend-batch must be > 0 responses (got {b_bend:g}) and --kappa "
+                         f"in [0, 1) (got {kappa:g})")
+    return RhoModel("lr-aware", float(b_ref), b_crit=float(b_bend), kappa=float(kappa), lr_rule=lr_rule, source=source)
+
+
+@dataclass(frozen=True)
+class LrAwareFit:
+    """B_bend and kappa of the lr-aware model fitted to samples-to-target of runs at other batch sizes or lrs."""
+
+    b_bend: float = field(metadata={"help": "fitted bend batch, responses"})
+    kappa: float = field(metadata={"help": "fitted kappa"})
+    loss: float = field(metadata={"help": "sum of squared log-rho errors at the fit (censored runs count only when predicted too low)"})
+    runs: int = field(metadata={"help": "runs other than the reference that entered the fit"})
+
+
+def rho_points(ref: LearningCurve, curves, target: float) -> list[tuple[float, float, float, bool]]:
+    """(batch, lr over the reference's, measured rho, censored) for each curve other than the reference; a run that
+    never reached the target gives its responses trained as a lower bound (censored)."""
+    n_ref = ref.samples_to_target(target)
+    if n_ref is None or n_ref <= 0:
+        raise RlsimError(f"the reference trace does not reach the target {target:.4g} after its first eval; lower --target")
+    out = []
+    for c in curves:
+        if c is ref or c.batch <= 0 or not len(c.score):
+            continue
+        x = c.lr / ref.lr if (c.lr > 0 and ref.lr > 0) else lr_scale(c.lr_rule or "sqrt", c.batch / ref.batch)
+        n = c.samples_to_target(target)
+        if n is not None and n <= 0:
+            continue
+        cens = n is None
+        out.append((float(c.batch), float(x), float((c.cum_responses[-1] if cens else n) / n_ref), cens))
+    return out
+
+
+def fit_lr_aware(ref: LearningCurve, curves, target: float) -> LrAwareFit:
+    """Least squares in log rho over a grid of B_bend (B_ref/256..256 B_ref, 2^(1/4) apart) and kappa (0..0.95,
+    0.01 apart); a censored run (rho >= its bound) costs only when the model puts it below the bound."""
+    pts = rho_points(ref, curves, target)
+    if not pts:
+        raise RlsimError("fitting the lr-aware model needs runs at other batch sizes or lrs that have evals (repeat --trace)")
+    base = lr_aware_rho(ref.batch, ref.batch, 0.0)
+    best = None
+    for m in 2.0 ** np.arange(-8, 8.01, 0.25):
+        for k in np.linspace(0.0, 0.95, 96):
+            model = dataclasses.replace(base, b_crit=float(m * ref.batch), kappa=float(k))
+            loss = 0.0
+            for b, x, r, cens in pts:
+                p = model.rho(b, x=x)
+                e = math.log(p / r) if math.isfinite(p) else 5.0
+                loss += 0.0 if (cens and e > 0) else e * e
+            if best is None or loss < best[0] - 1e-12:
+                best = (loss, float(m), float(k))
+    return LrAwareFit(b_bend=best[1] * ref.batch, kappa=best[2], loss=best[0], runs=len(pts))
+
+
+def parse_rho(spec: str) -> tuple[str, tuple[float, float] | None]:
+    """'lr-aware:B_BEND,KAPPA' -> ('lr-aware', (B_BEND, KAPPA)); any other model name -> (name, None)."""
+    kind, _, params = spec.partition(":")
+    if kind not in RHO_MODELS:
+        raise RlsimError(f"--rho must be one of {', '.join(RHO_MODELS)}, got {kind!r}")
+    if not params:
+        return kind, None
+    try:
+        m, k = (float(v) for v in params.split(","))
+    except ValueError:
+        raise RlsimError(f"rho parameters {params!r}: expected 'B_BEND,KAPPA' (e.g. lr-aware:3000,0.6)") from None
+    if kind != "lr-aware":
+        raise RlsimError(f"--bend-batch and --kappa go with --rho lr-aware, not {kind}")
+    return kind, (m, k)
 
 
 def curves_rho(b_ref: float, curves: list[LearningCurve], target: float) -> RhoModel:

@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
 
         if out.exists() and not overwrite:
             raise RlsimError(f"{out} already exists; pass --overwrite to replace it or choose another -o")
-        path = build_report(so.traces(), sweep_dir, out, rho_model=so.rho_model, target=so.target,
+        path = build_report(so.traces(), sweep_dir, out, rho_model=so.rho if so.rho_model else None, target=so.target,
                             calibration=so.calibrations())
         typer.echo(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB, opens offline)")
 

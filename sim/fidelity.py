@@ -68,3 +68,14 @@ def replay_trace(trace: Trace, *, seed: int = 0, lengths: str = "recorded") -> R
     return ReplayResult(trace=trace.name, step=rec.step[keep], recorded=recorded, simulated=simulated,
                         skipped_warmup=bool(skip), lengths=lengths,
                         warnings=models.warnings + ((f"{trace.name} was recovered from a partial recording",) if trace.recovered else ()))
+
+
+def noise_floor(x) -> float:
+    """The smallest median relative error any constant prediction reaches on these recorded times: what
+    run-to-run noise alone costs a predictor that does not know the machine's load from one update to the next."""
+    x = np.asarray(x, float)
+    x = x[np.isfinite(x) & (x > 0)]
+    if not len(x):
+        return float("nan")
+    cs = np.linspace(x.min(), x.max(), 2001)
+    return float(min(np.median(np.abs(c - x) / x) for c in cs))

@@ -37,8 +37,14 @@ class StudyOptions:
         "help": "Recorded trace (first = reference); repeat for learning curves at other batch sizes.",
         "flags": ["--trace", "-t"]})
     rho_model: Optional[str] = field(default=None, metadata={
-        "help": "Sample-cost model: invariant | noise-scale | curves | auto (default: auto; `report`: the sweep's).",
+        "help": "Sample-cost model: invariant | noise-scale | curves | lr-aware | auto (default: auto; `report`: the sweep's).",
         "flags": ["--rho", "--rho-model"]})
+    bend_batch: Optional[float] = field(default=None, metadata={
+        "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they are "
+                "fitted on the other --trace runs).", "flags": ["--bend-batch"]})
+    kappa: Optional[float] = field(default=None, metadata={
+        "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with --bend-batch).",
+        "flags": ["--kappa"]})
     target: Optional[float] = field(default=None, metadata={
         "help": "Eval score that defines time-to-target (default: the best the reference reached; with several "
                 "traces, the best all reached).", "flags": ["--target"]})
@@ -52,7 +58,14 @@ class StudyOptions:
 
     @property
     def rho(self) -> str:
-        return self.rho_model or "auto"
+        """The rho model, with the lr-aware parameters when given ('lr-aware:B_BEND,KAPPA', parsed by `parse_rho`)."""
+        if self.bend_batch is None and self.kappa is None:
+            return self.rho_model or "auto"
+        if (self.rho_model or "auto") != "lr-aware":
+            raise RlsimError("--bend-batch and --kappa set the lr-aware rho model: add --rho lr-aware")
+        if self.bend_batch is None or self.kappa is None:
+            raise RlsimError("give both --bend-batch and --kappa (or neither, to fit them on the --trace runs)")
+        return f"lr-aware:{self.bend_batch:g},{self.kappa:g}"
 
     def traces(self) -> list:
         """The traces, read and validated."""

@@ -26,7 +26,7 @@ class Outcome:
     idle_s: float = field(metadata={"help": "mean seconds the device neither generates, trains nor syncs (colocated: = other_s)"})
     sigma: float = field(metadata={"help": "throughput gain q / q_ref"})
     rho: float = field(metadata={"help": "sample cost N* / N*_ref"})
-    rho_model: str = field(metadata={"help": "rho model used: invariant | noise-scale | curves"})
+    rho_model: str = field(metadata={"help": "rho model used: invariant | noise-scale | curves | lr-aware"})
     time_to_target_ratio: float = field(metadata={"help": "T / T_ref = rho / sigma"})
     time_to_target_s: float = field(metadata={"help": "predicted training seconds to the target (nan without evals reaching it)"})
     regime: str = field(metadata={"help": "time falls | flat | time rises (vs the reference, 5% band)"})

@@ -123,11 +123,15 @@ def critical_batches(study: Any, rows: Sequence[Mapping[str, Any]], primary: Seq
     """The two boundaries of the time-to-target chart.
     Critical generation batch: where the simulated end-to-end throughput of the primary series plateaus
     (reaches 90% of its best). Critical training batch: the gradient noise scale B_crit of the reference
-    trace when it is estimable (rho(B) bends upward there), else the largest batch whose rho stays within 10%."""
+    trace when it is estimable (rho(B) bends upward there; with the lr-aware model its fitted bend batch), else
+    the largest batch whose rho stays within 10%."""
     from rlsim import charts as ch
 
     crit = ch.critical_batches(primary)
     b_crit = getattr(getattr(study, "noise", None), "b_crit", None)
+    lr_aware = getattr(study, "lr_aware", None)
+    if lr_aware is not None:
+        b_crit = lr_aware.b_crit
     if isinstance(b_crit, (int, float)) and math.isfinite(b_crit) and b_crit > 0:
         crit["critical_train_batch"] = float(b_crit)
     return crit

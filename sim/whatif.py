@@ -19,8 +19,8 @@ import numpy as np
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit import FittedModels, fit_trace
 from rlsim.replay.io import Trace
-from rlsim.replay.learning import (RHO_MODELS, LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve,
-                             invariant_rho, noise_scale, noise_scale_rho, regime)
+from rlsim.replay.learning import (LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve, fit_lr_aware,
+                             invariant_rho, lr_aware_rho, noise_scale, noise_scale_rho, parse_rho, regime)
 from rlsim.replay.schema import EVAL, placement
 from rlsim.replay.util import ENGINE_DEFAULTS
 from rlsim.config import EngineConfig, SimConfig, WhatIf
@@ -48,6 +48,7 @@ class Study:
     trace_names: tuple[str, ...] = field(default=(), metadata={"help": "names of the traces"})
     hardware: dict = field(default_factory=dict, metadata={"help": "the reference trace's `hardware` metadata (source of --device)"})
     b_crit_reps: Any = field(default=None, metadata={"help": "bootstrap replicates of the reference's B_crit (over its updates), for rho intervals"})
+    lr_aware: RhoModel | None = field(default=None, metadata={"help": "the lr-aware rho model (--rho lr-aware), its B_bend and kappa resolved"})
 
     @property
     def b_ref(self) -> int:
@@ -74,6 +75,8 @@ class Study:
                 if len(self.curves) > 1:
                     notes.append(f"learning curves not used ({e})")
                 model = None
+        if kind == "lr-aware":
+            model = self.lr_aware
         if model is None and kind in ("noise-scale", "auto"):
             try:
                 model = noise_scale_rho(self.b_ref, self.noise.b_crit)
@@ -82,6 +85,9 @@ class Study:
                     raise
         if model is None:
             model = invariant_rho(self.b_ref)
+        if model.kind == "lr-aware":  # it takes the lr rule into account
+            notes += model.notes(b)
+            return float(model.rho(b, lr_rule)), model.kind, notes
         if lr_rule == "fixed" and b > self.b_ref and model.kind != "curves":
             notes.append(f"--lr-rule fixed beyond the reference batch needs learning curves (record runs with a fixed lr at larger "
                          f"batches and pass them with --trace); rho from the {model.kind} model assumes a rescaled lr and is "
@@ -92,7 +98,7 @@ class Study:
         return float(model.rho(b)), model.kind, notes
 
     def rho_replicates(self, b: float, kind: str) -> tuple[np.ndarray | None, str]:
-        """rho at batch b for each B_crit replicate (noise-scale), ones (invariant), or None (curves), and a note."""
+        """rho at batch b for each B_crit replicate (noise-scale), ones (invariant), or None (curves, lr-aware), and a note."""
         if kind == "invariant" or kind == "reference":
             return None, "rho = 1 by assumption"
         if kind == "noise-scale" and self.b_crit_reps is not None and len(self.b_crit_reps) >= 8:
@@ -184,8 +190,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     traces = list(traces)
     if not traces:
         raise RlsimError("pass at least one --trace")
-    if rho_model not in RHO_MODELS:
-        raise RlsimError(f"--rho must be one of {', '.join(RHO_MODELS)}, got {rho_model!r}")
+    rho_model, rho_params = parse_rho(rho_model)
     ref = traces[0]
     cfg = ref.config
     algo = str(cfg.get("algo") or "grpo")
@@ -235,10 +240,31 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
             rec_t = float(ev["t_start"][hit[0]])
     if rho_model == "curves" and len(traces) < 2:
         raise RlsimError("--rho curves needs two or more traces at different batch sizes (repeat --trace)")
+    lr_aware = None
+    if rho_model == "lr-aware":
+        lr_aware, note = _lr_aware(ref_curve, curves, target, rho_params)
+        warnings.append(note)
     return Study(models=models, reference=reference, engine=_engine_of(models), algo=algo, curves=curves, noise=noise,
                  rho_requested=rho_model, target=float(target), n_star_ref=float(n_star) if n_star is not None else math.nan,
                  recorded_time_to_target_s=rec_t, warnings=tuple(warnings), trace_names=tuple(t.name for t in traces),
-                 b_crit_reps=b_crit_replicates(noise), hardware=dict(ref.meta.get("hardware") or {}))
+                 b_crit_reps=b_crit_replicates(noise), hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware)
+
+
+def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float,
+              params: tuple[float, float] | None) -> tuple[RhoModel, str]:
+    """The lr-aware model: B_bend and kappa as given, else fitted on the other traces' curves."""
+    rule = ref.lr_rule or "sqrt"
+    if params is not None:
+        return lr_aware_rho(ref.batch, *params, rule), f"lr-aware rho: B_bend = {params[0]:.4g}, kappa = {params[1]:.3g} as given"
+    if len(curves) > 1 and math.isfinite(target):
+        f = fit_lr_aware(ref, curves, target)
+        src = f"fitted on {f.runs} runs"
+        few = "; two constants from one run are not identified: add runs at more sizes" if f.runs < 2 else ""
+        return lr_aware_rho(ref.batch, f.b_bend, f.kappa, rule, source=src), \
+            f"lr-aware rho: B_bend = {f.b_bend:.4g} responses, kappa = {f.kappa:.3g} {src} (squared log error {f.loss:.3g}){few}"
+    raise RlsimError("--rho lr-aware needs its two constants: pass runs at other batch sizes or lrs with --trace to fit them, "
+                     "or give --bend-batch and --kappa (they are the task's: one task's fit did not transfer to another, "
+                     "docs/results.md)")
 
 
 def b_crit_replicates(noise, reps: int = 64, alpha: float = 0.2, seed: int = 0) -> np.ndarray | None:

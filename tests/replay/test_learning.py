@@ -6,8 +6,8 @@ import pytest
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
-from rlsim.replay.learning import (LearningCurve, curves_rho, ema_ratio, invariant_rho, noise_scale, noise_scale_rho, regime,
-                             two_batch_estimates)
+from rlsim.replay.learning import (LearningCurve, curves_rho, ema_ratio, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale,
+                                   noise_scale_rho, parse_rho, regime, rho_points, two_batch_estimates)
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
 
 
@@ -84,3 +84,70 @@ def test_isotonic_smoothing_of_noisy_evals():
     # smoothed: 0.2, 0.5, 0.5, 0.55, 0.7 -> a lucky 0.6 at 100 responses does not decide the crossing of 0.55
     assert c.best == pytest.approx(0.7)
     assert c.samples_to_target(0.55) == pytest.approx(300.0)
+
+
+def _h(b, bend):
+    return (1 + bend / b) ** -0.5
+
+
+def test_lr_aware_rho_hand_computed():
+    m = lr_aware_rho(256, 200.0, 0.2, "sqrt")
+    d_ref = _h(256, 200) * (1 - 0.2)
+    d = 2 * _h(1024, 200) - 0.2 * 4 * _h(256, 200)  # x = sqrt(1024 / 256) = 2
+    assert m.rho(256) == pytest.approx(1.0)
+    assert m.rho(1024) == pytest.approx(4 * d_ref / d)
+    d_fixed = _h(1024, 200) - 0.2 * _h(256, 200)  # the reference's lr kept: x = 1
+    assert m.rho(1024, "fixed") == pytest.approx(4 * d_ref / d_fixed)
+    assert m.rho(1024, x=1.0) == pytest.approx(m.rho(1024, "fixed"))
+    assert m.rho(1024, "linear") == pytest.approx(4 * d_ref / (4 * _h(1024, 200) - 0.2 * 16 * _h(256, 200)))
+
+
+def test_lr_aware_limits():
+    # far below the bend the sqrt rule keeps samples-to-target flat; far above it, without curvature, only the
+    # lr grows (as sqrt B) and samples-to-target grows as sqrt(B / B_ref)
+    noisy = lr_aware_rho(256, 1e12, 0.0)
+    assert noisy.rho(16) == pytest.approx(1.0, rel=1e-6) and noisy.rho(4096) == pytest.approx(1.0, rel=1e-6)
+    clean = lr_aware_rho(256, 1e-9, 0.0)
+    assert clean.rho(4096) == pytest.approx(4.0, rel=1e-6)
+    # past the lr where an update stops making progress: infinite, with a note that says so
+    edge = lr_aware_rho(256, 100.0, 0.6)
+    assert math.isinf(edge.rho(4096)) and any("infinite" in n for n in edge.notes(4096))
+    assert math.isfinite(edge.rho(512))
+    for bend, kappa in ((100.0, 1.0), (100.0, -0.1), (0.0, 0.2), (float("nan"), 0.2)):
+        with pytest.raises(RlsimError, match="out of range"):
+            lr_aware_rho(256, bend, kappa)
+
+
+def _linear_curve(batch, n_star, lr, budget=None, target=0.5):
+    """Score rising linearly in responses so that it crosses `target` exactly at n_star; stops at `budget`."""
+    n = np.linspace(0, budget or 2 * n_star, 41)
+    return LearningCurve(n, target * n / n_star, batch=batch, lr_rule="sqrt", lr=lr)
+
+
+def test_fit_lr_aware_recovers_known_constants():
+    bend = 256 * 2 ** 2.25  # on the fit's grid
+    truth = lr_aware_rho(256, bend, 0.5)
+    ref = _linear_curve(256, 10_000.0, 3e-4)
+    curves = [ref]
+    for b, x in ((64, 0.5), (128, 2 ** -0.5), (512, 2 ** 0.5), (512, 1.0), (1024, 2.0)):
+        curves.append(_linear_curve(b, 10_000.0 * truth.rho(b, x=x), 3e-4 * x))
+    # a censored run: it stopped before its (true) samples-to-target; as a lower bound it must not drag the fit
+    n_2048 = 10_000.0 * truth.rho(2048, x=8 ** 0.5)
+    curves.append(_linear_curve(2048, n_2048, 3e-4 * 8 ** 0.5, budget=0.5 * n_2048))
+    pts = rho_points(ref, curves, 0.5)
+    assert len(pts) == 6 and pts[-1][3] and pts[-1][2] == pytest.approx(truth.rho(2048, x=8 ** 0.5) / 2)
+    f = fit_lr_aware(ref, curves, 0.5)
+    assert f.runs == 6 and f.loss < 1e-3
+    assert f.b_bend == pytest.approx(bend, rel=0.01)
+    assert f.kappa == pytest.approx(0.5, abs=0.011)
+    with pytest.raises(RlsimError, match="other batch sizes"):
+        fit_lr_aware(ref, [ref], 0.5)
+
+
+def test_parse_rho():
+    assert parse_rho("auto") == ("auto", None)
+    assert parse_rho("lr-aware:3000,0.6") == ("lr-aware", (3000.0, 0.6))
+    for bad, msg in (("magic", "--rho must be one of"), ("noise-scale:1,2", "go with --rho lr-aware"),
+                     ("lr-aware:8", "expected 'B_BEND,KAPPA'")):
+        with pytest.raises(RlsimError, match=msg):
+            parse_rho(bad)

@@ -47,6 +47,29 @@ def test_run_table_names_the_rho_model(trace):
     assert "--lr-rule fixed" in out  # the warning
 
 
+def test_run_lr_aware_rho(trace, tmp_path):
+    from rlsim.replay.learning import lr_aware_rho
+
+    # the synthetic trace's batch is 16 x 4 = 64 responses; --batch 64 is 256
+    d = json.loads(_ok(["run", "--trace", str(trace), "--batch", "64", "--rho", "lr-aware", "--bend-batch", "300",
+                        "--kappa", "0.3", "--json"]))
+    assert d["rho_model"] == "lr-aware"
+    assert d["rho"] == pytest.approx(lr_aware_rho(64, 300, 0.3).rho(256))
+    assert any("kappa = 0.3 as given" in w for w in d["warnings"])
+    # it takes the candidate's lr rule (noise-scale ignores it): a fixed lr is another rho
+    fixed = json.loads(_ok(["run", "--trace", str(trace), "--batch", "64", "--rho", "lr-aware", "--bend-batch", "300",
+                            "--kappa", "0.3", "--lr-rule", "fixed", "--json"]))
+    assert fixed["rho"] == pytest.approx(lr_aware_rho(64, 300, 0.3).rho(256, "fixed"))
+    assert fixed["rho"] != pytest.approx(d["rho"])
+    # no parameters and one trace: nothing to fit them on, and no defaults (they are the task's): one line, exit 2
+    r = runner.invoke(app, ["run", "--trace", str(trace), "--batch", "64", "--rho", "lr-aware"])
+    assert r.exit_code == 2 and "needs its two constants" in r.output and len(r.output.strip().splitlines()) == 1
+    # another batch size's run: m and kappa fitted on it
+    other = synthetic_trace(tmp_path / "p64.parquet", SynthSpec(prompts=64, group=4, steps=5, seed=1))
+    d = json.loads(_ok(["run", "--trace", str(trace), "--trace", str(other), "--batch", "32", "--rho", "lr-aware", "--json"]))
+    assert any("fitted on 1 runs" in w and "not identified" in w for w in d["warnings"])
+
+
 def test_replay_prints_errors(trace):
     out = _ok(["replay", str(trace)])
     assert "step time" in out and "median err" in out and "0.00%" in out
@@ -90,6 +113,9 @@ def test_bad_trace_files(tmp_path, case, msg):
                                       (["--group", "1"], "GRPO needs a group of at least 2"),
                                       (["--lr-rule", "cubic"], "--lr-rule must be one of"),
                                       (["--rho", "magic"], "--rho must be one of"),
+                                      (["--bend-batch", "800", "--kappa", "0.5"], "add --rho lr-aware"),
+                                      (["--rho", "lr-aware", "--kappa", "0.5"], "give both --bend-batch and --kappa"),
+                                      (["--rho", "lr-aware", "--bend-batch", "800", "--kappa", "1.5"], "in [0, 1)"),
                                       (["--updates", "0"], "--updates must be a positive integer")])
 def test_bad_options(trace, args, msg):
     r = runner.invoke(app, ["run", "--trace", str(trace), *args])

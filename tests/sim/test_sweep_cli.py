@@ -169,3 +169,18 @@ def test_a_sweep_into_a_folder_another_sweep_is_writing_is_refused(trace_path, t
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and "in use by another rlsim process" in res.output
     assert (out / "results.csv").read_text() == before  # nothing of the first lost
     assert _invoke(args[:-2] + ["--batch", "4,8,16", "--overwrite", "--out", out]).exit_code == 0  # free again
+
+
+def test_sweep_lr_aware_ranks_by_the_rule_and_rows_equal_run(trace_path, tmp_path):
+    """The lr-aware rho takes each row's lr rule (a fixed lr is another rho than sqrt at the same batch), and a
+    sweep row equals `rlsim run` of that configuration with the same constants."""
+    out = tmp_path / "sweep"
+    res = _invoke(["sweep", "--trace", trace_path, "--batch", "16,64", "--lr-rule", "sqrt,fixed", "--updates", "4",
+                   "--rho", "lr-aware", "--bend-batch", "100", "--kappa", "0.4", "--out", out, "--no-charts"])
+    assert res.exit_code == 0, res.output
+    rows = pq.read_table(out / "results.parquet").to_pylist()
+    assert {r["rho_model"] for r in rows} == {"lr-aware"}
+    rho = {(r["prompts"], r["lr_rule"]): r["rho"] for r in rows}
+    assert rho[(64, "sqrt")] != pytest.approx(rho[(64, "fixed")])
+    one = run([read_trace(trace_path)], WhatIf(prompts=64, lr_rule="fixed", updates=4), rho_model="lr-aware:100,0.4")
+    assert one.candidate.rho == pytest.approx(rho[(64, "fixed")])
