@@ -262,6 +262,9 @@ def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float
         few = "; two constants from one run are not identified: add runs at more sizes" if f.runs < 2 else ""
         return lr_aware_rho(ref.batch, f.b_bend, f.kappa, rule, source=src), \
             f"lr-aware rho: B_bend = {f.b_bend:.4g} responses, kappa = {f.kappa:.3g} {src} (squared log error {f.loss:.3g}){few}"
+    if len(curves) > 1:
+        raise RlsimError("--rho lr-aware is fitted where the runs reach a target score, and the reference trace has no eval "
+                         "rows: record it with evals (--eval-every), or give --bend-batch and --kappa")
     raise RlsimError("--rho lr-aware needs its two constants: pass runs at other batch sizes or lrs with --trace to fit them, "
                      "or give --bend-batch and --kappa (they are the task's: one task's fit did not transfer to another, "
                      "docs/results.md)")

@@ -68,6 +68,10 @@ def test_run_lr_aware_rho(trace, tmp_path):
     other = synthetic_trace(tmp_path / "p64.parquet", SynthSpec(prompts=64, group=4, steps=5, seed=1))
     d = json.loads(_ok(["run", "--trace", str(trace), "--trace", str(other), "--batch", "32", "--rho", "lr-aware", "--json"]))
     assert any("fitted on 1 runs" in w and "not identified" in w for w in d["warnings"])
+    # nothing to fit on when the reference has no evals: one line, exit 2
+    a_, b_ = (synthetic_trace(tmp_path / f"noeval{p}.parquet", SynthSpec(prompts=p, group=4, steps=3, eval_every=99)) for p in (16, 64))
+    r = runner.invoke(app, ["run", "--trace", str(a_), "--trace", str(b_), "--batch", "32", "--rho", "lr-aware"])
+    assert r.exit_code == 2 and "no eval rows" in r.output and len(r.output.strip().splitlines()) == 1
 
 
 def test_replay_prints_errors(trace):
