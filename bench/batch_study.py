@@ -358,7 +358,36 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print) -> dict:
             f"{len(ok)} (a censored size counts when the prediction is at or above its lowest bound); median |log(pred/meas)| "
             f"of rho over the sizes every held-out seed finished: {res[name]['median_abs_log_rho_error']:.3f}")
     res["seed_cv"] = seed_cv(runs_, target, log)
+    res["leave_one_size_out"] = leave_one_size_out(runs_, target, log)
     return res
+
+
+def leave_one_size_out(runs_: dict, target: float, log=print) -> dict:
+    """Per seed, each sqrt-rule size left out: lr-aware fitted on that seed's other sizes, or `curves` through them,
+    predicts its rho (over the seed's own reference); |log error|, censored sizes counted only when predicted low."""
+    from rlsim.replay.errors import RlsimError
+    from rlsim.replay.learning import curves_rho, fit_lr_aware
+
+    errs: dict[str, list[float]] = {"curves": [], "lr-aware": []}
+    for ref in runs_.get((REF_P, "sqrt"), []):
+        mine = {P: r for (P, rule), rs in runs_.items() if rule == "sqrt" and P != REF_P for r in rs if r["seed"] == ref["seed"]}
+        for P, r in mine.items():
+            others = [ref["curve"]] + [x["curve"] for Q, x in mine.items() if Q != P]
+            meas = r["n_star"] / ref["n_star"]
+            try:
+                pc = curves_rho(ref["curve"].batch, others, target).rho(P * G)
+            except RlsimError:
+                pc = math.nan
+            f = fit_lr_aware(ref["curve"], others, target)
+            pl = lr_aware_rho_for(ref["curve"].batch, f).rho(P * G, x=r["curve"].lr / ref["curve"].lr)
+            for name, p in (("curves", pc), ("lr-aware", pl)):
+                e = math.log(p / meas) if math.isfinite(p) and p > 0 else 5.0
+                errs[name].append(0.0 if (r["censored"] and e > 0) else abs(e))
+    out = {k: dict(mean=float(np.mean(v)), median=float(np.median(v)), n=len(v)) for k, v in errs.items() if v}
+    if out:
+        log("leave one size out, per seed (the other sizes as the pilot): |log(pred/meas)| of rho "
+            + "; ".join(f"{k} mean {v['mean']:.3f}, median {v['median']:.3f} (n = {v['n']})" for k, v in out.items()))
+    return out
 
 
 def seed_cv(runs_: dict, target: float, log=print) -> dict:
