@@ -381,11 +381,20 @@ def leave_one_size_out(runs_: dict, target: float, log=print) -> dict:
             f = fit_lr_aware(ref["curve"], others, target)
             pl = lr_aware_rho_for(ref["curve"].batch, f).rho(P * G, x=r["curve"].lr / ref["curve"].lr)
             for name, p in (("curves", pc), ("lr-aware", pl)):
-                e = math.log(p / meas) if math.isfinite(p) and p > 0 else 5.0
-                errs[name].append(0.0 if (r["censored"] and e > 0) else abs(e))
+                errs[name].append(_log_err(p, meas, r["censored"]))
+    return _summary(errs, "leave one size out, per seed (the other sizes as the pilot)", log)
+
+
+def _log_err(pred: float, meas: float, censored: bool) -> float:
+    """|log(pred / meas)| of rho; 5 for an infinite prediction; 0 for a censored run predicted at or above its bound."""
+    e = math.log(pred / meas) if math.isfinite(pred) and pred > 0 else 5.0
+    return 0.0 if (censored and e > 0) else abs(e)
+
+
+def _summary(errs: dict[str, list[float]], what: str, log) -> dict:
     out = {k: dict(mean=float(np.mean(v)), median=float(np.median(v)), n=len(v)) for k, v in errs.items() if v}
     if out:
-        log("leave one size out, per seed (the other sizes as the pilot): |log(pred/meas)| of rho "
+        log(f"{what}: |log(pred/meas)| of rho "
             + "; ".join(f"{k} mean {v['mean']:.3f}, median {v['median']:.3f} (n = {v['n']})" for k, v in out.items()))
     return out
 
@@ -416,13 +425,8 @@ def seed_cv(runs_: dict, target: float, log=print) -> dict:
                 meas = r["n_star"] / rs["n_star"]
                 for name, p in (("noise-scale", noise_scale_rho(ref.batch, ns).rho(P * G)),
                                 ("lr-aware", lr_model.rho(P * G, x=r["curve"].lr / rs["curve"].lr))):
-                    e = math.log(p / meas) if math.isfinite(p) else 5.0
-                    errs[name].append(0.0 if (r["censored"] and e > 0) else abs(e))
-    out = {k: dict(mean=float(np.mean(v)), median=float(np.median(v)), n=len(v)) for k, v in errs.items() if v}
-    if out:
-        log("seed cross-validation (each seed fits lr-aware in turn; every other seed's rho predicted): |log(pred/meas)| "
-            + "; ".join(f"{k} mean {v['mean']:.3f}, median {v['median']:.3f} (n = {v['n']})" for k, v in out.items()))
-    return out
+                    errs[name].append(_log_err(p, meas, r["censored"]))
+    return _summary(errs, "seed cross-validation (each seed fits lr-aware in turn; every other seed's rho predicted)", log)
 
 
 def lr_aware_rho_for(b_ref: float, fit):
