@@ -101,14 +101,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the tables as JSON here")
     ap.add_argument("--chart", help="folder for a PNG + HTML chart of measured vs predicted time-to-target")
     a = ap.parse_args(argv)
-    sizes = tuple(int(x) for x in a.sizes.split(","))
+    try:
+        sizes = tuple(int(x) for x in a.sizes.split(","))
+        lr_aware = tuple(float(x) for x in a.lr_aware.split(",")) if a.lr_aware else None
+        if lr_aware is not None and len(lr_aware) != 2:
+            raise ValueError
+    except ValueError:
+        raise SystemExit("--sizes takes integers (8,16,32) and --lr-aware two numbers B_BEND,KAPPA (2896,0.64)") from None
     out = Path(a.out)
     if not a.no_record:
         record(out, sizes, a.seeds, a.budget, a.task)
     if a.record_only:
         return 0
-    res = analyse(out, sizes, a.seeds, a.budget, task=a.task,
-                  lr_aware=tuple(float(x) for x in a.lr_aware.split(",")) if a.lr_aware else None)
+    res = analyse(out, sizes, a.seeds, a.budget, task=a.task, lr_aware=lr_aware)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=float))
     if a.chart:
@@ -366,7 +371,7 @@ def leave_one_size_out(runs_: dict, target: float, log=print) -> dict:
     """Per seed, each sqrt-rule size left out: lr-aware fitted on that seed's other sizes, or `curves` through them,
     predicts its rho (over the seed's own reference); |log error|, censored sizes counted only when predicted low."""
     from rlsim.replay.errors import RlsimError
-    from rlsim.replay.learning import curves_rho, fit_lr_aware
+    from rlsim.replay.learning import curves_rho, fit_lr_aware, lr_aware_rho
 
     errs: dict[str, list[float]] = {"curves": [], "lr-aware": []}
     for ref in runs_.get((REF_P, "sqrt"), []):
@@ -379,7 +384,7 @@ def leave_one_size_out(runs_: dict, target: float, log=print) -> dict:
             except RlsimError:
                 pc = math.nan
             f = fit_lr_aware(ref["curve"], others, target)
-            pl = lr_aware_rho_for(ref["curve"].batch, f).rho(P * G, x=r["curve"].lr / ref["curve"].lr)
+            pl = lr_aware_rho(ref["curve"].batch, f.b_bend, f.kappa).rho(P * G, x=r["curve"].lr / ref["curve"].lr)
             for name, p in (("curves", pc), ("lr-aware", pl)):
                 errs[name].append(_log_err(p, meas, r["censored"]))
     return _summary(errs, "leave one size out, per seed (the other sizes as the pilot)", log)
@@ -403,7 +408,7 @@ def seed_cv(runs_: dict, target: float, log=print) -> dict:
     """Every seed in turn as the fit seed: lr-aware fitted on its runs, noise-scale from each other seed's reference;
     both predict every other seed's rho (its own N* over its own reference's), |log error| (censored: only when low)."""
     from rlsim.replay.io import read_trace
-    from rlsim.replay.learning import fit_lr_aware, noise_scale, noise_scale_rho
+    from rlsim.replay.learning import fit_lr_aware, lr_aware_rho, noise_scale, noise_scale_rho
 
     seeds = sorted({r["seed"] for rs in runs_.values() for r in rs})
     by = {(P, rule, r["seed"]): r for (P, rule), rs in runs_.items() for r in rs}
@@ -417,7 +422,7 @@ def seed_cv(runs_: dict, target: float, log=print) -> dict:
             if s == f or (REF_P, "sqrt", s) not in by:
                 continue
             rs = by[(REF_P, "sqrt", s)]
-            lr_model = lr_aware_rho_for(ref.batch, fit)
+            lr_model = lr_aware_rho(ref.batch, fit.b_bend, fit.kappa)
             ns = noise_scale(read_trace(rs["path"])).b_crit
             for (P, rule, s2), r in by.items():
                 if s2 != s or (P == REF_P and rule == "sqrt"):
@@ -427,12 +432,6 @@ def seed_cv(runs_: dict, target: float, log=print) -> dict:
                                 ("lr-aware", lr_model.rho(P * G, x=r["curve"].lr / rs["curve"].lr))):
                     errs[name].append(_log_err(p, meas, r["censored"]))
     return _summary(errs, "seed cross-validation (each seed fits lr-aware in turn; every other seed's rho predicted)", log)
-
-
-def lr_aware_rho_for(b_ref: float, fit):
-    from rlsim.replay.learning import lr_aware_rho
-
-    return lr_aware_rho(b_ref, fit.b_bend, fit.kappa)
 
 
 def chart(res: dict, out_dir: Path) -> None:
