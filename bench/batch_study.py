@@ -20,9 +20,12 @@ Predicted, from what a user would have before the study:
 Compared: sigma, rho and the T ratio with errors, and the Kendall tau between predicted and measured
 rankings of time-to-target, with a bootstrap interval over seeds.
 
-Then the improved model (`--rho lr-aware`, replay/learning.py): its two constants (m, kappa) fitted on seed 0
+Then the improved model (`--rho lr-aware`, replay/learning.py): its two constants (B_bend, kappa) fitted on seed 0
 alone (the reference P = 32 and the other sizes of seed 0), then checked on the held-out seeds 1 and 2, each
 predicted from its own reference trace with those constants, against the noise-scale model on the same seeds.
+Also printed: the lr-aware form at kappa = 0 with the bend at each reference's own noise scale (reference alone, no
+fitted constant), and the study's own resolution (`ranking_resolution`): how well one seed's ranking agrees with
+another's, and what a perfect predictor would score against the 3-seed means.
 
     python bench/batch_study.py                  # record what is missing (~1 h on 2 quiet cores), analyse
     python bench/batch_study.py --no-record      # analyse what is recorded
@@ -204,6 +207,10 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
         rows.append(row)
     # predictions
     ref_paths = [r["path"] for r in sorted(refs, key=lambda r: r["seed"])]
+    from rlsim.replay.io import read_trace
+    from rlsim.replay.learning import noise_scale, two_batch_estimates
+
+    b_noise = [noise_scale(read_trace(p)).b_crit for p in ref_paths]
     for row in rows:
         P, rule = row["P"], row["rule"]
         p1 = [_rlsim_run([rp], P, rule, target, "noise-scale") for rp in ref_paths]
@@ -218,6 +225,12 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
                   for rp in ref_paths]
             row["lrd_rho"] = float(np.mean([p["rho"] for p in p3]))
             row["lrd_T"] = float(np.mean([p["time_to_target_ratio"] for p in p3]))
+        # reference alone, no fitted constant: the lr-aware form at kappa = 0 with the bend at each reference's own
+        # two-batch noise scale (Adam under the sqrt rule keeps samples-to-target flat while B << B_noise)
+        p4 = [_rlsim_run([rp], P, rule, target, "lr-aware", "--bend-batch", f"{bn:.6g}", "--kappa", "0")
+              for rp, bn in zip(ref_paths, b_noise)]
+        row["sde_rho"] = float(np.mean([p["rho"] for p in p4]))
+        row["sde_T"] = float(np.mean([p["time_to_target_ratio"] for p in p4]))
         others = [r["path"] for (P2, rule2), rs in runs_.items() if (P2 != P and rule2 == "sqrt") for r in rs
                   if r["path"] not in ref_paths]
         if P == REF_P and rule == "sqrt":
@@ -260,6 +273,11 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
         + (f"; lr-aware at --lr-aware {lr_aware[0]:g},{lr_aware[1]:g}: {tau_d:.2f}" if lr_aware else ""))
     log(f"rho predicted (noise scale) within the measured seed spread for P within 4x of {REF_P}: "
         f"{sum(ok_rho)} of {len(ok_rho)} ({', '.join(str(r['P']) for r, ok in zip(within, ok_rho) if not ok) or 'none'} outside)")
+    tau_s = kendall_tau([r["sde_T"] for r in sq], [r["T"] for r in sq])
+    ok_sde = [r["rho_min"] <= r["sde_rho"] <= r["rho_max"] for r in within]
+    log(f"reference alone, lr-aware at kappa = 0 and B_bend = each reference's B_noise: Kendall tau {tau_s:.2f}; rho within "
+        f"the seed spread {sum(ok_sde)} of {len(ok_sde)}; "
+        "rho " + ", ".join(f"P {r['P']}: {r['sde_rho']:.2f}" for r in sq))
     log(f"critical generation batch (sigma within 10 % of its largest): P = {crit_gen}; critical training batch "
         f"(samples-to-target within 1.2x of P = {sig_sorted[0]['P']}): P = {crit_train}")
     # which B_crit could the noise-scale form (1 + B/B_crit) / (1 + B_ref/B_crit) fit? each size above the reference
@@ -274,9 +292,6 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
             lo_b = max(lo_b, (B - r["rho_max"] * b_ref) / (r["rho_max"] - 1))
         elif r["censored"] and r["rho"] > 1:
             hi_b = min(hi_b, (B - r["rho"] * b_ref) / (r["rho"] - 1))
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.learning import noise_scale, two_batch_estimates
-
     b_ema, b_rom = [], []
     for ref in sorted(refs, key=lambda r: r["seed"]):
         u = read_trace(ref["path"]).rows("update")
@@ -289,8 +304,10 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
     log(f"B_crit the measured rho allows: >= {lo_b:.0f} (sizes that every seed finished, within their spread) and "
         f"<= {hi_b:.0f} (censored sizes): {'none fits both' if lo_b > hi_b else 'consistent'}")
     held = held_out(runs_, rows, target, log)
-    return dict(target=target, n_star_ref=n_ref, rps_ref=rps_ref, rows=[{k: v for k, v in r.items() if k != "pred_T_seeds"} for r in rows],
+    reso = resolution(runs_, log)
+    return dict(resolution=reso, target=target, n_star_ref=n_ref, rps_ref=rps_ref, rows=[{k: v for k, v in r.items() if k != "pred_T_seeds"} for r in rows],
                 kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], kendall_tau_curves=tau_c, kendall_tau_lr_aware_given=tau_d,
+                kendall_tau_sde=tau_s, sde_rho_within_spread=[int(x) for x in ok_sde],
                 rho_within_spread=[int(x) for x in ok_rho], critical_gen_batch=crit_gen, critical_train_batch=crit_train,
                 b_crit_ref_ema=b_ema, b_crit_ref_ratio_of_means=b_rom, b_crit_allowed=[lo_b, hi_b], held_out=held)
 
@@ -364,6 +381,51 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print) -> dict:
             f"of rho over the sizes every held-out seed finished: {res[name]['median_abs_log_rho_error']:.3f}")
     res["seed_cv"] = seed_cv(runs_, target, log)
     res["leave_one_size_out"] = leave_one_size_out(runs_, target, log)
+    return res
+
+
+def ranking_resolution(log_t, ref: int, *, draws: int = 4000, seed: int = 0) -> dict:
+    """How well the study itself resolves the ranking. log_t: (seeds, sizes) log T ratio of each seed over its own
+    reference (column `ref` is 0). Returns the Kendall tau of each seed's ranking against each other seed's, and, by a
+    parametric bootstrap (truth = the seed mean, per-seed noise normal with the sd pooled over the non-reference sizes),
+    the tau a perfect predictor reaches against a mean of that many seeds and how often it reaches 0.8; plus the
+    chance that the min..max of n seeds contains the truth at one size (1 - 2^(1-n), any continuous symmetric noise)."""
+    x = np.asarray(log_t, float)
+    n, k = x.shape
+    pair = [kendall_tau(x[i], x[j]) for i in range(n) for j in range(i + 1, n)]
+    mu = x.mean(0)
+    others = [c for c in range(k) if c != ref]
+    sd = float(np.sqrt(np.mean(x[:, others].var(0, ddof=1)))) if n > 1 and others else 0.0
+    noise_sd = np.where(np.arange(k) == ref, 0.0, sd)
+    rng = np.random.default_rng(seed)
+    taus = np.array([kendall_tau(mu, mu + (rng.standard_normal((n, k)) * noise_sd).mean(0)) for _ in range(draws)])
+    cover = 1 - 2 * 0.5 ** n
+    return dict(seed_pair_tau=[float(t) for t in pair], seed_pair_tau_mean=float(np.mean(pair)) if pair else math.nan,
+                sd_log_t=sd, perfect_tau_mean=float(np.nanmean(taus)), perfect_tau_p08=float(np.mean(taus >= 0.8 - 1e-9)),
+                spread_cover_one=cover)
+
+
+def resolution(runs_: dict, log=print) -> dict:
+    """`ranking_resolution` of the measured sqrt-rule sizes, each seed over its own reference (censored runs at their
+    bound), and the chance that a perfect rho lands inside the seed spread at every size within 4x."""
+    by_seed: dict[int, dict[int, float]] = {}
+    for (P, rule), rs in runs_.items():
+        if rule == "sqrt":
+            for r in rs:
+                by_seed.setdefault(r["seed"], {})[P] = (r["n_star"], r["rps"])
+    sizes = sorted(set.intersection(*(set(v) for v in by_seed.values()))) if by_seed else []
+    if REF_P not in sizes or len(by_seed) < 2:
+        return {}
+    x = [[math.log((v[P][0] / v[REF_P][0]) / (v[P][1] / v[REF_P][1])) for P in sizes] for v in by_seed.values()]
+    res = ranking_resolution(x, sizes.index(REF_P))
+    within = sum(1 for P in sizes if P != REF_P and REF_P / 4 <= P <= REF_P * 4)
+    res["spread_cover_all"] = res["spread_cover_one"] ** within
+    log(f"resolution of the study ({len(by_seed)} seeds, P = {', '.join(map(str, sizes))}): one seed's measured T ranking "
+        f"against another's, Kendall tau {', '.join(f'{t:.2f}' for t in res['seed_pair_tau'])} (mean "
+        f"{res['seed_pair_tau_mean']:.2f}); seed sd of log T {res['sd_log_t']:.3f}, so a perfect predictor reaches tau "
+        f"{res['perfect_tau_mean']:.2f} on average against the {len(by_seed)}-seed means, >= 0.8 in "
+        f"{100 * res['perfect_tau_p08']:.0f} % of draws; the true rho lies inside {len(by_seed)} seeds' min..max with "
+        f"chance {res['spread_cover_one']:.2f} per size, {res['spread_cover_all']:.2f} at all {within} sizes within 4x")
     return res
 
 

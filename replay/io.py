@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -116,6 +116,19 @@ class TraceWriter:
             if self._lock is not None:
                 self._lock.close()
                 self._lock = None
+
+
+@contextlib.contextmanager
+def recording(writer: TraceWriter, log: Callable[[str], None] = print) -> Iterator[TraceWriter]:
+    """A run's trace from open to close: Ctrl-C ends the run cleanly (status "interrupted", every row so far
+    kept), any other error closes the trace as "failed: <type>" and propagates; then says where the trace is."""
+    interrupted = False
+    try:
+        with writer:
+            yield writer
+    except KeyboardInterrupt:
+        interrupted = True
+    log(f"{'interrupted; ' if interrupted else ''}trace written: {writer.path} ({writer.rows_written} rows)")
 
 
 def write_parquet(path: str | os.PathLike, table: pa.Table, meta: dict[str, Any]) -> None:

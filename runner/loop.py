@@ -183,7 +183,7 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibratio
 def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: bool) -> Path:
     import torch
 
-    from rlsim.replay.io import TraceWriter
+    from rlsim.replay.io import TraceWriter, recording
     from rlsim.runner.algo import Sample, Trainer, grpo_advantages
     from rlsim.runner.dp import DataParallel
     from rlsim.runner.engine import Engine
@@ -265,113 +265,102 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
         return dict(t_start=t1, duration=t1 - t0, step=version, policy_version=version, cum_responses=cum_resp,
                     cum_tokens=cum_tok, score=score, eval_k=cfg.eval_k, eval_prompts=len(eval_set))
 
-    interrupted = False
-    try:
-        writer.open()
-        for kind, r in calib_rows:
-            writer.add(kind, **r)
-        ev = evaluate(0)
-        last_score = ev["score"]
-        writer.add("eval", **ev)
-        writer.flush()
-        log(f"step 0: eval score {last_score:.3f}")
-        for step in range(cfg.steps):
-            rows: list[tuple[str, dict[str, Any]]] = []
-            t_step = clock()
-            examples = [next(stream) for _ in range(P)]
-            pids = list(range(next_prompt_id, next_prompt_id + P))
-            next_prompt_id += P
-            # one request per prompt with n = G samples; over-generation (gen_batch > B) adds samples
-            # G, G+1, ... round-robin over the prompts, and the first G of each prompt to finish are kept
-            extra = cfg.gen_responses - B
-            reqs = [(j, encode(ex.prompt), G + extra // P + (j < extra % P)) for j, ex in enumerate(examples)]
-
-            def on_step(s, _step=step):
-                rows.append(("gen_step", dict(t_start=s.t_start, duration=s.duration, step=_step, policy_version=_step,
-                                              num_running=s.num_running, num_waiting=s.num_waiting,
-                                              prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
-                                              context_tokens=s.context_tokens, kv_usage=s.kv_usage,
-                                              finished=s.finished)))
-
-            outs = engine.generate(reqs, sampling, on_step if cfg.record_steps else None)
-            gen_time = clock() - t_step
-            t_r = clock()
-            if extra:
-                by_prompt: dict[int, list] = {}
-                for c in sorted(outs, key=lambda c: c.t_finished):
-                    lst = by_prompt.setdefault(c.tag, [])
-                    if len(lst) < G:
-                        lst.append(c)
-                outs = [c for j in range(P) for c in by_prompt.get(j, [])]
-            outs.sort(key=lambda c: (c.tag, c.index))
-            samples = []
-            for k, c in enumerate(outs):
-                j, g = c.tag, k % G  # G per prompt, in prompt order: k % G is the index within the group
-                text = tok.decode(c.token_ids, skip_special_tokens=True)
-                r = task.reward(text, examples[j])
-                samples.append(Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id], reward=r,
-                                      prompt_id=pids[j], group_index=g,
-                                      behavior_logprobs=list(c.logprobs) if c.logprobs else None))
-            if cfg.algo == "grpo":
-                for s, a in zip(samples, grpo_advantages([s.reward for s in samples], G, cfg.std_scale)):
-                    s.advantage = a
-            reward_time = clock() - t_r
-            t_u = clock()
-            torch.set_num_threads(train_threads)
-            st, rank_rows, ar_rows = dp.update(samples, lr)
-            torch.set_num_threads(gen_threads)
-            u_dur = clock() - t_u
-            if cfg.train_devices > 1:  # per-rank compute and the gradient all-reduce (run clock: minus T0)
-                rows += [("train_rank", dict(r, t_start=r["t_start"] - T0, step=step, policy_version=step)) for r in rank_rows]
-                rows += [("allreduce", dict(r, t_start=r["t_start"] - T0, step=step, policy_version=step)) for r in ar_rows]
-            t_s = clock()
-            nbytes = engine.sync(policy.state_dict())
-            s_dur = clock() - t_s
-            step_time = clock() - t_step
-            mean_r = sum(s.reward for s in samples) / len(samples)
-            for c, s in zip(outs, samples):
-                rows.append(("response", dict(t_start=c.t_queued, duration=(c.t_finished or c.t_queued) - c.t_queued,
-                                              step=step, policy_version=step, prompt_id=s.prompt_id,
-                                              group_index=s.group_index, prompt_tokens=len(c.prompt_ids),
-                                              response_tokens=len(c.token_ids), reward=s.reward, consumed_step=step,
-                                              t_queued=c.t_queued, t_first_token=c.t_first_token,
-                                              t_finished=c.t_finished)))
-            rows.append(("update", dict(t_start=t_u, duration=u_dur, step=step, policy_version=step,
-                                        num_responses=len(samples), num_tokens=st.num_tokens,
-                                        response_tokens_total=st.response_tokens, lr=lr, loss=st.loss,
-                                        reward=mean_r, t_forward=st.t_forward, t_backward=st.t_backward,
-                                        t_optimizer=st.t_optimizer, grad_norm=st.grad_norm,
-                                        grad_norm_micro=st.grad_norm_micro, micro_batch=st.micro_batch,
-                                        critic_loss=st.critic_loss, critic_grad_norm=st.critic_grad_norm,
-                                        critic_grad_norm_micro=st.critic_grad_norm_micro, step_time=step_time,
-                                        gen_time=gen_time, reward_time=reward_time, prep_time=st.prep_time)))
-            rows.append(("sync", dict(t_start=t_s, duration=s_dur, step=step, policy_version=step + 1, bytes=nbytes)))
-            cum_resp += len(samples)
-            cum_tok += st.num_tokens
-            done = step + 1
-            if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
-                ev = evaluate(done)
-                last_score = ev["score"]
-                rows.append(("eval", ev))
-            for kind, r in rows:
+    with recording(writer, log):
+        try:
+            for kind, r in calib_rows:
                 writer.add(kind, **r)
+            ev = evaluate(0)
+            last_score = ev["score"]
+            writer.add("eval", **ev)
             writer.flush()
-            rps = len(samples) / step_time
-            info = f"reward {mean_r:.3f}  eval {last_score:.3f}  {rps:.0f} resp/s"
-            prog.update(done, info)
-            if prog.bar is None and (done % max(1, cfg.eval_every or 10) == 0 or done == cfg.steps):
-                log(f"step {done}/{cfg.steps}: {info}  (step {step_time:.2f} s: gen {gen_time:.2f}, train {u_dur:.2f}, sync {s_dur:.3f})")
-    except KeyboardInterrupt:
-        interrupted = True
-        writer.meta["status"] = "interrupted"
-    except BaseException as e:
-        writer.meta["status"] = f"failed: {type(e).__name__}"
-        prog.close()
-        writer.close()
-        raise
-    finally:
-        prog.close()
-        dp.close()
-    writer.close()
-    log(f"{'interrupted; ' if interrupted else ''}trace written: {cfg.out} ({writer.rows_written} rows)")
+            log(f"step 0: eval score {last_score:.3f}")
+            for step in range(cfg.steps):
+                rows: list[tuple[str, dict[str, Any]]] = []
+                t_step = clock()
+                examples = [next(stream) for _ in range(P)]
+                pids = list(range(next_prompt_id, next_prompt_id + P))
+                next_prompt_id += P
+                # one request per prompt with n = G samples; over-generation (gen_batch > B) adds samples
+                # G, G+1, ... round-robin over the prompts, and the first G of each prompt to finish are kept
+                extra = cfg.gen_responses - B
+                reqs = [(j, encode(ex.prompt), G + extra // P + (j < extra % P)) for j, ex in enumerate(examples)]
+
+                def on_step(s, _step=step):
+                    rows.append(("gen_step", dict(t_start=s.t_start, duration=s.duration, step=_step, policy_version=_step,
+                                                  num_running=s.num_running, num_waiting=s.num_waiting,
+                                                  prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
+                                                  context_tokens=s.context_tokens, kv_usage=s.kv_usage,
+                                                  finished=s.finished)))
+
+                outs = engine.generate(reqs, sampling, on_step if cfg.record_steps else None)
+                gen_time = clock() - t_step
+                t_r = clock()
+                if extra:
+                    by_prompt: dict[int, list] = {}
+                    for c in sorted(outs, key=lambda c: c.t_finished):
+                        lst = by_prompt.setdefault(c.tag, [])
+                        if len(lst) < G:
+                            lst.append(c)
+                    outs = [c for j in range(P) for c in by_prompt.get(j, [])]
+                outs.sort(key=lambda c: (c.tag, c.index))
+                samples = []
+                for k, c in enumerate(outs):
+                    j, g = c.tag, k % G  # G per prompt, in prompt order: k % G is the index within the group
+                    text = tok.decode(c.token_ids, skip_special_tokens=True)
+                    r = task.reward(text, examples[j])
+                    samples.append(Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id], reward=r,
+                                          prompt_id=pids[j], group_index=g,
+                                          behavior_logprobs=list(c.logprobs) if c.logprobs else None))
+                if cfg.algo == "grpo":
+                    for s, a in zip(samples, grpo_advantages([s.reward for s in samples], G, cfg.std_scale)):
+                        s.advantage = a
+                reward_time = clock() - t_r
+                t_u = clock()
+                torch.set_num_threads(train_threads)
+                st, rank_rows, ar_rows = dp.update(samples, lr)
+                torch.set_num_threads(gen_threads)
+                u_dur = clock() - t_u
+                if cfg.train_devices > 1:  # per-rank compute and the gradient all-reduce (run clock: minus T0)
+                    rows += [("train_rank", dict(r, t_start=r["t_start"] - T0, step=step, policy_version=step)) for r in rank_rows]
+                    rows += [("allreduce", dict(r, t_start=r["t_start"] - T0, step=step, policy_version=step)) for r in ar_rows]
+                t_s = clock()
+                nbytes = engine.sync(policy.state_dict())
+                s_dur = clock() - t_s
+                step_time = clock() - t_step
+                mean_r = sum(s.reward for s in samples) / len(samples)
+                for c, s in zip(outs, samples):
+                    rows.append(("response", dict(t_start=c.t_queued, duration=(c.t_finished or c.t_queued) - c.t_queued,
+                                                  step=step, policy_version=step, prompt_id=s.prompt_id,
+                                                  group_index=s.group_index, prompt_tokens=len(c.prompt_ids),
+                                                  response_tokens=len(c.token_ids), reward=s.reward, consumed_step=step,
+                                                  t_queued=c.t_queued, t_first_token=c.t_first_token,
+                                                  t_finished=c.t_finished)))
+                rows.append(("update", dict(t_start=t_u, duration=u_dur, step=step, policy_version=step,
+                                            num_responses=len(samples), num_tokens=st.num_tokens,
+                                            response_tokens_total=st.response_tokens, lr=lr, loss=st.loss,
+                                            reward=mean_r, t_forward=st.t_forward, t_backward=st.t_backward,
+                                            t_optimizer=st.t_optimizer, grad_norm=st.grad_norm,
+                                            grad_norm_micro=st.grad_norm_micro, micro_batch=st.micro_batch,
+                                            critic_loss=st.critic_loss, critic_grad_norm=st.critic_grad_norm,
+                                            critic_grad_norm_micro=st.critic_grad_norm_micro, step_time=step_time,
+                                            gen_time=gen_time, reward_time=reward_time, prep_time=st.prep_time)))
+                rows.append(("sync", dict(t_start=t_s, duration=s_dur, step=step, policy_version=step + 1, bytes=nbytes)))
+                cum_resp += len(samples)
+                cum_tok += st.num_tokens
+                done = step + 1
+                if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+                    ev = evaluate(done)
+                    last_score = ev["score"]
+                    rows.append(("eval", ev))
+                for kind, r in rows:
+                    writer.add(kind, **r)
+                writer.flush()
+                rps = len(samples) / step_time
+                info = f"reward {mean_r:.3f}  eval {last_score:.3f}  {rps:.0f} resp/s"
+                prog.update(done, info)
+                if prog.bar is None and (done % max(1, cfg.eval_every or 10) == 0 or done == cfg.steps):
+                    log(f"step {done}/{cfg.steps}: {info}  (step {step_time:.2f} s: gen {gen_time:.2f}, train {u_dur:.2f}, sync {s_dur:.3f})")
+        finally:
+            prog.close()
+            dp.close()
     return Path(cfg.out)

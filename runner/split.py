@@ -294,6 +294,8 @@ def _run(cfg, ctx, reps: Replicas, dp, meta, log, TraceWriter, Sample, grpo_adva
     n_rep, ranks = len(reps.procs), cfg.train_devices
     for i in range(n_rep):
         reps.send(i, ("start", T0))
+    from rlsim.replay.io import recording
+
     writer = TraceWriter(cfg.out, meta, overwrite=cfg.overwrite)
     rows: list[tuple[str, dict[str, Any]]] = []
     finished: deque = deque()  # (tag, engine, completions) in completion order
@@ -384,9 +386,7 @@ def _run(cfg, ctx, reps: Replicas, dp, meta, log, TraceWriter, Sample, grpo_adva
             for r in range(ranks):
                 rows.append(("idle", dict(t_start=t_start, duration=dur, step=version, policy_version=version, rank=r)))
 
-    interrupted = False
-    try:
-        writer.open()
+    with recording(writer, log):
         start_eval(0)
         finish_evals(block=True)
         for kind, r in rows:  # the first eval (its engine steps too)
@@ -473,13 +473,4 @@ def _run(cfg, ctx, reps: Replicas, dp, meta, log, TraceWriter, Sample, grpo_adva
                 log(f"step {done}/{cfg.steps}: reward {mean_r:.3f}  {len(samples) / step_time:.0f} resp/s  (step "
                     f"{step_time:.2f} s: waited {gen_wait:.2f}, train {u_dur:.2f}, sync {s_dur:.3f}; "
                     f"staleness max {max(u - c.start_version for c, _ in outs)})")
-    except KeyboardInterrupt:
-        interrupted = True
-        writer.meta["status"] = "interrupted"
-    except BaseException as e:
-        writer.meta["status"] = f"failed: {type(e).__name__}"
-        writer.close()
-        raise
-    writer.close()
-    log(f"{'interrupted; ' if interrupted else ''}trace written: {cfg.out} ({writer.rows_written} rows)")
     return cfg.out

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rlsim.replay.errors import TraceError
-from rlsim.replay.io import TraceWriter, partial_path, read_trace, write_trace
+from rlsim.replay.io import TraceWriter, partial_path, read_trace, recording, write_trace
 from rlsim.replay.schema import COLUMN_NAMES, SCHEMA_VERSION, arrow_schema
 
 
@@ -93,6 +93,29 @@ def test_interrupt_finishes_cleanly(tmp_path):
             raise KeyboardInterrupt
     t = read_trace(out)
     assert t.meta["status"] == "interrupted" and t.count("gen_step") == 1
+
+
+def test_recording_ends_a_run_on_ctrl_c_and_fails_on_errors(tmp_path):
+    logs = []
+    out = tmp_path / "ctrl_c.parquet"
+    with recording(TraceWriter(out, {"config": {}}), logs.append) as w:  # Ctrl-C ends the run, it does not propagate
+        w.add("gen_step", **_gen(0))
+        w.flush()
+        w.add("gen_step", **_gen(1))
+        raise KeyboardInterrupt
+    t = read_trace(out)
+    assert t.meta["status"] == "interrupted" and t.count("gen_step") == 2
+    assert logs == [f"interrupted; trace written: {out} (2 rows)"]
+    out2 = tmp_path / "failed.parquet"
+    with pytest.raises(ValueError, match="boom"):
+        with recording(TraceWriter(out2, {"config": {}}), logs.append) as w:
+            w.add("gen_step", **_gen(0))
+            raise ValueError("boom")
+    assert read_trace(out2).meta["status"] == "failed: ValueError" and read_trace(out2).count("gen_step") == 1
+    out3 = tmp_path / "ok.parquet"
+    with recording(TraceWriter(out3, {"config": {}}), logs.append) as w:
+        w.add("gen_step", **_gen(0))
+    assert read_trace(out3).meta["status"] == "complete" and logs[-1] == f"trace written: {out3} (1 rows)"
 
 
 @pytest.mark.parametrize("case, message", [

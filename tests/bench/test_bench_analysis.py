@@ -28,3 +28,20 @@ def test_speed_factors_recover_a_drift_per_recording():
     # a model error on one pair that no speed factor explains stays in the residual
     rows[0]["rps_err"] = (1 + rows[0]["rps_err"]) * 1.3 - 1
     assert speed_factors(rows)["residual_max_abs"] > 0.1
+
+
+def test_ranking_resolution_hand_cases():
+    from bench.batch_study import ranking_resolution
+
+    # three seeds that agree exactly: every pair ranks alike, no noise, a perfect predictor always reaches tau 1
+    x = np.log([[1.2, 1.0, 0.9, 1.5]] * 3)
+    r = ranking_resolution(x, ref=1, draws=200)
+    assert r["seed_pair_tau"] == pytest.approx([1.0, 1.0, 1.0])
+    assert r["sd_log_t"] == 0.0 and r["perfect_tau_mean"] == pytest.approx(1.0) and r["perfect_tau_p08"] == 1.0
+    assert r["spread_cover_one"] == pytest.approx(0.75)  # 1 - 2 / 2^3
+    # seed noise far larger than the gaps between sizes: rankings agree by chance only
+    rng = np.random.default_rng(1)
+    noisy = np.log([1.0, 1.0, 1.01, 1.02, 1.03, 1.04]) + rng.normal(0, 1.0, (3, 6))
+    noisy[:, 0] = 0.0  # the reference column
+    r = ranking_resolution(noisy, ref=0, draws=500)
+    assert r["sd_log_t"] > 0.5 and r["perfect_tau_mean"] < 0.5 and r["perfect_tau_p08"] < 0.2
