@@ -99,6 +99,10 @@ def main(argv=None) -> int:
     ap.add_argument("--task", default=TASK, help="built-in task")
     ap.add_argument("--lr-aware", help="B_BEND,KAPPA: also predict with the lr-aware model at these constants (e.g. "
                                        "another task's fit, to see whether it transfers)")
+    ap.add_argument("--target", type=float, help="validation score to reach (default: 90 %% of the worst reference "
+                                                  "seed's best; fix it when adding seeds, so that the target stays put)")
+    ap.add_argument("--fresh-from", type=int, help="also check the models on the seeds from this one on alone (seeds "
+                                                   "recorded after the models were chosen)")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--record-only", action="store_true")
     ap.add_argument("--json", help="write the tables as JSON here")
@@ -116,7 +120,7 @@ def main(argv=None) -> int:
         record(out, sizes, a.seeds, a.budget, a.task)
     if a.record_only:
         return 0
-    res = analyse(out, sizes, a.seeds, a.budget, task=a.task, lr_aware=lr_aware)
+    res = analyse(out, sizes, a.seeds, a.budget, target=a.target, task=a.task, lr_aware=lr_aware, fresh_from=a.fresh_from)
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=float))
     if a.chart:
@@ -176,7 +180,7 @@ def measure(out: Path, sizes, seeds: int, task: str = TASK) -> dict:
 
 
 def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = None, log=print, task: str = TASK,
-            lr_aware: tuple[float, float] | None = None) -> dict:
+            lr_aware: tuple[float, float] | None = None, fresh_from: int | None = None) -> dict:
     runs_ = measure(out, sizes, seeds, task)
     refs = runs_.get((REF_P, "sqrt"), [])
     if not refs:
@@ -303,7 +307,7 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
         f"ratio); {', '.join(f'{b:.0f}' for b in b_rom)} (ratio of the run's means)")
     log(f"B_crit the measured rho allows: >= {lo_b:.0f} (sizes that every seed finished, within their spread) and "
         f"<= {hi_b:.0f} (censored sizes): {'none fits both' if lo_b > hi_b else 'consistent'}")
-    held = held_out(runs_, rows, target, log)
+    held = held_out_all(runs_, rows, target, log, fresh_from)
     reso = resolution(runs_, log)
     return dict(resolution=reso, target=target, n_star_ref=n_ref, rps_ref=rps_ref, rows=[{k: v for k, v in r.items() if k != "pred_T_seeds"} for r in rows],
                 kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], kendall_tau_curves=tau_c, kendall_tau_lr_aware_given=tau_d,
@@ -315,15 +319,18 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
 FIT_SEED = 0
 
 
-def held_out(runs_: dict, rows: list[dict], target: float, log=print) -> dict:
-    """The lr-aware model fitted on seed FIT_SEED, checked on the other seeds against noise-scale on the same seeds."""
-    from rlsim.replay.learning import fit_lr_aware
+def held_out(runs_: dict, rows: list[dict], target: float, log=print, seeds: list[int] | None = None) -> dict:
+    """The lr-aware model fitted on seed FIT_SEED, checked on other seeds (default: all of them), each predicted from
+    its own reference, against noise-scale and the kappa = 0 form (both from that reference alone) on the same seeds."""
+    from rlsim.replay.io import read_trace
+    from rlsim.replay.learning import fit_lr_aware, noise_scale
 
     fit_runs = [r for rs in runs_.values() for r in rs if r["seed"] == FIT_SEED]
     ref0 = next((r for r in runs_.get((REF_P, "sqrt"), []) if r["seed"] == FIT_SEED), None)
-    seeds = sorted({r["seed"] for rs in runs_.values() for r in rs} - {FIT_SEED})
+    have = {r["seed"] for r in runs_.get((REF_P, "sqrt"), [])} - {FIT_SEED}
+    seeds = sorted(have if seeds is None else have & set(seeds))
     if ref0 is None or not seeds:
-        log("\nheld-out check skipped: it needs seed 0 and at least one other seed")
+        log("\nheld-out check skipped: it needs seed 0 and at least one other seed with a reference run")
         return {}
     fit = fit_lr_aware(ref0["curve"], [r["curve"] for r in fit_runs], target)
     log(f"\nlr-aware rho fitted on seed {FIT_SEED} ({fit.runs} runs besides its reference): B_bend = {fit.b_bend:.4g}, "
@@ -332,29 +339,37 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print) -> dict:
     refs = {r["seed"]: r for r in runs_[(REF_P, "sqrt")] if r["seed"] in seeds}
     n_ref = float(np.mean([refs[s]["n_star"] for s in seeds]))
     rps_ref = float(np.mean([refs[s]["rps"] for s in seeds]))
-    params = ("--bend-batch", f"{fit.b_bend:.6g}", "--kappa", f"{fit.kappa:.6g}")
+    models = {"noise-scale": lambda s: ("noise-scale",),
+              "lr-aware": lambda s: ("lr-aware", "--bend-batch", f"{fit.b_bend:.6g}", "--kappa", f"{fit.kappa:.6g}"),
+              "kappa0": lambda s: ("lr-aware", "--bend-batch", f"{noise_scale(read_trace(refs[s]['path'])).b_crit:.6g}",
+                                   "--kappa", "0")}
     out = []
     for row in rows:
         P, rule = row["P"], row["rule"]
         rs = [r for r in runs_[(P, rule)] if r["seed"] in seeds]
+        if not rs:
+            continue
+        all_rs = runs_[(P, rule)]  # the spread is over every seed recorded
         r = dict(P=P, rule=rule, censored=any(x["censored"] for x in rs), rho=float(np.mean([x["n_star"] for x in rs])) / n_ref,
-                 sigma=float(np.mean([x["rps"] for x in rs])) / rps_ref, rho_min=row["rho_min"], rho_max=row["rho_max"])
+                 sigma=float(np.mean([x["rps"] for x in rs])) / rps_ref, rho_min=row["rho_min"], rho_max=row["rho_max"],
+                 seeds_all=len(all_rs))
         r["T"] = r["rho"] / r["sigma"]
-        for name, rho, extra in (("old", "noise-scale", ()), ("new", "lr-aware", params)):
-            pr = [_rlsim_run([refs[s]["path"]], P, rule, target, rho, *extra) for s in seeds]
+        for name, args in models.items():
+            pr = [_rlsim_run([refs[s]["path"]], P, rule, target, *args(s)) for s in seeds]
             r[f"{name}_rho"] = float(np.mean([p["rho"] for p in pr]))
             r[f"{name}_T"] = float(np.mean([p["time_to_target_ratio"] for p in pr]))
         out.append(r)
-    log(f"{'P':>4} {'lr':>5} | {'rho meas':>8} {'(3-seed spread)':>15} {'noise-scale':>11} {'lr-aware':>8} | "
-        f"{'T meas':>6} {'noise-scale':>11} {'lr-aware':>8}")
+    log(f"{'P':>4} {'lr':>5} | {'rho meas':>8} {'(all-seed spread)':>17} {'noise-scale':>11} {'lr-aware':>8} {'kappa0':>6} | "
+        f"{'T meas':>6} {'noise-scale':>11} {'lr-aware':>8} {'kappa0':>6}")
     for r in out:
         ge = ">=" if r["censored"] else "  "
-        log(f"{r['P']:4d} {r['rule']:>5} | {ge}{r['rho']:6.2f} ({r['rho_min']:5.2f}..{r['rho_max']:5.2f}) {r['old_rho']:11.2f} "
-            f"{r['new_rho']:8.2f} | {ge}{r['T']:4.2f} {r['old_T']:11.2f} {r['new_T']:8.2f}")
+        log(f"{r['P']:4d} {r['rule']:>5} | {ge}{r['rho']:6.2f} ({r['rho_min']:5.2f}..{r['rho_max']:5.2f})   "
+            + " ".join(f"{r[m + '_rho']:{w}.2f}" for m, w in (("noise-scale", 11), ("lr-aware", 8), ("kappa0", 6)))
+            + f" | {ge}{r['T']:4.2f} " + " ".join(f"{r[m + '_T']:{w}.2f}" for m, w in (("noise-scale", 11), ("lr-aware", 8), ("kappa0", 6))))
     sq = [r for r in out if r["rule"] == "sqrt"]
     res = dict(fit_seed=FIT_SEED, seeds=seeds, b_bend=fit.b_bend, kappa=fit.kappa, fit_loss=fit.loss, rows=out)
     rng = np.random.default_rng(0)
-    for name in ("old", "new"):
+    for name in models:
         pred = [r[f"{name}_T"] for r in sq]
         tau = kendall_tau(pred, [r["T"] for r in sq])
         boot = []
@@ -375,12 +390,24 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print) -> dict:
         err = [abs(math.log(r[f"{name}_rho"] / r["rho"])) for r in out if not r["censored"] and r["P"] != REF_P]
         res[name] = dict(kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], rho_within_spread=[int(x) for x in ok],
                          median_abs_log_rho_error=float(np.median(err)) if err else math.nan)
-        log(f"{'noise-scale' if name == 'old' else 'lr-aware':>11} on the held-out seeds: Kendall tau {tau:.2f} (90 % bootstrap "
-            f"{lo:.2f}..{hi:.2f}; target >= 0.8); rho within the 3-seed spread for P within 4x of {REF_P}: {sum(ok)} of "
+        log(f"{name:>11} on seeds {','.join(map(str, seeds))}: Kendall tau {tau:.2f} (90 % bootstrap "
+            f"{lo:.2f}..{hi:.2f}; target >= 0.8); rho within the spread of all seeds for P within 4x of {REF_P}: {sum(ok)} of "
             f"{len(ok)} (a censored size counts when the prediction is at or above its lowest bound); median |log(pred/meas)| "
-            f"of rho over the sizes every held-out seed finished: {res[name]['median_abs_log_rho_error']:.3f}")
-    res["seed_cv"] = seed_cv(runs_, target, log)
-    res["leave_one_size_out"] = leave_one_size_out(runs_, target, log)
+            f"of rho over the sizes every one of these seeds finished: {res[name]['median_abs_log_rho_error']:.3f}")
+    return res
+
+
+def held_out_all(runs_: dict, rows: list[dict], target: float, log=print, fresh_from: int | None = None) -> dict:
+    """`held_out` on every seed but the fit seed, then (with fresh_from) on the seeds recorded from that one on only:
+    seeds recorded after the models were chosen, so a check that nothing in them was tuned to."""
+    res = held_out(runs_, rows, target, log)
+    if res and fresh_from is not None:
+        log(f"\nseeds >= {fresh_from} only (recorded after every model above was chosen):")
+        seeds = sorted({r["seed"] for rs in runs_.values() for r in rs if r["seed"] >= fresh_from})
+        res["fresh"] = held_out(runs_, rows, target, log, seeds=seeds)
+    if res:
+        res["seed_cv"] = seed_cv(runs_, target, log)
+        res["leave_one_size_out"] = leave_one_size_out(runs_, target, log)
     return res
 
 
@@ -513,7 +540,7 @@ def chart(res: dict, out_dir: Path) -> None:
     held = res.get("held_out") or {}
     for r in held.get("rows", []):  # the lr-aware model fitted on seed 0, predicting the held-out seeds' references
         if r["rule"] == "sqrt":
-            pts.append({"P": r["P"], "T ratio": r["new_T"], "series": f"lr-aware (fit on seed {held['fit_seed']}), held-out seeds",
+            pts.append({"P": r["P"], "T ratio": r["lr-aware_T"], "series": f"lr-aware (fit on seed {held['fit_seed']}), held-out seeds",
                         "lo": None, "hi": None})
     base = alt.Chart(alt.Data(values=pts)).encode(x=alt.X("P:Q", scale=alt.Scale(type="log", base=2), title="prompts per update P (G = 8)"))
     band = base.transform_filter(alt.datum.series == "measured (mean of seeds)").mark_errorbar().encode(
