@@ -21,14 +21,14 @@ Compared: sigma, rho and the T ratio with errors, and the Kendall tau between pr
 rankings of time-to-target, with a bootstrap interval over seeds.
 
 Then the improved model (`--rho lr-aware`, replay/learning.py): its two constants (B_bend, kappa) fitted on seed 0
-alone (the reference P = 32 and the other sizes of seed 0), then checked on the held-out seeds 1 and 2, each
+alone (the reference P = 32 and the other sizes of seed 0), then checked on the other seeds, each
 predicted from its own reference trace with those constants, against the noise-scale model on the same seeds.
 Also printed: the lr-aware form at kappa = 0 with the bend at each reference's own noise scale (reference alone, no
 fitted constant), and the study's own resolution (`ranking_resolution`): how well one seed's ranking agrees with
 another's, and what a perfect predictor would score against the 3-seed means.
 
-    python bench/batch_study.py                  # record what is missing (~1 h on 2 quiet cores), analyse
-    python bench/batch_study.py --no-record      # analyse what is recorded
+    python bench/batch_study.py                  # record what is missing (~80 min on 2 quiet cores), analyse
+    python bench/batch_study.py --no-record --target 0.566 --fresh-from 3   # analyse as docs/results.md does
     python bench/batch_study.py --seeds 1 --sizes 8,32 --budget 2048   # smoke test
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:  # run as `python bench/batch_study.py`
 from bench.recording import complete, run_locked, tool  # noqa: E402
 SIZES = (8, 16, 32, 64, 128, 256)
 REF_P, G, LR = 32, 8, 3e-4
-SEEDS = 3
+SEEDS = 6
 BUDGET = 16384          # responses per run (every size gets the same number of samples) ...
 MIN_UPDATES = 12        # ... but at least this many updates
 EVAL_SAMPLES = 512      # an eval about every this many responses
