@@ -5,8 +5,6 @@ import math
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.golden.make_golden import collect
 
 GOLDEN = Path(__file__).parent / "golden" / "outputs.json"

@@ -1,8 +1,6 @@
 """Perfetto / Chrome trace export: valid JSON by the format's rules, slices nest on every track, counts match the trace."""
 import json
-import sys
 from collections import Counter
-from pathlib import Path
 
 import pytest
 

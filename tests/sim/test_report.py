@@ -2,8 +2,6 @@
 `rlsim sweep` writes every chart as HTML and PNG."""
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner

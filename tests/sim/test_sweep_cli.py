@@ -1,8 +1,6 @@
 """`rlsim sweep` and `rlsim export perfetto` end to end on a synthetic trace with the real simulator;
 sweep rows equal single `evaluate` results; bad input is one line and exit 2."""
 import json
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest

@@ -1,7 +1,5 @@
 """Sweep machinery on a deterministic fake evaluate: list parsing, the grid, pool == serial, ranking, outputs."""
 import json
-import sys
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest

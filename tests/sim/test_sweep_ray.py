@@ -1,6 +1,4 @@
 """The same sweep as Ray tasks on a local Ray instance gives results identical to the local pool."""
-import sys
-from pathlib import Path
 
 import pytest
 
