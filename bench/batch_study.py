@@ -120,7 +120,12 @@ def main(argv=None) -> int:
         record(out, sizes, a.seeds, a.budget, a.task)
     if a.record_only:
         return 0
-    res = analyse(out, sizes, a.seeds, a.budget, target=a.target, task=a.task, lr_aware=lr_aware, fresh_from=a.fresh_from)
+    from rlsim.replay.errors import RlsimError
+
+    try:
+        res = analyse(out, sizes, a.seeds, a.budget, target=a.target, task=a.task, lr_aware=lr_aware, fresh_from=a.fresh_from)
+    except RlsimError as e:  # e.g. a --target the reference never reaches: one line, no traceback
+        raise SystemExit(f"error: {e}") from None
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=float))
     if a.chart:
@@ -194,6 +199,10 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
             r["censored"] = r["n_star"] is None
             if r["censored"]:
                 r["n_star"] = float(r["curve"].cum_responses[-1])
+    missed = [r["seed"] for r in refs if r["censored"]]
+    if missed:  # rho is N* over the reference's: a censored reference makes every ratio meaningless
+        raise SystemExit(f"error: reference seed(s) {', '.join(map(str, sorted(missed)))} never reach the target "
+                         f"{target:g}; lower --target (the default is 90 % of the worst reference's best score)")
     n_ref = float(np.mean([r["n_star"] for r in refs]))
     rps_ref = float(np.mean([r["rps"] for r in refs]))
     log(f"\ntarget score {target} (mean@{EVAL_K}, {EVAL_PROMPTS} held-out prompts); reference P={REF_P}: "
@@ -296,12 +305,11 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
             lo_b = max(lo_b, (B - r["rho_max"] * b_ref) / (r["rho_max"] - 1))
         elif r["censored"] and r["rho"] > 1:
             hi_b = min(hi_b, (B - r["rho"] * b_ref) / (r["rho"] - 1))
-    b_ema, b_rom = [], []
-    for ref in sorted(refs, key=lambda r: r["seed"]):
-        u = read_trace(ref["path"]).rows("update")
+    b_ema, b_rom = b_noise, []  # b_noise: rlsim's estimate of each reference, sorted by seed like ref_paths
+    for path in ref_paths:
+        u = read_trace(path).rows("update")
         g2, tr = two_batch_estimates(u["micro_batch"].astype(float), u["num_responses"].astype(float),
                                      u["grad_norm_micro"].astype(float), u["grad_norm"].astype(float))
-        b_ema.append(noise_scale(read_trace(ref["path"])).b_crit)
         b_rom.append(float(np.mean(tr) / np.mean(g2)))
     log(f"B_crit of the reference seeds (responses): {', '.join(f'{b:.0f}' for b in b_ema)} (rlsim: last value of the EMA "
         f"ratio); {', '.join(f'{b:.0f}' for b in b_rom)} (ratio of the run's means)")
@@ -339,10 +347,10 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print, seeds: lis
     refs = {r["seed"]: r for r in runs_[(REF_P, "sqrt")] if r["seed"] in seeds}
     n_ref = float(np.mean([refs[s]["n_star"] for s in seeds]))
     rps_ref = float(np.mean([refs[s]["rps"] for s in seeds]))
+    b_noise = {s: noise_scale(read_trace(refs[s]["path"])).b_crit for s in seeds}  # each reference's own, read once
     models = {"noise-scale": lambda s: ("noise-scale",),
               "lr-aware": lambda s: ("lr-aware", "--bend-batch", f"{fit.b_bend:.6g}", "--kappa", f"{fit.kappa:.6g}"),
-              "kappa0": lambda s: ("lr-aware", "--bend-batch", f"{noise_scale(read_trace(refs[s]['path'])).b_crit:.6g}",
-                                   "--kappa", "0")}
+              "kappa0": lambda s: ("lr-aware", "--bend-batch", f"{b_noise[s]:.6g}", "--kappa", "0")}
     out = []
     for row in rows:
         P, rule = row["P"], row["rule"]

@@ -47,6 +47,7 @@ def machine_floor(windows: int = 30, window_s: float = 1.0) -> tuple[float, floa
 
 
 def main() -> None:
+    import numpy as np
     from rich.console import Console
     from rich.table import Table
 
@@ -84,9 +85,7 @@ def main() -> None:
             if lengths == "recorded":
                 worst = max(worst, e["step_time"]["median"])
                 met += ok
-            if lengths == "recorded":  # why a model cannot follow the per-update noise (docs/results.md section 4)
-                import numpy as np
-
+                # why a model cannot follow the per-update noise (docs/results.md section 4)
                 x, y = np.asarray(res.recorded["step_time"], float), np.asarray(res.simulated["step_time"], float)
                 # what any prediction that matches the run's mean but knows nothing per update gets: the constant at the
                 # recorded mean (the floor's constant sits where the per-update times are densest, not at the mean)

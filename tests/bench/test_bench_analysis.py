@@ -45,3 +45,13 @@ def test_ranking_resolution_hand_cases():
     noisy[:, 0] = 0.0  # the reference column
     r = ranking_resolution(noisy, ref=0, draws=500)
     assert r["sd_log_t"] > 0.5 and r["perfect_tau_mean"] < 0.5 and r["perfect_tau_p08"] < 0.2
+
+
+def test_batch_study_refuses_a_target_the_reference_never_reaches():
+    from pathlib import Path
+
+    from bench.batch_study import BUDGET, analyse
+
+    study = Path(__file__).resolve().parents[2] / "traces" / "study"
+    with pytest.raises(SystemExit, match="reference seed\\(s\\) 0 never reach the target 0.99; lower --target"):
+        analyse(study, (32,), 1, BUDGET, target=0.99, log=lambda *a: None)
