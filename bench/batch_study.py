@@ -453,11 +453,17 @@ def resolution(runs_: dict, log=print) -> dict:
         return {}
     x = [[math.log((v[P][0] / v[REF_P][0]) / (v[P][1] / v[REF_P][1])) for P in sizes] for v in by_seed.values()]
     res = ranking_resolution(x, sizes.index(REF_P))
+    # which half the seed noise of log T comes from: samples-to-target (learning) or responses/s (the machine)
+    others = [P for P in sizes if P != REF_P]
+    for key, i in (("sd_log_rho", 0), ("sd_log_sigma", 1)):
+        part = np.array([[math.log(v[P][i] / v[REF_P][i]) for P in others] for v in by_seed.values()])
+        res[key] = float(np.sqrt(np.mean(part.var(0, ddof=1)))) if others else math.nan
     within = sum(1 for P in sizes if P != REF_P and REF_P / 4 <= P <= REF_P * 4)
     res["spread_cover_all"] = res["spread_cover_one"] ** within
     log(f"resolution of the study ({len(by_seed)} seeds, P = {', '.join(map(str, sizes))}): one seed's measured T ranking "
         f"against another's, Kendall tau {', '.join(f'{t:.2f}' for t in res['seed_pair_tau'])} (mean "
-        f"{res['seed_pair_tau_mean']:.2f}); seed sd of log T {res['sd_log_t']:.3f}, so a perfect predictor reaches tau "
+        f"{res['seed_pair_tau_mean']:.2f}); seed sd of log T {res['sd_log_t']:.3f} (of log rho {res['sd_log_rho']:.3f}, of log "
+        f"sigma {res['sd_log_sigma']:.3f}), so a perfect predictor reaches tau "
         f"{res['perfect_tau_mean']:.2f} on average against the {len(by_seed)}-seed means, >= 0.8 in "
         f"{100 * res['perfect_tau_p08']:.0f} % of draws; the true rho lies inside {len(by_seed)} seeds' min..max with "
         f"chance {res['spread_cover_one']:.2f} per size, {res['spread_cover_all']:.2f} at all {within} sizes within 4x")

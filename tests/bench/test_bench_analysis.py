@@ -47,6 +47,21 @@ def test_ranking_resolution_hand_cases():
     assert r["sd_log_t"] > 0.5 and r["perfect_tau_mean"] < 0.5 and r["perfect_tau_p08"] < 0.2
 
 
+def test_resolution_splits_the_seed_noise_into_rho_and_sigma():
+    import math
+
+    from bench.batch_study import resolution
+
+    # two seeds: at P = 64 the second needs twice the samples, both run twice as fast as their reference; all noise
+    # in log T is then in rho (sd log 2 / sqrt 2), none in sigma
+    runs_ = {(32, "sqrt"): [dict(seed=0, n_star=100.0, rps=10.0), dict(seed=1, n_star=100.0, rps=10.0)],
+             (64, "sqrt"): [dict(seed=0, n_star=100.0, rps=20.0), dict(seed=1, n_star=200.0, rps=20.0)],
+             (64, "fixed"): [dict(seed=0, n_star=1.0, rps=1.0)]}  # another lr rule: not part of the ranking
+    r = resolution(runs_, log=lambda *a: None)
+    assert r["sd_log_rho"] == pytest.approx(math.log(2) / math.sqrt(2))
+    assert r["sd_log_sigma"] == pytest.approx(0.0)
+    assert r["sd_log_t"] == pytest.approx(r["sd_log_rho"])
+
 def test_batch_study_refuses_a_target_the_reference_never_reaches():
     from pathlib import Path
 
