@@ -103,6 +103,8 @@ def main(argv=None) -> int:
                                                   "seed's best; fix it when adding seeds, so that the target stays put)")
     ap.add_argument("--fresh-from", type=int, help="also check the models on the seeds from this one on alone (seeds "
                                                    "recorded after the models were chosen)")
+    ap.add_argument("--predictions", help="a JSON of predictions written before the runs (docs/study/addmix_preregistered.json): "
+                                          "score its noise-scale T ranking and rho against the measured seed means")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--record-only", action="store_true")
     ap.add_argument("--json", help="write the tables as JSON here")
@@ -126,6 +128,8 @@ def main(argv=None) -> int:
         res = analyse(out, sizes, a.seeds, a.budget, target=a.target, task=a.task, lr_aware=lr_aware, fresh_from=a.fresh_from)
     except RlsimError as e:  # e.g. a --target the reference never reaches: one line, no traceback
         raise SystemExit(f"error: {e}") from None
+    if a.predictions:
+        res["predictions_scored"] = score_predictions(res["rows"], Path(a.predictions))
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1, default=float))
     if a.chart:
@@ -419,6 +423,26 @@ def held_out_all(runs_: dict, rows: list[dict], target: float, log=print, fresh_
     return res
 
 
+def score_predictions(rows: list[dict], path: Path, log=print) -> dict:
+    """Score predictions written before the runs (keys "P_rule", each with noise_scale rho and T) against the measured
+    rows: Kendall tau of the T ranking over the sqrt-rule sizes and rho inside the seed spread for P within 4x."""
+    try:
+        pred = json.loads(path.read_text())["predictions"]
+        sq = [r for r in rows if r["rule"] == "sqrt"]
+        p_t = [float(pred[f"{r['P']}_sqrt"]["noise_scale"]["T"]) for r in sq]
+        p_rho = {r["P"]: float(pred[f"{r['P']}_sqrt"]["noise_scale"]["rho"]) for r in sq}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(f"error: cannot read predictions from {path} ({type(e).__name__}: {e}); it needs "
+                         '{"predictions": {"<P>_sqrt": {"noise_scale": {"rho": .., "T": ..}}}} for every measured size') from None
+    tau = kendall_tau(p_t, [r["T"] for r in sq])
+    within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
+    ok = [r["rho_min"] <= p_rho[r["P"]] <= r["rho_max"] or (r["censored"] and p_rho[r["P"]] >= r["rho_min"]) for r in within]
+    log(f"predictions written beforehand ({path.name}), noise scale, against the measured seed means: Kendall tau "
+        f"{tau:.2f}; rho within the seed spread {sum(ok)} of {len(ok)} "
+        f"({', '.join(str(r['P']) for r, o in zip(within, ok) if not o) or 'none'} outside)")
+    return dict(kendall_tau=tau, rho_within_spread=[int(x) for x in ok])
+
+
 def ranking_resolution(log_t, ref: int, *, draws: int = 4000, seed: int = 0) -> dict:
     """How well the study itself resolves the ranking. log_t: (seeds, sizes) log T ratio of each seed over its own
     reference (column `ref` is 0). Returns the Kendall tau of each seed's ranking against each other seed's, and, by a
@@ -451,13 +475,13 @@ def resolution(runs_: dict, log=print) -> dict:
     sizes = sorted(set.intersection(*(set(v) for v in by_seed.values()))) if by_seed else []
     if REF_P not in sizes or len(by_seed) < 2:
         return {}
-    x = [[math.log((v[P][0] / v[REF_P][0]) / (v[P][1] / v[REF_P][1])) for P in sizes] for v in by_seed.values()]
-    res = ranking_resolution(x, sizes.index(REF_P))
+    # (seeds, sizes) log rho and log sigma of each seed over its own reference; log T = log rho - log sigma
+    log_rho, log_sig = (np.log([[v[P][i] / v[REF_P][i] for P in sizes] for v in by_seed.values()]) for i in (0, 1))
+    res = ranking_resolution(log_rho - log_sig, sizes.index(REF_P))
     # which half the seed noise of log T comes from: samples-to-target (learning) or responses/s (the machine)
-    others = [P for P in sizes if P != REF_P]
-    for key, i in (("sd_log_rho", 0), ("sd_log_sigma", 1)):
-        part = np.array([[math.log(v[P][i] / v[REF_P][i]) for P in others] for v in by_seed.values()])
-        res[key] = float(np.sqrt(np.mean(part.var(0, ddof=1)))) if others else math.nan
+    others = [i for i, P in enumerate(sizes) if P != REF_P]
+    for key, part in (("sd_log_rho", log_rho), ("sd_log_sigma", log_sig)):
+        res[key] = float(np.sqrt(np.mean(part[:, others].var(0, ddof=1)))) if others else math.nan
     within = sum(1 for P in sizes if P != REF_P and REF_P / 4 <= P <= REF_P * 4)
     res["spread_cover_all"] = res["spread_cover_one"] ** within
     log(f"resolution of the study ({len(by_seed)} seeds, P = {', '.join(map(str, sizes))}): one seed's measured T ranking "

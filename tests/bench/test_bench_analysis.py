@@ -62,6 +62,30 @@ def test_resolution_splits_the_seed_noise_into_rho_and_sigma():
     assert r["sd_log_sigma"] == pytest.approx(0.0)
     assert r["sd_log_t"] == pytest.approx(r["sd_log_rho"])
 
+
+def test_score_predictions_by_hand_and_a_bad_file(tmp_path):
+    import json
+
+    from bench.batch_study import score_predictions
+
+    rows = [dict(P=P, rule="sqrt", T=T, rho=rho, rho_min=lo, rho_max=hi, censored=False)
+            for P, T, rho, lo, hi in ((8, 0.9, 0.5, 0.4, 0.6), (32, 1.0, 1.0, 1.0, 1.0), (64, 1.3, 1.4, 1.2, 1.6))]
+    rows.append(dict(P=64, rule="fixed", T=1.1, rho=1.0, rho_min=0.9, rho_max=1.1, censored=False))  # not ranked
+    # predicted order 32 < 8 < 64 against measured 8 < 32 < 64: one discordant pair of three, tau 1/3; P = 8's rho out
+    pred = {f"{P}_sqrt": {"noise_scale": {"T": T, "rho": rho}} for P, T, rho in ((8, 1.2, 0.8), (32, 1.0, 1.0), (64, 1.5, 1.3))}
+    f = tmp_path / "pred.json"
+    f.write_text(json.dumps({"predictions": pred}))
+    r = score_predictions(rows, f, log=lambda *a: None)
+    assert r["kendall_tau"] == pytest.approx(1 / 3) and r["rho_within_spread"] == [0, 1]
+    del pred["64_sqrt"]
+    f.write_text(json.dumps({"predictions": pred}))
+    with pytest.raises(SystemExit, match="cannot read predictions from .*pred.json \\(KeyError"):
+        score_predictions(rows, f, log=lambda *a: None)
+    f.write_text("{not json")
+    with pytest.raises(SystemExit, match="cannot read predictions"):
+        score_predictions(rows, f, log=lambda *a: None)
+
+
 def test_batch_study_refuses_a_target_the_reference_never_reaches():
     from pathlib import Path
 
