@@ -72,8 +72,9 @@ def _n_star(curve, target: float) -> tuple[float, bool]:
     return (float(curve.cum_responses[-1]), True) if n is None else (float(n), False)
 
 
-def study_f(study: Path, seeds: int, task: str, target: float) -> tuple[float, dict[float, tuple[float, bool]]]:
-    """The reference's mean N* and f: lr -> (measured sqrt-rule rho at the size with that lr, censored)."""
+def study_f(study: Path, seeds: int, task: str, target: float) -> tuple[float, dict[float, tuple[float, bool]], list[dict]]:
+    """The reference's mean N*, f: lr -> (measured sqrt-rule rho at the size with that lr, censored), and every study
+    configuration as a row (P, lr, rho, censored, seeds)."""
     runs_ = measure(study, SIZES, seeds, task)
     refs = runs_.get((REF_P, "sqrt"), [])
     if not refs:
@@ -82,12 +83,30 @@ def study_f(study: Path, seeds: int, task: str, target: float) -> tuple[float, d
     if any(c for _, c in ref_n):
         raise SystemExit(f"error: a reference run in {study} never reaches the target {target:g}; lower --target")
     n_ref = float(np.mean([n for n, _ in ref_n]))
-    f = {}
+    f, rows = {}, []
     for (P, rule), rs in runs_.items():
+        ns = [_n_star(r["curve"], target) for r in rs]
+        rho, cens = float(np.mean([n for n, _ in ns])) / n_ref, any(c for _, c in ns)
+        lr = LR * (math.sqrt(P / REF_P) if rule == "sqrt" else 1.0)
+        rows.append(dict(P=P, lr=lr, rho=rho, censored=cens, seeds=len(rs)))
         if rule == "sqrt":
-            ns = [_n_star(r["curve"], target) for r in rs]
-            f[round(LR * math.sqrt(P / REF_P), 12)] = (float(np.mean([n for n, _ in ns])) / n_ref, any(c for _, c in ns))
-    return n_ref, f
+            f[round(lr, 12)] = (rho, cens)
+    return n_ref, f, rows
+
+
+def grid(rows: list[dict], log=print) -> None:
+    """Seed-mean rho of every measured (P, lr), batch down and lr across ("rho/seeds"; ">=": some seed never reached
+    the target, the mean counts it at its budget)."""
+    lrs = sorted({round(r["lr"], 12) for r in rows})
+    cell = {(r["P"], round(r["lr"], 12)): r for r in rows}
+
+    def fmt(r):
+        return "" if r is None else f"{'>=' if r['censored'] else ''}{r['rho']:.2f}/{r['seeds']}"
+
+    log("rho by batch (P, down) and lr (across), all runs of the task:")
+    log(f"{'P':>5} " + " ".join(f"{lr:>10.3g}" for lr in lrs))
+    for P in sorted({r["P"] for r in rows}):
+        log(f"{P:>5} " + " ".join(f"{fmt(cell.get((P, lr))):>10}" for lr in lrs))
 
 
 def predict(points, f: dict[float, tuple[float, bool]], lr_aware: tuple[float, float] = LR_AWARE) -> dict[str, dict]:
@@ -173,8 +192,7 @@ def main(argv=None) -> int:
     except ValueError:
         raise SystemExit(f"--points takes P:LR pairs with positive numbers (8:3e-4,128:1.5e-4) and --lr-aware two numbers "
                          f"B_BEND,KAPPA; got {a.points!r}, {a.lr_aware!r}") from None
-    if a.predict or not a.no_record or a.predictions is None:
-        n_ref, f = study_f(Path(a.study), a.study_seeds, a.task, a.target)
+    n_ref, f, study_rows = study_f(Path(a.study), a.study_seeds, a.task, a.target)
     if a.predict:
         res = dict(task=a.task, target=a.target, reference=dict(P=REF_P, lr=LR, n_star=n_ref), seeds=a.seeds,
                    rule="per point, the hypothesis with the smallest |log(pred/measured)| of the seed-mean rho is nearest; "
@@ -200,6 +218,8 @@ def main(argv=None) -> int:
     else:
         pred = predict(points, f, lr_aware)
     res = analyse(Path(a.out), points, a.seeds, a.task, a.target, n_ref, pred)
+    grid(study_rows + [{k: r[k] for k in ("P", "lr", "rho", "censored", "seeds")} for r in res["rows"]])
+    res["study_rows"] = study_rows
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=1) + "\n")
     return 0

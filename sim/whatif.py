@@ -20,7 +20,7 @@ from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit import FittedModels, fit_trace
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import (LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve, fit_lr_aware,
-                             invariant_rho, lr_aware_rho, noise_scale, noise_scale_rho, parse_rho, regime)
+                             invariant_rho, lr_aware_rho, lr_scale, noise_scale, noise_scale_rho, parse_rho, regime)
 from rlsim.replay.schema import EVAL, placement
 from rlsim.replay.util import ENGINE_DEFAULTS
 from rlsim.config import EngineConfig, SimConfig, WhatIf
@@ -65,7 +65,7 @@ class Study:
         ref_rule = self.reference.lr_rule
         model: RhoModel | None = None
         if kind in ("curves", "auto"):
-            same = [c for i, c in enumerate(self.curves) if (i == 0 or c.lr_rule == lr_rule or c.batch == self.b_ref)
+            same = [c for i, c in enumerate(self.curves) if (i == 0 or self._on_lr_line(c, lr_rule))
                     and getattr(c, "staleness", 0) == getattr(self.curves[0], "staleness", 0)]  # other limits: asyncrl
             try:
                 model = curves_rho(self.b_ref, same, self.target)
@@ -90,12 +90,23 @@ class Study:
             return float(model.rho(b, lr_rule)), model.kind, notes
         if lr_rule == "fixed" and b > self.b_ref and model.kind != "curves":
             notes.append(f"--lr-rule fixed beyond the reference batch needs learning curves (record runs with a fixed lr at larger "
-                         f"batches and pass them with --trace); rho from the {model.kind} model assumes a rescaled lr and is "
-                         "optimistic (the article measured 1.5-1.67x more responses at 2x batch with a fixed lr)")
+                         f"batches and pass them with --trace); rho from the {model.kind} model assumes a rescaled lr, and what a "
+                         "fixed lr costs is the task's: the article measured 1.5-1.67x more responses at 2x batch, rlsim's "
+                         "studies 1.05x (addmix) and >= 1.37x (add2) at 4x (docs/results.md 1d)")
         elif lr_rule != ref_rule and b != self.b_ref and model.kind != "curves":
             notes.append(f"lr rule {lr_rule} differs from the trace's ({ref_rule}); the {model.kind} rho model ignores the rule")
         notes += model.notes(b)
         return float(model.rho(b)), model.kind, notes
+
+    def _on_lr_line(self, c: LearningCurve, lr_rule: str) -> bool:
+        """Whether run `c` trained at the lr that `lr_rule` gives its batch from the reference's: the curves a candidate
+        under that rule interpolates between. By the runs' effective lrs when both are recorded (a fixed-lr run at
+        another base lr is another configuration, not a point of this one), else by the rule's name."""
+        ref_lr = getattr(self.curves[0], "lr", math.nan)
+        lr = getattr(c, "lr", math.nan)
+        if math.isfinite(ref_lr) and math.isfinite(lr) and ref_lr > 0:
+            return math.isclose(lr, ref_lr * lr_scale(lr_rule, c.batch / self.b_ref), rel_tol=0.02)
+        return c.lr_rule == lr_rule or c.batch == self.b_ref
 
     def rho_replicates(self, b: float, kind: str) -> tuple[np.ndarray | None, str]:
         """rho at batch b for each B_crit replicate (noise-scale), ones (invariant), or None (curves, lr-aware), and a note."""
@@ -240,6 +251,12 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
             rec_t = float(ev["t_start"][hit[0]])
     if rho_model == "curves" and len(traces) < 2:
         raise RlsimError("--rho curves needs two or more traces at different batch sizes (repeat --trace)")
+    if rho_model in ("auto", "noise-scale") and len(traces) == 1 and noise.b_crit > 0:
+        # measured: docs/results.md sections 1c-1d (two tasks, fresh seeds): the two-batch noise scale of one run ranked
+        # batch sizes no better than chance, and it ordered the two tasks' bends the wrong way round
+        warnings.append("rho from one trace uses its gradient noise scale, which did not predict samples-to-target in "
+                        "rlsim's measured batch-size studies (docs/results.md 1c); treat rho and the ranking as a guess, "
+                        "or record runs at two or more other batch sizes and add them with --trace (--rho curves)")
     lr_aware = None
     if rho_model == "lr-aware":
         lr_aware, note = _lr_aware(ref_curve, curves, target, rho_params)

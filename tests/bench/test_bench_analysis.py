@@ -94,3 +94,19 @@ def test_batch_study_refuses_a_target_the_reference_never_reaches():
     study = Path(__file__).resolve().parents[2] / "traces" / "study"
     with pytest.raises(SystemExit, match="reference seed\\(s\\) 0 never reach the target 0.99; lower --target"):
         analyse(study, (32,), 1, BUDGET, target=0.99, log=lambda *a: None)
+
+
+def test_lr_or_batch_hypotheses_by_hand():
+    from bench.lr_or_batch import predict
+
+    # the study measured rho 0.5 at the lr of P = 8 under the square-root rule (1.5e-4) and a censored >= 2 at P = 128's
+    f = {1.5e-4: (0.5, False), 3e-4: (1.0, False), 6e-4: (2.0, True)}
+    p = predict([(8, 3e-4), (128, 1.5e-4), (64, 5e-4)], f, lr_aware=(1e-9, 0.0))
+    a, b, c = p["8_0.0003"], p["128_0.00015"], p["64_0.0005"]
+    # lr alone: the reference lr gives 1 at any batch; another lr gives what the study measured at that lr
+    assert a["lr_rho"] == 1.0 and b["lr_rho"] == 0.5 and b["lr_censored"] is False and c["lr_rho"] is None
+    # noise-dominated Adam: (lr_ref / lr) sqrt(B / B_ref); equal progress per update: (lr_ref / lr) (B / B_ref)
+    assert a["sde_rho"] == pytest.approx(0.5) and b["sde_rho"] == pytest.approx(4.0)
+    assert a["steps_rho"] == pytest.approx(0.25) and b["steps_rho"] == pytest.approx(8.0)
+    # lr-aware with no bend and no curvature: progress per update lr-proportional, as "steps"
+    assert a["lr-aware_rho"] == pytest.approx(0.25) and b["lr-aware_rho"] == pytest.approx(8.0)

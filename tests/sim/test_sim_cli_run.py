@@ -36,6 +36,17 @@ def test_run_json_keys_and_values(trace):
     assert d["rho_model"] == "noise-scale" and d["rho"] == pytest.approx((1 + 256 / bc) / (1 + 64 / bc), rel=0.02)
 
 
+def test_rho_from_one_trace_is_flagged_as_a_guess(trace, tmp_path):
+    d = json.loads(_ok(["run", "--trace", str(trace), "--batch", "64", "--json"]))
+    assert d["rho_model"] == "noise-scale" and any("treat rho and the ranking as a guess" in w for w in d["warnings"])
+    # a model the user chose, or curves from runs at other sizes: no such warning
+    d = json.loads(_ok(["run", "--trace", str(trace), "--batch", "64", "--rho", "invariant", "--json"]))
+    assert not any("as a guess" in w for w in d["warnings"])
+    other = synthetic_trace(tmp_path / "p64.parquet", SynthSpec(prompts=64, group=4, steps=5, seed=1))
+    d = json.loads(_ok(["run", "--trace", str(trace), "--trace", str(other), "--batch", "32", "--json"]))
+    assert not any("as a guess" in w for w in d["warnings"])
+
+
 def test_run_is_deterministic_with_seed(trace):
     args = ["run", "--trace", str(trace), "--batch", "32", "--seed", "5", "--updates", "10", "--json"]
     assert _ok(args) == _ok(args)

@@ -61,6 +61,20 @@ def test_invariant_and_curves_models(traces):
         prepare([traces[0]], rho_model="curves")
 
 
+def test_curves_follow_the_lr_each_run_trained_at(traces, tmp_path):
+    """A candidate's curve is made of the runs at the lr its rule gives their batch: the reference (P = 16, B = 64, sqrt
+    rule from 3e-4 at 256: lr 1.5e-4) and, for a fixed lr at B = 256, a run at 1.5e-4 there, not one at 3e-4."""
+    spec = dict(prompts=64, group=4, steps=3, max_num_seqs=32)
+    on = read_trace(synthetic_trace(tmp_path / "on.parquet", SynthSpec(**spec, lr_rule="fixed", score_scale=3000.0),
+                                    meta_overrides={"config": {"lr": 1.5e-4}}))
+    off = read_trace(synthetic_trace(tmp_path / "off.parquet", SynthSpec(**spec, lr_rule="fixed", score_scale=6000.0)))
+    st = prepare([traces[0], on, off], rho_model="curves", target=0.1)
+    n = [c.samples_to_target(0.1) for c in st.curves]
+    assert evaluate(st, WhatIf(prompts=64, lr_rule="fixed")).rho == pytest.approx(n[1] / n[0])
+    # under the sqrt rule B = 256 trains at 3e-4: the "fixed" run at 3e-4 is that point, the one at 1.5e-4 is not
+    assert evaluate(st, WhatIf(prompts=64, lr_rule="sqrt")).rho == pytest.approx(n[2] / n[0])
+
+
 def test_fixed_lr_beyond_reference_warns_without_curves(study):
     out = evaluate(study, WhatIf(prompts=32, lr_rule="fixed"))
     assert any("--lr-rule fixed" in w for w in out.warnings)
