@@ -125,7 +125,8 @@ def predict(points, f: dict[float, tuple[float, bool]], lr_aware: tuple[float, f
     return out
 
 
-def analyse(out: Path, points, seeds: int, task: str, target: float, n_ref: float, pred: dict, log=print) -> dict:
+def analyse(out: Path, points, seeds: int, task: str, target: float, n_ref: float, pred: dict, budget: int = BUDGET,
+            log=print) -> dict:
     from rlsim.replay.io import read_trace
     from rlsim.replay.learning import fit_learning_curve
 
@@ -134,7 +135,7 @@ def analyse(out: Path, points, seeds: int, task: str, target: float, n_ref: floa
         ns = []
         for seed in range(seeds):
             path = out / f"{name(P, lr, seed, task)}.parquet"
-            if complete(path, steps_for(P, BUDGET)):
+            if complete(path, steps_for(P, budget)):
                 ns.append(_n_star(fit_learning_curve(read_trace(path)), target))
         if not ns:
             continue
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: cannot read predictions from {a.predictions} ({type(e).__name__}: {e}); write it with --predict") from None
     else:
         pred = predict(points, f, lr_aware)
-    res = analyse(Path(a.out), points, a.seeds, a.task, a.target, n_ref, pred)
+    res = analyse(Path(a.out), points, a.seeds, a.task, a.target, n_ref, pred, a.budget)
     grid(study_rows + [{k: r[k] for k in ("P", "lr", "rho", "censored", "seeds")} for r in res["rows"]])
     res["study_rows"] = study_rows
     if a.json:
