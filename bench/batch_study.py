@@ -74,6 +74,13 @@ def steps_for(P: int, budget: int) -> int:
     return max(MIN_UPDATES, math.ceil(budget / (P * G)))
 
 
+def rlrun_cmd(P: int, steps: int, lr: float, rule: str, seed: int, path: Path, *extra: str) -> list[str]:
+    """The `rlrun record` command line of one study run: G = 8, an eval every ~EVAL_SAMPLES responses."""
+    return [tool("rlrun"), "record", "--prompts", str(P), "--group", str(G), "--steps", str(steps), "--lr", f"{lr:g}",
+            "--lr-rule", rule, "--eval-every", str(max(1, EVAL_SAMPLES // (P * G))), "--eval-prompts", str(EVAL_PROMPTS),
+            "--eval-k", str(EVAL_K), "--seed", str(seed), "--no-progress", "--overwrite", "--out", str(path), *extra]
+
+
 def record(out: Path, sizes, seeds: int, budget: int, task: str = TASK, log=print) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name, P, rule, seed in runs(sizes, seeds, task):
@@ -81,13 +88,17 @@ def record(out: Path, sizes, seeds: int, budget: int, task: str = TASK, log=prin
         path = out / f"{name}.parquet"
         if complete(path, steps):
             continue
-        cmd = [tool("rlrun"), "record", "--prompts", str(P), "--group", str(G), "--steps", str(steps), "--lr", str(LR),
-               "--lr-rule", rule, "--lr-ref-batch", str(REF_P * G), "--eval-every", str(max(1, EVAL_SAMPLES // (P * G))),
-               "--eval-prompts", str(EVAL_PROMPTS), "--eval-k", str(EVAL_K), "--seed", str(seed), "--no-progress",
-               "--overwrite", "--out", str(path)] + (["--task", task] if task != TASK else [])
+        extra = ["--lr-ref-batch", str(REF_P * G)] + (["--task", task] if task != TASK else [])
         if not (P == REF_P and rule == "sqrt"):
-            cmd.append("--no-calibrate")  # only the reference runs carry a calibration (what a user would record)
-        run_locked(cmd, log)
+            extra.append("--no-calibrate")  # only the reference runs carry a calibration (what a user would record)
+        run_locked(rlrun_cmd(P, steps, LR, rule, seed, path, *extra), log)
+
+
+def n_star(curve, target: float) -> tuple[float, bool]:
+    """(samples-to-target, censored): a run that never reaches the target counts at the responses it trained on,
+    a lower bound."""
+    n = curve.samples_to_target(target)
+    return (float(curve.cum_responses[-1]), True) if n is None else (float(n), False)
 
 
 def main(argv=None) -> int:
@@ -199,10 +210,7 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
     for rs in runs_.values():
         for r in rs:
             # a run that never reached the target is censored: its N* is at least the responses it trained on
-            r["n_star"] = r["curve"].samples_to_target(target)
-            r["censored"] = r["n_star"] is None
-            if r["censored"]:
-                r["n_star"] = float(r["curve"].cum_responses[-1])
+            r["n_star"], r["censored"] = n_star(r["curve"], target)
     missed = [r["seed"] for r in refs if r["censored"]]
     if missed:  # rho is N* over the reference's: a censored reference makes every ratio meaningless
         raise SystemExit(f"error: reference seed(s) {', '.join(map(str, sorted(missed)))} never reach the target "

@@ -37,8 +37,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as `python bench/lr_or_batch.py`
     sys.path.insert(0, str(ROOT))
-from bench.batch_study import EVAL_K, EVAL_PROMPTS, EVAL_SAMPLES, G, LR, REF_P, SIZES, measure, steps_for  # noqa: E402
-from bench.recording import complete, run_locked, tool  # noqa: E402
+from bench.batch_study import G, LR, REF_P, SIZES, measure, n_star, rlrun_cmd, steps_for  # noqa: E402
+from bench.recording import complete, run_locked  # noqa: E402
 
 POINTS = ((8, 3e-4), (128, 3e-4), (128, 1.5e-4), (8, 6e-4))  # (P, lr): each size at the reference lr and the other's
 SEEDS = 3
@@ -60,16 +60,7 @@ def record(out: Path, points, seeds: int, task: str, budget: int, log=print) -> 
             path = out / f"{name(P, lr, seed, task)}.parquet"
             if complete(path, steps):
                 continue
-            run_locked([tool("rlrun"), "record", "--task", task, "--prompts", str(P), "--group", str(G), "--steps", str(steps),
-                        "--lr", f"{lr:g}", "--lr-rule", "fixed", "--eval-every", str(max(1, EVAL_SAMPLES // (P * G))),
-                        "--eval-prompts", str(EVAL_PROMPTS), "--eval-k", str(EVAL_K), "--seed", str(seed), "--no-calibrate",
-                        "--no-progress", "--overwrite", "--out", str(path)], log)
-
-
-def _n_star(curve, target: float) -> tuple[float, bool]:
-    """(samples-to-target, censored): a run that never reaches the target counts at its budget, a lower bound."""
-    n = curve.samples_to_target(target)
-    return (float(curve.cum_responses[-1]), True) if n is None else (float(n), False)
+            run_locked(rlrun_cmd(P, steps, lr, "fixed", seed, path, "--task", task, "--no-calibrate"), log)
 
 
 def study_f(study: Path, seeds: int, task: str, target: float) -> tuple[float, dict[float, tuple[float, bool]], list[dict]]:
@@ -79,13 +70,13 @@ def study_f(study: Path, seeds: int, task: str, target: float) -> tuple[float, d
     refs = runs_.get((REF_P, "sqrt"), [])
     if not refs:
         raise SystemExit(f"error: no reference runs (P = {REF_P}) in {study}; record the study first (bench/batch_study.py)")
-    ref_n = [_n_star(r["curve"], target) for r in refs]
+    ref_n = [n_star(r["curve"], target) for r in refs]
     if any(c for _, c in ref_n):
         raise SystemExit(f"error: a reference run in {study} never reaches the target {target:g}; lower --target")
     n_ref = float(np.mean([n for n, _ in ref_n]))
     f, rows = {}, []
     for (P, rule), rs in runs_.items():
-        ns = [_n_star(r["curve"], target) for r in rs]
+        ns = [n_star(r["curve"], target) for r in rs]
         rho, cens = float(np.mean([n for n, _ in ns])) / n_ref, any(c for _, c in ns)
         lr = LR * (math.sqrt(P / REF_P) if rule == "sqrt" else 1.0)
         rows.append(dict(P=P, lr=lr, rho=rho, censored=cens, seeds=len(rs)))
@@ -136,7 +127,7 @@ def analyse(out: Path, points, seeds: int, task: str, target: float, n_ref: floa
         for seed in range(seeds):
             path = out / f"{name(P, lr, seed, task)}.parquet"
             if complete(path, steps_for(P, budget)):
-                ns.append(_n_star(fit_learning_curve(read_trace(path)), target))
+                ns.append(n_star(fit_learning_curve(read_trace(path)), target))
         if not ns:
             continue
         p = pred[f"{P}_{lr:g}"]
@@ -193,6 +184,8 @@ def main(argv=None) -> int:
     except ValueError:
         raise SystemExit(f"--points takes P:LR pairs with positive numbers (8:3e-4,128:1.5e-4) and --lr-aware two numbers "
                          f"B_BEND,KAPPA; got {a.points!r}, {a.lr_aware!r}") from None
+    if a.seeds < 1 or a.study_seeds < 1 or a.budget < 1:
+        raise SystemExit(f"--seeds, --study-seeds and --budget must be at least 1; got {a.seeds}, {a.study_seeds}, {a.budget}")
     n_ref, f, study_rows = study_f(Path(a.study), a.study_seeds, a.task, a.target)
     if a.predict:
         res = dict(task=a.task, target=a.target, reference=dict(P=REF_P, lr=LR, n_star=n_ref), seeds=a.seeds,

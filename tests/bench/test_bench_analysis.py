@@ -110,3 +110,12 @@ def test_lr_or_batch_hypotheses_by_hand():
     assert a["steps_rho"] == pytest.approx(0.25) and b["steps_rho"] == pytest.approx(8.0)
     # lr-aware with no bend and no curvature: progress per update lr-proportional, as "steps"
     assert a["lr-aware_rho"] == pytest.approx(0.25) and b["lr-aware_rho"] == pytest.approx(8.0)
+
+
+def test_lr_or_batch_refuses_bad_counts_and_points_in_one_line():
+    from bench.lr_or_batch import main
+
+    with pytest.raises(SystemExit, match="--seeds, --study-seeds and --budget must be at least 1; got -2"):
+        main(["--no-record", "--seeds", "-2"])
+    with pytest.raises(SystemExit, match="--points takes P:LR pairs with positive numbers"):
+        main(["--no-record", "--points", "-8:3e-4"])
