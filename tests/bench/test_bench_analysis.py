@@ -118,4 +118,4 @@ def test_lr_or_batch_refuses_bad_counts_and_points_in_one_line():
     with pytest.raises(SystemExit, match="--seeds, --study-seeds and --budget must be at least 1; got -2"):
         main(["--no-record", "--seeds", "-2"])
     with pytest.raises(SystemExit, match="--points takes P:LR pairs with positive numbers"):
-        main(["--no-record", "--points", "-8:3e-4"])
+        main(["--no-record", "--points=-8:3e-4"])
