@@ -451,12 +451,14 @@ def score_predictions(rows: list[dict], path: Path, log=print) -> dict:
     return dict(kendall_tau=tau, rho_within_spread=[int(x) for x in ok])
 
 
-def ranking_resolution(log_t, ref: int, *, draws: int = 4000, seed: int = 0) -> dict:
+def ranking_resolution(log_t, ref: int, *, draws: int = 4000, seed: int = 0, ladder=(3, 6, 12, 24, 48, 96)) -> dict:
     """How well the study itself resolves the ranking. log_t: (seeds, sizes) log T ratio of each seed over its own
     reference (column `ref` is 0). Returns the Kendall tau of each seed's ranking against each other seed's, and, by a
     parametric bootstrap (truth = the seed mean, per-seed noise normal with the sd pooled over the non-reference sizes),
-    the tau a perfect predictor reaches against a mean of that many seeds and how often it reaches 0.8; plus the
-    chance that the min..max of n seeds contains the truth at one size (1 - 2^(1-n), any continuous symmetric noise)."""
+    the tau a perfect predictor reaches against a mean of that many seeds and how often it reaches 0.8, the same chance
+    for each seed count in `ladder` and the fewest seeds of it that give 0.8 in 80 % of draws (None: more than its
+    last); plus the chance that the min..max of n seeds contains the truth at one size (1 - 2^(1-n), any continuous
+    symmetric noise)."""
     x = np.asarray(log_t, float)
     n, k = x.shape
     pair = [kendall_tau(x[i], x[j]) for i in range(n) for j in range(i + 1, n)]
@@ -465,11 +467,16 @@ def ranking_resolution(log_t, ref: int, *, draws: int = 4000, seed: int = 0) -> 
     sd = float(np.sqrt(np.mean(x[:, others].var(0, ddof=1)))) if n > 1 and others else 0.0
     noise_sd = np.where(np.arange(k) == ref, 0.0, sd)
     rng = np.random.default_rng(seed)
-    taus = np.array([kendall_tau(mu, mu + (rng.standard_normal((n, k)) * noise_sd).mean(0)) for _ in range(draws)])
-    cover = 1 - 2 * 0.5 ** n
+
+    def perfect(m: int):  # (draws,) tau of the truth against the mean of m noisy seeds
+        return np.array([kendall_tau(mu, mu + (rng.standard_normal((m, k)) * noise_sd).mean(0)) for _ in range(draws)])
+
+    taus = perfect(n)
+    by_seeds = {m: float(np.mean(perfect(m) >= 0.8 - 1e-9)) for m in ladder}
     return dict(seed_pair_tau=[float(t) for t in pair], seed_pair_tau_mean=float(np.mean(pair)) if pair else math.nan,
                 sd_log_t=sd, perfect_tau_mean=float(np.nanmean(taus)), perfect_tau_p08=float(np.mean(taus >= 0.8 - 1e-9)),
-                spread_cover_one=cover)
+                perfect_tau_p08_by_seeds=by_seeds, seeds_for_p08=next((m for m in ladder if by_seeds[m] >= 0.8), None),
+                spread_cover_one=1 - 2 * 0.5 ** n)
 
 
 def resolution(runs_: dict, log=print) -> dict:
@@ -497,7 +504,8 @@ def resolution(runs_: dict, log=print) -> dict:
         f"{res['seed_pair_tau_mean']:.2f}); seed sd of log T {res['sd_log_t']:.3f} (of log rho {res['sd_log_rho']:.3f}, of log "
         f"sigma {res['sd_log_sigma']:.3f}), so a perfect predictor reaches tau "
         f"{res['perfect_tau_mean']:.2f} on average against the {len(by_seed)}-seed means, >= 0.8 in "
-        f"{100 * res['perfect_tau_p08']:.0f} % of draws; the true rho lies inside {len(by_seed)} seeds' min..max with "
+        f"{100 * res['perfect_tau_p08']:.0f} % of draws ({', '.join(f'{m} seeds {100 * q:.0f} %' for m, q in res['perfect_tau_p08_by_seeds'].items())}"
+        f"; >= 80 % from {res['seeds_for_p08'] or 'more than ' + str(max(res['perfect_tau_p08_by_seeds']))} seeds); the true rho lies inside {len(by_seed)} seeds' min..max with "
         f"chance {res['spread_cover_one']:.2f} per size, {res['spread_cover_all']:.2f} at all {within} sizes within 4x")
     return res
 

@@ -45,6 +45,21 @@ def test_ranking_resolution_hand_cases():
     noisy[:, 0] = 0.0  # the reference column
     r = ranking_resolution(noisy, ref=0, draws=500)
     assert r["sd_log_t"] > 0.5 and r["perfect_tau_mean"] < 0.5 and r["perfect_tau_p08"] < 0.2
+    # the truth is the 3-seed mean, whose gaps the noise inflates: the ladder still needs 4x the seeds or more
+    assert (r["seeds_for_p08"] or 10**9) > 12 and r["perfect_tau_p08_by_seeds"][3] < 0.2
+
+
+def test_ranking_resolution_seed_ladder_follows_the_gaps():
+    from bench.batch_study import ranking_resolution
+
+    # sizes 0.3 apart in log T, two seeds with seed noise of sd 0.3: the chance that a perfect predictor scores
+    # tau >= 0.8 grows with the seeds averaged, and 0.3 / (0.3 / sqrt m) separates neighbours well by m = 12
+    gaps = np.array([0.0, 0.3, 0.6, 0.9, 1.2, 1.5])
+    x = np.stack([gaps + [0, 0.3, -0.3, 0.3, -0.3, 0.3], gaps + [0, -0.3, 0.3, -0.3, 0.3, -0.3]])
+    r = ranking_resolution(x, ref=0, draws=400, ladder=(1, 4, 16, 64))
+    p = [r["perfect_tau_p08_by_seeds"][m] for m in (1, 4, 16, 64)]
+    assert p == sorted(p) and p[0] < 0.5 and p[-1] == 1.0
+    assert r["seeds_for_p08"] in (4, 16)
 
 
 def test_resolution_splits_the_seed_noise_into_rho_and_sigma():
