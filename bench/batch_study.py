@@ -58,14 +58,14 @@ EVAL_PROMPTS, EVAL_K = 128, 2
 TASK = "add2"
 
 
-def runs(sizes, seeds, task: str = TASK) -> list[tuple[str, int, str, int]]:
-    """(name, P, lr rule, seed), seed-major so that a partial study has every size."""
+def runs(sizes, seeds, task: str = TASK, fixed: bool = True) -> list[tuple[str, int, str, int]]:
+    """(name, P, lr rule, seed), seed-major so that a partial study has every size; `fixed`: also P = 64 at fixed lr."""
     pre = "grpo" if task == TASK else f"grpo_{task}"
     out = []
     for s in range(seeds):
         for P in sizes:
             out.append((f"{pre}_p{P}_s{s}", P, "sqrt", s))
-        if 64 in sizes:
+        if fixed and 64 in sizes:
             out.append((f"{pre}_p64_fixed_s{s}", 64, "fixed", s))
     return out
 
@@ -81,9 +81,10 @@ def rlrun_cmd(P: int, steps: int, lr: float, rule: str, seed: int, path: Path, *
             "--eval-k", str(EVAL_K), "--seed", str(seed), "--no-progress", "--overwrite", "--out", str(path), *extra]
 
 
-def record(out: Path, sizes, seeds: int, budget: int, task: str = TASK, log=print) -> None:
+def record(out: Path, sizes, seeds: int, budget: int, task: str = TASK, log=print, lr: float = LR,
+           fixed: bool = True) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name, P, rule, seed in runs(sizes, seeds, task):
+    for name, P, rule, seed in runs(sizes, seeds, task, fixed):
         steps = steps_for(P, budget)
         path = out / f"{name}.parquet"
         if complete(path, steps):
@@ -91,7 +92,7 @@ def record(out: Path, sizes, seeds: int, budget: int, task: str = TASK, log=prin
         extra = ["--lr-ref-batch", str(REF_P * G)] + (["--task", task] if task != TASK else [])
         if not (P == REF_P and rule == "sqrt"):
             extra.append("--no-calibrate")  # only the reference runs carry a calibration (what a user would record)
-        run_locked(rlrun_cmd(P, steps, LR, rule, seed, path, *extra), log)
+        run_locked(rlrun_cmd(P, steps, lr, rule, seed, path, *extra), log)
 
 
 def n_star(curve, target: float) -> tuple[float, bool]:
@@ -108,6 +109,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=SEEDS)
     ap.add_argument("--budget", type=int, default=BUDGET, help="responses per run")
     ap.add_argument("--task", default=TASK, help="built-in task")
+    ap.add_argument("--lr", type=float, default=LR, help="lr of the reference P = %d (the sqrt rule scales it)" % REF_P)
+    ap.add_argument("--no-fixed", action="store_true", help="skip the P = 64 fixed-lr runs")
+    ap.add_argument("--predict", help="write the reference-alone predictions for every size here, from the recorded "
+                                      "references only (before the other sizes are recorded: --sizes 32 first), and stop")
     ap.add_argument("--lr-aware", help="B_BEND,KAPPA: also predict with the lr-aware model at these constants (e.g. "
                                        "another task's fit, to see whether it transfers)")
     ap.add_argument("--target", type=float, help="validation score to reach (default: 90 %% of the worst reference "
@@ -128,12 +133,18 @@ def main(argv=None) -> int:
             raise ValueError
     except ValueError:
         raise SystemExit("--sizes takes integers (8,16,32) and --lr-aware two numbers B_BEND,KAPPA (2896,0.64)") from None
+    if not a.lr > 0:
+        raise SystemExit(f"--lr must be positive, got {a.lr:g}")
     out = Path(a.out)
     if not a.no_record:
-        record(out, sizes, a.seeds, a.budget, a.task)
+        record(out, sizes, a.seeds, a.budget, a.task, lr=a.lr, fixed=not a.no_fixed)
     if a.record_only:
         return 0
     from rlsim.replay.errors import RlsimError
+
+    if a.predict:
+        Path(a.predict).write_text(json.dumps(predict(out, a.seeds, a.task, target=a.target, argv=argv, lr_aware=lr_aware), indent=1))
+        return 0
 
     try:
         res = analyse(out, sizes, a.seeds, a.budget, target=a.target, task=a.task, lr_aware=lr_aware, fresh_from=a.fresh_from)
@@ -177,6 +188,43 @@ def kendall_tau(a, b) -> float:
                 disc += 1
     den = math.sqrt((conc + disc + ta) * (conc + disc + tb))
     return (conc - disc) / den if den else math.nan
+
+
+def predict(out: Path, seeds: int, task: str = TASK, sizes=SIZES, target: float | None = None, argv=None,
+            lr_aware: tuple[float, float] | None = None) -> dict:
+    """Reference-alone predictions for every size (mean over the recorded references of `rlsim run --rho noise-scale`,
+    of the kappa = 0 form and, given constants fitted elsewhere, of lr-aware), for committing before the other sizes are
+    recorded; `score_predictions` reads them."""
+    from rlsim.replay.io import read_trace
+    from rlsim.replay.learning import noise_scale
+
+    refs = measure(out, (REF_P,), seeds, task).get((REF_P, "sqrt"), [])
+    if not refs:
+        raise SystemExit(f"error: no complete reference run (P = {REF_P}) in {out}; record it first (--sizes {REF_P})")
+    if target is None:  # the analysis' default, fixed now from the references alone
+        target = round(0.9 * min(r["best"] for r in refs), 3)
+    paths = [r["path"] for r in sorted(refs, key=lambda r: r["seed"])]
+    b_noise = [noise_scale(read_trace(p)).b_crit for p in paths]
+    pred = {}
+    for P, rule in [(P, "sqrt") for P in sizes] + ([(64, "fixed")] if 64 in sizes else []):
+        ns = [_rlsim_run([p], P, rule, target, "noise-scale") for p in paths]
+        k0 = [_rlsim_run([p], P, rule, target, "lr-aware", "--bend-batch", f"{b:.6g}", "--kappa", "0")
+              for p, b in zip(paths, b_noise)]
+        pred[f"{P}_{rule}"] = dict(P=P, rule=rule, noise_scale=dict(
+            sigma=float(np.mean([x["sigma"] for x in ns])), rho=float(np.mean([x["rho"] for x in ns])),
+            T=float(np.mean([x["time_to_target_ratio"] for x in ns]))), kappa0=dict(
+            rho=float(np.mean([x["rho"] for x in k0])), T=float(np.mean([x["time_to_target_ratio"] for x in k0]))))
+        if lr_aware:
+            la = [_rlsim_run([p], P, rule, target, "lr-aware", "--bend-batch", f"{lr_aware[0]:g}", "--kappa",
+                             f"{lr_aware[1]:g}") for p in paths]
+            pred[f"{P}_{rule}"]["lr_aware"] = dict(rho=float(np.mean([x["rho"] for x in la])),
+                                                   T=float(np.mean([x["time_to_target_ratio"] for x in la])))
+    import datetime
+
+    return dict(written=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                command="python bench/batch_study.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                references=[str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths],
+                target=target, b_noise=b_noise, predictions=pred)
 
 
 def measure(out: Path, sizes, seeds: int, task: str = TASK) -> dict:
@@ -432,23 +480,29 @@ def held_out_all(runs_: dict, rows: list[dict], target: float, log=print, fresh_
 
 
 def score_predictions(rows: list[dict], path: Path, log=print) -> dict:
-    """Score predictions written before the runs (keys "P_rule", each with noise_scale rho and T) against the measured
-    rows: Kendall tau of the T ranking over the sqrt-rule sizes and rho inside the seed spread for P within 4x."""
+    """Score predictions written before the runs (keys "P_rule", each with noise_scale rho and T, optionally kappa0
+    and lr_aware) against the measured rows: per model, Kendall tau of the T ranking over the sqrt-rule sizes and rho
+    inside the seed spread for P within 4x (a censored size: at or above its lower bound)."""
+    sq = [r for r in rows if r["rule"] == "sqrt"]
     try:
         pred = json.loads(path.read_text())["predictions"]
-        sq = [r for r in rows if r["rule"] == "sqrt"]
-        p_t = [float(pred[f"{r['P']}_sqrt"]["noise_scale"]["T"]) for r in sq]
-        p_rho = {r["P"]: float(pred[f"{r['P']}_sqrt"]["noise_scale"]["rho"]) for r in sq}
+        models = {m: ([float(pred[f"{r['P']}_sqrt"][m]["T"]) for r in sq],
+                      {r["P"]: float(pred[f"{r['P']}_sqrt"][m]["rho"]) for r in sq})
+                  for m in ("noise_scale", "kappa0", "lr_aware") if m == "noise_scale" or m in pred[f"{REF_P}_sqrt"]}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"error: cannot read predictions from {path} ({type(e).__name__}: {e}); it needs "
                          '{"predictions": {"<P>_sqrt": {"noise_scale": {"rho": .., "T": ..}}}} for every measured size') from None
-    tau = kendall_tau(p_t, [r["T"] for r in sq])
     within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
-    ok = [r["rho_min"] <= p_rho[r["P"]] <= r["rho_max"] or (r["censored"] and p_rho[r["P"]] >= r["rho_min"]) for r in within]
-    log(f"predictions written beforehand ({path.name}), noise scale, against the measured seed means: Kendall tau "
-        f"{tau:.2f}; rho within the seed spread {sum(ok)} of {len(ok)} "
-        f"({', '.join(str(r['P']) for r, o in zip(within, ok) if not o) or 'none'} outside)")
-    return dict(kendall_tau=tau, rho_within_spread=[int(x) for x in ok])
+    out = {}
+    for m, (p_t, p_rho) in models.items():
+        tau = kendall_tau(p_t, [r["T"] for r in sq])
+        ok = [r["rho_min"] <= p_rho[r["P"]] <= r["rho_max"] or (r["censored"] and p_rho[r["P"]] >= r["rho_min"])
+              for r in within]
+        log(f"predictions written beforehand ({path.name}), {m.replace('_', ' ')}, against the measured seed means: "
+            f"Kendall tau {tau:.2f}; rho within the seed spread {sum(ok)} of {len(ok)} "
+            f"({', '.join(str(r['P']) for r, o in zip(within, ok) if not o) or 'none'} outside)")
+        out[m] = dict(kendall_tau=tau, rho_within_spread=[int(x) for x in ok])
+    return dict(out["noise_scale"], models=out)
 
 
 def ranking_resolution(log_t, ref: int, *, draws: int = 4000, seed: int = 0, ladder=(3, 6, 12, 24, 48, 96)) -> dict:

@@ -124,7 +124,8 @@ def lr_scale(rule: str, ratio: float) -> float:
 class NoiseScale:
     """Gradient noise scale B_noise = tr(Sigma)/|G|^2 (~ B_crit) from the two-batch estimators."""
 
-    b_crit: float = field(metadata={"help": "EMA-smoothed B_noise at the end of the run, in responses (nan if not estimable)"})
+    b_crit: float = field(metadata={"help": "EMA-smoothed B_noise at the end of the run, in responses (the run's ratio of "
+                                            "means where that is not positive; nan if neither is)"})
     series: np.ndarray = field(metadata={"help": "B_noise after each update (EMA ratio)"})
     g2: np.ndarray = field(metadata={"help": "per-update |G|^2 estimates (unsmoothed)"})
     trace_sigma: np.ndarray = field(metadata={"help": "per-update tr(Sigma) estimates (unsmoothed)"})
@@ -152,6 +153,16 @@ def ema_ratio(num: np.ndarray, den: np.ndarray, alpha: float) -> np.ndarray:
     return out
 
 
+def b_noise_estimate(series: np.ndarray, g2: np.ndarray, tr: np.ndarray) -> float:
+    """The EMA ratio's last value; where that is not positive (|G|^2's EMA dipped below 0 at the end, as single
+    estimates of |G|^2 often do when noise dominates), the ratio of the run's means, the same quantity averaged
+    over every update; nan when that is not positive either."""
+    for b in (series[-1] if len(series) else math.nan, np.mean(tr) / np.mean(g2) if len(g2) and np.mean(g2) > 0 else math.nan):
+        if b > 0 and math.isfinite(b):
+            return float(b)
+    return math.nan
+
+
 def noise_scale(trace: Trace, *, alpha: float = 0.2) -> NoiseScale:
     u = trace.rows(UPDATE)
 
@@ -164,10 +175,7 @@ def noise_scale(trace: Trace, *, alpha: float = 0.2) -> NoiseScale:
             return math.nan, np.zeros(0), np.zeros(0), np.zeros(0), 0
         g2, tr = two_batch_estimates(b_small[ok], b_big[ok], gs[ok], gb[ok])
         series = ema_ratio(tr, g2, alpha)
-        last = float(series[-1]) if len(series) else math.nan
-        if not (last > 0 and math.isfinite(last)):
-            last = math.nan
-        return last, series, g2, tr, int(ok.sum())
+        return b_noise_estimate(series, g2, tr), series, g2, tr, int(ok.sum())
 
     b, series, g2, tr, n = est("grad_norm", "grad_norm_micro")
     cb = est("critic_grad_norm", "critic_grad_norm_micro")[0]

@@ -92,6 +92,14 @@ def test_score_predictions_by_hand_and_a_bad_file(tmp_path):
     f.write_text(json.dumps({"predictions": pred}))
     r = score_predictions(rows, f, log=lambda *a: None)
     assert r["kendall_tau"] == pytest.approx(1 / 3) and r["rho_within_spread"] == [0, 1]
+    assert list(r["models"]) == ["noise_scale"]
+    # a second model in the same file is scored on its own: measured order exactly, both rho inside
+    for P, T, rho in ((8, 0.8, 0.55), (32, 1.0, 1.0), (64, 1.2, 1.5)):
+        pred[f"{P}_sqrt"]["kappa0"] = {"T": T, "rho": rho}
+    f.write_text(json.dumps({"predictions": pred}))
+    r = score_predictions(rows, f, log=lambda *a: None)
+    assert r["models"]["kappa0"] == {"kendall_tau": pytest.approx(1.0), "rho_within_spread": [1, 1]}
+    assert r["kendall_tau"] == pytest.approx(1 / 3)  # the top level stays the noise scale's
     del pred["64_sqrt"]
     f.write_text(json.dumps({"predictions": pred}))
     with pytest.raises(SystemExit, match="cannot read predictions from .*pred.json \\(KeyError"):
@@ -134,3 +142,23 @@ def test_lr_or_batch_refuses_bad_counts_and_points_in_one_line():
         main(["--no-record", "--seeds", "-2"])
     with pytest.raises(SystemExit, match="--points takes P:LR pairs with positive numbers"):
         main(["--no-record", "--points=-8:3e-4"])
+
+
+def test_batch_study_predict_from_the_references_alone(tmp_path):
+    import shutil
+    from pathlib import Path
+
+    from bench.batch_study import predict
+
+    with pytest.raises(SystemExit, match="no complete reference run \\(P = 32\\) in .*; record it first \\(--sizes 32\\)"):
+        predict(tmp_path, 1, "add2", sizes=(16, 32))
+    study = Path(__file__).resolve().parents[2] / "traces" / "study"
+    shutil.copy(study / "grpo_p32_s0.parquet", tmp_path / "grpo_p32_s0.parquet")
+    r = predict(tmp_path, 1, "add2", sizes=(16, 32), argv=["--sizes", "16,32"])
+    assert r["command"] == "python bench/batch_study.py --sizes 16,32" and len(r["b_noise"]) == 1
+    assert 0 < r["target"] < 1 and set(r["predictions"]) == {"16_sqrt", "32_sqrt"}
+    ref, small = r["predictions"]["32_sqrt"], r["predictions"]["16_sqrt"]
+    assert ref["noise_scale"]["rho"] == pytest.approx(1.0) and ref["noise_scale"]["T"] == pytest.approx(1.0)
+    # half the batch: fewer or equal samples, lower throughput, by the noise-scale form and the kappa = 0 form
+    assert 0 < small["noise_scale"]["rho"] <= 1 and 0 < small["noise_scale"]["sigma"] < 1
+    assert 0 < small["kappa0"]["rho"] <= 1 and "lr_aware" not in small

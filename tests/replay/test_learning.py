@@ -33,6 +33,19 @@ def test_noise_scale_from_trace(tmp_path):
     assert math.isnan(ns.critic_b_crit)
 
 
+def test_b_noise_falls_back_to_the_ratio_of_means_when_the_ema_ends_below_zero():
+    from rlsim.replay.learning import b_noise_estimate
+
+    tr = np.full(5, 100.0)
+    g2 = np.array([1.0, 1.0, 1.0, 1.0, -3.0])  # a noisy last |G|^2 drags its EMA below 0; the mean is 0.2
+    series = ema_ratio(tr, g2, 0.2)
+    assert math.isnan(series[-1])
+    assert b_noise_estimate(series, g2, tr) == pytest.approx(500.0)
+    assert b_noise_estimate(series[:4], g2[:4], tr[:4]) == pytest.approx(series[3])  # the EMA when it is positive
+    assert math.isnan(b_noise_estimate(series, np.array([1.0, -2.0, 0.5, 0.1, -3.0]), tr))  # mean below 0 too
+    assert math.isnan(b_noise_estimate(np.zeros(0), np.zeros(0), np.zeros(0)))
+
+
 def test_rho_models_hand_computed():
     assert invariant_rho(1024).rho(4096) == 1.0
     m = noise_scale_rho(b_ref=1024, b_crit=2048)
