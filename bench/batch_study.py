@@ -30,6 +30,10 @@ another's, and what a perfect predictor would score against the 3-seed means.
     python bench/batch_study.py                  # record what is missing (~80 min on 2 quiet cores), analyse
     python bench/batch_study.py --no-record --target 0.566 --fresh-from 3   # analyse as docs/results.md does
     python bench/batch_study.py --seeds 1 --sizes 8,32 --budget 2048   # smoke test
+
+`--lr` moves the reference lr (the sqrt rule scales it to every size); `--predict FILE` writes the reference-alone
+predictions from the recorded references only, to commit before the other sizes are recorded, and `--predictions
+FILE` later scores every model in it against the measured means.
 """
 from __future__ import annotations
 
