@@ -147,7 +147,7 @@ def main(argv=None) -> int:
     from rlsim.replay.errors import RlsimError
 
     if a.predict:
-        Path(a.predict).write_text(json.dumps(predict(out, a.seeds, a.task, target=a.target, argv=argv, lr_aware=lr_aware), indent=1))
+        Path(a.predict).write_text(json.dumps(predict(out, a.seeds, a.task, sizes, target=a.target, argv=argv, lr_aware=lr_aware), indent=1))
         return 0
 
     try:
