@@ -139,6 +139,11 @@ def main(argv=None) -> int:
         raise SystemExit("--sizes takes integers (8,16,32) and --lr-aware two numbers B_BEND,KAPPA (2896,0.64)") from None
     if not a.lr > 0:
         raise SystemExit(f"--lr must be positive, got {a.lr:g}")
+    if a.predict:  # written once, before the runs it predicts: never over a file that already holds predictions
+        dest = Path(a.predict)
+        if dest.exists() or not dest.parent.is_dir():
+            raise SystemExit(f"error: --predict {dest}: " + ("exists; predictions are written once, before the runs they "
+                             "predict: choose a new file" if dest.exists() else "its folder does not exist"))
     out = Path(a.out)
     if not a.no_record:
         record(out, sizes, a.seeds, a.budget, a.task, lr=a.lr, fixed=not a.no_fixed)
@@ -146,11 +151,10 @@ def main(argv=None) -> int:
         return 0
     from rlsim.replay.errors import RlsimError
 
-    if a.predict:
-        Path(a.predict).write_text(json.dumps(predict(out, a.seeds, a.task, sizes, target=a.target, argv=argv, lr_aware=lr_aware), indent=1))
-        return 0
-
     try:
+        if a.predict:
+            dest.write_text(json.dumps(predict(out, a.seeds, a.task, sizes, target=a.target, argv=argv, lr_aware=lr_aware), indent=1))
+            return 0
         res = analyse(out, sizes, a.seeds, a.budget, target=a.target, task=a.task, lr_aware=lr_aware, fresh_from=a.fresh_from)
     except RlsimError as e:  # e.g. a --target the reference never reaches: one line, no traceback
         raise SystemExit(f"error: {e}") from None
@@ -194,6 +198,23 @@ def kendall_tau(a, b) -> float:
     return (conc - disc) / den if den else math.nan
 
 
+def ref_alone(paths, b_noise, P: int, rule: str, target: float, lr_aware: tuple[float, float] | None = None) -> dict:
+    """rlsim's prediction at (P, rule) from each reference trace alone, per model: `noise_scale`, `kappa0` (lr-aware at
+    kappa = 0, the bend at that reference's B_noise in `b_noise`) and, given constants fitted elsewhere, `lr_aware`;
+    each the mean over the references of sigma, rho and T, plus T per reference (`T_seeds`)."""
+    args = {"noise_scale": lambda b: ("noise-scale",),
+            "kappa0": lambda b: ("lr-aware", "--bend-batch", f"{b:.6g}", "--kappa", "0")}
+    if lr_aware:
+        args["lr_aware"] = lambda b: ("lr-aware", "--bend-batch", str(lr_aware[0]), "--kappa", str(lr_aware[1]))
+    out = {}
+    for m, a in args.items():
+        ps = [_rlsim_run([p], P, rule, target, *a(b)) for p, b in zip(paths, b_noise)]
+        out[m] = dict(sigma=float(np.mean([x["sigma"] for x in ps])), rho=float(np.mean([x["rho"] for x in ps])),
+                      T=float(np.mean([x["time_to_target_ratio"] for x in ps])),
+                      T_seeds=[x["time_to_target_ratio"] for x in ps])
+    return out
+
+
 def predict(out: Path, seeds: int, task: str = TASK, sizes=SIZES, target: float | None = None, argv=None,
             lr_aware: tuple[float, float] | None = None) -> dict:
     """Reference-alone predictions for every size (mean over the recorded references of `rlsim run --rho noise-scale`,
@@ -211,18 +232,9 @@ def predict(out: Path, seeds: int, task: str = TASK, sizes=SIZES, target: float 
     b_noise = [noise_scale(read_trace(p)).b_crit for p in paths]
     pred = {}
     for P, rule in [(P, "sqrt") for P in sizes] + ([(64, "fixed")] if 64 in sizes else []):
-        ns = [_rlsim_run([p], P, rule, target, "noise-scale") for p in paths]
-        k0 = [_rlsim_run([p], P, rule, target, "lr-aware", "--bend-batch", f"{b:.6g}", "--kappa", "0")
-              for p, b in zip(paths, b_noise)]
-        pred[f"{P}_{rule}"] = dict(P=P, rule=rule, noise_scale=dict(
-            sigma=float(np.mean([x["sigma"] for x in ns])), rho=float(np.mean([x["rho"] for x in ns])),
-            T=float(np.mean([x["time_to_target_ratio"] for x in ns]))), kappa0=dict(
-            rho=float(np.mean([x["rho"] for x in k0])), T=float(np.mean([x["time_to_target_ratio"] for x in k0]))))
-        if lr_aware:
-            la = [_rlsim_run([p], P, rule, target, "lr-aware", "--bend-batch", f"{lr_aware[0]:g}", "--kappa",
-                             f"{lr_aware[1]:g}") for p in paths]
-            pred[f"{P}_{rule}"]["lr_aware"] = dict(rho=float(np.mean([x["rho"] for x in la])),
-                                                   T=float(np.mean([x["time_to_target_ratio"] for x in la])))
+        models = ref_alone(paths, b_noise, P, rule, target, lr_aware)
+        pred[f"{P}_{rule}"] = dict(P=P, rule=rule, **{m: {k: v for k, v in x.items() if k != "T_seeds"}
+                                                      for m, x in models.items()})
     import datetime
 
     return dict(written=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
@@ -290,24 +302,14 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
     b_noise = [noise_scale(read_trace(p)).b_crit for p in ref_paths]
     for row in rows:
         P, rule = row["P"], row["rule"]
-        p1 = [_rlsim_run([rp], P, rule, target, "noise-scale") for rp in ref_paths]
-        row["pred_sigma"] = float(np.mean([p["sigma"] for p in p1]))
-        row["pred_rho"] = float(np.mean([p["rho"] for p in p1]))
-        row["pred_T"] = float(np.mean([p["time_to_target_ratio"] for p in p1]))
-        row["pred_T_seeds"] = [p["time_to_target_ratio"] for p in p1]
-        # the lr-aware model with given constants (--lr-aware M,K: e.g. the add2 study's fit, to see how it transfers)
-        row["lrd_rho"] = row["lrd_T"] = math.nan
-        if lr_aware:
-            p3 = [_rlsim_run([rp], P, rule, target, "lr-aware", "--bend-batch", str(lr_aware[0]), "--kappa", str(lr_aware[1]))
-                  for rp in ref_paths]
-            row["lrd_rho"] = float(np.mean([p["rho"] for p in p3]))
-            row["lrd_T"] = float(np.mean([p["time_to_target_ratio"] for p in p3]))
-        # reference alone, no fitted constant: the lr-aware form at kappa = 0 with the bend at each reference's own
-        # two-batch noise scale (Adam under the sqrt rule keeps samples-to-target flat while B << B_noise)
-        p4 = [_rlsim_run([rp], P, rule, target, "lr-aware", "--bend-batch", f"{bn:.6g}", "--kappa", "0")
-              for rp, bn in zip(ref_paths, b_noise)]
-        row["sde_rho"] = float(np.mean([p["rho"] for p in p4]))
-        row["sde_T"] = float(np.mean([p["time_to_target_ratio"] for p in p4]))
+        # from the references alone: noise scale; kappa 0 (the lr-aware form with the bend at each reference's own
+        # two-batch noise scale: Adam under the sqrt rule keeps samples-to-target flat while B << B_noise); and the
+        # lr-aware model at given constants (--lr-aware M,K: e.g. the add2 study's fit, to see how it transfers)
+        pr = ref_alone(ref_paths, b_noise, P, rule, target, lr_aware)
+        ns, k0 = pr["noise_scale"], pr["kappa0"]
+        row.update(pred_sigma=ns["sigma"], pred_rho=ns["rho"], pred_T=ns["T"], pred_T_seeds=ns["T_seeds"],
+                   sde_rho=k0["rho"], sde_T=k0["T"], lrd_rho=pr["lr_aware"]["rho"] if lr_aware else math.nan,
+                   lrd_T=pr["lr_aware"]["T"] if lr_aware else math.nan)
         others = [r["path"] for (P2, rule2), rs in runs_.items() if (P2 != P and rule2 == "sqrt") for r in rs
                   if r["path"] not in ref_paths]
         if P == REF_P and rule == "sqrt":

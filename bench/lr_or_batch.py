@@ -186,6 +186,9 @@ def main(argv=None) -> int:
                          f"B_BEND,KAPPA; got {a.points!r}, {a.lr_aware!r}") from None
     if a.seeds < 1 or a.study_seeds < 1 or a.budget < 1:
         raise SystemExit(f"--seeds, --study-seeds and --budget must be at least 1; got {a.seeds}, {a.study_seeds}, {a.budget}")
+    if a.predict and a.json and Path(a.json).exists():  # predictions are written once, before the runs they predict
+        raise SystemExit(f"error: --predict --json {a.json}: exists; predictions are written once, before the runs they "
+                         "predict: choose a new file")
     n_ref, f, study_rows = study_f(Path(a.study), a.study_seeds, a.task, a.target)
     if a.predict:
         res = dict(task=a.task, target=a.target, reference=dict(P=REF_P, lr=LR, n_star=n_ref), seeds=a.seeds,

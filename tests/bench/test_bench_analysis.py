@@ -1,5 +1,6 @@
 """The benches' analysis helpers on hand-made inputs (the recordings themselves are bench runs, not tests)."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -142,6 +143,24 @@ def test_lr_or_batch_refuses_bad_counts_and_points_in_one_line():
         main(["--no-record", "--seeds", "-2"])
     with pytest.raises(SystemExit, match="--points takes P:LR pairs with positive numbers"):
         main(["--no-record", "--points=-8:3e-4"])
+    # a committed pre-registration is never written over
+    pre = Path(__file__).resolve().parents[2] / "docs" / "study" / "lr_or_batch_preregistered.json"
+    before = pre.read_bytes()
+    with pytest.raises(SystemExit, match="exists; predictions are written once"):
+        main(["--predict", "--json", str(pre)])
+    assert pre.read_bytes() == before
+
+
+def test_batch_study_predict_refuses_an_existing_file_or_a_missing_folder(tmp_path):
+    from bench.batch_study import main
+
+    pre = Path(__file__).resolve().parents[2] / "docs" / "study" / "addmix_lr1e-4_preregistered.json"
+    before = pre.read_bytes()
+    with pytest.raises(SystemExit, match="exists; predictions are written once, before the runs they predict"):
+        main(["--no-record", "--predict", str(pre)])
+    assert pre.read_bytes() == before
+    with pytest.raises(SystemExit, match="its folder does not exist"):
+        main(["--no-record", "--predict", str(tmp_path / "no" / "p.json")])
 
 
 def test_batch_study_predict_from_the_references_alone(tmp_path):
