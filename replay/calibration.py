@@ -565,9 +565,11 @@ def run_level(coef: np.ndarray, run: dict[str, np.ndarray], min_rows: int = 20) 
 
 def calibrate(models, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], *, upd_proper: np.ndarray,
               n_tok: np.ndarray, t_opt: np.ndarray, sel: np.ndarray, t_fb: np.ndarray | None = None,
-              calibration: Sequence[Trace] = (), reps: int = REPLICATES, seed: int = 0):
+              calibration: Sequence[Trace] = (), reps: int = REPLICATES, seed: int = 0, ref_rows: np.ndarray | None = None):
     """`models` (FittedModels of `fit_trace`) with calibrated engine-step and update models when calibration
-    rows exist (in the first trace or in `calibration`), and with validation and replicates in every case."""
+    rows exist (in the first trace or in `calibration`), and with validation and replicates in every case.
+    `ref_rows` (bool per update row): the reference trace's; a calibrated update model is anchored to those
+    alone, since traces recorded at other times ran at another machine speed."""
     from rlsim.replay.fit import AffineModel, FitQuality, GenStepModel
 
     ref = traces[0]
@@ -663,8 +665,11 @@ def calibrate(models, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], 
 
     # training
     val_train: dict[str, Any] = {}
+    calibrated_train = len(np.unique(ct["calib_level"][np.isfinite(ct["calib_level"])])) >= 2
+    if calibrated_train and ref_rows is not None and (upd_ok & ref_rows).sum() >= 3:
+        upd_ok = upd_ok & ref_rows
     tok_run, upd_run = n_tok[upd_ok], upd_proper[upd_ok]
-    if len(np.unique(ct["calib_level"][np.isfinite(ct["calib_level"])])) >= 2:
+    if calibrated_train:
         tf = fit_train_calibrated(ct["num_tokens"], ct["duration"], ct["calib_level"])
         s_train = math.nan
         if t_fb is not None and len(tok_run):

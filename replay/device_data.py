@@ -10,6 +10,13 @@ The CPU profile is not looked up: it is measured on this machine by `bench/devic
 """
 from __future__ import annotations
 
+# The least an optimizer update's fixed cost falls to when rescaled, by device kind (seconds). Not a datasheet
+# figure: an order-of-magnitude floor. A training step launches on the order of 1,000 CUDA kernels (forward and
+# backward of each layer, a fused optimizer step, gradient collectives) at ~5-10 us of launch and dispatch
+# latency each, which bandwidth does not shorten; so an update takes ~10 ms however small the model. A CPU
+# trace's costs are measured on its own device, not rescaled: no floor.
+UPDATE_FLOOR_S: dict[str, float] = {"gpu": 0.01, "cpu": 0.0}
+
 # key: (name, mem_bandwidth_gbs, flops_tflops, memory_gb, interconnect_gbs, kind, aliases, source)
 DEVICES: dict[str, tuple] = {
     # NVIDIA A100 Tensor Core GPU datasheet (2021, nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from rlsim.replay.device_data import DEVICES
+from rlsim.replay.device_data import DEVICES, UPDATE_FLOOR_S
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit import AffineModel, FittedModels
 
@@ -47,6 +47,9 @@ class DeviceProfile:
     kind: str = field(metadata={"help": "gpu | cpu"})
     aliases: tuple[str, ...] = field(default=(), metadata={"help": "other names it is found by"})
     source: str = field(default="", metadata={"help": "where the numbers come from"})
+    update_floor_s: float = field(default=0.0, metadata={
+        "help": "the least a rescaled optimizer update's fixed cost may fall to, seconds: kernel launches of the forward and "
+                "backward passes, the optimizer step and a gradient collective do not shrink with bandwidth (0: no floor)"})
 
     def to_dict(self) -> dict[str, Any]:
         return {"profile": self.key, "device_name": self.name, "mem_bandwidth_gbs": self.mem_bandwidth_gbs,
@@ -56,9 +59,19 @@ class DeviceProfile:
 
 
 PROFILES: dict[str, DeviceProfile] = {
-    key: DeviceProfile(key, name, bw, fl, mem, ic, kind, aliases, src)
+    key: DeviceProfile(key, name, bw, fl, mem, ic, kind, aliases, src, UPDATE_FLOOR_S.get(kind, 0.0))
     for key, (name, bw, fl, mem, ic, kind, aliases, src) in DEVICES.items()
 }
+
+
+def recorded_profile(hardware: dict[str, Any] | None) -> DeviceProfile:
+    """A stand-in for a trace's device that matches no datasheet (e.g. an H20): more or fewer of the same device
+    need only the device count, so every ratio between it and itself is 1 and its figures are placeholders."""
+    hw = hardware or {}
+    kind = "cpu" if str(hw.get("device") or "").lower() == "cpu" else "gpu"
+    name = str(hw.get("device_name") or hw.get("device") or "the recorded device")
+    return DeviceProfile("recorded", name, 1.0, 1.0, 1.0, 1.0, kind, source="the trace's own device (no datasheet needed)",
+                         update_floor_s=UPDATE_FLOOR_S.get(kind, 0.0))
 
 
 def _norm(s: str) -> str:
@@ -127,7 +140,7 @@ def _x(f: float) -> str:
     return f"x{f:.4g}"
 
 
-def rescale(models: FittedModels, device: str, gpus: int, *, source_profile: Any = None,
+def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *, source_profile: Any = None,
             source_gpus: int | None = None) -> tuple[FittedModels, list[str]]:
     """`models` moved to `gpus` devices of profile `device` by the roofline rule (module doc).
 
@@ -135,18 +148,19 @@ def rescale(models: FittedModels, device: str, gpus: int, *, source_profile: Any
     imported traces carry), a profile name, a DeviceProfile, or a trace's `hardware` metadata dict (whose
     `device_count` gives the source count). source_gpus overrides the source device count.
     Returns (the rescaled models, notes naming each term that moved and by what factor)."""
-    dst = get_profile(device)
+    dst = device if isinstance(device, DeviceProfile) else get_profile(device)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus <= 0:
         raise RlsimError(f"--gpus must be a positive integer, got {gpus!r}")
-    src, n_src = _source(models, source_profile, source_gpus)
+    src, n_src = _source(models, dst if dst.key == "recorded" else source_profile, source_gpus)
     bw = src.mem_bandwidth_gbs / dst.mem_bandwidth_gbs
     fl = src.flops_tflops / dst.flops_tflops
     ic = src.interconnect_gbs / dst.interconnect_gbs
     g = n_src / gpus
     memr = dst.memory_gb / src.memory_gb
     tp = int(models.config.get("tp") or 1)
-    why_bw = f"memory bandwidth {src.mem_bandwidth_gbs:g} -> {dst.mem_bandwidth_gbs:g} GB/s"
-    why_fl = f"dense FLOP/s {src.flops_tflops:g} -> {dst.flops_tflops:g} TFLOP/s"
+    same = src.key == dst.key
+    why_bw = "same device" if same else f"memory bandwidth {src.mem_bandwidth_gbs:g} -> {dst.mem_bandwidth_gbs:g} GB/s"
+    why_fl = "same device" if same else f"dense FLOP/s {src.flops_tflops:g} -> {dst.flops_tflops:g} TFLOP/s"
     why_g = f"devices {n_src} -> {gpus}"
     notes = [f"rescaled from {n_src} x {src.name} to {gpus} x {dst.name} by the roofline rule (docs/importing.md)"]
 
@@ -166,12 +180,16 @@ def rescale(models: FittedModels, device: str, gpus: int, *, source_profile: Any
     notes.append(f"gen c_seq (per sequence per step) and c_prefill (per prompt token) {_x(fl * g)} ({why_fl}, {why_g})")
     notes.append(f"gen c_ctx (per context token per step, KV reads) {_x(bw * g)} ({why_bw}, {why_g})")
 
-    def train(m: AffineModel) -> AffineModel:
-        return replace(m, intercept=m.intercept * bw * g, slope=m.slope * fl * g)
+    def train(m: AffineModel, floor: float) -> AffineModel:
+        return replace(m, intercept=max(m.intercept * bw * g, min(m.intercept, floor)), slope=m.slope * fl * g)
 
-    update, prep = train(models.update), train(models.prep)
+    update, prep = train(models.update, dst.update_floor_s), train(models.prep, 0.0)
     notes.append(f"training per token (update and prep slopes) {_x(fl * g)} ({why_fl}, {why_g}); their fixed per-update "
                  f"costs (optimizer step over sharded states) {_x(bw * g)} ({why_bw}, {why_g})")
+    if update.intercept > models.update.intercept * bw * g * (1 + 1e-9):
+        notes.append(f"the update's fixed cost held at the {dst.key} profile's floor {dst.update_floor_s * 1e3:.3g} ms "
+                     f"(the roofline rule gives {models.update.intercept * bw * g * 1e3:.3g} ms; kernel launches, optimizer "
+                     "step and gradient collective do not shrink with bandwidth)")
     sync = replace(models.sync, intercept=models.sync.intercept * ic, slope=models.sync.slope * ic)
     notes.append(f"weight sync {_x(ic)} (interconnect {src.interconnect_gbs:g} -> {dst.interconnect_gbs:g} GB/s)")
     notes.append("unchanged (host side): the generation round overhead, rewards and advantages, the rest of the step")
@@ -187,7 +205,9 @@ def rescale(models: FittedModels, device: str, gpus: int, *, source_profile: Any
     config = dict(models.config)
     config["hardware"] = {**dst.to_dict(), "device_count": gpus, "tp": tp}
     config["rescaled_from"] = {**src.to_dict(), "device_count": n_src}
-    warning = (f"costs rescaled from {n_src} x {src.key} to {gpus} x {dst.key} by datasheet ratios (roofline rule, "
+    warning = (f"costs scaled from {n_src} to {gpus} of the recorded device by the device count (roofline rule, "
+               "docs/importing.md): an extrapolation, not a measurement at that count" if same else
+               f"costs rescaled from {n_src} x {src.key} to {gpus} x {dst.key} by datasheet ratios (roofline rule, "
                "docs/importing.md): an extrapolation, not a measurement on that hardware")
     out = replace(models, gen=gen, update=update, prep=prep, sync=sync, engine=engine, config=config,
                   warnings=tuple(models.warnings) + (warning,))

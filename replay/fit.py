@@ -396,4 +396,5 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     from rlsim.replay.calibration import calibrate  # calibration rows, validation, replicates
 
     return calibrate(models, traces, gen_rows, upd_proper=upd_proper, n_tok=n_tok, t_opt=t_opt, sel=sel,
-                     t_fb=cat(UPDATE, "t_forward") + cat(UPDATE, "t_backward"), calibration=list(calibration))
+                     t_fb=cat(UPDATE, "t_forward") + cat(UPDATE, "t_backward"), calibration=list(calibration),
+                     ref_rows=is_ref)

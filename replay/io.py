@@ -26,6 +26,8 @@ from rlsim.replay.util import exclusive
 from rlsim.replay.validate import validate
 
 _KIND_COLUMNS = {k: tuple(n for n, _, kinds, _ in COLUMNS if k in kinds) for k in EVENT_KINDS}
+# what verl, OpenRLHF and TRL logs are saved as (`rlsim import` reads them); a trace is Parquet
+LOG_SUFFIXES = (".log", ".txt", ".out", ".jsonl", ".json", ".csv")
 
 
 def partial_path(path: str | os.PathLike) -> Path:
@@ -236,6 +238,9 @@ def read_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
             pf = pq.ParquetFile(path)
             table = pf.read()
         except Exception as e:  # pyarrow raises several types for corrupt files
+            if path.suffix.lower() in LOG_SUFFIXES:
+                raise TraceError(f"{path} is a training log, not an rlsim trace: import it first with `rlsim import "
+                                 f"verl|openrlhf|trl {path} -o out.parquet` (docs/importing.md), then pass out.parquet") from None
             raise TraceError(f"{path} is not a readable Parquet file ({type(e).__name__}); pass a trace written by `rlrun record`") from None
         meta = _parse_meta((pf.schema_arrow.metadata or {}).get(META_KEY), path)
     res = validate(table, meta, path, drop_invalid=drop_invalid)

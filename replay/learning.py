@@ -6,7 +6,14 @@ sample-cost models rho(B) = N*(B) / N*(B_ref).
   micro-batch and full-batch gradient norms (EMA-smoothed), then E(B) = E_min (1 + B/B_crit), so
   rho(B) = (1 + B/B_crit) / (1 + B_ref/B_crit).
 - curves:      several traces at different batch sizes: samples-to-target N*(B), interpolated linearly
-  in log B (clamped outside the measured range).
+  in log B. Outside the measured range, a power law N* ~ B^s through the nearest measured segment, s clipped
+  to [0, 1], with the bounds s = 0 and s = 1 as its interval (`bounds`).
+
+Bounds without a measurement (McCandlish et al. 2018): a larger batch needs no fewer samples (N* rises
+with B) and no more updates (N*/B falls with B), so beyond the last measured batch b_m, rho(B) lies in
+[rho(b_m), rho(b_m) B / b_m], and below the first in [rho(b_1) B / b_1, rho(b_1)]. An invariant rho that
+was assumed rather than asked for (`assumed`, no learning data at other sizes) carries the same bounds
+around the reference: rho in [1, B / B_ref] above it, [B / B_ref, 1] below.
 - lr-aware:    Adam at the lr each batch actually gets (the run's lr rule), not the tuned-at-every-batch lr
   that noise-scale assumes. Progress per update, relative to the reference's:
       delta(B) = x h(B) - kappa x^2 h(B_ref),   x = lr(B) / lr(B_ref),   h(B) = (1 + B_bend / B)^(-1/2)
@@ -198,6 +205,8 @@ class RhoModel:
     kappa: float = field(default=math.nan, metadata={"help": "lr-aware: share of the reference update's gain that curvature takes back"})
     lr_rule: str = field(default="sqrt", metadata={"help": "lr-aware: the reference's lr rule (the default for a candidate)"})
     source: str = field(default="", metadata={"help": "lr-aware: where B_bend and kappa come from"})
+    assumed: bool = field(default=False, metadata={"help": "invariant: rho = 1 was assumed for want of data, not asked "
+                                                           "for; `bounds` then gives the range the data could not narrow"})
 
     def rho(self, b: float, lr_rule: str | None = None, x: float | None = None) -> float:
         """rho at batch b; lr-aware also takes the candidate's lr rule, or its lr over the reference's (x)."""
@@ -210,9 +219,39 @@ class RhoModel:
             d_ref, d = self.progress(self.b_ref, 1.0), self.progress(b, x)
             return (b / self.b_ref) * d_ref / d if d > 0 else math.inf
         if self.kind == "curves":
-            n_ref = float(np.interp(math.log(self.b_ref), self.log_b, self.n_star))
-            return float(np.interp(math.log(b), self.log_b, self.n_star)) / n_ref
+            return self._curve_n(b, None) / self._curve_n(self.b_ref, None)
         raise RlsimError(f"unknown rho model {self.kind!r}; use one of {', '.join(RHO_MODELS)}")
+
+    def _curve_n(self, b: float, slope: float | None) -> float:
+        """curves: N*(b), interpolated in log b inside the measured range; outside it a power law b^s from the
+        nearest measured batch, s = the nearest segment's slope in log-log clipped to [0, 1] (or `slope`)."""
+        lb, lo, hi = math.log(b), self.log_b[0], self.log_b[-1]
+        if lo - 1e-9 <= lb <= hi + 1e-9 or len(self.log_b) < 2:
+            return float(np.interp(lb, self.log_b, self.n_star))
+        end, nxt = (0, 1) if lb < lo else (-1, -2)
+        if slope is None:
+            s = (math.log(self.n_star[end]) - math.log(self.n_star[nxt])) / (self.log_b[end] - self.log_b[nxt])
+            slope = min(max(s, 0.0), 1.0)
+        return float(self.n_star[end] * math.exp(slope * (lb - self.log_b[end])))
+
+    def outside(self, b: float) -> bool:
+        """Whether rho at batch b is not measured: beyond the curves, or an invariant rho assumed for want of data."""
+        if self.kind == "curves" and self.log_b:
+            lb = math.log(b)
+            return lb < self.log_b[0] - 1e-9 or lb > self.log_b[-1] + 1e-9
+        return self.kind == "invariant" and self.assumed and not math.isclose(b, self.b_ref)
+
+    def bounds(self, b: float) -> tuple[float, float] | None:
+        """(lo, hi) of rho at an unmeasured batch b (module doc: samples rise and updates fall with the batch);
+        None where rho is measured or the model states no bound."""
+        if not self.outside(b):
+            return None
+        if self.kind == "invariant":
+            r = b / self.b_ref
+            return (min(1.0, r), max(1.0, r))
+        n_ref = self._curve_n(self.b_ref, None)
+        a, c = self._curve_n(b, 0.0) / n_ref, self._curve_n(b, 1.0) / n_ref
+        return (min(a, c), max(a, c))
 
     def progress(self, b: float, x: float) -> float:
         """lr-aware: progress per update at batch b and lr x times the reference's (delta in the docstring)."""
@@ -223,22 +262,28 @@ class RhoModel:
         """Warnings about trusting rho at batch b."""
         out = []
         r = b / self.b_ref
-        if self.kind == "invariant" and (r > self.invariant_range or r < 1 / self.invariant_range):
+        if self.kind == "invariant" and not self.assumed and (r > self.invariant_range or r < 1 / self.invariant_range):
             out.append(f"rho=1 assumed at {r:.3g}x the reference batch, outside the {self.invariant_range:g}x range the "
                        "article found approximately invariant; record runs at other batch sizes (--rho curves)")
         if self.kind == "lr-aware" and not math.isfinite(self.rho(b)):
             out.append(f"at batch {b:g} the lr-aware model's lr is past the point where an update makes progress "
                        f"(kappa {self.kappa:.3g}): rho is infinite; use a smaller lr rule (--lr-rule fixed or sqrt)")
-        if self.kind == "curves" and self.log_b:
-            lb = math.log(b)
-            if lb < self.log_b[0] - 1e-9 or lb > self.log_b[-1] + 1e-9:
-                out.append(f"batch {b:g} is outside the measured curves ({math.exp(self.log_b[0]):g}..{math.exp(self.log_b[-1]):g}): "
-                           "rho is clamped to the nearest measured value")
+        if self.kind == "curves" and self.outside(b):
+            lo, hi = self.bounds(b)
+            out.append(f"batch {b:g} is outside the measured curves ({math.exp(self.log_b[0]):g}..{math.exp(self.log_b[-1]):g}): "
+                       f"rho {self.rho(b):.3g} extrapolates the nearest segment as a power law, and only {lo:.3g}..{hi:.3g} "
+                       "is bounded (samples rise, updates fall with the batch); record a run near this batch to measure it")
+        if self.kind == "invariant" and self.outside(b):
+            lo, hi = self.bounds(b)
+            out.append(f"the sample cost is not measured (no learning curves at other batch sizes, no gradient noise scale): "
+                       f"rho = 1 is assumed, and only {lo:.3g}..{hi:.3g} is bounded (samples rise, updates fall with the "
+                       "batch); record a run at another batch size and add it with --trace")
         return out
 
 
-def invariant_rho(b_ref: float) -> RhoModel:
-    return RhoModel("invariant", float(b_ref))
+def invariant_rho(b_ref: float, *, assumed: bool = False) -> RhoModel:
+    """rho = 1; `assumed`: for want of data (it then carries bounds), rather than asked for with --rho invariant."""
+    return RhoModel("invariant", float(b_ref), assumed=assumed)
 
 
 def noise_scale_rho(b_ref: float, b_crit: float) -> RhoModel:

@@ -1,10 +1,12 @@
 """`rlrun`: record real RL runs as rlsim traces, and summarise a trace.
 
 Thin: parse -> RunConfig -> one library call. torch and vLLM are imported only when a run starts,
-so `--help` and bad-input errors are fast. Every RlsimError is one line and exit code 2.
+so `--help` and bad-input errors are fast, and `inspect` works in the base install. Every RlsimError is
+one line and exit code 2, a missing engine extra included.
 """
 from __future__ import annotations
 
+import importlib.util
 from typing import Optional
 
 import typer
@@ -15,6 +17,22 @@ from rlsim.runner.config import RunConfig, field_help
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Record real GRPO/PPO runs (vLLM generates, torch trains) as rlsim traces.")
 H = field_help()
+ENGINE = ("torch", "vllm", "transformers")  # what `record` and `calibrate` import: the cpu or gpu extra
+
+
+def _run(cfg: RunConfig, interrupted: str, **kw) -> None:
+    """Record after checking the engine is installed (bad input was reported first, whatever is installed)."""
+    missing = [m for m in ENGINE if importlib.util.find_spec(m) is None]
+    if missing:
+        raise RlsimError(f"rlrun needs torch and vLLM ({', '.join(missing)} not installed): pip install torch==2.13.0 && "
+                         'pip install -e ".[cpu]" (CPU) or pip install -e ".[gpu]" (CUDA)')
+    from rlsim.runner.loop import record as run_record
+
+    try:
+        run_record(cfg, **kw)
+    except KeyboardInterrupt:  # before the trace was opened (model build, engine start)
+        typer.echo(interrupted, err=True)
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -76,13 +94,7 @@ def record(
         kv_cache_gib=kv_cache_gib, dtype=dtype, record_steps=record_steps, calibrate=calibrate, progress=progress, out=out,
         overwrite=overwrite,
     ).validate()
-    from rlsim.runner.loop import record as run_record
-
-    try:
-        run_record(cfg)
-    except KeyboardInterrupt:  # before the trace was opened (model build, engine start)
-        typer.echo("interrupted before recording started; no trace written", err=True)
-        raise typer.Exit(130) from None
+    _run(cfg, "interrupted before recording started; no trace written")
 
 
 @app.command("calibrate")
@@ -117,13 +129,7 @@ def calibrate_cmd(
         max_num_seqs=max_num_seqs, gen_batch=gen_batch, kv_cache_gib=kv_cache_gib, max_model_len=max_model_len,
         dtype=dtype, threads=threads, calibrate=True, progress=False, out=out, overwrite=overwrite,
     ).validate()
-    from rlsim.runner.loop import record as run_record
-
-    try:
-        run_record(cfg, only_calibration=True)
-    except KeyboardInterrupt:
-        typer.echo("interrupted; no calibration written", err=True)
-        raise typer.Exit(130) from None
+    _run(cfg, "interrupted; no calibration written", only_calibration=True)
 
 
 @app.command()

@@ -6,12 +6,14 @@ The package is laid out in three folders: this one (sim/: the SimPy model, what-
 `rlsim.runner` (runner/: real runs with torch and vLLM, imported only by `rlrun`).
 
 Notebook API (rlsim.api, loaded on first use so that `import rlsim.replay` stays light):
-`load_trace`, `events`, `steps`, `split_stats`, `fit`, `predict`, `sweep`, `check_fidelity`; errors are `RlsimError`.
+`load_trace`, `events`, `steps`, `split_stats`, `fit`, `predict`, `predict_sizes`, `sweep`, `check_fidelity`,
+`example_trace`, `example_traces`; errors are `RlsimError`.
 """
 from rlsim.replay.errors import RlsimError, TraceError
 
-__all__ = ["RlsimError", "TraceError", "load_trace", "events", "steps", "split_stats", "fit", "predict", "sweep", "check_fidelity"]
-_API = {"load_trace", "events", "steps", "split_stats", "fit", "predict", "sweep", "check_fidelity"}
+_API = ("load_trace", "events", "steps", "split_stats", "fit", "predict", "predict_sizes", "sweep", "check_fidelity",
+        "example_trace", "example_traces")
+__all__ = ["RlsimError", "TraceError", *_API]
 
 
 def __getattr__(name: str):
@@ -20,3 +22,8 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     raise AttributeError(f"module 'rlsim' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazy API names too, so that dir() and tab completion show them before first use
+    return sorted(set(globals()) | set(__all__))

@@ -3,15 +3,19 @@
 Every chart function takes plain rows (dicts) so the same charts serve `rlsim sweep` (results rows),
 `rlsim report` and tests:
 
-- `time_to_target_chart`: T_new / T_ref vs batch with the three regimes shaded and the critical
-  generation and training batches marked;
-- `sigma_rho_chart`: sigma and rho vs batch;
+- `time_to_target_chart`: T_new / T_ref vs batch with the regimes shaded (undecided too), the intervals as
+  error bars, undecided configs ringed, and the critical generation and training batches and the reference
+  marked, each label on its own line;
+- `sigma_rho_chart`: sigma and rho vs batch, with their intervals;
 - `throughput_chart`: generation throughput vs concurrency, measured engine steps with the fitted
   step-cost model drawn over them;
 - `learning_chart`: eval score vs cumulative training responses, one line per trace;
 - `split_chart`: T_new / T_ref over the generation : training device split, one line per staleness limit;
 - `gantt_chart`: the timeline of one simulated (or recorded) run: generation / training / sync lanes
   per device, with the running-sequences counter under it.
+
+A legend is drawn only where it tells lines apart: series (swept options other than the x axis), traces and
+staleness limits get none when there is only one (the chart's title names it where it matters).
 """
 from __future__ import annotations
 
@@ -26,7 +30,14 @@ import numpy as np
 from rlsim.replay.timeline import lane_key
 from rlsim.replay.util import json_safe
 
-REGIME_COLORS = {"falls": "#c7e9c0", "flat": "#fdf5c4", "rises": "#fcc5c0"}
+REGIME_COLORS = {"falls": "#c7e9c0", "flat": "#fdf5c4", "rises": "#fcc5c0", "undecided": "#dcdcdc"}
+LINE_COLOR = "#4c78a8"  # the data line (altair's first colour)
+# the boundaries drawn as rules on the time-to-target chart: label, colour (none the data line's), dash
+MARK_STYLES = {"critical_gen_batch": ("critical generation batch", "#7b3294", []),
+               "critical_train_batch": ("critical training batch", "#b7312c", []),
+               "reference": ("reference (trace)", "#555555", [5, 3])}
+UNDECIDED_COLOR = "#c27c0e"
+UNDECIDED_LABEL = "undecided: T interval spans 1"
 WIDTH, HEIGHT = 560, 300
 MAX_POINTS = 4000
 
@@ -43,9 +54,10 @@ def _finite(x: Any) -> bool:
 
 
 def regime_key(regime: Any) -> str | None:
-    """Map a regime label (`time falls`, `flat`, `time rises`) to falls / flat / rises; None if unknown."""
+    """Map a regime label (`time falls`, `flat`, `time rises`, `undecided`) to falls / flat / rises / undecided;
+    None if unknown."""
     s = str(regime or "").lower()
-    for k in ("falls", "rises", "flat"):
+    for k in ("undecided", "falls", "rises", "flat"):
         if k in s:
             return k
     return None
@@ -60,6 +72,61 @@ def batch_of(row: Mapping[str, Any]) -> float:
 
 def series_label(row: Mapping[str, Any], keys: Sequence[str]) -> str:
     return ", ".join(f"{k}={row.get(k)}" for k in keys) or "all"
+
+
+def interval_of(row: Mapping[str, Any], key: str) -> tuple[float, float] | None:
+    """(lo, hi) of `key` from the row's `<key>_lo` / `<key>_hi` where both are finite and hi > lo."""
+    lo, hi = row.get(key + "_lo"), row.get(key + "_hi")
+    if _finite(lo) and _finite(hi) and float(hi) > float(lo):
+        return float(lo), float(hi)
+    return None
+
+
+def _series_dash(series: Sequence[str]) -> dict:
+    """The strokeDash encoding of the series, only when there is more than one (a one-entry legend says nothing)."""
+    legend = alt.Legend(symbolType="stroke", symbolStrokeWidth=2, symbolStrokeColor="#555")
+    return {"strokeDash": alt.StrokeDash("series:N", title=", ".join(series), legend=legend)} if series else {}
+
+
+def _series(points: Sequence[Mapping[str, Any]], series: Sequence[str], *, x: alt.X, y: alt.Y, ytitle: str,
+            yscale: alt.Scale, tooltip: list, color: Any = None, line_color: str | None = None,
+            ring_when: str = "") -> alt.LayerChart:
+    """The points (their data once, in one layer): error bars from `lo` / `hi` where both are there, a line per
+    series (dashed by series when there are several), the points drawn apart from the line (drawn by the line mark,
+    they would turn the series legend's dashes into dots), and open rings around the undecided ones, with the
+    one legend entry that explains the ring. `ring_when`: a further Vega condition on the ringed points."""
+    enc = {"color": color} if color is not None else {}
+    mark = {"color": line_color} if line_color else {}
+    undecided = "datum.regime === 'undecided'" + (f" && ({ring_when})" if ring_when else "")
+    layers = []
+    if any(_finite(p.get("lo")) and _finite(p.get("hi")) for p in points):
+        bar_color = color if color is not None else alt.value(line_color or LINE_COLOR)
+        layers.append(alt.Chart().transform_filter("isValid(datum.lo) && isValid(datum.hi)").mark_errorbar(
+            ticks=True, size=8, thickness=1.5).encode(
+            x=x, y=alt.Y("lo:Q", title=ytitle, scale=yscale), y2="hi:Q", detail="series:N", color=bar_color))
+    layers.append(alt.Chart().mark_line(**mark).encode(x=x, y=y, detail="series:N", **_series_dash(series), **enc))
+    layers.append(alt.Chart().mark_point(filled=True, size=30, opacity=1, **mark).encode(x=x, y=y, tooltip=tooltip, **enc))
+    if any(p.get("regime") == "undecided" for p in points):
+        layers.append(alt.Chart().transform_filter(undecided).transform_calculate(verdict=f"'{UNDECIDED_LABEL}'").mark_point(
+            filled=False, size=220, strokeWidth=2).encode(
+            x=x, y=y, shape=alt.Shape("verdict:N", title=None, scale=alt.Scale(range=["circle"]),
+                                      legend=alt.Legend(labelLimit=300)),
+            color=alt.value(UNDECIDED_COLOR), tooltip=["verdict:N"]))
+    return alt.layer(*layers, data=_data(points))
+
+
+def mark_labels(marks: Sequence[Mapping[str, Any]], extent: tuple[float, float], *, top: float = 6.0,
+                step: float = 13.0) -> list[dict]:
+    """Placement of the boundary labels: each on its own line from the top (so no two overlap, even at the
+    same batch), left of its rule in the right third of the log x extent and right of it elsewhere."""
+    lo, hi = extent
+    span = math.log(hi / lo) if lo > 0 and hi > lo else 0.0
+    out = []
+    for i, m in enumerate(sorted(marks, key=lambda m: (m["batch"], m["label"]))):
+        frac = math.log(m["batch"] / lo) / span if span else 0.5
+        right = frac > 0.65
+        out.append(dict(m, y=top + step * i, align="right" if right else "left", dx=-4 if right else 4))
+    return out
 
 
 def varying_keys(rows: Sequence[Mapping[str, Any]], axes: Iterable[str], exclude: Iterable[str] = ("prompts",)) -> list[str]:
@@ -126,56 +193,80 @@ def primary_series(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], prefe
 def time_to_target_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = (),
                          critical: Mapping[str, float | None] | None = None,
                          prefer: Mapping[str, Any] | None = None, reference_batch: float | None = None) -> alt.LayerChart:
+    """T / T_ref vs batch, with the intervals as error bars, undecided points ringed, the regimes of the
+    primary series shaded and the critical batches and the reference as rules, each labelled on its own line."""
     series = list(series)
-    pts = [dict(r, batch=batch_of(r), series=series_label(r, series)) for r in rows if _finite(r.get("time_to_target_ratio"))]
+    pts = []
+    for r in rows:
+        if not _finite(r.get("time_to_target_ratio")):
+            continue
+        iv = interval_of(r, "time_to_target_ratio")
+        pts.append(dict(r, batch=batch_of(r), series=series_label(r, series), lo=iv[0] if iv else None,
+                        hi=iv[1] if iv else None))
     primary = primary_series(pts, series, prefer)
     bands = regime_bands([(r["batch"], r.get("regime")) for r in primary])
     crit = dict(critical or critical_batches(primary))
     x = alt.X("batch:Q", scale=alt.Scale(type="log", base=2), title="batch B = P x G (responses per update)")
+    title = "T_new / T_ref = rho / sigma"
+    yscale = alt.Scale(zero=False)
+    y = alt.Y("time_to_target_ratio:Q", title=title, scale=yscale)
     layers = []
     if bands:
+        present = [k for k in REGIME_COLORS if any(b["regime"] == k for b in bands)]
         layers.append(alt.Chart(_data(bands)).mark_rect(opacity=0.55).encode(
             x=alt.X("x0:Q", scale=alt.Scale(type="log", base=2)), x2="x1:Q",
-            color=alt.Color("regime:N", scale=alt.Scale(domain=list(REGIME_COLORS), range=list(REGIME_COLORS.values())),
+            color=alt.Color("regime:N", scale=alt.Scale(domain=present, range=[REGIME_COLORS[k] for k in present]),
                             title="regime (time to target)")))
     layers.append(alt.Chart(_data([{"y": 1.0}])).mark_rule(color="#555", strokeDash=[2, 2]).encode(y="y:Q"))
-    layers.append(alt.Chart(_data(pts)).mark_line(point=True).encode(
-        x=x, y=alt.Y("time_to_target_ratio:Q", title="T_new / T_ref = rho / sigma", scale=alt.Scale(zero=False)),
-        strokeDash=alt.StrokeDash("series:N", title=", ".join(series) or "series"),
-        tooltip=[alt.Tooltip("batch:Q"), alt.Tooltip("series:N"), alt.Tooltip("time_to_target_ratio:Q", format=".3f"),
-                 alt.Tooltip("sigma:Q", format=".3f"), alt.Tooltip("rho:Q", format=".3f"), alt.Tooltip("regime:N")]))
-    marks = [{"batch": v, "label": lab} for key, lab in (("critical_gen_batch", "critical generation batch"),
-                                                         ("critical_train_batch", "critical training batch"))
-             if _finite(v := crit.get(key))]
+    layers.append(_series(pts, series, x=x, y=y, ytitle=title, yscale=yscale, line_color=LINE_COLOR,
+                          tooltip=[alt.Tooltip("batch:Q"), alt.Tooltip("series:N"),
+                                   alt.Tooltip("time_to_target_ratio:Q", format=".3f"),
+                                   alt.Tooltip("lo:Q", format=".3f", title="interval low"),
+                                   alt.Tooltip("hi:Q", format=".3f", title="interval high"), alt.Tooltip("sigma:Q", format=".3f"),
+                                   alt.Tooltip("rho:Q", format=".3f"), alt.Tooltip("regime:N")]))
+    marks = []
+    for key in ("critical_gen_batch", "critical_train_batch"):
+        if _finite(v := crit.get(key)):
+            marks.append({"key": key, "batch": float(v), "label": f"{MARK_STYLES[key][0]} B\u2248{float(v):.0f}"})
     if reference_batch:
-        marks.append({"batch": float(reference_batch), "label": "reference (trace)"})
+        marks.append({"key": "reference", "batch": float(reference_batch),
+                      "label": f"{MARK_STYLES['reference'][0]} B={float(reference_batch):.0f}"})
     if marks:
-        layers.append(alt.Chart(_data(marks)).mark_rule(strokeWidth=2).encode(
-            x=alt.X("batch:Q", scale=alt.Scale(type="log", base=2)),
-            stroke=alt.Stroke("label:N", scale=alt.Scale(domain=["critical generation batch", "critical training batch",
-                                                                  "reference (trace)"],
-                                                          range=["#2b6cb0", "#b7312c", "#777777"]), title="marks")))
-        layers.append(alt.Chart(_data(marks)).mark_text(angle=270, align="left", dx=4, dy=-4, fontSize=10).encode(
-            x=alt.X("batch:Q", scale=alt.Scale(type="log", base=2)), y=alt.value(4), text="label:N"))
-    return alt.layer(*layers).resolve_scale(color="independent", stroke="independent").properties(
+        xs = [p["batch"] for p in pts] + [m["batch"] for m in marks] + [b[k] for b in bands for k in ("x0", "x1")]
+        xs = [v for v in xs if v > 0]
+        xr = alt.X("batch:Q", scale=alt.Scale(type="log", base=2))
+        for m in mark_labels(marks, (min(xs), max(xs))):
+            _, color, dash = MARK_STYLES[m["key"]]
+            layers.append(alt.Chart(_data([m])).mark_rule(strokeWidth=2, color=color, strokeDash=dash).encode(
+                x=xr, tooltip=["label:N"]))
+            layers.append(alt.Chart(_data([m])).mark_text(align=m["align"], dx=m["dx"], baseline="top", fontSize=10,
+                                                          fontWeight="bold", color=color).encode(
+                x=xr, y=alt.value(m["y"]), text="label:N"))
+    return alt.layer(*layers).resolve_scale(color="independent", shape="independent").properties(
         width=WIDTH, height=HEIGHT, title="Time to target vs batch size")
 
 
-def sigma_rho_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = ()) -> alt.Chart:
+def sigma_rho_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = ()) -> alt.LayerChart:
+    """sigma and rho vs batch, with their intervals as error bars and the configs whose T ratio is undecided ringed."""
     series = list(series)
     long = []
     for r in rows:
         for m in ("sigma", "rho"):
             if _finite(r.get(m)):
-                long.append({"batch": batch_of(r), "metric": m, "value": float(r[m]),
-                             "series": series_label(r, series)})
-    return alt.Chart(_data(long)).mark_line(point=True).encode(
-        x=alt.X("batch:Q", scale=alt.Scale(type="log", base=2), title="batch B = P x G (responses per update)"),
-        y=alt.Y("value:Q", scale=alt.Scale(type="log", base=2), title="ratio to the reference config"),
-        color=alt.Color("metric:N", title="metric", scale=alt.Scale(domain=["sigma", "rho"], range=["#2b6cb0", "#b7312c"])),
-        strokeDash=alt.StrokeDash("series:N", title=", ".join(series) or "series"),
-        tooltip=["batch:Q", "metric:N", alt.Tooltip("value:Q", format=".3f"), "series:N"],
-    ).properties(width=WIDTH, height=HEIGHT, title="Throughput gain sigma and sample cost rho vs batch size")
+                iv = interval_of(r, m)
+                long.append({"batch": batch_of(r), "metric": m, "value": float(r[m]), "series": series_label(r, series),
+                             "lo": iv[0] if iv else None, "hi": iv[1] if iv else None, "regime": r.get("regime")})
+    x = alt.X("batch:Q", scale=alt.Scale(type="log", base=2), title="batch B = P x G (responses per update)")
+    title = "ratio to the reference config"
+    yscale = alt.Scale(type="log", base=2)
+    y = alt.Y("value:Q", scale=yscale, title=title)
+    color = alt.Color("metric:N", title="metric", scale=alt.Scale(domain=["sigma", "rho"], range=["#2b6cb0", "#b7312c"]))
+    layers = [_series(long, series, x=x, y=y, ytitle=title, yscale=yscale, color=color, ring_when="datum.metric === 'rho'",
+                      tooltip=["batch:Q", "metric:N", alt.Tooltip("value:Q", format=".3f"),
+                               alt.Tooltip("lo:Q", format=".3f", title="interval low"),
+                               alt.Tooltip("hi:Q", format=".3f", title="interval high"), "series:N", "regime:N"])]
+    return alt.layer(*layers).resolve_scale(shape="independent").properties(
+        width=WIDTH, height=HEIGHT, title="Throughput gain sigma and sample cost rho vs batch size")
 
 
 def split_label(row: Mapping[str, Any]) -> tuple[str, float, float]:
@@ -197,25 +288,32 @@ def split_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = ()
             continue
         label, share, total = split_label(r)
         eta = r.get("staleness")
+        iv = interval_of(r, "time_to_target_ratio")
         pts.append({"split": label, "share": share, "devices": total, "time_to_target_ratio": float(r["time_to_target_ratio"]),
                     "staleness": f"eta={int(float(eta)) if _finite(eta) else 0}", "series": series_label(r, series),
                     "sigma": r.get("sigma"), "rho": r.get("rho"), "gen_idle_ratio": r.get("gen_idle_ratio"),
-                    "train_idle_ratio": r.get("train_idle_ratio")})
+                    "train_idle_ratio": r.get("train_idle_ratio"), "regime": r.get("regime"),
+                    "lo": iv[0] if iv else None, "hi": iv[1] if iv else None})
     order = [p["split"] for p in sorted(pts, key=lambda p: (p["share"], p["devices"]))]
     order = list(dict.fromkeys(order))
     etas = sorted({p["staleness"] for p in pts}, key=lambda s: int(s.split("=")[1]))
     x = alt.X("split:N", sort=order, title="generation : training devices", axis=alt.Axis(labelAngle=0))
-    layers = [alt.Chart(_data([{"y": 1.0}])).mark_rule(color="#555", strokeDash=[2, 2]).encode(y="y:Q"),
-              alt.Chart(_data(pts)).mark_line(point=True).encode(
-                  x=x, y=alt.Y("time_to_target_ratio:Q", title="T_new / T_ref = rho / sigma", scale=alt.Scale(zero=False)),
-                  color=alt.Color("staleness:N", sort=etas, title="staleness limit"),
-                  strokeDash=alt.StrokeDash("series:N", title=", ".join(series) or "series"),
-                  detail="series:N",
-                  tooltip=["split:N", "staleness:N", "series:N", alt.Tooltip("time_to_target_ratio:Q", format=".3f"),
-                           alt.Tooltip("sigma:Q", format=".3f"), alt.Tooltip("rho:Q", format=".3f"),
-                           alt.Tooltip("gen_idle_ratio:Q", format=".1%"), alt.Tooltip("train_idle_ratio:Q", format=".1%")])]
-    return alt.layer(*layers).properties(width=WIDTH, height=HEIGHT,
-                                         title="Time to target vs the device split, per staleness limit")
+    title = "T_new / T_ref = rho / sigma"
+    yscale = alt.Scale(zero=False)
+    y = alt.Y("time_to_target_ratio:Q", title=title, scale=yscale)
+    color = alt.Color("staleness:N", sort=etas, title="staleness limit")  # one limit: named in the title instead
+    layers = [alt.Chart(_data([{"y": 1.0}])).mark_rule(color="#555", strokeDash=[2, 2]).encode(y="y:Q")]
+    layers.append(_series(pts, series, x=x, y=y, ytitle=title, yscale=yscale,
+                          color=color if len(etas) > 1 else None, line_color=None if len(etas) > 1 else LINE_COLOR,
+                          tooltip=["split:N", "staleness:N", "series:N", alt.Tooltip("time_to_target_ratio:Q", format=".3f"),
+                                   alt.Tooltip("lo:Q", format=".3f", title="interval low"),
+                                   alt.Tooltip("hi:Q", format=".3f", title="interval high"),
+                                   alt.Tooltip("sigma:Q", format=".3f"), alt.Tooltip("rho:Q", format=".3f"),
+                                   alt.Tooltip("gen_idle_ratio:Q", format=".1%"),
+                                   alt.Tooltip("train_idle_ratio:Q", format=".1%"), "regime:N"]))
+    name = "per staleness limit" if len(etas) > 1 else f"staleness limit {etas[0].split('=')[1]}" if etas else ""
+    return alt.layer(*layers).resolve_scale(shape="independent").properties(
+        width=WIDTH, height=HEIGHT, title="Time to target vs the device split" + (f", {name}" if name else ""))
 
 
 def throughput_chart(points: Sequence[Mapping[str, Any]], curve: Sequence[Mapping[str, Any]] = (), *,
@@ -252,14 +350,17 @@ def measured_throughput_points(trace) -> list[dict]:
 def learning_chart(curves: Mapping[str, Sequence[tuple[float, float]]], *, target: float | None = None) -> alt.LayerChart:
     """curves: trace name -> [(cum_responses, score)]."""
     rows = [{"trace": name, "cum_responses": float(x), "score": float(y)} for name, pts in curves.items() for x, y in pts]
+    one = len(curves) == 1  # one trace: named in the title, not in a one-entry legend
     layers = [alt.Chart(_data(rows)).mark_line(point=True).encode(
         x=alt.X("cum_responses:Q", title="cumulative training responses"),
         y=alt.Y("score:Q", title="held-out score (mean@k)", scale=alt.Scale(zero=False)),
-        color=alt.Color("trace:N", title="trace"), tooltip=["trace:N", "cum_responses:Q", alt.Tooltip("score:Q", format=".3f")])]
+        color=alt.value(LINE_COLOR) if one else alt.Color("trace:N", title="trace"),
+        tooltip=["trace:N", "cum_responses:Q", alt.Tooltip("score:Q", format=".3f")])]
     if target is not None and _finite(target):
         layers.append(alt.Chart(_data([{"target": float(target), "label": f"target {target:.3g}"}])).mark_rule(
             strokeDash=[4, 3], color="#555").encode(y="target:Q", tooltip=["label:N"]))
-    return alt.layer(*layers).properties(width=WIDTH, height=HEIGHT, title="Learning curves vs cumulative responses")
+    title = "Learning curves vs cumulative responses" + (f": {next(iter(curves))}" if one else "")
+    return alt.layer(*layers).properties(width=WIDTH, height=HEIGHT, title=title)
 
 
 def trace_learning_curves(traces: Sequence[Any]) -> dict[str, list[tuple[float, float]]]:

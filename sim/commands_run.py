@@ -22,9 +22,11 @@ def _print_run(res) -> None:
     from rich.table import Table
 
     ref, cand = res.reference, res.candidate
-    t = Table(title=f"rlsim run: reference vs P={cand.prompts}, G={cand.group} (lr {cand.lr_rule})")
+    moved = cand.hardware != "as recorded"
+    t = Table(title=f"rlsim run: reference vs P={cand.prompts}, G={cand.group} (lr {cand.lr_rule})"
+                    + (f", both on {cand.hardware}" if moved else ""))
     t.add_column("")
-    t.add_column("reference (trace)", justify="right")
+    t.add_column("reference (same hardware)" if moved else "reference (trace)", justify="right")
     t.add_column("candidate", justify="right")
     rows = [("prompts P", "prompts", ""), ("group G", "group", ""), ("batch B = P x G", "batch", ""),
             ("lr rule", "lr_rule", ""), ("responses/s", "responses_per_s", ""), ("step time", "step_time_s", "s"),
@@ -74,8 +76,23 @@ def _print_run(res) -> None:
         n = f"{res.n_star_ref:.4g} responses" if math.isfinite(res.n_star_ref) else "never"
         rec = f", recorded wall time {res.recorded_time_to_target_s:.4g} s incl. evals" if math.isfinite(res.recorded_time_to_target_s) else ""
         con.print(f"target: eval score {res.target:.4g}; reference reached it after {n}{rec}")
+    if moved:
+        con.print(f"hardware: {cand.hardware}; there the reference configuration runs {cand.hardware_gain:.3g}x its recorded "
+                  f"responses/s. T vs the reference as recorded (batch and hardware together): "
+                  f"{fmt(cand.time_to_target_vs_recorded, 'x')}")
+    con.print(f"verdict: {_verdict(cand)}")
     for w in list(res.warnings) + list(cand.warnings):
         con.print(f"[yellow]warning:[/yellow] {w}")
+    for n in list(res.notes) + list(cand.notes):
+        con.print(f"[dim]note: {n}[/dim]")
+
+
+def _verdict(o) -> str:
+    """One line: the regime and the T / T_ref interval it rests on."""
+    lo, hi = o.time_to_target_ratio_lo, o.time_to_target_ratio_hi
+    iv = f" (90% interval {fmt(lo, 'x')}..{fmt(hi, 'x')})" if math.isfinite(lo) and math.isfinite(hi) and hi > lo else \
+        " (no interval: point estimate)"
+    return f"{o.regime}: T / T_ref = {fmt(o.time_to_target_ratio, 'x')}{iv}"
 
 
 def register(app: typer.Typer) -> None:

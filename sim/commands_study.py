@@ -12,7 +12,31 @@ from rlsim.grid import build_grid
 from rlsim.options import StudyOptions, command, labels
 from rlsim.replay.errors import RlsimError
 
+MAX_NOTES = 8  # notes printed under a sweep's verdict; the rest are in results.csv and the report
 EXPORT_UPDATES = 5  # updates in a simulated timeline export unless --updates is given (a timeline, not a throughput estimate)
+
+
+def print_verdict(console: Any, rows: list, meta: dict, axes: list, names: dict) -> None:
+    """The sweep's verdict as the report's headline gives it (rlsim.tables.sweep_verdict): best, tied or
+    undecided, with intervals; then the warnings, then the notes (dim)."""
+    from rich.text import Text
+
+    from rlsim.tables import describe, own, sweep_verdict, varying
+
+    swept = varying(rows, axes)
+    v = sweep_verdict(rows, meta, describe_row=lambda r: describe(r, swept, names))
+    style = "bold green" if v["kind"] == "clear" else "bold yellow"
+    console.print(Text.assemble((v["title"], style), f": {v['text']}"))
+    for w in v["warnings"]:
+        console.print(Text.assemble(("warning: ", "yellow"), w))
+    if any(own(r, "warnings", meta) for r in rows if r is not v["best"] and all(r is not t for t in v["tied"])):
+        console.print(Text("other configs have warnings of their own (! after the rank; column `warnings` of results.csv)",
+                           style="yellow"))
+    for n in v["notes"][:MAX_NOTES]:
+        console.print(Text(f"note: {n}", style="dim"))
+    if len(v["notes"]) > MAX_NOTES:
+        console.print(Text(f"note: {len(v['notes']) - MAX_NOTES} more notes on how the numbers were made: column `notes` "
+                           "of results.csv, or `rlsim report`", style="dim"))
 
 
 def register(app: typer.Typer) -> None:
@@ -59,12 +83,10 @@ def register(app: typer.Typer) -> None:
         finally:
             if bar:
                 bar[0].stop()
-        console = Console()
-        console.print(ranking_table(res.rows, list(axes), top=top, labels=names))
-        best = res.rows[0]
-        console.print(f"{len(res.rows)} configs in {res.seconds:.1f} s ({res.meta['backend']['kind']}); best: "
-                      + " ".join(f"{names[a]} {best.get(a)}" for a in axes)
-                      + f" (T ratio {best.get('time_to_target_ratio', float('nan')):.3f}, {best.get('regime', '')})")
+        console = Console(highlight=False)
+        console.print(ranking_table(res.rows, list(axes), top=top, labels=names, meta=res.meta, width=console.width))
+        print_verdict(console, res.rows, res.meta, list(axes), names)
+        console.print(f"{len(res.rows)} configs in {res.seconds:.1f} s ({res.meta['backend']['kind']})")
         p = res.paths
         console.print(f"results: {p['parquet']}, {p['csv']}, {p['json']}" + (f", charts in {p['charts']}" if "charts" in p else ""))
 

@@ -8,12 +8,16 @@
   (`SimConfig.split`; `rlsim.asyncrl`). WhatIf's `gen_gpus`/`train_gpus`/`staleness`/`partial_rollout` ask for it.
 
 Derived values (B = P x G, whether the KV cache can bind) are properties here and only here. No I/O
-at construction; `validate()` raises `RlsimError` naming the fix.
+at construction; `validate()` raises `RlsimError` naming the fix, and the fields as the caller spells them
+(`name`: the CLI's options, or the notebook API's keywords inside `keyword_names()`).
 """
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
+from typing import Iterator
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import ENGINE_DEFAULTS
@@ -29,6 +33,36 @@ def _f(default, help: str):
 def help_text(cls) -> dict[str, str]:
     """Field name -> help text (for CLIs and docs)."""
     return {f.name: f.metadata.get("help", "") for f in fields(cls)}
+
+
+# Messages name a WhatIf field the way the caller set it: the CLI's option (`--batch`) by default, as every
+# other RlsimError does, or the keyword (`prompts`) inside `keyword_names()`, which the notebook API enters.
+_KEYWORDS: ContextVar[bool] = ContextVar("rlsim_keyword_names", default=False)
+OPTION_SPELLING = {"prompts": "--batch"}  # P is --batch in the CLI, as verl's train_batch_size (rlsim.options)
+
+
+def name(field_name: str) -> str:
+    """`--gen-gpus` in the CLI, `gen_gpus` in the notebook API."""
+    if _KEYWORDS.get():
+        return field_name
+    return OPTION_SPELLING.get(field_name, "--" + field_name.replace("_", "-"))
+
+
+def setting(**values) -> str:
+    """`--gen-gpus 6 --train-gpus 2` in the CLI, `gen_gpus=6, train_gpus=2` in the notebook API."""
+    if _KEYWORDS.get():
+        return ", ".join(f"{k}={v}" for k, v in values.items())
+    return " ".join(f"{name(k)} {v}" for k, v in values.items())
+
+
+@contextmanager
+def keyword_names() -> Iterator[None]:
+    """Within: RlsimErrors about WhatIf fields name the keyword (`prompts`) instead of the option (`--batch`)."""
+    token = _KEYWORDS.set(True)
+    try:
+        yield
+    finally:
+        _KEYWORDS.reset(token)
 
 
 @dataclass(frozen=True)
@@ -58,17 +92,16 @@ class WhatIf:
                                       "recomputed) instead of finishing on the old ones while the sync waits for them")
 
     def validate(self) -> None:
-        for name in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch", "gpus"):
-            v = getattr(self, name)
+        for f in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch", "gpus"):
+            v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-                flag = {"prompts": "--batch"}.get(name, "--" + name.replace("_", "-"))
-                raise RlsimError(f"{flag} must be a positive integer, got {v!r}")
+                raise RlsimError(f"{name(f)} must be a positive integer, got {v!r}")
         if self.lr_rule is not None and self.lr_rule not in LR_RULES:
-            raise RlsimError(f"--lr-rule must be one of {', '.join(LR_RULES)}, got {self.lr_rule!r}")
+            raise RlsimError(f"{name('lr_rule')} must be one of {', '.join(LR_RULES)}, got {self.lr_rule!r}")
         if not isinstance(self.updates, int) or self.updates <= 0:
-            raise RlsimError(f"--updates must be a positive integer, got {self.updates!r}")
+            raise RlsimError(f"{name('updates')} must be a positive integer, got {self.updates!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
-            raise RlsimError(f"--seed must be a non-negative integer, got {self.seed!r}")
+            raise RlsimError(f"{name('seed')} must be a non-negative integer, got {self.seed!r}")
         self._validate_split()
 
     @property
@@ -77,31 +110,34 @@ class WhatIf:
         return self.gen_gpus is not None or self.train_gpus is not None
 
     def _validate_split(self) -> None:
-        for name in ("gen_gpus", "train_gpus"):
-            v = getattr(self, name)
+        for f in ("gen_gpus", "train_gpus"):
+            v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise RlsimError(f"--{name.replace('_', '-')} must be a positive integer (devices), got {v!r}")
+                raise RlsimError(f"{name(f)} must be a positive integer (devices), got {v!r}")
         s = self.staleness
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
-            raise RlsimError(f"--staleness must be a non-negative integer (policy versions a sample may lag; 0 = synchronous), got {s!r}")
+            raise RlsimError(f"{name('staleness')} must be a non-negative integer (policy versions a sample may lag; "
+                             f"0 = synchronous), got {s!r}")
         if not isinstance(self.partial_rollout, bool):
-            raise RlsimError(f"--partial-rollout must be true or false, got {self.partial_rollout!r}")
+            raise RlsimError(f"{name('partial_rollout')} must be true or false, got {self.partial_rollout!r}")
+        add_split = f"add {setting(gen_gpus='N', train_gpus='M')}"
         if self.split and (self.gen_gpus is None or self.train_gpus is None):
-            given, missing = ("--gen-gpus", "--train-gpus") if self.train_gpus is None else ("--train-gpus", "--gen-gpus")
-            raise RlsimError(f"{given} needs {missing} too: a split is generation devices plus training devices "
-                             "(e.g. --gen-gpus 6 --train-gpus 2)")
+            given, missing = ("gen_gpus", "train_gpus") if self.train_gpus is None else ("train_gpus", "gen_gpus")
+            raise RlsimError(f"{name(given)} needs {name(missing)} too: a split is generation devices plus training devices "
+                             f"(e.g. {setting(gen_gpus=6, train_gpus=2)})")
         if not self.split:
             if self.partial_rollout:
-                raise RlsimError("--partial-rollout needs split devices: add --gen-gpus N --train-gpus M "
+                raise RlsimError(f"{name('partial_rollout')} needs split devices: {add_split} "
                                  "(colocated generation stops for every update, nothing is in flight)")
             if s:
-                raise RlsimError(f"--staleness {s} needs split devices: add --gen-gpus N --train-gpus M "
+                raise RlsimError(f"{setting(staleness=s)} needs split devices: {add_split} "
                                  "(colocated generation and training cannot overlap)")
         elif self.gpus is not None:
-            raise RlsimError("--gpus sets the colocated device count; with a split give --gen-gpus and --train-gpus instead")
+            raise RlsimError(f"{name('gpus')} sets the colocated device count; with a split give {name('gen_gpus')} and "
+                             f"{name('train_gpus')} instead")
         elif self.gen_batch is not None:
-            raise RlsimError("--gen-batch does not apply with a split: asynchronous generation keeps its replicas full from one "
-                             "queue (B_gen = B); drop --gen-batch or the split")
+            raise RlsimError(f"{name('gen_batch')} does not apply with a split: asynchronous generation keeps its replicas full "
+                             f"from one queue (B_gen = B); drop {name('gen_batch')} or the split")
 
 
 @dataclass(frozen=True)
@@ -140,17 +176,17 @@ class SplitConfig:
 
     def validate(self, batch: int) -> None:
         if self.gen_gpus < 1 or self.train_gpus < 1:
-            raise RlsimError(f"--gen-gpus and --train-gpus must be at least 1, got {self.gen_gpus} and {self.train_gpus}")
+            raise RlsimError(f"{name('gen_gpus')} and {name('train_gpus')} must be at least 1, got {self.gen_gpus} and {self.train_gpus}")
         if self.staleness < 0:
-            raise RlsimError(f"--staleness must be a non-negative integer, got {self.staleness}")
+            raise RlsimError(f"{name('staleness')} must be a non-negative integer, got {self.staleness}")
         if batch % self.train_gpus:
             divs = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:4]
-            raise RlsimError(f"--train-gpus {self.train_gpus} does not divide the training batch B = P x G = {batch} responses "
-                             f"(each data-parallel rank trains B / train_gpus); pick a divisor of B"
-                             f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or another --batch")
+            raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide the training batch B = P x G = {batch} "
+                             f"responses (each data-parallel rank trains B / train_gpus); pick a divisor of B"
+                             f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or change {name('prompts')}")
         if self.train_gpus > 1 and not self.allreduce_gbs > 0:
-            raise RlsimError("--train-gpus > 1 needs the interconnect bandwidth for the gradient all-reduce: the trace's hardware "
-                             "matches no device profile; pass --device NAME (rlsim.replay.devices)")
+            raise RlsimError(f"{name('train_gpus')} > 1 needs the interconnect bandwidth for the gradient all-reduce: the trace's "
+                             f"hardware matches no device profile; pass {setting(device='NAME')} (rlsim.replay.devices)")
 
 
 @dataclass(frozen=True)
@@ -184,7 +220,7 @@ class SimConfig:
 
     def validate(self) -> None:
         if self.gen_batch and self.gen_batch < self.batch:
-            raise RlsimError(f"--gen-batch {self.gen_batch} is smaller than the train batch B = P x G = {self.batch}")
+            raise RlsimError(f"{setting(gen_batch=self.gen_batch)} is smaller than the train batch B = P x G = {self.batch}")
         if self.prompts <= 0 or self.group <= 0 or self.updates <= 0:
             raise RlsimError(f"prompts, group and updates must be positive, got {self.prompts}, {self.group}, {self.updates}")
         if self.lengths not in LENGTHS:

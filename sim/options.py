@@ -5,7 +5,9 @@ and `report`.
   which is `--batch`/`-b` (and `group` also `-g`). `rlsim sweep` takes each as a comma list (the grid's
   axes); `run` and `export perfetto --simulate` take one value. Both are parsed by `rlsim.grid` with the
   field's type, so a new field (device split, staleness) appears in every command at once.
-- One option per `StudyOptions` field: the traces and how they are fitted.
+- One option per `StudyOptions` field: the traces and how they are fitted. The traces may also be given
+  as arguments (`rlsim run TRACE`, as `replay` and `export` take them): they come first, then the --trace
+  ones, so the first argument is the reference. A command with its own argument (`export perfetto`) keeps it.
 
 `command(app, name, grid=...)` wraps a function `fn(configs, study, **own)`: typer sees the function's
 own parameters plus the generated ones; `fn` receives a `WhatIf` (or the grid's axes) and a
@@ -26,7 +28,7 @@ from rlsim.config import WhatIf
 from rlsim.grid import base_type, parse_list, parse_value, whatif_type_hints
 from rlsim.replay.errors import RlsimError, cli_errors
 
-SPELLING = {"prompts": ["--batch", "-b"], "group": ["--group", "-g"]}  # as verl/TRL users say P and G
+SPELLING = {"prompts": ["--batch", "--prompts", "-b"], "group": ["--group", "-g"]}  # as verl/TRL users say P and G
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class StudyOptions:
         from rlsim.replay.io import read_trace
 
         if not self.trace:
-            raise RlsimError("give a trace with --trace (e.g. --trace traces/grpo_p128.parquet)")
+            raise RlsimError("give a trace with --trace or as an argument (e.g. --trace traces/grpo_p128.parquet)")
         return [read_trace(p, drop_invalid=self.drop_invalid) for p in self.trace]
 
     def calibrations(self) -> list:
@@ -142,10 +144,18 @@ def _study_params() -> list[inspect.Parameter]:
     return params
 
 
+def _trace_args() -> inspect.Parameter:
+    return inspect.Parameter(
+        "so_trace_args", inspect.Parameter.KEYWORD_ONLY, annotation=typing.List[Path],
+        default=typer.Argument(None, metavar="TRACE", show_default=False,
+                               help="Recorded trace(s), as --trace; these come first (the first is the reference)."))
+
+
 def _study_options(kw: dict[str, Any]) -> StudyOptions:
-    """Pop the generated StudyOptions from `kw`."""
+    """Pop the generated StudyOptions from `kw` (the trace arguments, then the --trace options)."""
     hints = typing.get_type_hints(StudyOptions)
-    vals = {}
+    vals: dict[str, Any] = {}
+    args = tuple(kw.pop("so_trace_args", None) or ())
     for f in dataclasses.fields(StudyOptions):
         v = kw.pop("so_" + f.name, None)
         if v is None:
@@ -155,6 +165,8 @@ def _study_options(kw: dict[str, Any]) -> StudyOptions:
         elif isinstance(v, str) and base_type(hints[f.name])[0] is float:
             v = parse_value(v, float, f.metadata["flags"][0])
         vals[f.name] = v
+    if args:
+        vals["trace"] = args + vals.get("trace", ())
     return StudyOptions(**vals)
 
 
@@ -178,6 +190,8 @@ def command(app: typer.Typer, name: str, *, help: str, whatif: str | None = "one
     def deco(fn: Callable) -> Callable:
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in list(inspect.signature(fn).parameters.values())[2:]]
         params = own + (_whatif_params(whatif == "grid") if whatif else []) + (_study_params() if study else [])
+        if study and not any(isinstance(p.default, typer.models.ArgumentInfo) for p in own):
+            params.append(_trace_args())
 
         def wrapper(**kw: Any) -> Any:
             wi = parse_whatif(kw, as_list=whatif == "grid") if whatif else {}

@@ -35,7 +35,13 @@ class Outcome:
     peak_running: int = field(metadata={"help": "most concurrent sequences in the simulation"})
     preemptions: float = field(metadata={"help": "mean requests preempted per round (KV cache full)"})
     seed: int = field(metadata={"help": "seed of the length sampling"})
-    warnings: tuple[str, ...] = field(default=(), metadata={"help": "extrapolation and model warnings"})
+    warnings: tuple[str, ...] = field(default=(), metadata={"help": "what may be wrong: extrapolation, unmeasured terms"})
+    notes: tuple[str, ...] = field(default=(), metadata={"help": "how the answer was made: rescaled terms, model assumptions"})
+    hardware: str = field(default="as recorded", metadata={"help": "the devices this configuration and its reference run on"})
+    hardware_gain: float = field(default=1.0, metadata={"help": "responses/s of the reference configuration on this hardware over "
+                                                                 "the recorded hardware (1: as recorded)"})
+    time_to_target_vs_recorded: float = field(default=math.nan, metadata={
+        "help": "T / T of the reference as recorded: the batch change and the hardware change together"})
     responses_per_s_lo: float = field(default=math.nan, metadata={"help": "lower end of the responses/s interval (see interval)"})
     responses_per_s_hi: float = field(default=math.nan, metadata={"help": "upper end of the responses/s interval"})
     sigma_lo: float = field(default=math.nan, metadata={"help": "lower end of the sigma interval"})
@@ -54,8 +60,9 @@ class Outcome:
     allreduce_s: float = field(default=0.0, metadata={"help": "gradient all-reduce seconds per update (split with train_gpus > 1)"})
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "warnings"}
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("warnings", "notes")}
         d["warnings"] = "; ".join(self.warnings)
+        d["notes"] = "; ".join(self.notes)
         return {k: (float(v) if isinstance(v, (np.floating,)) else int(v) if isinstance(v, np.integer) else v) for k, v in d.items()}
 
 
@@ -71,6 +78,7 @@ class RunResult:
     b_crit: float = field(metadata={"help": "gradient noise scale of the reference (actor), responses"})
     recorded_time_to_target_s: float = field(metadata={"help": "wall seconds at which the reference's evals reached the target"})
     warnings: tuple[str, ...] = field(metadata={"help": "fit and learning-model warnings"})
+    notes: tuple[str, ...] = field(default=(), metadata={"help": "how the study was made (models chosen, constants fitted)"})
     b_crit_critic: float = field(default=math.nan, metadata={"help": "gradient noise scale of the PPO value model"})
     recorded_responses_per_s: float = field(default=math.nan, metadata={"help": "median responses/s over the trace's updates"})
     recorded_step_time_s: float = field(default=math.nan, metadata={"help": "median step time over the trace's updates"})
@@ -83,6 +91,7 @@ class RunResult:
                  recorded_step_time_s=self.recorded_step_time_s,
                  recorded_time_to_target_s=self.recorded_time_to_target_s,
                  warnings=list(self.warnings) + list(self.candidate.warnings),
+                 notes=list(self.notes) + list(self.candidate.notes),
                  reference=self.reference.to_dict())
         if self.validation is not None:
             d["fit_validation"] = self.validation.to_dict()

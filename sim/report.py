@@ -15,6 +15,7 @@ import numpy as np
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import atomic_write, fmt
+from rlsim.tables import RANGED, describe, interval, own, sweep_verdict, varying, with_interval
 from rlsim.views import CHARTS, OPTIONAL_CHARTS, _axes_of, build_charts, fitted_models
 
 TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3f"), ("gen_s", "gen s", ".3f"),
@@ -99,17 +100,104 @@ def models_section(fitted) -> str:
     return "\n".join(parts)
 
 
+def _cell(r: Mapping[str, Any], key: str, spec: str) -> str:
+    """A table cell's HTML: the value, its interval (where there is one) under it; 'undecided' marked."""
+    if key == "regime":
+        reg = str(r.get(key) if r.get(key) is not None else "-")
+        return f"<span class='undecided'>{html.escape(reg)}</span>" if reg == "undecided" else html.escape(reg)
+    v = html.escape(fmt(r.get(key), spec))
+    iv = interval(r, key) if key in RANGED else None
+    if iv:
+        v += f"<br><span class='iv'>{html.escape(fmt(iv[0], spec))}..{html.escape(fmt(iv[1], spec))}</span>"
+    return v
+
+
+def _html_table(header: Sequence[str], body: Sequence[tuple[str, Sequence[str]]], cls: str = "grid") -> str:
+    """Like _table, but the cells are HTML already; each body row is (row class, cells)."""
+    h = "".join(f"<th>{html.escape(str(x))}</th>" for x in header)
+    b = "".join(f"<tr class='{c}'>" + "".join(f"<td>{x}</td>" for x in cells) + "</tr>" for c, cells in body)
+    return f"<table class='{cls}'><thead><tr>{h}</tr></thead><tbody>{b}</tbody></table>"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _items_html(xs: Sequence[str]) -> str:
+    return "".join(f"<li>{html.escape(x)}</li>" for x in xs)
+
+
+def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
+    """The headline: the verdict as `rlsim sweep` prints it (best, undecided between, may not beat the
+    reference) with intervals, the first-ranked config's numbers, the caveats (warnings) in a box, and the
+    notes on how the numbers were made folded away."""
+    axes = varying(rows, _axes_of(meta, rows))  # the options that were swept name a config
+    opts = (meta.get("grid") or {}).get("options") or {}
+    v = sweep_verdict(rows, meta, describe_row=lambda r: describe(r, axes, opts))
+    best, ref = v["best"] or rows[0], meta.get("reference") or {}
+    cls = "verdict clear" if v["kind"] == "clear" else "verdict undecided-box"
+    parts = [f"<div class='{cls}'><p class='headline'><b>{html.escape(v['title'])}</b>: {html.escape(v['text'])}.</p>"]
+    parts.append(f"<p>Ranked first: <b>{html.escape(describe(best, axes, opts))}</b> (B = {fmt(best.get('batch'))} responses "
+                 f"per update): T / T_ref = {html.escape(with_interval(best, 'time_to_target_ratio', '.3f'))} "
+                 f"({html.escape(str(best.get('regime')))}), sigma {html.escape(with_interval(best, 'sigma', '.3f'))}, "
+                 f"rho {html.escape(with_interval(best, 'rho', '.3f'))} ({html.escape(str(best.get('rho_model')))}), "
+                 f"{html.escape(with_interval(best, 'responses_per_s', '.1f'))} responses/s"
+                 + (f" against {fmt(ref.get('responses_per_s'), '.1f')} for the reference (P={ref.get('prompts')}, "
+                    f"G={ref.get('group')})" if ref else "") + ".</p></div>")
+    others = [r for r in rows if r is not best and all(r is not t for t in v["tied"]) and own(r, "warnings", meta)]
+    warns = list(v["warnings"])
+    if others:
+        warns.append(f"{_count(len(others), 'other config')} {'have' if len(others) > 1 else 'has'} warnings of "
+                     f"{'their' if len(others) > 1 else 'its'} own: see the caveats column of the ranking")
+    if warns:
+        parts.append(f"<div class='warnbox'><b>Caveats ({len(warns)})</b><ul>{_items_html(warns)}</ul></div>")
+    if v["notes"]:
+        parts.append(f"<details class='notes'><summary>How these numbers were made ({_count(len(v['notes']), 'note')})</summary>"
+                     f"<ul>{_items_html(v['notes'])}</ul></details>")
+    return "\n".join(parts)
+
+
 def ranking_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], *, limit: int = 200) -> str:
     axes = _axes_of(meta, rows)
     cols = [c for c in TABLE_COLUMNS if any(c[0] in r for r in rows)]
-    body = [[r.get("rank")] + [fmt(r.get(a)) for a in axes] + [fmt(r.get(k), f) for k, _, f in cols] for r in rows[:limit]]
+    shown = list(rows[:limit])
+    opts = (meta.get("grid") or {}).get("options") or {}
+    v = sweep_verdict(rows, meta, describe_row=lambda r: describe(r, varying(rows, axes), opts))
+    lead = {id(r) for r in [v["best"]] + v["tied"] if r is not None}
+    warn_ids: dict[str, int] = {}
+    notes: dict[str, list] = {}
+    body = []
+    for r in shown:
+        ws = own(r, "warnings", meta)  # the study's warnings, which every row repeats, are in the summary
+        for w in ws:
+            warn_ids.setdefault(w, len(warn_ids) + 1)
+        for n in own(r, "notes", meta):
+            notes.setdefault(n, []).append(str(r.get("rank")))
+        refs = ", ".join(f"<a href='#caveat-{warn_ids[w]}'>{warn_ids[w]}</a>" for w in ws)
+        cells = ([html.escape(str(r.get("rank")))] + [html.escape(fmt(r.get(a))) for a in axes]
+                 + [_cell(r, k, f) for k, _, f in cols] + [refs or "-"])
+        body.append(("lead" if id(r) in lead else "", cells))
     grid = (meta.get("grid") or {})
-    desc = "; ".join(f"{(grid.get('options') or {}).get(a, a)} {', '.join(map(str, v))}" for a, v in (grid.get("axes") or {}).items())
-    head = f"<p>{len(rows)} configs ({html.escape(desc)}); ranked by T_new / T_ref = rho / sigma, smallest first."
+    desc = "; ".join(f"{(grid.get('options') or {}).get(a, a)} {', '.join(map(str, vals))}"
+                     for a, vals in (grid.get("axes") or {}).items())
+    head = (f"<p>{len(rows)} configs ({html.escape(desc)}); ranked by T_new / T_ref = rho / sigma, smallest first. "
+            "Intervals under the values (where the fit has them); highlighted: the config(s) the headline names. "
+            "A config whose T interval spans 1 is <span class='undecided'>undecided</span>.")
     if len(rows) > limit:
         head += f" The best {limit} are shown; all are in results.csv."
     head += "</p>"
-    return head + _table(["rank", *axes, *[c[1] for c in cols]], body)
+    if not warn_ids:  # no config has warnings of its own: no column of dashes
+        body = [(c, cells[:-1]) for c, cells in body]
+    out = head + _html_table(["rank", *axes, *[c[1] for c in cols]] + (["caveats"] if warn_ids else []), body)
+    if warn_ids:
+        out += ("<p><b>Caveats of the configs</b> (numbers in the caveats column):</p><ol class='warn caveats'>"
+                + "".join(f"<li id='caveat-{i}'>{html.escape(w)}</li>" for w, i in warn_ids.items()) + "</ol>")
+    if notes:
+        out += (f"<details class='notes'><summary>Notes per config: how their numbers were made ({len(notes)})</summary><ul>"
+                + "".join(f"<li>{html.escape(n)} <span class='muted'>(rank {', '.join(rs)})</span></li>"
+                          for n, rs in notes.items())
+                + "</ul></details>")
+    return out
 
 
 def _chart_div(name: str, title: str, spec: dict) -> str:
@@ -125,6 +213,13 @@ table{border-collapse:collapse;margin:.6em 0;font-size:13px} td,th{border:1px so
 table.kv th{text-align:left;background:#f6f6f6} table.grid thead th{background:#f0f3f7;position:sticky;top:0}
 .eq{font-family:ui-monospace,monospace;background:#f7f7f7;padding:.5em} .warn{color:#9a5b00} .muted{color:#777}
 section.chart{margin:1.5em 0}
+.verdict{border-left:5px solid #2f855a;background:#f0f9f3;padding:.4em 1em;margin:.8em 0} .verdict p{margin:.4em 0}
+.verdict.undecided-box{border-left-color:#c27c0e;background:#fff8e6} .headline{font-size:17px}
+.warnbox{border:1px solid #e3b341;background:#fffbea;color:#6b4500;padding:.4em 1em;margin:.8em 0}
+.warnbox ul{margin:.3em 0;padding-left:1.3em} .undecided{color:#a05a00;font-weight:600}
+.iv{color:#777;font-size:11px;white-space:nowrap} tr.lead td{background:#eef5fc}
+details.notes{font-size:13px;color:#555;margin:.6em 0} details.notes summary{cursor:pointer}
+ol.caveats{font-size:13px}
 """
 
 
@@ -158,18 +253,8 @@ def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out
     parts = [f"<h1>rlsim report</h1><p class='muted'>generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}"
              f"{' from sweep ' + html.escape(str(sweep_dir)) if sweep_dir else ''}</p>"]
     if rows:
-        best = rows[0]
-        ref = meta.get("reference") or {}
-        axes = _axes_of(meta, rows)
-        opts = (meta.get("grid") or {}).get("options") or {}
-        desc = " ".join(f"{opts.get(a, a)} {best.get(a)}" for a in axes)
-        parts.append("<h2 id='summary'>Summary</h2><p>Best of " + str(len(rows)) + " configs: <b>" + html.escape(desc) +
-                     f"</b> (B = {fmt(best.get('batch'))} responses per update): T / T_ref = "
-                     f"{fmt(best.get('time_to_target_ratio'), '.3f')} ({html.escape(str(best.get('regime')))}), sigma "
-                     f"{fmt(best.get('sigma'), '.3f')}, rho {fmt(best.get('rho'), '.3f')} ({html.escape(str(best.get('rho_model')))}), "
-                     f"{fmt(best.get('responses_per_s'), '.1f')} responses/s"
-                     + (f" against {fmt(ref.get('responses_per_s'), '.1f')} for the reference (P={ref.get('prompts')}, "
-                        f"G={ref.get('group')})" if ref else "") + ".</p>")
+        parts.append("<h2 id='summary'>Summary</h2>" + summary_section(rows, meta))
+        parts.append("<h2 id='ranking'>Sweep ranking</h2>" + ranking_section(rows, meta))
     parts.append("<h2 id='traces'>Traces</h2>")
     for t in traces:
         s = trace_summary(t)
@@ -187,8 +272,6 @@ def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out
     titles = dict(CHARTS + OPTIONAL_CHARTS)
     for name, chart in charts.items():
         parts.append(_chart_div(name, titles.get(name, name), chart.to_dict()))
-    if rows:
-        parts.append("<h2 id='ranking'>Sweep ranking</h2>" + ranking_section(rows, meta))
     names = json.dumps(list(charts))
     script = ("<script>(function(){for(const n of " + names + "){const s=JSON.parse(document.getElementById('spec-'+n).textContent);"
               "vegaEmbed('#vis-'+n,s,{mode:'vega-lite',actions:{export:true,source:false,compiled:false,editor:false}})"

@@ -12,6 +12,7 @@ from rlsim.config import WhatIf
 from rlsim.grid import build_grid, config_dict
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import exclusive
+from rlsim.tables import sweep_verdict
 
 
 @dataclass(frozen=True)
@@ -51,13 +52,20 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
         rows = backends.run_sweep(study, grid, workers=workers, ray_address=ray_address, chunk_size=chunk_size,
                                   progress=progress)
         seconds = time.perf_counter() - t0
-        ranked = results.rank_rows(rows)
+        ranked = results.rank_rows([_with_study_caveats(r, study) for r in rows])
         backend = ({"kind": "ray", "address": ray_address} if ray_address else
                    {"kind": "local", "workers": min(workers or backends.default_workers(), len(grid))})
         meta = results.sweep_metadata(traces=traces, axes=axes, fixed={}, labels=labels, n_configs=len(grid),
                                       study_options={"rho_model": rho_model, "target": target},
                                       backend=backend, seconds=round(seconds, 3))
         meta["reference"] = results.reference_row(study, grid[0].updates, grid[0].seed)
+        meta["warnings"], meta["notes"] = list(study.warnings), list(study.notes)
+        if any(k in axes for k in HARDWARE_FIELDS):
+            meta["notes"].append("each configuration is compared with the reference configuration on its own hardware "
+                                 "(T / T_ref, the ranking); time_to_target_vs_recorded compares across hardware")
+        v = sweep_verdict(ranked, meta)
+        meta["verdict"] = {"kind": v["kind"], "title": v["title"], "text": v["text"],
+                           "tied_configs": [r.get("config_id") for r in v["tied"]]}
         paths: dict = {}
         if out is not None:
             results.prepare_out_dir(out, overwrite)  # again, under the lock: another sweep may have written it meanwhile
@@ -68,6 +76,15 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
                 sweep_charts(Path(out) / "charts", traces=traces, study=study, rows=ranked, meta=meta)
                 paths["charts"] = Path(out) / "charts"
     return SweepResult(rows=ranked, meta=meta, paths=paths, seconds=seconds)
+
+
+HARDWARE_FIELDS = ("device", "gpus", "gen_gpus", "train_gpus")  # the WhatIf fields that change the devices
+
+
+def _with_study_caveats(row: dict, study: Any) -> dict:
+    """A sweep row carries the study's warnings too, as `rlsim run` prints them beside each answer."""
+    own = [w for w in str(row.get("warnings") or "").split("; ") if w]
+    return {**row, "warnings": "; ".join(list(study.warnings) + own)}
 
 
 class _nothing:

@@ -45,28 +45,36 @@ class Study:
     n_star_ref: float = field(metadata={"help": "reference responses to reach the target (nan if never)"})
     recorded_time_to_target_s: float = field(metadata={"help": "wall seconds at which the reference's evals reached the target"})
     warnings: tuple[str, ...] = field(default=(), metadata={"help": "fit and learning-model warnings"})
+    notes: tuple[str, ...] = field(default=(), metadata={"help": "how the study was made (models chosen, constants fitted)"})
     trace_names: tuple[str, ...] = field(default=(), metadata={"help": "names of the traces"})
     hardware: dict = field(default_factory=dict, metadata={"help": "the reference trace's `hardware` metadata (source of --device)"})
     b_crit_reps: Any = field(default=None, metadata={"help": "bootstrap replicates of the reference's B_crit (over its updates), for rho intervals"})
     lr_aware: RhoModel | None = field(default=None, metadata={"help": "the lr-aware rho model (--rho lr-aware), its B_bend and kappa resolved"})
+    framework: str = field(default="rlrun", metadata={"help": "what recorded the reference: rlrun, or the framework whose log was imported"})
 
     @property
     def b_ref(self) -> int:
         return int(self.reference.prompts * self.reference.group)
 
-    def reference_run(self, updates: int, seed: int) -> SimRun:
-        """The reference configuration simulated for `updates` updates with length seed `seed`."""
-        return _reference_run(self, updates, seed)
+    def reference_run(self, updates: int, seed: int, like: WhatIf | None = None) -> SimRun:
+        """The reference configuration simulated for `updates` updates with length seed `seed`, on the
+        hardware `like` asks for (`reference_config`; None: as recorded)."""
+        return _reference_run(self, reference_config(self, like or WhatIf(), updates=updates, seed=seed))
 
     def rho_for(self, b: float, lr_rule: str) -> tuple[float, str, list[str]]:
         """(rho, model used, notes) at batch b with lr rule `lr_rule`."""
+        model, notes = self.rho_model(b, lr_rule)
+        x_rule = lr_rule if model.kind == "lr-aware" else None  # only lr-aware takes the lr rule into account
+        return float(model.rho(b, x_rule)), model.kind, notes + model.notes(b)
+
+    def rho_model(self, b: float, lr_rule: str) -> tuple[RhoModel, list[str]]:
+        """The sample-cost model for a candidate at batch b under `lr_rule`, and notes on its fit to the question."""
         notes: list[str] = []
         kind = self.rho_requested
-        ref_rule = self.reference.lr_rule
         model: RhoModel | None = None
         if kind in ("curves", "auto"):
             same = [c for i, c in enumerate(self.curves) if (i == 0 or self._on_lr_line(c, lr_rule))
-                    and getattr(c, "staleness", 0) == getattr(self.curves[0], "staleness", 0)]  # other limits: asyncrl
+                    and c.staleness == self.curves[0].staleness]  # other limits: asyncrl
             try:
                 model = curves_rho(self.b_ref, same, self.target)
             except RlsimError as e:
@@ -74,7 +82,6 @@ class Study:
                     raise
                 if len(self.curves) > 1:
                     notes.append(f"learning curves not used ({e})")
-                model = None
         if kind == "lr-aware":
             model = self.lr_aware
         if model is None and kind in ("noise-scale", "auto"):
@@ -83,20 +90,18 @@ class Study:
             except RlsimError:
                 if kind == "noise-scale":
                     raise
-        if model is None:
-            model = invariant_rho(self.b_ref)
-        if model.kind == "lr-aware":  # it takes the lr rule into account
-            notes += model.notes(b)
-            return float(model.rho(b, lr_rule)), model.kind, notes
-        if lr_rule == "fixed" and b > self.b_ref and model.kind != "curves":
+        if model is None:  # asked for, or nothing measured the sample cost (then it carries bounds)
+            model = invariant_rho(self.b_ref, assumed=kind != "invariant")
+        if model.kind in ("lr-aware", "curves"):
+            return model, notes
+        if lr_rule == "fixed" and b > self.b_ref:
             notes.append(f"--lr-rule fixed beyond the reference batch needs learning curves (record runs with a fixed lr at larger "
                          f"batches and pass them with --trace); rho from the {model.kind} model assumes a rescaled lr, and what a "
-                         "fixed lr costs is the task's: the article measured 1.5-1.67x more responses at 2x batch, rlsim's "
-                         "studies 1.05x (addmix) and >= 1.37x (add2) at 4x (docs/results.md 1d)")
-        elif lr_rule != ref_rule and b != self.b_ref and model.kind != "curves":
-            notes.append(f"lr rule {lr_rule} differs from the trace's ({ref_rule}); the {model.kind} rho model ignores the rule")
-        notes += model.notes(b)
-        return float(model.rho(b)), model.kind, notes
+                         "fixed lr costs depends on the task (docs/results.md)")
+        elif lr_rule != self.reference.lr_rule and b != self.b_ref:
+            notes.append(f"lr rule {lr_rule} differs from the trace's ({self.reference.lr_rule}); the {model.kind} rho model "
+                         "ignores the rule")
+        return model, notes
 
     def _on_lr_line(self, c: LearningCurve, lr_rule: str) -> bool:
         """Whether run `c` trained at the lr that `lr_rule` gives its batch from the reference's: the curves a candidate
@@ -126,20 +131,51 @@ def models_for(study: Study, cfg: WhatIf) -> tuple[FittedModels, EngineConfig, t
     return _rescaled(study, cfg.device, cfg.gpus)
 
 
+def recorded_devices(study: Study) -> int:
+    """Devices the reference trace ran on (its hardware metadata's device_count; 1 when not stated)."""
+    hw = study.hardware or study.models.config.get("hardware") or {}
+    n = hw.get("device_count") or hw.get("gpus") or 1
+    return int(n) if isinstance(n, (int, float)) and n >= 1 else 1
+
+
+def reference_config(study: Study, cfg: WhatIf, *, updates: int | None = None, seed: int | None = None) -> WhatIf:
+    """The reference configuration (the trace's P, G and lr rule, colocated and synchronous) on the hardware
+    `cfg` runs on, so that sigma compares batch sizes, not machines: the same --device and --gpus; for a split,
+    colocated on as many devices as the split holds (each replica and each trainer rank is one recorded device
+    group)."""
+    gpus = cfg.gpus
+    if cfg.split:
+        gpus = (int(cfg.gen_gpus) + int(cfg.train_gpus)) * recorded_devices(study)
+        if cfg.device is None and gpus == recorded_devices(study):
+            gpus = None
+    return replace(study.reference, updates=cfg.updates if updates is None else updates,
+                   seed=cfg.seed if seed is None else seed, device=cfg.device, gpus=gpus)
+
+
+def hardware_label(study: Study, cfg: WhatIf) -> str:
+    """The devices `cfg` runs on, in words ('as recorded' when it asks for none)."""
+    if cfg.device is None and cfg.gpus is None and not cfg.split:
+        return "as recorded"
+    hw = study.hardware or {}
+    name = cfg.device or hw.get("device_name") or hw.get("device") or "the recorded device"
+    n = (int(cfg.gen_gpus) + int(cfg.train_gpus)) * recorded_devices(study) if cfg.split else cfg.gpus or recorded_devices(study)
+    return f"{n} x {name}"
+
+
 @functools.lru_cache(maxsize=32)
 def _rescaled(study: Study, device: str | None, gpus: int | None) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
-    from rlsim.replay.devices import known_names, profile_for_hardware, rescale
+    from rlsim.replay.devices import profile_for_hardware, recorded_profile, rescale
 
     hw = study.hardware or study.models.config.get("hardware") or {}
-    if device is None:  # --gpus alone: more (or fewer) of the recorded device
-        prof = profile_for_hardware(hw)
-        if prof is None:
-            raise RlsimError(f"--gpus without --device needs a trace recorded on a known device; pass --device NAME "
-                             f"(known devices: {known_names()})")
-        device = prof.key
-    n = gpus or int(hw.get("device_count") or 1)
-    models, notes = rescale(study.models, device, n, source_profile=hw or None)
-    return models, _engine_of(models), tuple(notes)
+    n = gpus or recorded_devices(study)
+    assumed: list[str] = []
+    if device is None:  # --gpus alone: more (or fewer) of the recorded device, which needs no datasheet
+        prof = profile_for_hardware(hw) or recorded_profile(hw)
+        assumed.append(f"--gpus {n} without --device: {n} x the recorded device ({prof.name}); its costs scale with the "
+                       f"device count from the {recorded_devices(study)} recorded")
+        device = prof
+    models, notes = rescale(study.models, device, n, source_profile=hw or None, source_gpus=recorded_devices(study))
+    return models, _engine_of(models), tuple(assumed + notes)
 
 
 def _resolve(study_ref: WhatIf | None, models: FittedModels, cfg: WhatIf) -> tuple[int, int, str]:
@@ -252,33 +288,36 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     if rho_model == "curves" and len(traces) < 2:
         raise RlsimError("--rho curves needs two or more traces at different batch sizes (repeat --trace)")
     if rho_model in ("auto", "noise-scale") and len(traces) == 1 and noise.b_crit > 0:
-        # measured: docs/results.md sections 1c-1d (two tasks, fresh seeds): the two-batch noise scale of one run ranked
-        # batch sizes no better than chance, and it ordered the two tasks' bends the wrong way round
+        # measured (docs/results.md, two tasks, fresh seeds): the two-batch noise scale of one run ranked batch
+        # sizes no better than chance, and it ordered the two tasks' bends the wrong way round
         warnings.append("rho from one trace uses its gradient noise scale, which did not predict samples-to-target in "
-                        "rlsim's measured batch-size studies (docs/results.md 1c); treat rho and the ranking as a guess, "
+                        "rlsim's measured batch-size studies (docs/results.md); treat rho and the ranking as a guess, "
                         "or record runs at two or more other batch sizes and add them with --trace (--rho curves)")
-    lr_aware = None
+    lr_aware, notes = None, []
     if rho_model == "lr-aware":
-        lr_aware, note = _lr_aware(ref_curve, curves, target, rho_params)
-        warnings.append(note)
+        lr_aware, note, identified = _lr_aware(ref_curve, curves, target, rho_params)
+        (notes if identified else warnings).append(note)
     return Study(models=models, reference=reference, engine=_engine_of(models), algo=algo, curves=curves, noise=noise,
                  rho_requested=rho_model, target=float(target), n_star_ref=float(n_star) if n_star is not None else math.nan,
-                 recorded_time_to_target_s=rec_t, warnings=tuple(warnings), trace_names=tuple(t.name for t in traces),
-                 b_crit_reps=b_crit_replicates(noise), hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware)
+                 recorded_time_to_target_s=rec_t, warnings=tuple(warnings), notes=tuple(notes), trace_names=tuple(t.name for t in traces),
+                 b_crit_reps=b_crit_replicates(noise), hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
+                 framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"))
 
 
 def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float,
-              params: tuple[float, float] | None) -> tuple[RhoModel, str]:
-    """The lr-aware model: B_bend and kappa as given, else fitted on the other traces' curves."""
+              params: tuple[float, float] | None) -> tuple[RhoModel, str, bool]:
+    """The lr-aware model: B_bend and kappa as given, else fitted on the other traces' curves; a note on where they
+    come from, and whether they are identified (two constants need runs at two other sizes or lrs)."""
     rule = ref.lr_rule or "sqrt"
     if params is not None:
-        return lr_aware_rho(ref.batch, *params, rule), f"lr-aware rho: B_bend = {params[0]:.4g}, kappa = {params[1]:.3g} as given"
+        return lr_aware_rho(ref.batch, *params, rule), f"lr-aware rho: B_bend = {params[0]:.4g}, kappa = {params[1]:.3g} as given", True
     if len(curves) > 1 and math.isfinite(target):
         f = fit_lr_aware(ref, curves, target)
         src = f"fitted on {f.runs} runs"
         few = "; two constants from one run are not identified: add runs at more sizes" if f.runs < 2 else ""
         return lr_aware_rho(ref.batch, f.b_bend, f.kappa, rule, source=src), \
-            f"lr-aware rho: B_bend = {f.b_bend:.4g} responses, kappa = {f.kappa:.3g} {src} (squared log error {f.loss:.3g}){few}"
+            f"lr-aware rho: B_bend = {f.b_bend:.4g} responses, kappa = {f.kappa:.3g} {src} (squared log error {f.loss:.3g}){few}", \
+            f.runs >= 2
     if len(curves) > 1:
         raise RlsimError("--rho lr-aware is fitted where the runs reach a target score, and the reference trace has no eval "
                          "rows: record it with evals (--eval-every), or give --bend-batch and --kappa")
@@ -326,12 +365,11 @@ def replicate_rates(models: FittedModels, run_: SimRun) -> np.ndarray | None:
         return np.where(total > 0, float(run_.responses.sum()) / total, np.nan)
 
 
-@functools.lru_cache(maxsize=16)
-def _reference_run(study: Study, updates: int, seed: int) -> SimRun:
-    # Study is eq=False, so the cache is keyed by the object: a sweep worker simulates each
-    # (updates, seed) of the reference once for all its configs
-    cfg = replace(study.reference, updates=updates, seed=seed)
-    return simulate(study.models, sim_config(study, cfg), rng=np.random.default_rng(seed))
+@functools.lru_cache(maxsize=32)
+def _reference_run(study: Study, cfg: WhatIf) -> SimRun:
+    # Study is eq=False, so the cache is keyed by the object: a sweep worker simulates each reference
+    # configuration (updates, seed, hardware) once for all its configs
+    return simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed))
 
 
 def same_setup(a: Trace, b: Trace) -> bool:
@@ -346,51 +384,99 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     P, G, rule = _resolve(study.reference, study.models, cfg)
     B = P * G
     q = run_.responses_per_s
-    warnings: list[str] = []
+    ref_cfg = reference_config(study, cfg)
+    model: RhoModel | None = None
     if reference:
-        sigma, rho, kind = 1.0, 1.0, "reference"
+        sigma, rho, kind, warnings = 1.0, 1.0, "reference", []
     else:
-        sigma = q / study.reference_run(cfg.updates, cfg.seed).responses_per_s
-        rho, kind, notes = study.rho_for(B, rule)
-        warnings += notes
-        warnings += models_for(study, cfg)[2]  # which costs moved to the other hardware, and by what factor
+        sigma = q / _reference_run(study, ref_cfg).responses_per_s
+        model, warnings = study.rho_model(B, rule)
+        rho, kind = float(model.rho(B, rule if model.kind == "lr-aware" else None)), model.kind
+        warnings += model.notes(B)
+    hw_warnings, notes, gain = _hardware(study, cfg, ref_cfg)
+    warnings += hw_warnings
     rho_stale = 1.0
     if run_.split:  # split devices: the model's assumptions, and the staleness limit's effect on sample cost
         from rlsim.asyncrl import staleness_rho
 
-        rho_stale, notes = staleness_rho(study, int(run_.split["staleness"]))
+        rho_stale, stale_notes = staleness_rho(study, int(run_.split["staleness"]))
         rho *= rho_stale
-        warnings += list(run_.notes) + notes
+        warnings += stale_notes
+        notes += list(run_.notes)
     if run_.approximation:
-        warnings.append(run_.approximation)
+        notes.append(run_.approximation)
     ratio = rho / sigma
     t_abs = rho * study.n_star_ref / q if math.isfinite(study.n_star_ref) else math.nan
-    if not reference and study.models.update.quality.method == "proportional" and not (2 / 3 <= B / study.b_ref <= 1.5):
-        warnings.append("training time is extrapolated in proportion to tokens from one batch size (a fixed per-update "
-                        "cost cannot be separated from one trace); pass traces at other batch sizes (--trace) to fit it")
-    measured = max(study.models.max_concurrency, 1)
-    peak = int(run_.peak_running.max())
-    if not reference and peak > CONCURRENCY_EXTRAPOLATION * measured:
-        warnings.append(f"{peak} concurrent sequences is more than {CONCURRENCY_EXTRAPOLATION:g}x the measured {measured}: "
-                        "the step-cost model is extrapolated")
-    if run_.preemptions.sum() > 0:
-        warnings.append(f"past KV-cache capacity ({run_.peak_kv_tokens.max():.0f} tokens needed of "
-                        f"{sim_config(study, cfg).engine.kv_cache_tokens}): {run_.preemptions.mean():.1f} preemptions per round, recomputed")
+    warnings += _extrapolation_warnings(study, cfg, run_, B, reference)
     step = run_.mean_step_time
     gen, train, syn, oth = (float(run_.gen_time.mean()), float(run_.train_time.mean()), float(run_.sync_time.mean()),
                             float(run_.other_time.mean()))
-    iv = _intervals(study, cfg, run_, q, sigma, rho, ratio, B, kind, reference)
+    iv = _intervals(study, cfg, run_, q, sigma, rho, ratio, B, kind, reference, model, rho_stale)
     reg = "reference" if reference else regime(ratio)
     lo_t, hi_t = iv.get("time_to_target_ratio_lo", math.nan), iv.get("time_to_target_ratio_hi", math.nan)
     if not reference and lo_t < 1 < hi_t and not (lo_t >= 1 - REGIME_BAND and hi_t <= 1 + REGIME_BAND):
         reg = "undecided"
         warnings.append(f"T / T_ref interval {lo_t:.3g}..{hi_t:.3g} spans 1: whether time to target falls or rises is "
-                        f"undecided at this confidence ({iv.get('interval', '')})")
+                        f"undecided at this confidence ({iv.get('interval', '')}); {_decider(iv, P, G, study)}")
     return Outcome(prompts=P, group=G, batch=B, lr_rule=rule, responses_per_s=q, step_time_s=step, gen_s=gen, train_s=train,
                    sync_s=syn, other_s=oth, idle_s=max(step - gen - train - syn, 0.0), sigma=sigma, rho=rho, rho_model=kind,
                    time_to_target_ratio=ratio, time_to_target_s=t_abs, regime=reg, **iv,
-                   updates=int(len(run_.step_time)), gen_steps=float(run_.gen_steps.mean()), peak_running=peak,
-                   preemptions=float(run_.preemptions.mean()), seed=cfg.seed, warnings=tuple(warnings), **_split_fields(run_, rho_stale))
+                   updates=int(len(run_.step_time)), gen_steps=float(run_.gen_steps.mean()), peak_running=int(run_.peak_running.max()),
+                   preemptions=float(run_.preemptions.mean()), seed=cfg.seed, warnings=tuple(warnings), notes=tuple(notes),
+                   hardware=hardware_label(study, cfg), hardware_gain=gain, time_to_target_vs_recorded=ratio / gain,
+                   **_split_fields(run_, rho_stale))
+
+
+def _hardware(study: Study, cfg: WhatIf, ref_cfg: WhatIf) -> tuple[list[str], list[str], float]:
+    """(warnings, notes, gain) of running on the hardware `cfg` asks for: gain is the reference configuration's
+    responses/s there over its responses/s as recorded (1 when `cfg` asks for no other hardware)."""
+    if cfg.device is None and cfg.gpus is None and not cfg.split:
+        return [], [], 1.0
+    models, _, notes = models_for(study, ref_cfg)
+    warnings = [w for w in models.warnings if w not in study.models.warnings]  # the rescale's own caveat
+    recorded = reference_config(study, WhatIf(), updates=ref_cfg.updates, seed=ref_cfg.seed)
+    gain = _reference_run(study, ref_cfg).responses_per_s / _reference_run(study, recorded).responses_per_s
+    notes = [f"compared with the reference configuration (P={ref_cfg.prompts}, G={ref_cfg.group}, colocated) on the same "
+             f"hardware, {hardware_label(study, ref_cfg)}: it runs {gain:.3g}x the recorded responses/s there, a change of "
+             "hardware and not of batch size, which sigma leaves out"] + list(notes)
+    return warnings, notes, float(gain)
+
+
+def _extrapolation_warnings(study: Study, cfg: WhatIf, run_: SimRun, B: int, reference: bool) -> list[str]:
+    """Where the candidate leaves the range the cost models were measured on."""
+    out = []
+    if not reference and study.models.update.quality.method == "proportional" and not (2 / 3 <= B / study.b_ref <= 1.5):
+        out.append("training time is extrapolated in proportion to tokens from one batch size (a fixed per-update "
+                   "cost cannot be separated from one trace); pass traces at other batch sizes (--trace) to fit it")
+    measured = max(study.models.max_concurrency, 1)
+    peak = int(run_.peak_running.max())
+    if not reference and peak > CONCURRENCY_EXTRAPOLATION * measured:
+        out.append(f"{peak} concurrent sequences is more than {CONCURRENCY_EXTRAPOLATION:g}x the measured {measured}: "
+                   "the step-cost model is extrapolated")
+    if run_.preemptions.sum() > 0:
+        out.append(f"past KV-cache capacity ({run_.peak_kv_tokens.max():.0f} tokens needed of "
+                   f"{sim_config(study, cfg).engine.kv_cache_tokens}): {run_.preemptions.mean():.1f} preemptions per round, recomputed")
+    return out
+
+
+def _decider(iv: dict[str, Any], P: int, G: int, study: Study) -> str:
+    """The cheapest measurement that would decide an undecided verdict: whichever of rho and sigma is less sure."""
+    def width(key: str) -> float:
+        lo, hi = iv.get(key + "_lo", math.nan), iv.get(key + "_hi", math.nan)
+        return math.log(hi / lo) if lo > 0 and math.isfinite(hi) and hi >= lo else 0.0
+
+    rho_side = width("rho") >= width("sigma")
+    what = "to the target" if rho_side else "for a few updates"
+    if study.framework == "rlrun":
+        group = "" if study.algo == "ppo" else f" --group {G}"
+        run = f"rlrun record --algo {study.algo} --prompts {P}{group} " + ("..." if rho_side else "--steps 5")
+        how = f"record a run at this size {what} ({run})"
+    else:
+        how = (f"run {study.framework} at P={P}, G={G} {what} and import its log (rlsim import {study.framework} LOG "
+               "-o run.parquet)")
+    if rho_side:
+        return f"the sample cost decides it: {how}, then add it with --trace"
+    return f"the throughput decides it: {how}, which measures it"
 
 
 def _split_fields(run_: SimRun, rho_stale: float) -> dict[str, Any]:
@@ -412,35 +498,45 @@ REGIME_BAND = 0.05  # the band of `regime` ("flat" within it)
 
 
 def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, rho: float, ratio: float, B: int,
-               kind: str, reference: bool) -> dict[str, Any]:
-    """The `_lo` / `_hi` fields of an Outcome and the method (empty without replicates)."""
-    from rlsim.replay.calibration import interval
+               kind: str, reference: bool, model: RhoModel | None = None, rho_stale: float = 1.0) -> dict[str, Any]:
+    """The `_lo` / `_hi` fields of an Outcome and how they were made (empty when nothing is uncertain or
+    nothing resamples). Throughput: the bootstrap replicates of the recorded hardware's fits (none for rescaled
+    or split runs). Sample cost: B_crit replicates (noise scale), or the bounds of an unmeasured rho."""
+    from rlsim.replay.calibration import INTERVAL, interval
 
-    reps = getattr(study.models, "replicates", None)
-    if cfg.device is not None or cfg.gpus is not None or cfg.split:
-        return {}  # the replicates are fits of the recorded hardware, colocated: no interval for rescaled or split runs
-    q_reps = replicate_rates(study.models, run_)
-    if reps is None or q_reps is None:
-        return {}
+    reps = study.models.replicates
+    level = reps.level if reps is not None else INTERVAL
     out: dict[str, Any] = {}
-    out["responses_per_s_lo"], out["responses_per_s_hi"] = interval(q, q_reps, reps.level)
+    methods: list[str] = []
+    sig_reps = None
+    q_reps = None if (cfg.device is not None or cfg.gpus is not None or cfg.split or reps is None) else \
+        replicate_rates(study.models, run_)
+    if q_reps is not None:
+        out["responses_per_s_lo"], out["responses_per_s_hi"] = interval(q, q_reps, level)
+        sig_reps = np.ones(len(q_reps)) if reference else \
+            q_reps / replicate_rates(study.models, _reference_run(study, reference_config(study, cfg)))
+        out["sigma_lo"], out["sigma_hi"] = (1.0, 1.0) if reference else interval(sigma, sig_reps, level)
+        methods.append(reps.method)
     if reference:
-        sig_reps = np.ones(len(q_reps))
-        rho_reps, rho_note = None, "rho = 1"
+        rho_reps, bounds, rho_note = None, None, "rho = 1"
     else:
-        ref_reps = replicate_rates(study.models, study.reference_run(cfg.updates, cfg.seed))
-        sig_reps = q_reps / ref_reps
         rho_reps, rho_note = study.rho_replicates(B, kind)
-    out["sigma_lo"], out["sigma_hi"] = (1.0, 1.0) if reference else interval(sigma, sig_reps, reps.level)
-    if rho_reps is None:
-        out["rho_lo"] = out["rho_hi"] = rho
-        rho_reps = np.full(len(sig_reps), rho)
-    else:
-        out["rho_lo"], out["rho_hi"] = interval(rho, rho_reps, reps.level)
-    m = min(len(rho_reps), len(sig_reps))
-    out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = (
-        (1.0, 1.0) if reference else interval(ratio, rho_reps[:m] / sig_reps[:m], reps.level))
-    out["interval"] = f"{reps.method}; {rho_note}"
+        bounds = model.bounds(B) if model is not None else None
+    if bounds is not None:  # rho not measured here: its bounds, against the sigma interval's far ends
+        out["rho_lo"], out["rho_hi"] = bounds[0] * rho_stale, bounds[1] * rho_stale
+        s_lo, s_hi = out.get("sigma_lo", sigma), out.get("sigma_hi", sigma)
+        out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = out["rho_lo"] / s_hi, out["rho_hi"] / s_lo
+        methods.append(f"rho bounded {out['rho_lo']:.3g}..{out['rho_hi']:.3g} where it is not measured")
+    elif rho_reps is not None or sig_reps is not None:
+        rr = rho_reps * rho_stale if rho_reps is not None else np.full(len(sig_reps), rho)
+        ss = sig_reps if sig_reps is not None else np.full(len(rr), sigma)
+        m = min(len(rr), len(ss))
+        out["rho_lo"], out["rho_hi"] = interval(rho, rr, level) if rho_reps is not None else (rho, rho)
+        out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = (
+            (1.0, 1.0) if reference else interval(ratio, rr[:m] / ss[:m], level))
+        methods.append(rho_note)
+    if methods:
+        out["interval"] = "; ".join(methods)
     return out
 
 
@@ -450,10 +546,11 @@ def evaluate(study: Study, cfg: WhatIf) -> Outcome:
     return _outcome(study, cfg, run_)
 
 
-def reference_outcome(study: Study, updates: int = 100, seed: int = 0) -> Outcome:
-    """The reference configuration's own outcome (sigma = rho = 1) for `updates` updates, seed `seed`."""
-    cfg = replace(study.reference, updates=updates, seed=seed)
-    return _outcome(study, cfg, study.reference_run(updates, seed), reference=True)
+def reference_outcome(study: Study, updates: int = 100, seed: int = 0, like: WhatIf | None = None) -> Outcome:
+    """The reference configuration's own outcome (sigma = rho = 1) for `updates` updates, seed `seed`, on the
+    hardware `like` asks for (`reference_config`; None: as recorded)."""
+    cfg = reference_config(study, like or WhatIf(), updates=updates, seed=seed)
+    return _outcome(study, cfg, _reference_run(study, cfg), reference=True)
 
 
 def timeline(study: Study, cfg: WhatIf) -> SimRun:
@@ -467,10 +564,11 @@ def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target
     cfg.validate()
     study = prepare(traces, rho_model=rho_model, target=target, calibration=calibration)
     cand = evaluate(study, cfg)
-    ref = reference_outcome(study, cfg.updates, cfg.seed)
+    ref = reference_outcome(study, cfg.updates, cfg.seed, like=cfg)
     rec = study.models.recorded
     return RunResult(reference=ref, candidate=cand, rho_model=cand.rho_model, target=study.target, n_star_ref=study.n_star_ref,
                      b_crit=study.noise.b_crit, recorded_time_to_target_s=study.recorded_time_to_target_s, warnings=study.warnings,
+                     notes=study.notes,
                      b_crit_critic=study.noise.critic_b_crit, validation=study.models.validation,
                      recorded_responses_per_s=float(np.median(rec.responses_per_s)) if len(rec.step) else math.nan,
                      recorded_step_time_s=float(np.median(rec.step_time)) if len(rec.step) else math.nan)

@@ -1,5 +1,7 @@
 """The notebook API returns what the CLI prints, as DataFrames, and raises the CLI's errors."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,5 +33,73 @@ def test_api_tables_equal_the_cli():
 def test_api_raises_the_cli_errors(tmp_path):
     with pytest.raises(rlsim.RlsimError, match="trace not found"):
         rlsim.load_trace(tmp_path / "missing.parquet")
-    with pytest.raises(rlsim.RlsimError, match="--batch must be a positive integer"):
+    with pytest.raises(rlsim.RlsimError, match="^prompts must be a positive integer, got -1$"):
         rlsim.predict([TRACE], prompts=-1)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: rlsim.predict(TRACE, batchsize=64), r"^predict: unknown keyword 'batchsize' \(did you mean batch\?\); the "
+                                                 r"keywords are rlsim.config.WhatIf's fields: prompts, group, lr_rule, "),
+    (lambda: rlsim.predict(TRACE, batch=64, prompts=64), "give prompts or batch, not both"),
+    (lambda: rlsim.predict(TRACE, batch=0), "^prompts must be a positive integer, got 0$"),
+    (lambda: rlsim.predict(TRACE, staleness=2), r"^staleness=2 needs split devices: add gen_gpus=N, train_gpus=M \("),
+    (lambda: rlsim.predict(TRACE, gen_gpus=2), "^gen_gpus needs train_gpus too"),
+    (lambda: rlsim.sweep(TRACE, {"batch": [16, 0]}), r"^config \[prompts 0\] is invalid: prompts must be a positive"),
+    (lambda: rlsim.sweep(TRACE, {"batchsize": [16]}), "^sweep: unknown keyword 'batchsize'"),
+    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, updates=5), r"^sweep: updates is a config field: put it in the axes"),
+    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, workerz=2), "^sweep: unknown keyword 'workerz'; the options are out, workers"),
+    (lambda: rlsim.predict_sizes(TRACE, group=4), r"^predict_sizes: give the sizes to predict, e.g. prompts=\[256"),
+    (lambda: rlsim.fit([]), "^fit: give at least one trace"),
+])
+def test_api_errors_are_one_line_in_keywords(call, message):
+    with pytest.raises(rlsim.RlsimError, match=message) as e:
+        call()
+    assert "\n" not in str(e.value) and "--" not in str(e.value)
+
+
+def test_cli_keeps_its_option_names(tmp_path):
+    r = CliRunner().invoke(app, ["run", str(TRACE), "--batch", "0"])
+    assert r.exit_code == 2 and r.output.strip() == "error: --batch must be a positive integer, got 0"
+    r = CliRunner().invoke(app, ["run", str(TRACE), "--staleness", "2"])
+    assert "error: --staleness 2 needs split devices: add --gen-gpus N --train-gpus M" in r.output
+    from rlsim.config import name
+    from rlsim.options import labels
+
+    assert labels() == {f: name(f) for f in labels()}  # messages and options spell each field alike
+
+
+def test_batch_is_prompts_and_predict_sizes_is_predict_per_size():
+    study = rlsim.fit(TRACE)
+    one = rlsim.predict(study, batch=64, updates=5)
+    assert one.equals(rlsim.predict(study, prompts=64, updates=5))
+    sizes = rlsim.predict_sizes(study, prompts=[16, 64, 64], updates=5)
+    assert list(sizes.index) == ["reference", "prompts=16", "prompts=64"] and list(sizes.columns) == list(one.columns)
+    assert sizes.loc[["reference", "prompts=64"]].reset_index(drop=True).equals(one.reset_index(drop=True))
+    assert sizes.loc["prompts=16"].equals(rlsim.predict(study, prompts=16, updates=5).loc["candidate"].rename("prompts=16"))
+    assert rlsim.predict_sizes(TRACE, batch=64, updates=5).loc["prompts=64"].equals(sizes.loc["prompts=64"])
+    swept = rlsim.sweep(TRACE, {"batch": [16, 64], "updates": 5})
+    assert sorted(swept["prompts"]) == [16, 64] and set(swept["updates"]) == {5}
+
+
+def test_dir_shows_the_lazy_api():
+    code = ("import sys, rlsim; names = dir(rlsim); "
+            "assert set(rlsim.__all__) <= set(names) and {'predict', 'predict_sizes', 'example_trace'} <= set(names), names; "
+            "assert 'rlsim.api' not in sys.modules and 'pandas' not in sys.modules; "
+            "import rlsim.replay; assert 'rlsim.api' not in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+
+
+def test_example_traces(monkeypatch, tmp_path):
+    assert rlsim.example_trace("grpo_p32") == TRACE and rlsim.example_trace("grpo_p32.parquet") == TRACE
+    names = rlsim.example_traces()
+    assert {"grpo_p128", "grpo_p32", "ppo_b256", "study/grpo_p32_s0"} <= set(names)
+    assert rlsim.load_trace(rlsim.example_trace("study/grpo_p32_s0")).config["prompts"] == 32
+    with pytest.raises(rlsim.RlsimError, match=r"^no example trace 'grpo_p100' \(did you mean grpo_p128\?\); shipped: "
+                                               r"grpo_addmix_p64, grpo_p128, .*rlsim.example_traces\(\) lists them all\)$"):
+        rlsim.example_trace("grpo_p100")
+    from rlsim import api
+
+    monkeypatch.setattr(api, "__file__", str(tmp_path / "site-packages" / "rlsim" / "api.py"))  # a non-editable install
+    with pytest.raises(rlsim.RlsimError, match=r"the example traces ship in the source checkout .* pip install -e \."):
+        rlsim.example_trace("grpo_p32")

@@ -69,8 +69,13 @@ def test_curves_interpolate_in_log_batch():
     assert m.rho(4096) == pytest.approx(n[2] / n[0])
     # 2048 is halfway between 1024 and 4096 in log batch
     assert m.rho(2048) == pytest.approx((n[1] + n[2]) / 2 / n[0])
-    assert m.rho(8192) == pytest.approx(m.rho(4096))  # clamped
-    assert m.notes(8192)
+    # beyond the curves: a power law through the last segment (slope clipped to [0, 1]), never a flat clamp,
+    # bounded by samples rising (rho >= rho at the last batch) and updates falling (rho <= that x B / B_last)
+    s = min(max(math.log(n[2] / n[1]) / math.log(4), 0.0), 1.0)
+    assert m.rho(8192) == pytest.approx(n[2] / n[0] * 2 ** s)
+    assert m.bounds(8192) == pytest.approx((n[2] / n[0], 2 * n[2] / n[0]))
+    assert m.bounds(128) == pytest.approx((0.5, 1.0)) and m.bounds(1024) is None
+    assert any("power law" in w and "clamp" not in w for w in m.notes(8192))
     with pytest.raises(RlsimError):
         curves_rho(256, cs[:1], 0.5)
 

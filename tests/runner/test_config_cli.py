@@ -168,3 +168,24 @@ def test_help_and_errors_fast_without_torch():
             "print(r.exit_code, bad); sys.exit(0 if r.exit_code == 2 and not bad else 1)")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("cmd", ["record", "calibrate"])
+def test_missing_engine_is_one_line(cmd, tmp_path, monkeypatch):
+    for mod in ("torch", "vllm", "transformers"):  # the base install: importing them fails
+        monkeypatch.setitem(sys.modules, mod, None)
+    out = tmp_path / "t.parquet"
+    res = runner.invoke(app, [cmd, "--out", str(out), "--prompts", "4"])
+    assert res.exit_code == 2, res.output
+    assert res.stderr.strip() == ('error: rlrun needs torch and vLLM (torch, vllm, transformers not installed): pip install torch==2.13.0 && '
+                                  'pip install -e ".[cpu]" (CPU) or pip install -e ".[gpu]" (CUDA)')
+    assert not list(tmp_path.iterdir())  # refused before anything was written
+    res = runner.invoke(app, [cmd, "--out", str(out), "--prompts", "0"])  # bad input is still reported first
+    assert res.exit_code == 2 and "--prompts (P) is 0" in res.stderr
+
+
+def test_inspect_needs_no_engine(monkeypatch):
+    for mod in ("torch", "vllm", "transformers"):
+        monkeypatch.setitem(sys.modules, mod, None)
+    res = runner.invoke(app, ["inspect", str(ROOT / "traces" / "grpo_p32.parquet")])
+    assert res.exit_code == 0 and "responses/s" in res.output, res.output

@@ -140,3 +140,98 @@ def test_png_size_rejects_non_png(tmp_path):
     p.write_bytes(b"GIF89a" + b"\0" * 30)
     with pytest.raises(ValueError):
         ch.png_size(p)
+
+
+def _walk(o, out):
+    """Every dict of a spec, depth first."""
+    if isinstance(o, dict):
+        out.append(o)
+        for v in o.values():
+            _walk(v, out)
+    elif isinstance(o, list):
+        for v in o:
+            _walk(v, out)
+    return out
+
+
+def _with_intervals(rows):
+    out = []
+    for r in rows:
+        t = r["time_to_target_ratio"]
+        out.append(dict(r, time_to_target_ratio_lo=t * 0.9, time_to_target_ratio_hi=t * 1.1, sigma_lo=r["sigma"] * 0.95,
+                        sigma_hi=r["sigma"] * 1.05, rho_lo=r["rho"] * 0.9, rho_hi=r["rho"] * 1.1))
+    return out
+
+
+def test_time_to_target_and_sigma_rho_charts_draw_intervals_and_undecided():
+    rows = _with_intervals([r for r in _rows() if r["group"] == 4])
+    rows[1] = dict(rows[1], time_to_target_ratio_lo=0.8, time_to_target_ratio_hi=1.2, regime="undecided")  # B=64
+    rows[0] = dict(rows[0], time_to_target_ratio_lo=float("nan"), time_to_target_ratio_hi=None)  # B=32: no interval
+    marks, data = _content(ch.time_to_target_chart(rows, reference_batch=32))
+    assert "errorbar" in marks
+    bars = {(d["batch"], d["lo"], d["hi"]) for d in data if d.get("lo") is not None and "time_to_target_ratio" in d}
+    assert (64.0, 0.8, 1.2) in bars and not any(b == 32.0 for b, _, _ in bars)
+    assert len(bars) == len(rows) - 1
+    assert [d["batch"] for d in data if d.get("regime") == "undecided" and "time_to_target_ratio" in d] == [64.0]
+    assert _rings(ch.time_to_target_chart(rows, reference_batch=32))  # ringed, with its legend entry
+    assert "undecided" in {d["regime"] for d in data if "x0" in d}  # the band of the undecided config
+    marks, data = _content(ch.sigma_rho_chart(rows))
+    assert "errorbar" in marks
+    sig = {(d["batch"], round(d["lo"], 9), round(d["hi"], 9)) for d in data if d.get("metric") == "sigma" and d.get("lo")}
+    assert {(float(r["prompts"] * 4), round(r["sigma_lo"], 9), round(r["sigma_hi"], 9)) for r in rows} == sig
+    assert _rings(ch.sigma_rho_chart(rows))
+    plain = [dict(r, regime="time falls") for r in rows]
+    assert not _rings(ch.time_to_target_chart(plain)) and not _rings(ch.sigma_rho_chart(plain))
+
+
+def _rings(chart) -> list:
+    """The layers ringing undecided points: open points, filtered to the undecided regime, in the legend."""
+    return [d for d in _walk(chart.to_dict(), []) if isinstance(d.get("mark"), dict) and d["mark"].get("type") == "point"
+            and d["mark"].get("filled") is False and "undecided" in str(d.get("transform"))
+            and ch.UNDECIDED_LABEL in str(d.get("transform"))]
+
+
+def test_one_series_draws_no_legend_for_it():
+    """A one-entry legend ("series: all") says nothing: with one series there is no strokeDash, with two there is."""
+    one = [r for r in _rows() if r["group"] == 4]
+    for chart in (ch.time_to_target_chart(one, reference_batch=32), ch.sigma_rho_chart(one)):
+        spec = chart.to_dict()
+        assert not [d for d in _walk(spec, []) if "strokeDash" in d and isinstance(d["strokeDash"], dict)
+                    and d["strokeDash"].get("field") == "series"]
+        assert '"title": "series"' not in chart.to_json()
+    for chart in (ch.time_to_target_chart(_rows(), series=["group"], prefer={"group": 4}), ch.sigma_rho_chart(_rows(), series=["group"])):
+        assert [d for d in _walk(chart.to_dict(), []) if isinstance(d.get("strokeDash"), dict) and d["strokeDash"].get("field") == "series"]
+    lc = ch.learning_chart({"only (P=8, G=4)": [(1.0, 0.1), (2.0, 0.3)]})
+    assert not [d for d in _walk(lc.to_dict(), []) if isinstance(d.get("color"), dict) and d["color"].get("field") == "trace"]
+    assert "only (P=8, G=4)" in lc.to_json()  # named in the title instead
+    lc2 = ch.learning_chart({"a": [(1.0, 0.1)], "b": [(1.0, 0.2)]})
+    assert [d for d in _walk(lc2.to_dict(), []) if isinstance(d.get("color"), dict) and d["color"].get("field") == "trace"]
+
+
+def test_critical_batch_labels_do_not_overlap_and_the_generation_rule_has_its_own_colour():
+    """The critical generation batch, the critical training batch and the reference at (nearly) one batch: each label
+    on its own line, each rule in a colour of its own, none the data line's."""
+    rows = [r for r in _rows() if r["group"] == 4]
+    chart = ch.time_to_target_chart(rows, critical={"critical_gen_batch": 256.0, "critical_train_batch": 240.0},
+                                    reference_batch=256)
+    layers = [d for d in _walk(chart.to_dict(), []) if "mark" in d]
+    texts = [lay for lay in layers if (lay["mark"] if isinstance(lay["mark"], str) else lay["mark"]["type"]) == "text"]
+    assert len(texts) == 3
+    ys = [lay["encoding"]["y"]["value"] for lay in texts]
+    assert len(set(ys)) == 3 and min(abs(a - b) for i, a in enumerate(ys) for b in ys[i + 1:]) >= 10  # one line each
+    rules = [lay for lay in layers if isinstance(lay["mark"], dict) and lay["mark"]["type"] == "rule" and "x" in lay["encoding"]]
+    colours = [lay["mark"]["color"] for lay in rules]
+    assert len(set(colours)) == 3 and ch.LINE_COLOR not in colours
+    line = next(lay for lay in layers if isinstance(lay["mark"], dict) and lay["mark"]["type"] == "line")
+    assert line["mark"]["color"] == ch.LINE_COLOR
+    _, data = _content(chart)
+    assert {d["label"] for d in data if "label" in d} == {"critical generation batch B\u2248256", "critical training batch B\u2248240",
+                                                          "reference (trace) B=256"}
+
+
+def test_mark_labels_stack_and_turn_at_the_right_edge():
+    marks = [{"batch": 1024.0, "label": "b"}, {"batch": 1024.0, "label": "a"}, {"batch": 64.0, "label": "c"}]
+    out = ch.mark_labels(marks, (32.0, 2048.0))
+    assert [m["label"] for m in out] == ["c", "a", "b"]
+    assert [m["y"] for m in out] == [6.0, 19.0, 32.0]
+    assert [m["align"] for m in out] == ["left", "right", "right"] and out[1]["dx"] < 0 < out[0]["dx"]

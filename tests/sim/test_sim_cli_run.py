@@ -66,7 +66,7 @@ def test_run_lr_aware_rho(trace, tmp_path):
                         "--kappa", "0.3", "--json"]))
     assert d["rho_model"] == "lr-aware"
     assert d["rho"] == pytest.approx(lr_aware_rho(64, 300, 0.3).rho(256))
-    assert any("kappa = 0.3 as given" in w for w in d["warnings"])
+    assert any("kappa = 0.3 as given" in n for n in d["notes"])  # how the answer was made: a note, not a warning
     # it takes the candidate's lr rule (noise-scale ignores it): a fixed lr is another rho
     fixed = json.loads(_ok(["run", "--trace", str(trace), "--batch", "64", "--rho", "lr-aware", "--bend-batch", "300",
                             "--kappa", "0.3", "--lr-rule", "fixed", "--json"]))
@@ -140,3 +140,30 @@ def test_bad_options(trace, args, msg):
 def test_rank_bad_input(tmp_path):
     r = runner.invoke(app, ["rank", "--measurements", str(tmp_path / "none.csv"), "--reference", "a"])
     assert r.exit_code == 2 and "not found" in r.output
+
+
+def test_traces_as_arguments(trace, tmp_path):
+    flags = ["--batch", "32", "--updates", "5", "--json"]
+    assert _ok(["run", str(trace), *flags]) == _ok(["run", "--trace", str(trace), *flags])
+    other = synthetic_trace(tmp_path / "p64.parquet", SynthSpec(prompts=64, group=4, steps=5, seed=1))
+    d = json.loads(_ok(["run", str(other), "--trace", str(trace), *flags]))  # the arguments first: the reference
+    assert d["reference"]["prompts"] == 64
+    d = json.loads(_ok(["run", "--trace", str(trace), str(other), *flags]))
+    assert d["reference"]["prompts"] == 64
+    _ok(["sweep", str(trace), "--batch", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out", str(tmp_path / "s")])
+    assert (tmp_path / "s" / "results.csv").exists()
+    r = runner.invoke(app, ["run", "--batch", "32"])
+    assert r.exit_code == 2 and r.output.strip() == ("error: give a trace with --trace or as an argument "
+                                                     "(e.g. --trace traces/grpo_p128.parquet)")
+
+
+@pytest.mark.parametrize("name", ["train.log", "metrics.jsonl", "wandb_history.csv", "trainer_state.json"])
+def test_a_framework_log_is_pointed_to_rlsim_import(tmp_path, name):
+    log = tmp_path / name
+    log.write_text("step:1 - actor/pg_loss:0.1 - timing_s/step:12.5\n")
+    for args in (["run", "--trace", str(log), "--batch", "64"], ["run", str(log)], ["replay", str(log)]):
+        r = runner.invoke(app, args)
+        assert r.exit_code == 2 and "Traceback" not in r.output
+        assert r.output.strip() == (f"error: {log} is a training log, not an rlsim trace: import it first with "
+                                    f"`rlsim import verl|openrlhf|trl {log} -o out.parquet` (docs/importing.md), "
+                                    "then pass out.parquet")

@@ -47,7 +47,9 @@ def test_sweep_cli_writes_ranked_results_equal_to_single_evaluate(trace_path, tm
     traces = [read_trace(trace_path)]
     for r in rows:
         cfg = WhatIf(prompts=r["prompts"], group=r["group"], lr_rule=r["lr_rule"], updates=8)
-        single = run(traces, cfg).candidate.to_dict()  # what `rlsim run` computes for this config
+        res_run = run(traces, cfg)
+        single = res_run.candidate.to_dict()  # what `rlsim run` computes for this config, with its warnings
+        single["warnings"] = "; ".join(list(res_run.warnings) + list(res_run.candidate.warnings))
         for k, v in single.items():
             assert r[k] == v, (k, r[k], v)
     assert len((out / "results.csv").read_text().splitlines()) == 17
@@ -182,3 +184,77 @@ def test_sweep_lr_aware_ranks_by_the_rule_and_rows_equal_run(trace_path, tmp_pat
     assert rho[(64, "sqrt")] != pytest.approx(rho[(64, "fixed")])
     one = run([read_trace(trace_path)], WhatIf(prompts=64, lr_rule="fixed", updates=4), rho_model="lr-aware:100,0.4")
     assert one.candidate.rho == pytest.approx(rho[(64, "fixed")])
+
+
+def _render(renderable, width=80):
+    from rich.console import Console
+
+    con = Console(width=width, record=True, highlight=False)
+    con.print(renderable)
+    return con.export_text()
+
+
+def test_sweep_table_prints_intervals_and_undecided():
+    from rlsim.tables import ranking_table
+
+    def row(rank, p, t, lo, hi, regime, warnings=""):
+        return {"rank": rank, "prompts": p, "group": 8, "batch": 8 * p, "responses_per_s": 204.0, "responses_per_s_lo": 192.8,
+                "responses_per_s_hi": 214.6, "sigma": 0.907, "sigma_lo": 0.863, "sigma_hi": 0.920, "rho": 0.739,
+                "rho_lo": 0.694, "rho_hi": 0.807, "time_to_target_ratio": t, "time_to_target_ratio_lo": lo,
+                "time_to_target_ratio_hi": hi, "regime": regime, "warnings": warnings}
+
+    rows = [row(1, 64, 0.816, 0.759, 0.892, "time falls"), row(2, 96, 0.95, 0.85, 1.07, "undecided", "spans 1"),
+            row(3, 1024, 4.3, float("nan"), None, "time rises")]
+    text = _render(ranking_table(rows, ["prompts", "group"], labels={"prompts": "--batch"}))
+    for s in ("0.76..0.89", "0.86..0.92", "0.69..0.81", "193..215", "undecided", "0.85..1.07"):
+        assert s in text, s
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80  # fits a terminal, nothing cut
+    assert [ln.split()[0] for ln in text.splitlines() if ln.lstrip()[:1].isdigit() and len(ln.split()) > 5] == ["1", "2!", "3"]
+
+
+@pytest.fixture(scope="module")
+def calibrated_path(tmp_path_factory):
+    from rlsim.replay.synthetic import SynthSpec, synthetic_trace
+
+    spec = SynthSpec(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=2e-3, c_seq=1e-4, c_knee=2e-4, knee=200,
+                     calibrate=True, noise=0.03)
+    return synthetic_trace(tmp_path_factory.mktemp("cal") / "cal.parquet", spec)
+
+
+def test_sweep_cli_prints_intervals_and_an_honest_verdict(calibrated_path, tmp_path):
+    res = _invoke(["sweep", "--trace", calibrated_path, "--batch", "8,16,64", "--updates", "5", "--out", tmp_path / "o",
+                   "--workers", "1", "--no-charts"])
+    assert res.exit_code == 0, res.output
+    rows, meta = results.read_results(tmp_path / "o")
+    ranged = [r for r in rows if r["time_to_target_ratio_hi"] > r["time_to_target_ratio_lo"]]
+    assert ranged
+    for r in ranged:  # each T interval under its value
+        assert f"{r['time_to_target_ratio_lo']:.2f}..{r['time_to_target_ratio_hi']:.2f}" in res.output
+    out = " ".join(res.output.split())
+    assert "best:" not in out  # the old one-line "best: ... (T ratio, regime)"
+    assert sum(s in out for s in ("Best of 3 configs", "Undecided", "No config beats the reference")) == 1
+    assert "note: intervals: 90% bootstrap" in out
+    for w in meta.get("warnings", []):  # the study's warnings, each once, whole
+        assert out.count(" ".join(w.split())) == 1
+
+
+def test_sweep_verdict_without_intervals_says_so():
+    """Rows with no interval (rescaled devices, split runs): the point estimates within 5% are not told apart,
+    the missing interval is a warning, and the notes stay apart from the warnings."""
+    from rich.console import Console
+
+    from rlsim.commands_study import print_verdict
+    from rlsim.tables import NO_INTERVAL
+
+    rows = [{"rank": 1, "prompts": 64, "batch": 512, "time_to_target_ratio": 0.80, "regime": "time falls",
+             "warnings": "study warning; with a; inside", "notes": "generation x2.1 (bandwidth)"},
+            {"rank": 2, "prompts": 96, "batch": 768, "time_to_target_ratio": 0.83, "regime": "time falls",
+             "warnings": "study warning; with a; inside; extrapolated 8x"},
+            {"rank": 3, "prompts": 256, "batch": 2048, "time_to_target_ratio": 1.5, "regime": "time rises"}]
+    meta = {"warnings": ["study warning; with a; inside"], "notes": ["rho model: noise-scale"]}
+    con = Console(width=400, record=True, highlight=False)
+    print_verdict(con, rows, meta, ["prompts"], {"prompts": "--batch"})
+    lines = con.export_text().splitlines()
+    assert lines[0].startswith("Undecided between --batch 64 and --batch 96: T / T_ref 0.800, 0.830: they lie within 5%")
+    assert lines[1:4] == ["warning: study warning; with a; inside", "warning: " + NO_INTERVAL, "warning: extrapolated 8x"]
+    assert lines[4:] == ["note: rho model: noise-scale", "note: generation x2.1 (bandwidth)"]
