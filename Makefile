@@ -23,17 +23,28 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $@
 
-.PHONY: run test test-all install
+.PHONY: run test test-all install lint-imports
 run: $(SIM_VENV)/.installed
 	$(SIM_VENV)/bin/rlsim run --trace $(TRACE) --batch $(BATCH)
 
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed lint-imports
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
-test-all: $(VENV)/.installed
+test-all: $(VENV)/.installed lint-imports
 	$(VENV)/bin/python -m pytest -q
+
+# The import contracts (pyproject's [tool.importlinter]: layers, no cycles, nothing imports the runner, torch or vLLM).
+# import-linter looks for a package's modules under its own folder, and rlsim.replay and rlsim.runner live beside
+# sim/ (package-dir): it checks a view of the package as installed, links rebuilt on every run (new modules included).
+LINT_VIEW := build/import-linter
+lint-imports: $(VENV)/.installed
+	rm -rf $(LINT_VIEW) && mkdir -p $(LINT_VIEW)/rlsim
+	ln -s $(CURDIR)/sim/*.py $(LINT_VIEW)/rlsim/
+	ln -s $(CURDIR)/replay $(LINT_VIEW)/rlsim/replay
+	ln -s $(CURDIR)/runner $(LINT_VIEW)/rlsim/runner
+	PYTHONPATH=$(CURDIR)/$(LINT_VIEW) $(VENV)/bin/lint-imports --no-cache
 
 # rlrun against TRL's GRPOTrainer (issue: runner throughput); TRL lives in its own venv, never a product dependency.
 BENCH_VENV := .venv-bench
@@ -47,4 +58,4 @@ $(BENCH_VENV)/.installed: pyproject.toml
 
 .PHONY: bench-trl
 bench-trl: $(BENCH_VENV)/.installed
-	$(BENCH_VENV)/bin/python bench/runner_vs_trl.py
+	$(BENCH_VENV)/bin/python -m bench.runner_vs_trl

@@ -1,6 +1,6 @@
 """Where a vLLM generation step goes on this machine: cProfile of one GRPO batch on rlrun's engine.
 
-    flock /tmp/rlsim-heavy.lock .venv/bin/python bench/engine_profile.py [--prompts 32,128] [--group 8]
+    flock /tmp/rlsim-heavy.lock .venv/bin/python -m bench.engine_profile [--prompts 32,128] [--group 8]
 
 For each P: one warm-up generation, then one timed generation and one under cProfile (G samples per
 prompt, rlrun's engine settings). Prints wall seconds, engine steps, ms per step, and the share of the
@@ -14,12 +14,10 @@ import argparse
 import cProfile
 import os
 import pstats
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 # (label, (file suffix, function name)) of the cumulative times reported; they do not nest in each other
 PARTS = (

@@ -2,8 +2,8 @@
 hundred cases of in CI) with thousands of cases, every case run to the end (a failure does not stop the
 campaign), distinct failures grouped.
 
-    python bench/fuzz_campaign.py --examples 2000            # split over the properties by weight
-    python bench/fuzz_campaign.py --examples 500 --seed 3 --only configs
+    python -m bench.fuzz_campaign --examples 2000            # split over the properties by weight
+    python -m bench.fuzz_campaign --examples 500 --seed 3 --only configs
 
 Prints a table (property, cases, passed, refused, failed, seconds), then each distinct failure with one
 input that shows it; exits 1 when anything failed.
@@ -15,9 +15,7 @@ import re
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests` is a package at the repository root
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

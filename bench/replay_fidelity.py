@@ -1,7 +1,7 @@
 """`rlsim replay` errors on every shipped trace: recorded vs simulated per-update step time,
 generation time and responses/s (median and max relative error; step 0, the warm-up, left out).
 
-    flock /tmp/rlsim-heavy.lock .venv/bin/python bench/replay_fidelity.py [--probe N] [TRACE ...]
+    flock /tmp/rlsim-heavy.lock .venv/bin/python -m bench.replay_fidelity [--probe N] [TRACE ...]
 
 Defaults to traces/*.parquet. Targets (issue "trustworthy extrapolation", item 6): with recorded lengths, the
 error of the run's mean <= 3 % for step time, generation time and responses/s, and the per-update median
@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def machine_floor(windows: int = 30, window_s: float = 1.0) -> tuple[float, float]:

@@ -1,6 +1,6 @@
 """How fast `rlsim run` is: end to end (process start, load, fit, simulate) and one config alone.
 
-    flock /tmp/rlsim-heavy.lock .venv/bin/python bench/run_speed.py [TRACE]
+    flock /tmp/rlsim-heavy.lock .venv/bin/python -m bench.run_speed [TRACE]
 
 TRACE defaults to traces/grpo_p128.parquet, else a synthetic P=128, G=8 trace. Targets: end to end
 at P=2048, G=8, 100 updates < 5 s; at P=65536 (B = 524288 responses per update), G=8, 100 updates
@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def trace_path(argv: list[str]) -> Path:

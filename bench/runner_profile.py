@@ -2,8 +2,8 @@
 
 Runs short real GRPO recordings (G=8) in subprocesses and prints one table:
 
-    python bench/runner_profile.py                 # P = 16, 64, 128; 10 updates each; overhead at P=64
-    python bench/runner_profile.py --steps 6 --prompts 16,64
+    python -m bench.runner_profile                 # P = 16, 64, 128; 10 updates each; overhead at P=64
+    python -m bench.runner_profile --steps 6 --prompts 16,64
 
 Throughput and shares are over the RL steps after the first (the first update carries one-time costs);
 wall per step is measured between consecutive step starts, so it includes the per-step trace flush.
@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from rlsim.replay.io import read_trace  # noqa: E402
 

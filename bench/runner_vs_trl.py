@@ -1,8 +1,8 @@
 """rlrun against TRL's GRPOTrainer on the same machine: steady-state responses/s, and the compute bound.
 
     pip install -e '.[cpu,bench]'            # TRL is the optional `bench` extra
-    python bench/runner_vs_trl.py            # P in {32, 128}, G = 8, 16 updates each (a few minutes)
-    python bench/runner_vs_trl.py --updates 8 --prompts 32,128    # quicker
+    python -m bench.runner_vs_trl            # P in {32, 128}, G = 8, 16 updates each (a few minutes)
+    python -m bench.runner_vs_trl --updates 8 --prompts 32,128    # quicker
 
 Both tools get the same model folder (rlrun's cached tiny Llama, `runner.model.ensure_model`, or
 `--model DIR`), the same task, prompts (in the same order), reward, G, temperature, max new tokens,
@@ -41,8 +41,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as `python bench/runner_vs_trl.py`
-    sys.path.insert(0, str(ROOT))
 
 INSTALL_HINT = "pip install -e '.[cpu,bench]'"
 BUSY: list[tuple[str, float]] = []  # runs that started on a CPU already busy with other work

@@ -1,7 +1,7 @@
 """Sweep speed: one config on one core, a ~1,000-config sweep on the local process pool, the same sweep as Ray
 tasks on a local Ray instance (results must be identical), and the `rlsim sweep` CLI end to end.
 
-    flock /tmp/rlsim-heavy.lock .venv/bin/python bench/sweep_speed.py [--trace traces/grpo_p128.parquet]
+    flock /tmp/rlsim-heavy.lock .venv/bin/python -m bench.sweep_speed [--trace traces/grpo_p128.parquet]
 
 Targets (issue 4): one config (100 updates, P=1024, G=8) <= 0.5 s on one core; 1,000 configs <= 5 min on
 this 2-core machine; Ray on a local cluster within 20% of the local pool. Without --trace it uses
@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from rlsim.replay.io import read_trace  # noqa: E402
 from rlsim import backends, grid as grids
@@ -44,8 +43,7 @@ def default_trace(tmp: Path) -> Path:
     real = ROOT / "traces" / "grpo_p128.parquet"
     if real.exists():
         return real
-    sys.path.insert(0, str(ROOT / "tests" / "sim"))
-    from study_synth import make_trace
+    from tests.sim.study_synth import make_trace
 
     return make_trace(tmp / "synthetic_p128.parquet", prompts=128, group=8, updates=10, max_num_seqs=256,
                       kv_cache_tokens=65536)

@@ -1,6 +1,6 @@
 """rlrun's training step, eager against `--compile` (torch.compile, inductor), on the same batches.
 
-    flock /tmp/rlsim-heavy.lock .venv/bin/python bench/train_step.py [--prompts 128] [--group 8] [--updates 8]
+    flock /tmp/rlsim-heavy.lock .venv/bin/python -m bench.train_step [--prompts 128] [--group 8] [--updates 8]
     ... bench/train_step.py --variants eager:96,eager:128,eager:256     # packed row length
     ... bench/train_step.py --variants compile:128,compile:128:noshare  # a group's prompt once, or per sample
 
@@ -16,12 +16,10 @@ import argparse
 import copy
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def main() -> None:

@@ -31,7 +31,8 @@ from typing import Any
 
 from rlsim.replay.device_data import DEVICES, UPDATE_FLOOR_S
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import AffineModel, FittedModels
+from rlsim.replay.models import FittedModels
+from rlsim.replay.robust import AffineModel
 
 
 @dataclass(frozen=True)
@@ -91,13 +92,9 @@ def get_profile(name: str) -> DeviceProfile:
     raise RlsimError(f"unknown device {name!r}; known devices: {known_names()}")
 
 
-def profile_for_hardware(hardware: dict[str, Any] | None) -> DeviceProfile | None:
-    """The profile a trace's `hardware` metadata names: its `profile` key, else the longest key or alias
-    found in `device_name`, else this machine's measured CPU profile for a CPU trace; None if none fits."""
-    hw = hardware or {}
-    if hw.get("profile"):
-        return get_profile(hw["profile"])
-    name = _norm(hw.get("device_name") or "")
+def profile_by_name(device_name: str | None) -> DeviceProfile | None:
+    """The profile whose key or alias is the longest found in a device name (None: none is)."""
+    name = _norm(device_name or "")
     best, best_len = None, 0
     if name:
         for p in PROFILES.values():
@@ -105,13 +102,23 @@ def profile_for_hardware(hardware: dict[str, Any] | None) -> DeviceProfile | Non
                 a = _norm(a)
                 if a and a in name and len(a) > best_len:
                     best, best_len = p, len(a)
+    return best
+
+
+def profile_for_hardware(hardware: dict[str, Any] | None) -> DeviceProfile | None:
+    """The profile a trace's `hardware` metadata names: its `profile` key, else the longest key or alias
+    found in `device_name`, else this machine's measured CPU profile for a CPU trace; None if none fits."""
+    hw = hardware or {}
+    if hw.get("profile"):
+        return get_profile(hw["profile"])
+    best = profile_by_name(hw.get("device_name"))
     if best is None and str(hw.get("device") or "").lower() == "cpu":
         best = PROFILES["cpu-this-machine"]
     return best
 
 
 def _source(models: FittedModels, source_profile, source_gpus: int | None) -> tuple[DeviceProfile, int]:
-    hw = (models.config.get("hardware") or {}) if isinstance(models.config, dict) else {}
+    hw = models.config.get("hardware") or {}
     if source_profile is None:
         prof = profile_for_hardware(hw) if hw else None
         if prof is None:
@@ -140,7 +147,8 @@ def _x(f: float) -> str:
     return f"x{f:.4g}"
 
 
-def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *, source_profile: Any = None,
+def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
+            source_profile: str | DeviceProfile | dict[str, Any] | None = None,
             source_gpus: int | None = None) -> tuple[FittedModels, list[str]]:
     """`models` moved to `gpus` devices of profile `device` by the roofline rule (module doc).
 
@@ -176,8 +184,11 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *, sou
     else:
         c_step = gm.c_step * bw
         notes.append(f"gen c_step (per engine step) {gm.c_step * 1e3:.4g} -> {c_step * 1e3:.4g} ms {_x(bw)} ({why_bw})")
-    gen = replace(gm, c_step=c_step, c_seq=gm.c_seq * fl * g, c_ctx=gm.c_ctx * bw * g, c_prefill=gm.c_prefill * fl * g)
-    notes.append(f"gen c_seq (per sequence per step) and c_prefill (per prompt token) {_x(fl * g)} ({why_fl}, {why_g})")
+    # the knee form's extra per-sequence slope is per-token compute like c_seq; the knee's position is kept
+    gen = replace(gm, c_step=c_step, c_seq=gm.c_seq * fl * g, c_ctx=gm.c_ctx * bw * g, c_prefill=gm.c_prefill * fl * g,
+                  c_knee=gm.c_knee * fl * g)
+    notes.append(f"gen c_seq (per sequence per step), c_knee (its change above the knee, whose position is kept) and "
+                 f"c_prefill (per prompt token) {_x(fl * g)} ({why_fl}, {why_g})")
     notes.append(f"gen c_ctx (per context token per step, KV reads) {_x(bw * g)} ({why_bw}, {why_g})")
 
     def train(m: AffineModel, floor: float) -> AffineModel:

@@ -1,4 +1,6 @@
 """One exception type for every user-facing failure: the CLIs print its message as one line and exit non-zero."""
+import functools
+import sys
 
 
 class RlsimError(Exception):
@@ -12,8 +14,6 @@ class TraceError(RlsimError):
 def cli_errors(fn):
     """Wrap a command-line entry point: an RlsimError becomes one line on stderr and exit code 2, no
     traceback. Plain Python (SystemExit), so both CLIs use it without the trace layer knowing typer."""
-    import functools
-    import sys
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):

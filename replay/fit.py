@@ -1,12 +1,12 @@
 """Cost models fitted to a recorded run, each with its fit quality.
 
-- generation: the time of one engine step from its batch composition, roofline-shaped and linear,
+- generation: the time of one engine step from its batch composition (replay/cost.py's formula),
       t_step = c_step + c_seq * num_running + c_ctx * context_tokens + c_prefill * prefill_tokens,
   fitted by non-negative least squares on `gen_step` rows after warm-up (the first RL step's rows are
-  left out when there are others; residual outliers beyond 6 robust sigmas are trimmed and refitted).
+  left out when there are others; residual outliers are trimmed and refitted, replay/robust.py).
   `c_step` is the per-step cost that amortises over concurrent sequences (weight reads, scheduling).
   With too little concurrency range the fixed term comes from a roofline prior: model bytes over the
-  device's memory bandwidth (`hardware.mem_bandwidth_gbs`, else DEFAULT_MEM_BANDWIDTH_GBS).
+  device's memory bandwidth (`default_bandwidth_gbs`).
 - generation overhead per round outside engine steps (adding requests, collecting outputs, gaps):
   gen_time - sum(step durations) against responses and steps.
 - response lengths: the empirical distribution (prompt lengths per prompt, response lengths per response).
@@ -14,7 +14,8 @@
   step (other) and the weight sync vs bytes.
 
 Everything is linear in its inputs, so sums of step costs are closed forms of summed features: the
-simulator relies on that. Imports neither torch nor SimPy.
+simulator relies on that. The types (`FittedModels` and its parts) are replay/models.py's; `fit_trace` hands
+step-level traces to replay/fit_steps.py and every fit to replay/calibration.py. Imports neither torch nor SimPy.
 
 Colocated recordings only: rows of the split-mode kinds (idle, train_rank, allreduce) are ignored, and a
 trace recorded with `rlrun record --mode split` is refused (the simulator's split what-if starts from a
@@ -28,73 +29,35 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rlsim.replay.calibration import calibrate
+from rlsim.replay.cost import EngineStepCost
+from rlsim.replay.devices import profile_by_name
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.fit_steps import fit_steps, is_step_level
 from rlsim.replay.io import Trace
+from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
+from rlsim.replay.robust import NARROW_RANGE, AffineModel, FitQuality, fit_affine, fit_quality, nnls_fit, robust_location
 from rlsim.replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE, placement
 from rlsim.replay.steps import step_table
-from rlsim.replay.util import ENGINE_DEFAULTS, default_group
+from rlsim.replay.util import ENGINE_DEFAULTS
 
-# Memory bandwidth in GB/s used for the roofline prior when the trace's `hardware.mem_bandwidth_gbs`
-# is null: matched on the device name (case-insensitive substring), else by device type.
-DEFAULT_MEM_BANDWIDTH_GBS: tuple[tuple[str, float], ...] = (
-    ("b200", 8000.0), ("h200", 4800.0), ("h100", 3350.0), ("h800", 3350.0), ("a100", 2039.0),
-    ("a800", 2039.0), ("l40", 864.0), ("a10", 600.0), ("l4", 300.0), ("v100", 900.0), ("t4", 320.0),
-    ("mi300", 5300.0),
-)
+# Memory bandwidth in GB/s of the roofline prior when neither the trace's `hardware.mem_bandwidth_gbs` nor a
+# device profile (replay/devices.py) matched by its device name gives one: by device type.
 DEFAULT_MEM_BANDWIDTH_BY_TYPE_GBS = {"cuda": 2000.0, "gpu": 2000.0, "rocm": 2000.0, "cpu": 20.0}
 
 MIN_GEN_ROWS = 50          # fewer gen_step rows after warm-up: warn that the generation fit is weak
 MIN_CONCURRENCY_SPAN = 4.0  # max/min num_running below this: roofline prior for the fixed step cost
 
 
-from rlsim.replay.robust import (NARROW_RANGE, AffineModel, FitQuality, _quality,  # noqa: F401  (re-exported)
-                                 fit_affine, nnls_fit, robust_location)
-
-
-GEN_FEATURES = ("step", "num_running", "context_tokens", "prefill_tokens")
-
-
-@dataclass(frozen=True)
-class GenStepModel:
-    """Seconds of one engine step: c_step + c_seq*num_running + c_ctx*context_tokens + c_prefill*prefill_tokens."""
-
-    c_step: float = field(metadata={"help": "fixed seconds per engine step, amortised over the batch (weight reads, scheduling)"})
-    c_seq: float = field(metadata={"help": "seconds per sequence in the batch"})
-    c_ctx: float = field(metadata={"help": "seconds per KV token attended"})
-    c_prefill: float = field(metadata={"help": "seconds per prompt token computed"})
-    quality: FitQuality = field(metadata={"help": "fit quality on the gen_step rows"})
-    prior: bool = field(default=False, metadata={"help": "c_step came from the roofline prior (too little concurrency range)"})
-    concurrency_range: tuple[int, int] = field(default=(0, 0), metadata={"help": "min and max num_running of the fitted rows"})
-    c_knee: float = field(default=0.0, metadata={"help": "change of the per-sequence slope above `knee` (piecewise-linear form; 0: linear)"})
-    knee: float = field(default=0.0, metadata={"help": "num_running at which the slope changes (replay/calibration.py)"})
-    form: str = field(default="linear", metadata={"help": "linear | knee (c_knee * max(0, num_running - knee) added)"})
-
-    @property
-    def coef(self) -> np.ndarray:
-        return np.array([self.c_step, self.c_seq, self.c_ctx, self.c_prefill])
-
-    def predict(self, num_running, context_tokens, prefill_tokens=0.0):
-        """Seconds per step for arrays of batch composition (broadcasts)."""
-        n = np.asarray(num_running, float)
-        t = (self.c_step * (n > 0) + self.c_seq * n + self.c_ctx * np.asarray(context_tokens, float)
-             + self.c_prefill * np.asarray(prefill_tokens, float))
-        return t + self.c_knee * np.maximum(n - self.knee, 0.0) if self.c_knee else t
-
-    def throughput(self, num_running, context_per_seq: float):
-        """Decode tokens per second at a steady batch of `num_running` sequences of mean context `context_per_seq`."""
-        n = np.asarray(num_running, float)
-        return n / self.predict(n, n * context_per_seq)
-
-
 def default_bandwidth_gbs(hardware: dict[str, Any]) -> tuple[float, str]:
-    """(GB/s, where it came from) for the roofline prior."""
+    """(GB/s, where it came from) for the roofline prior: the trace's metadata, else the device profile its
+    device name matches, else a default by device type."""
     bw = hardware.get("mem_bandwidth_gbs")
     if bw:
         return float(bw), "trace metadata hardware.mem_bandwidth_gbs"
-    name = str(hardware.get("device_name") or "").lower()
-    for key, val in DEFAULT_MEM_BANDWIDTH_GBS:
-        if key in name:
-            return val, f"default for {key.upper()}"
+    prof = profile_by_name(hardware.get("device_name"))
+    if prof is not None:
+        return prof.mem_bandwidth_gbs, f"device profile {prof.key} ({prof.source})"
     dev = str(hardware.get("device") or "cpu").lower()
     return DEFAULT_MEM_BANDWIDTH_BY_TYPE_GBS.get(dev, 20.0), f"default for device type {dev}"
 
@@ -113,8 +76,7 @@ def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
     keep &= np.isfinite(rows["duration"]) & (rows["num_running"] > 0)
     y = rows["duration"][keep].astype(float)
     groups = rows["round"][keep] if "round" in rows else None
-    X = np.column_stack([np.ones(keep.sum()), rows["num_running"][keep], rows["context_tokens"][keep],
-                         rows["prefill_tokens"][keep]]).astype(float)
+    X = EngineStepCost.design(rows["num_running"][keep], rows["context_tokens"][keep], rows["prefill_tokens"][keep])
     dropped = n_all - int(keep.sum()) + invalid_dropped
     if len(y) < 4:
         raise RlsimError(f"the trace has {len(y)} usable gen_step rows after warm-up; record more RL steps (at least 2) with per-step rows on")
@@ -131,115 +93,11 @@ def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
         coef = np.concatenate([[c0], coef_rest])
         warnings.append(f"generation steps span only {lo}..{hi} concurrent sequences: the fixed step cost uses a roofline "
                         f"prior (model bytes {model_bytes or 0:.3g} / {bw:g} GB/s, {src}) = {c0 * 1e3:.3g} ms")
-        q = _quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "prior+nnls")
+        q = fit_quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "prior+nnls")
     else:
         coef, k2 = nnls_fit(X, y, groups=groups)
-        q = _quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "nnls")
+        q = fit_quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "nnls")
     return GenStepModel(*map(float, coef), quality=q, prior=prior, concurrency_range=(lo, hi)), warnings
-
-
-@dataclass(frozen=True)
-class GenOverheadModel:
-    """Seconds of a generation round outside engine steps: a + b*responses + c*steps."""
-
-    base: float = field(metadata={"help": "seconds per round"})
-    per_response: float = field(metadata={"help": "seconds per request submitted and collected"})
-    per_step: float = field(metadata={"help": "seconds between consecutive engine steps (output processing)"})
-    quality: FitQuality = field(metadata={"help": "fit quality on the recorded rounds"})
-
-    def predict(self, responses, steps):
-        return self.base + self.per_response * np.asarray(responses, float) + self.per_step * np.asarray(steps, float)
-
-
-@dataclass(frozen=True, eq=False)
-class LengthModel:
-    """Empirical prompt and response lengths, sampled with a passed-in Generator."""
-
-    prompt_tokens: np.ndarray = field(metadata={"help": "prompt length of each recorded prompt (one per group)"})
-    response_tokens: np.ndarray = field(metadata={"help": "length of each recorded response"})
-    max_tokens: int = field(metadata={"help": "response cap of the recorded run (config.max_tokens)"})
-    prefill_ratio: float = field(metadata={"help": "prompt tokens computed / prompt tokens submitted (prefix-cache hits lower it)"})
-
-    @property
-    def mean_response(self) -> float:
-        return float(self.response_tokens.mean())
-
-    def sample(self, rng: np.random.Generator, prompts: int, group: int, rounds: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """(prompt lengths, response lengths), each shaped (rounds, prompts*group), prompt-major order."""
-        p = rng.choice(self.prompt_tokens, size=(rounds, prompts))
-        r = rng.choice(self.response_tokens, size=(rounds, prompts * group))
-        return np.repeat(p, group, axis=1).astype(np.int64), r.astype(np.int64)
-
-
-@dataclass(frozen=True, eq=False)
-class Recorded:
-    """What the trace measured per RL step (for replay and for charts)."""
-
-    step: np.ndarray = field(metadata={"help": "RL step index of each update row"})
-    step_time: np.ndarray = field(metadata={"help": "recorded wall seconds of each RL step"})
-    gen_time: np.ndarray = field(metadata={"help": "recorded generation seconds of each step"})
-    train_time: np.ndarray = field(metadata={"help": "recorded update seconds (update row duration) + prep_time"})
-    sync_time: np.ndarray = field(metadata={"help": "recorded weight-sync seconds of each step"})
-    num_responses: np.ndarray = field(metadata={"help": "responses per update"})
-    gen_steps: np.ndarray = field(metadata={"help": "engine steps per RL step"})
-    # per-step workload in queue order, for an exact replay of the recorded responses
-    workload: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=(), metadata={"help": "(prompt_tokens, response_tokens) per RL step, in queue order"})
-
-    @property
-    def responses_per_s(self) -> np.ndarray:
-        return self.num_responses / self.step_time
-
-
-@dataclass(frozen=True, eq=False)
-class FittedModels:
-    """All models fitted to one trace (or to several of one setup); frozen and picklable."""
-
-    gen: GenStepModel = field(metadata={"help": "engine step cost vs batch composition"})
-    gen_overhead: GenOverheadModel = field(metadata={"help": "generation round overhead outside engine steps"})
-    lengths: LengthModel = field(metadata={"help": "prompt and response length distribution"})
-    update: AffineModel = field(metadata={"help": "optimizer update seconds vs tokens trained"})
-    prep: AffineModel = field(metadata={"help": "batch preparation (old log-probs, values) seconds vs tokens"})
-    reward: AffineModel = field(metadata={"help": "reward/advantage seconds vs responses"})
-    other: AffineModel = field(metadata={"help": "rest of the RL step (unaccounted) vs responses"})
-    sync: AffineModel = field(metadata={"help": "weight sync seconds vs bytes"})
-    sync_bytes: float = field(metadata={"help": "bytes per weight sync (median of sync rows, else model bytes)"})
-    engine: dict = field(metadata={"help": "trace metadata `engine`: max_num_seqs, kv_cache_tokens, block_size, max_model_len"})
-    config: dict = field(metadata={"help": "trace metadata `config` (algo, prompts, group, lr_rule, ...)"})
-    recorded: Recorded = field(metadata={"help": "recorded per-step timings and workload"})
-    warnings: tuple[str, ...] = field(default=(), metadata={"help": "fit warnings"})
-    source: str = field(default="", metadata={"help": "trace name(s) fitted"})
-    shared_prompts: bool = field(default=False, metadata={
-        "help": "the trainer laid each group's prompt out once (metadata trainer.share_prompts): tokens trained "
-                "per update = one prompt per group + all response tokens, else prompt + response per sample "
-                "(a group longer than the trainer's row repeats its prompt there; not modelled)"})
-    validation: Any = field(default=None, metadata={
-        "help": "out-of-sample checks of the step-cost fits (replay.calibration.Validation): form, R2, cross-validated error"})
-    replicates: Any = field(default=None, metadata={
-        "help": "bootstrap coefficient sets for intervals (replay.calibration.Replicates), None when not estimable"})
-
-    @property
-    def quality(self) -> dict[str, FitQuality]:
-        return {"gen_step": self.gen.quality, "gen_overhead": self.gen_overhead.quality,
-                "update": self.update.quality, "prep": self.prep.quality, "reward": self.reward.quality,
-                "other": self.other.quality, "sync": self.sync.quality}
-
-    @property
-    def prompts(self) -> int:
-        return int(self.config.get("prompts") or 0)
-
-    @property
-    def group(self) -> int:
-        g = self.config.get("group")
-        if g is None:
-            g = default_group(self.config.get("algo"))
-        return int(g)
-
-    @property
-    def max_concurrency(self) -> int:
-        return self.gen.concurrency_range[1]
-
-    def predict_gen_step(self, num_running, context_tokens, prefill_tokens=0.0):
-        return self.gen.predict(num_running, context_tokens, prefill_tokens)
 
 
 def warmup_excluded(trace: Trace) -> bool:
@@ -256,22 +114,41 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     over the calibrated range (replay/calibration.py); every fit gets its validation and replicates."""
     traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
     ref = traces[0]
-    for t in traces:  # a split recording's step costs overlap and wait on each other: no colocated model in them
-        if placement(getattr(t, "config", None))["mode"] == "split":
-            raise RlsimError(f"{t.name} was recorded in split mode; fit a colocated recording (rlrun record --mode colocated) "
-                             "and predict the split with --gen-gpus/--train-gpus/--staleness")
-    from rlsim.replay.fit_steps import fit_steps, is_step_level  # step-level traces (imported logs)
-
-    if is_step_level(ref):
+    _check_colocated(traces)
+    if is_step_level(ref):  # imported from a log (replay/fit_steps.py)
         if calibration:  # its costs are per-phase totals: engine-step calibration rows have nothing to refit
             raise RlsimError(f"{ref.name} is a step-level trace imported from a log: --calibration applies only to "
                              "traces recorded by `rlrun record`; drop --calibration")
         return fit_steps(traces)
-    warnings: list[str] = []
+    _check_rows(traces)
+    gen_rows = _gen_rows(ref)
+    gen, warnings = fit_gen_steps(gen_rows, warmup_step=0, model_bytes=(ref.meta.get("model") or {}).get("bytes"),
+                                  hardware=ref.meta.get("hardware", {}), invalid_dropped=ref.dropped_rows(GEN_STEP))
+    st = _Steps.of(traces)
+    costs = _fit_step_costs(st, float((ref.meta.get("model") or {}).get("bytes") or 0.0), _sync_rows(traces))
+    engine = _engine_limits(ref, gen, warnings)
+    shared = [bool((t.meta.get("trainer") or {}).get("share_prompts")) for t in traces]
+    if len(set(shared)) > 1:
+        warnings.append("the traces differ in trainer.share_prompts, so their num_tokens count prompts differently "
+                        "and the update-cost fit mixes the two; fit traces recorded by the same rlrun version")
+    models = FittedModels(gen=gen, gen_overhead=fit_gen_overhead(st), lengths=_lengths(ref), **costs.models,
+                          sync_bytes=costs.sync_bytes, engine=engine, config=dict(ref.config),
+                          recorded=_recorded(ref, st, costs.upd_proper), warnings=tuple(warnings),
+                          source=",".join(t.name for t in traces), shared_prompts=shared[0])
+    # calibration rows, validation, replicates (replay/calibration.py)
+    return calibrate(models, traces, gen_rows, upd_proper=costs.upd_proper, n_tok=st.num_tokens, t_opt=st.t_optimizer,
+                     sel=costs.sel, t_fb=st.t_fb, calibration=list(calibration), ref_rows=st.is_ref)
 
-    def cat(kind: str, col: str) -> np.ndarray:
-        return np.concatenate([t.rows(kind)[col].astype(float) for t in traces])
 
+def _check_colocated(traces: Sequence[Trace]) -> None:
+    for t in traces:  # a split recording's step costs overlap and wait on each other: no colocated model in them
+        if placement(t.config)["mode"] == "split":
+            raise RlsimError(f"{t.name} was recorded in split mode; fit a colocated recording (rlrun record --mode colocated) "
+                             "and predict the split with --gen-gpus/--train-gpus/--staleness")
+
+
+def _check_rows(traces: Sequence[Trace]) -> None:
+    ref = traces[0]
     if sum(t.count(GEN_STEP) for t in traces) == 0:
         raise RlsimError(f"{ref.path} has no gen_step rows; record it with per-step rows on (rlrun record without --no-record-steps)")
     if sum(t.count(UPDATE) for t in traces) == 0:
@@ -279,78 +156,130 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     if sum(t.count(RESPONSE) for t in traces) == 0:
         raise RlsimError(f"{ref.path} has no response rows; the trace cannot give response lengths")
 
-    model_meta = ref.meta.get("model", {}) or {}
-    # the engine-step model comes from the first trace only (one machine state, one engine)
+
+def _gen_rows(ref: Trace) -> dict[str, np.ndarray]:
+    """The first trace's gen_step rows (one machine state, one engine): duration, num_running, context_tokens,
+    prefill_tokens; `step` 0 for warm-up rows (the first RL step, unless the runner warmed the engine up before
+    recording), else 1; `round` the RL step (groups of rows for the robust fit's starts)."""
     rg = ref.rows(GEN_STEP)
-    gen_rows = {c: rg[c].astype(float) for c in ("duration", "num_running", "context_tokens", "prefill_tokens")}
-    # warm-up = step 0, unless the runner warmed the engine up before recording
-    gen_rows["step"] = np.where((rg["step"].astype(float) == 0) & (not warmup_excluded(ref)), 0.0, 1.0)
-    gen_rows["round"] = rg["step"].astype(float)
-    gen, w = fit_gen_steps(gen_rows, warmup_step=0, model_bytes=model_meta.get("bytes"), hardware=ref.meta.get("hardware", {}),
-                           invalid_dropped=ref.dropped_rows(GEN_STEP) if hasattr(ref, "dropped_rows") else 0)
-    warnings += w
+    rows = {c: rg[c].astype(float) for c in ("duration", "num_running", "context_tokens", "prefill_tokens")}
+    rows["step"] = np.where((rg["step"].astype(float) == 0) & (not warmup_excluded(ref)), 0.0, 1.0)
+    rows["round"] = rg["step"].astype(float)
+    return rows
 
-    # per-RL-step aggregates, the traces' step tables end to end
-    tables = [step_table(t) for t in traces]
-    col = lambda c: np.concatenate([tb[c] for tb in tables])  # noqa: E731
-    g_steps_n, g_dur_sum, sync_per_step = col("gen_steps"), col("gen_step_time"), col("sync_time")
-    n_resp, n_tok, gen_time, step_time = col("num_responses"), col("num_tokens"), col("gen_time"), col("step_time")
-    reward_time, prep_time, upd_dur, t_opt = col("reward_time"), col("prep_time"), col("update_time"), col("t_optimizer")
-    s_dur, s_bytes = cat(SYNC, "duration"), cat(SYNC, "bytes")
 
-    # generation overhead: gen_time minus the engine steps, vs responses and steps (skip warm-up steps)
-    warm = np.concatenate([(t.rows(UPDATE)["step"] == 0) & (not warmup_excluded(t)) for t in traces])
-    if np.all(warm):
-        warm = np.zeros_like(warm)
-    is_ref = np.concatenate([np.full(t.count(UPDATE), i == 0) for i, t in enumerate(traces)])
-    ok = np.isfinite(gen_time) & ~warm & is_ref  # generation side: the first trace only
-    gap = gen_time - g_dur_sum
-    Xo = np.column_stack([np.ones(ok.sum()), n_resp[ok], g_steps_n[ok]])
-    if ok.sum() >= 3:
-        span_b = n_resp[ok].max() / max(n_resp[ok].min(), 1)
-        if span_b < NARROW_RANGE:
-            # responses constant: the per-round term and per-response term are not separable; a
-            # per-step gap plus a per-response share of the rest
-            per_step_coef, k = nnls_fit(Xo[:, [0, 2]], gap[ok])
-            med = robust_location(gap[ok] - per_step_coef[1] * g_steps_n[ok])
-            coef = np.array([0.0, max(med, 0.0) / max(float(np.median(n_resp[ok])), 1.0), per_step_coef[1]])
-            oq = _quality(Xo, gap[ok], coef, 0, "nnls(per-step)+proportional")
-        else:
-            coef, k = nnls_fit(Xo, gap[ok])
-            oq = _quality(Xo[k], gap[ok][k], coef, int((~k).sum()), "nnls")
+def _sync_rows(traces: Sequence[Trace]) -> tuple[np.ndarray, np.ndarray]:
+    return _cat(traces, SYNC, "duration"), _cat(traces, SYNC, "bytes")
+
+
+def _cat(traces: Sequence[Trace], kind: str, col: str) -> np.ndarray:
+    return np.concatenate([t.rows(kind)[col].astype(float) for t in traces])
+
+
+@dataclass(frozen=True, eq=False)
+class _Steps:
+    """Per update row of the traces end to end (replay/steps.py's step table, and what the fits need of it);
+    every array (updates,)."""
+
+    gen_steps: np.ndarray = field(metadata={"help": "engine steps of the step's generation"})
+    gen_step_time: np.ndarray = field(metadata={"help": "summed engine-step seconds"})
+    gen_time: np.ndarray = field(metadata={"help": "generation seconds"})
+    step_time: np.ndarray = field(metadata={"help": "wall seconds of the RL step"})
+    sync_time: np.ndarray = field(metadata={"help": "weight-sync seconds"})
+    reward_time: np.ndarray = field(metadata={"help": "reward seconds (0 when not recorded)"})
+    prep_time: np.ndarray = field(metadata={"help": "batch preparation seconds (0 when not recorded)"})
+    update_time: np.ndarray = field(metadata={"help": "the update row's duration (may include prep_time)"})
+    num_responses: np.ndarray = field(metadata={"help": "responses trained on"})
+    num_tokens: np.ndarray = field(metadata={"help": "tokens trained on"})
+    t_optimizer: np.ndarray = field(metadata={"help": "optimizer-step seconds"})
+    t_fb: np.ndarray = field(metadata={"help": "forward + backward seconds"})
+    warm: np.ndarray = field(metadata={"help": "warm-up update (a trace's step 0 unless warmed up before; none if all are)"})
+    is_ref: np.ndarray = field(metadata={"help": "a row of the first trace"})
+    trace: np.ndarray = field(metadata={"help": "index of the row's trace"})
+
+    @classmethod
+    def of(cls, traces: Sequence[Trace]) -> _Steps:
+        tables = [step_table(t) for t in traces]
+        col = {c: np.concatenate([tb[c] for tb in tables]) for c in tables[0]}
+        warm = np.concatenate([(t.rows(UPDATE)["step"] == 0) & (not warmup_excluded(t)) for t in traces])
+        if np.all(warm):
+            warm = np.zeros_like(warm)
+        trace = np.concatenate([np.full(t.count(UPDATE), i) for i, t in enumerate(traces)])
+        return cls(gen_steps=col["gen_steps"], gen_step_time=col["gen_step_time"], gen_time=col["gen_time"],
+                   step_time=col["step_time"], sync_time=col["sync_time"], reward_time=col["reward_time"],
+                   prep_time=col["prep_time"], update_time=col["update_time"], num_responses=col["num_responses"],
+                   num_tokens=col["num_tokens"], t_optimizer=col["t_optimizer"],
+                   t_fb=_cat(traces, UPDATE, "t_forward") + _cat(traces, UPDATE, "t_backward"),
+                   warm=warm, is_ref=trace == 0, trace=trace)
+
+
+def fit_gen_overhead(st: _Steps) -> GenOverheadModel:
+    """Generation time outside engine steps (gen_time minus their durations) vs responses and engine steps,
+    on the first trace's updates after warm-up."""
+    ok = np.isfinite(st.gen_time) & ~st.warm & st.is_ref
+    gap = st.gen_time - st.gen_step_time
+    n_resp, k = st.num_responses[ok], st.gen_steps[ok]
+    Xo = np.column_stack([np.ones(ok.sum()), n_resp, k])
+    if ok.sum() < 3:
+        return GenOverheadModel(0.0, 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
+    if n_resp.max() / max(n_resp.min(), 1) < NARROW_RANGE:
+        # responses constant: the per-round term and per-response term are not separable; a
+        # per-step gap plus a per-response share of the rest
+        per_step_coef, _ = nnls_fit(Xo[:, [0, 2]], gap[ok])
+        med = robust_location(gap[ok] - per_step_coef[1] * k)
+        coef = np.array([0.0, max(med, 0.0) / max(float(np.median(n_resp)), 1.0), per_step_coef[1]])
+        oq = fit_quality(Xo, gap[ok], coef, 0, "nnls(per-step)+proportional")
     else:
-        coef = np.zeros(3)
-        oq = FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default")
-    gen_overhead = GenOverheadModel(float(coef[0]), float(coef[1]), float(coef[2]), oq)
+        coef, kept = nnls_fit(Xo, gap[ok])
+        oq = fit_quality(Xo[kept], gap[ok][kept], coef, int((~kept).sum()), "nnls")
+    return GenOverheadModel(float(coef[0]), float(coef[1]), float(coef[2]), oq)
 
-    sel = ~warm
-    if not sel.any():
-        sel = np.ones_like(warm)
+
+PHASES = ("update", "prep", "reward", "other", "sync")  # FittedModels' per-update cost models beside generation
+
+
+@dataclass(frozen=True, eq=False)
+class _StepCosts:
+    """The phase models of `_fit_step_costs` and what they were fitted on."""
+
+    models: dict[str, AffineModel] = field(metadata={"help": "PHASES -> its fitted model"})
+    sync_bytes: float = field(metadata={"help": "bytes per weight sync"})
+    upd_proper: np.ndarray = field(metadata={"help": "(updates,) update seconds without batch preparation"})
+    sel: np.ndarray = field(metadata={"help": "(updates,) rows fitted (after warm-up)"})
+
+
+def _fit_step_costs(st: _Steps, model_bytes: float, sync_rows: tuple[np.ndarray, np.ndarray]) -> _StepCosts:
+    """Update, prep, reward, other (the rest of the step) and sync, across the traces (one group each)."""
+    sel = ~st.warm if (~st.warm).any() else np.ones_like(st.warm)
     # Is prep_time inside the update row's duration (old log-probs computed by the update call)?
     # Then the update proper is duration - prep_time; the step's other time must not subtract it twice.
-    parts = cat(UPDATE, "t_forward") + cat(UPDATE, "t_backward") + t_opt
     prep_inside = False
-    if np.any(prep_time[sel] > 0):
-        slack = upd_dur - parts
+    if np.any(st.prep_time[sel] > 0):
+        slack = st.update_time - (st.t_fb + st.t_optimizer)
         ok_p = np.isfinite(slack) & sel
         if ok_p.any():
-            prep_inside = bool(np.median(slack[ok_p]) >= 0.5 * np.median(prep_time[ok_p]))
-    upd_proper = upd_dur - prep_time if prep_inside else upd_dur
-    hint = robust_location(t_opt[sel]) if np.isfinite(t_opt[sel]).any() else 0.0
-    grp = np.concatenate([np.full(t.count(UPDATE), i) for i, t in enumerate(traces)])[sel] if len(traces) > 1 else None
-    update = fit_affine("update", "tokens", n_tok[sel], upd_proper[sel], intercept_hint=hint, groups=grp)
-    prep = fit_affine("prep", "tokens", n_tok[sel], prep_time[sel], groups=grp)
-    reward = fit_affine("reward", "responses", n_resp[sel], reward_time[sel], groups=grp)
-    other_t = step_time - gen_time - reward_time - prep_time - upd_proper - sync_per_step
-    other = fit_affine("other", "responses", n_resp[sel], np.maximum(other_t[sel], 0.0), intercept_hint=robust_location(np.maximum(other_t[sel], 0)), groups=grp)
+            prep_inside = bool(np.median(slack[ok_p]) >= 0.5 * np.median(st.prep_time[ok_p]))
+    upd_proper = st.update_time - st.prep_time if prep_inside else st.update_time
+    hint = robust_location(st.t_optimizer[sel]) if np.isfinite(st.t_optimizer[sel]).any() else 0.0
+    grp = st.trace[sel] if st.trace.max() > 0 else None
+    n_tok, n_resp = st.num_tokens[sel], st.num_responses[sel]
+    other_t = np.maximum(st.step_time - st.gen_time - st.reward_time - st.prep_time - upd_proper - st.sync_time, 0.0)[sel]
+    s_dur, s_bytes = sync_rows
     if len(s_dur):
-        sync = fit_affine("sync", "bytes", s_bytes, s_dur)
-        sync_bytes = float(np.median(s_bytes))
+        sync, sync_bytes = fit_affine("sync", "bytes", s_bytes, s_dur), float(np.median(s_bytes))
     else:
         sync = AffineModel("sync", "bytes", 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
-        sync_bytes = float(model_meta.get("bytes") or 0.0)
+        sync_bytes = model_bytes
+    models = dict(update=fit_affine("update", "tokens", n_tok, upd_proper[sel], intercept_hint=hint, groups=grp),
+                  prep=fit_affine("prep", "tokens", n_tok, st.prep_time[sel], groups=grp),
+                  reward=fit_affine("reward", "responses", n_resp, st.reward_time[sel], groups=grp),
+                  other=fit_affine("other", "responses", n_resp, other_t, intercept_hint=robust_location(other_t), groups=grp),
+                  sync=sync)
+    return _StepCosts(models, sync_bytes=sync_bytes, upd_proper=upd_proper, sel=sel)
 
-    # lengths
+
+def _lengths(ref: Trace) -> LengthModel:
+    """The first trace's prompt lengths (one per group), response lengths, cap and prefix-cache ratio."""
     resp = ref.rows(RESPONSE)
     first = resp["group_index"] == 0
     p_tok = resp["prompt_tokens"][first] if first.any() else resp["prompt_tokens"]
@@ -358,25 +287,27 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     pre_total = float(np.sum(ref.rows(GEN_STEP)["prefill_tokens"]))
     prompt_total = float(np.sum(resp["prompt_tokens"]))
     ratio = float(np.clip(pre_total / prompt_total, 0.0, 1.5)) if prompt_total > 0 else 1.0
-    lengths = LengthModel(prompt_tokens=p_tok.astype(np.int64), response_tokens=np.maximum(resp["response_tokens"], 1).astype(np.int64),
-                          max_tokens=max_tokens, prefill_ratio=ratio)
+    return LengthModel(prompt_tokens=p_tok.astype(np.int64), response_tokens=np.maximum(resp["response_tokens"], 1).astype(np.int64),
+                       max_tokens=max_tokens, prefill_ratio=ratio)
 
-    # recorded (reference trace only)
-    ru = ref.rows(UPDATE)
-    n_ref = len(ru["step"])
-    rec_steps = ru["step"].astype(np.int64)
-    workload = []
+
+def _recorded(ref: Trace, st: _Steps, upd_proper: np.ndarray) -> Recorded:
+    """The first trace's per-update timings (its rows come first in `st`) and its workload in queue order."""
+    resp = ref.rows(RESPONSE)
+    rec_steps = ref.rows(UPDATE)["step"].astype(np.int64)
+    n = len(rec_steps)
     order = np.lexsort((resp["group_index"], resp["prompt_id"], resp["t_queued"] if np.isfinite(resp["t_queued"]).all() else resp["prompt_id"]))
     r_step = resp["consumed_step"] if np.isfinite(resp["consumed_step"].astype(float)).all() else resp["step"]
     r_step = r_step[order].astype(np.int64)
     rp, rr = resp["prompt_tokens"][order].astype(np.int64), np.maximum(resp["response_tokens"][order], 1).astype(np.int64)
-    for s in rec_steps:
-        m = r_step == s
-        workload.append((rp[m], rr[m]))
-    recorded = Recorded(step=rec_steps, step_time=step_time[:n_ref], gen_time=gen_time[:n_ref],
-                        train_time=upd_proper[:n_ref] + prep_time[:n_ref], sync_time=sync_per_step[:n_ref],
-                        num_responses=n_resp[:n_ref], gen_steps=g_steps_n[:n_ref], workload=tuple(workload))
+    workload = tuple((rp[r_step == s], rr[r_step == s]) for s in rec_steps)
+    return Recorded(step=rec_steps, step_time=st.step_time[:n], gen_time=st.gen_time[:n],
+                    train_time=upd_proper[:n] + st.prep_time[:n], sync_time=st.sync_time[:n],
+                    num_responses=st.num_responses[:n], gen_steps=st.gen_steps[:n], workload=workload)
 
+
+def _engine_limits(ref: Trace, gen: GenStepModel, warnings: list[str]) -> dict:
+    """The trace's engine metadata with every limit the simulator needs filled in (a warning for max_num_seqs)."""
     engine = dict(ref.meta.get("engine", {}) or {})
     if not engine.get("max_num_seqs"):
         engine["max_num_seqs"] = int(ref.config.get("max_num_seqs") or max(gen.concurrency_range[1], 1))
@@ -385,16 +316,4 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     engine.setdefault("max_model_len", int(ref.config.get("max_model_len") or ENGINE_DEFAULTS["max_model_len"]))
     if not engine.get("kv_cache_tokens"):
         engine["kv_cache_tokens"] = int(engine["max_num_seqs"] * engine["max_model_len"])
-    shared = [bool((t.meta.get("trainer") or {}).get("share_prompts")) for t in traces]
-    if len(set(shared)) > 1:
-        warnings.append("the traces differ in trainer.share_prompts, so their num_tokens count prompts differently "
-                        "and the update-cost fit mixes the two; fit traces recorded by the same rlrun version")
-    models = FittedModels(gen=gen, gen_overhead=gen_overhead, lengths=lengths, update=update, prep=prep, reward=reward,
-                          other=other, sync=sync, sync_bytes=sync_bytes, engine=engine, config=dict(ref.config),
-                          recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces),
-                          shared_prompts=shared[0])
-    from rlsim.replay.calibration import calibrate  # calibration rows, validation, replicates
-
-    return calibrate(models, traces, gen_rows, upd_proper=upd_proper, n_tok=n_tok, t_opt=t_opt, sel=sel,
-                     t_fb=cat(UPDATE, "t_forward") + cat(UPDATE, "t_backward"), calibration=list(calibration),
-                     ref_rows=is_ref)
+    return engine

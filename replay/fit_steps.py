@@ -21,7 +21,7 @@ so that the simulator runs unchanged:
   The prefill cost per prompt token is the roofline compute prior (2 x parameters FLOPs over the GPUs'
   dense FLOP/s) when the model and device are known, else 0.
 - update (update_actor + update_critic) and prep (old_log_prob + ref + values) vs tokens; reward
-  (reward + adv) vs responses; sync vs bytes; the rest of the step (other) vs responses: `fit.fit_affine`.
+  (reward + adv) vs responses; sync vs bytes; the rest of the step (other) vs responses: `robust.fit_affine`.
 - lengths: the stand-in samples of all steps pooled.
 - a trace whose log times only whole steps (TRL): generation from the roofline priors alone (decode at
   2 x parameters FLOPs per token, weights read once per engine step), training = the rest; without a
@@ -36,16 +36,19 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri  # normal cdf and its inverse (scipy.stats costs seconds to import)
 
+from rlsim.replay.cost import StepSums
+from rlsim.replay.devices import profile_for_hardware
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import (NARROW_RANGE, AffineModel, FitQuality, FittedModels, GenOverheadModel, GenStepModel,
-                              LengthModel, Recorded, _quality, fit_affine, nnls_fit, robust_location)
 from rlsim.replay.io import Trace
+from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
+from rlsim.replay.robust import NARROW_RANGE, AffineModel, FitQuality, fit_affine, fit_quality, nnls_fit, robust_location
 from rlsim.replay.schema import GEN_STEP, PHASE, STEP_STATS, SYNC, UPDATE
 
 STANDIN_SAMPLES_TOTAL = 200_000   # pooled length samples kept for the simulator's sampling
@@ -125,26 +128,24 @@ def round_features(resp: np.ndarray, prompt: np.ndarray, max_num_seqs: int, pref
     p = np.asarray(prompt, float)
     order = rng.permutation(len(L))
     L, p = L[order], p[order]
-    S1 = float(L.sum())
-    S2 = float((L * p + L * (L - 1) / 2).sum())
-    S3 = float(p.sum() * prefill_ratio)
     if len(L) <= max_num_seqs:
-        return float(L.max()) if len(L) else 0.0, S1, S2, S3
-    free = [0] * int(max_num_seqs)  # step at which each slot frees
-    heapq.heapify(free)
-    end = 0
-    for x in L:
-        start = heapq.heappop(free)
-        e = start + int(x)
-        heapq.heappush(free, e)
-        end = max(end, e)
-    return float(end), S1, S2, S3
+        K = float(L.max()) if len(L) else 0.0
+    else:
+        free = [0] * int(max_num_seqs)  # step at which each slot frees
+        heapq.heapify(free)
+        end = 0
+        for x in L:
+            start = heapq.heappop(free)
+            e = start + int(x)
+            heapq.heappush(free, e)
+            end = max(end, e)
+        K = float(end)
+    sums = StepSums.of_requests(p, L, p * prefill_ratio, K)
+    return K, float(sums.running), float(sums.context), float(sums.prefill)
 
 
 # ------------------------------------------------------------------------------------------ priors
 def _profile(meta: dict[str, Any]):
-    from rlsim.replay.devices import profile_for_hardware
-
     try:
         return profile_for_hardware(meta.get("hardware") or {})
     except RlsimError:
@@ -216,8 +217,6 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     cfg = dict(ref.config)
     eng_meta = dict(meta.get("engine") or {})
     G = int(cfg.get("group") or 1)
-    cap = cfg.get("max_tokens")
-    pcap = cfg.get("max_prompt_tokens")
     M = int(eng_meta.get("max_num_seqs") or 1024)
     ratio = float(eng_meta.get("prefill_ratio") or 1.0)
     pri = _priors(meta)
@@ -229,23 +228,60 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     if cfg.get("fully_async"):
         warnings.append("the imported run was fully asynchronous (verl fully_async: generation and training overlapped); "
                         "rlsim simulates the synchronous colocated loop, so its reference step time is the sum of the phases")
+    d = _steps_table(traces)
+    sel = ~d["warm"] if (~d["warm"]).sum() >= 2 else np.ones(len(d["B"]), bool)
+    st = _standins(d, traces, G, cfg.get("max_tokens"), cfg.get("max_prompt_tokens"), M, ratio, warnings)
+    gen, base = _fit_generation(d, st.sums, sel, pri, M, warnings)
+    gen_pred = base + gen.total(st.sums)
+    has_gen = np.isfinite(d["gen"]) & (d["gen"] > 0)
+    gen_time = np.where(has_gen, d["gen"], gen_pred)
+    ph = _fit_phases(d, gen_time, gen_pred, has_gen, sel, float(pri.get("bytes") or 0.0), len(traces) > 1, warnings)
+    m0 = d["trace"] == 0
+    recorded = Recorded(step=d["step"][m0], step_time=ph.step_time[m0], gen_time=gen_time[m0],
+                        train_time=ph.update_s[m0] + d["prep"][m0], sync_time=d["sync"][m0], num_responses=d["B"][m0],
+                        gen_steps=st.sums.steps[m0], workload=_standin_workload(d, st, G, warnings))
+    cfg["hardware"] = dict(meta.get("hardware") or {})
+    cfg.setdefault("tp", pri["tp"])
+    if len(traces) > 1 and len({int(t.config.get("group") or 1) for t in traces}) > 1:
+        warnings.append("the pooled traces differ in group size G; their stand-in lengths are pooled as they are")
+    return FittedModels(gen=gen, gen_overhead=GenOverheadModel(base=base, per_response=0.0, per_step=0.0, quality=gen.quality),
+                        lengths=_standin_lengths(st, G, cfg.get("max_tokens"), ratio), **ph.models,
+                        sync_bytes=float(pri.get("bytes") or 0.0),
+                        engine=_engine(eng_meta, M, cfg.get("max_tokens"), cfg.get("max_prompt_tokens")), config=cfg,
+                        recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces),
+                        shared_prompts=False)
 
+
+def _steps_table(traces: Sequence[Trace]) -> dict[str, np.ndarray]:
+    """`_step_table` of the traces end to end, with `warm`: each trace's first step (compilation, allocator and
+    cache warm-up) when it has more than 3."""
     tabs = [_step_table(t, i) for i, t in enumerate(traces)]
     d = {k: np.concatenate([tb[k] for tb in tabs]) for k in tabs[0]}
-    n = len(d["B"])
-    # warm-up: each trace's first step (compilation, allocator and cache warm-up) when it has more than 3
-    warm = np.zeros(n, bool)
+    warm = np.zeros(len(d["B"]), bool)
     for i in range(len(traces)):
         m = d["trace"] == i
         if m.sum() > 3:
-            first = np.argmin(np.where(m, d["step"], np.iinfo(np.int64).max))
-            warm[first] = True
+            warm[np.argmin(np.where(m, d["step"], np.iinfo(np.int64).max))] = True
+    d["warm"] = warm
+    return d
 
-    # stand-in lengths and round features per step
+
+@dataclass(frozen=True, eq=False)
+class _Standins:
+    """The stand-in workload of every step (module doc)."""
+
+    sums: StepSums = field(metadata={"help": "(steps,) engine-step features of each step's round"})
+    responses: list[np.ndarray] = field(metadata={"help": "per step: its B stand-in response lengths (ascending)"})
+    prompts: list[np.ndarray] = field(metadata={"help": "per step: its stand-in prompt lengths, one per prompt"})
+
+
+def _standins(d: dict[str, np.ndarray], traces: Sequence[Trace], G: int, cap, pcap, max_num_seqs: int, ratio: float,
+              warnings: list[str]) -> _Standins:
+    """Per step: stand-in response and prompt lengths from its logged statistics, and the features of its round."""
+    n = len(d["B"])
     prompts_per = np.maximum(np.round(d["B"] / G), 1).astype(int)
-    feats = np.zeros((n, 4))
-    per_step_resp: list[np.ndarray] = []
-    per_step_prompt: list[np.ndarray] = []
+    feats = np.zeros((n, 4))  # K, S1, S2, S3 per step
+    resp, prompts = [], []
     only_mean = False
     for i in range(n):
         Bi = int(d["B"][i])
@@ -259,77 +295,32 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
         pr = (lognormal_lengths(int(prompts_per[i]), pm, d["prompt_len_min"][i], d["prompt_len_max"][i], d["prompt_clip_ratio"][i], pcap)
               if math.isfinite(pm) else np.zeros(int(prompts_per[i])))
         p_full = np.repeat(pr, G)[:Bi] if len(pr) * G >= Bi else np.resize(pr, Bi)
-        feats[i] = round_features(r, p_full, M, ratio, np.random.default_rng(int(d["step"][i]) + 7919 * int(d["trace"][i])))
-        per_step_resp.append(r)
-        per_step_prompt.append(pr)
+        feats[i] = round_features(r, p_full, max_num_seqs, ratio, np.random.default_rng(int(d["step"][i]) + 7919 * int(d["trace"][i])))
+        resp.append(r)
+        prompts.append(pr)
     if only_mean:
         warnings.append(f"the log gives only the mean response length: the stand-in distribution has a log-normal shape "
                         f"sigma = {DEFAULT_SIGMA} (an assumption), so the engine steps per round are uncertain")
-    K, S1, S2, S3 = feats.T
-    gen_y = d["gen"]
-    has_gen = np.isfinite(gen_y) & (gen_y > 0)
-    sel = ~warm if (~warm).sum() >= 2 else np.ones(n, bool)
+    return _Standins(StepSums(*feats.T), resp, prompts)
 
+
+def _fit_generation(d: dict[str, np.ndarray], sums: StepSums, sel: np.ndarray, pri: dict[str, Any], max_num_seqs: int,
+                    warnings: list[str]) -> tuple[GenStepModel, float]:
+    """The engine-step model and the per-round base from the logged generation times (module doc), or from the
+    roofline priors when none was logged."""
+    gen_y = d["gen"]
+    fit_rows = sel & np.isfinite(gen_y) & (gen_y > 0)
     c_prefill = float(pri.get("c_token") or 0.0)
-    X_all = np.column_stack([np.ones(n), K, S1, S2, S3])
-    method = ""
-    prior_used = False
-    base = c_step = c_seq = c_ctx = 0.0
-    fit_rows = sel & has_gen
-    dropped = int(n - fit_rows.sum())
-    B_span = (d["B"][fit_rows].max() / max(d["B"][fit_rows].min(), 1)) if fit_rows.any() else 1.0
+    dropped = int(len(gen_y) - fit_rows.sum())
     if fit_rows.sum() >= 3:
-        y = gen_y[fit_rows] - c_prefill * S3[fit_rows]
-        Kf, S1f, S2f = K[fit_rows], S1[fit_rows], S2[fit_rows]
-        sep_ctx = len(y) >= 6 and _span(S2f / S1f) >= NARROW_RANGE
-        if B_span >= NARROW_RANGE and len(y) >= 6:
-            cols = [np.ones_like(y), Kf, S1f] + ([S2f] if sep_ctx else [])
-            coef, keep = nnls_fit(np.column_stack(cols), y)
-            base, c_step, c_seq = map(float, coef[:3])
-            c_ctx = float(coef[3]) if sep_ctx else 0.0
-            method = f"nnls over {_span_text(d['B'][fit_rows])} batch sizes"
-            if c_step == 0.0 and "c_step" in pri:
-                warnings.append("the per-step generation cost fitted to 0 across the batch sizes; the roofline prior "
-                                f"would be {pri['c_step_text']}")
-        else:
-            # with an intercept, c_step is identified only by how the engine steps vary, not by their level
-            cols = [np.ones_like(y), Kf, S1f] + ([S2f] if sep_ctx else [])
-            Xs = np.column_stack(cols)
-            coef, keep = nnls_fit(Xs, y) if len(y) >= 8 else (np.zeros(Xs.shape[1]), np.ones(len(y), bool))
-            se = _rel_se(Xs[keep], y[keep], coef, 1)
-            Bv = int(np.median(d["B"][fit_rows]))
-            if len(y) >= 8 and coef[1] > 0 and se < C_STEP_MAX_REL_SE:
-                base, c_step, c_seq = map(float, coef[:3])
-                c_ctx = float(coef[3]) if sep_ctx else 0.0
-                method = "nnls (c_step from the spread of engine steps)"
-                warnings.append(f"all steps ran at one batch size (B = {Bv}): the per-step generation cost c_step = "
-                                f"{c_step * 1e3:.3g} ms comes from the step-to-step spread of the longest response alone "
-                                f"(standard error {100 * se:.0f} %); traces at other batch sizes would pin it down")
-            else:
-                if "c_step" in pri:
-                    c_step = min(pri["c_step"], 0.9 * float(np.min(y / np.maximum(Kf, 1))))
-                    prior_used = True
-                    warnings.append(f"all steps ran at one batch size (B = {Bv}), which cannot separate the per-step "
-                                    "generation cost (what a bigger batch amortises) from the per-token cost: c_step uses "
-                                    f"the roofline prior, {pri['c_step_text']}; real engine steps cost more (attention, "
-                                    "sampling, scheduling), so larger batches may gain more than predicted")
-                else:
-                    warnings.append(f"all steps ran at one batch size (B = {Bv}) and no roofline prior is available "
-                                    "(import with --device NAME and --model-params, or a model path with its size): "
-                                    "generation is taken as costing per token only, so a bigger batch gains nothing in "
-                                    "generation (sigma from generation = 1)")
-                rest = y - c_step * Kf
-                if sep_ctx:
-                    coef2, keep = nnls_fit(np.column_stack([np.ones_like(y), S1f, S2f]), rest)
-                    base, c_seq, c_ctx = map(float, coef2)
-                    method = "prior+nnls" if prior_used else "nnls (per token)"
-                else:
-                    am = fit_affine("gen", "response tokens", S1f, rest)
-                    base, c_seq, c_ctx = am.intercept, am.slope, 0.0
-                    method = ("prior+" if prior_used else "") + am.quality.method
-        coef5 = np.array([base, c_step, c_seq, c_ctx, c_prefill])
-        q = _quality(X_all[fit_rows], gen_y[fit_rows], coef5, dropped, method)
+        y = gen_y[fit_rows] - c_prefill * sums.prefill[fit_rows]
+        f = StepSums(sums.steps[fit_rows], sums.running[fit_rows], sums.context[fit_rows], sums.prefill[fit_rows])
+        base, c_step, c_seq, c_ctx, prior_used, method = _fit_gen_rows(f, y, d["B"][fit_rows], pri, warnings)
+        X = np.column_stack([np.ones(len(y)), f.steps, f.running, f.context, f.prefill])
+        q = fit_quality(X, gen_y[fit_rows], np.array([base, c_step, c_seq, c_ctx, c_prefill]), dropped, method)
     else:
+        base = c_step = c_seq = c_ctx = 0.0
+        prior_used = False
         # no generation time logged (TRL: whole steps): generation from the priors alone
         if "c_step" in pri and "c_token" in pri:
             c_step, c_seq, prior_used = pri["c_step"], pri["c_token"], True
@@ -342,73 +333,128 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
                             "in the simulation, and sigma reflects tokens only")
         q = FitQuality(0, math.nan, math.nan, math.nan, math.nan, dropped, "prior" if prior_used else "default")
     gen = GenStepModel(c_step=c_step, c_seq=c_seq, c_ctx=c_ctx, c_prefill=c_prefill, quality=q, prior=prior_used,
-                       concurrency_range=(int(min(d["B"].min(), M)), int(min(d["B"].max(), M))))
-    gen_pred = base + c_step * K + c_seq * S1 + c_ctx * S2 + c_prefill * S3
-    gen_time = np.where(has_gen, gen_y, gen_pred)
-    gen_overhead = GenOverheadModel(base=base, per_response=0.0, per_step=0.0, quality=q)
+                       concurrency_range=(int(min(d["B"].min(), max_num_seqs)), int(min(d["B"].max(), max_num_seqs))))
+    return gen, base
 
-    # the other phases
+
+def _fit_gen_rows(f: StepSums, y: np.ndarray, B: np.ndarray, pri: dict[str, Any],
+                  warnings: list[str]) -> tuple[float, float, float, float, bool, str]:
+    """(base, c_step, c_seq, c_ctx, prior used, method) of generation seconds y (prefill taken out) on the rounds'
+    features f: across batch sizes by NNLS; at one batch size by NNLS when the spread of engine steps pins
+    c_step, else with c_step from the roofline prior (or 0)."""
+    sep_ctx = len(y) >= 6 and _span(f.context / f.running) >= NARROW_RANGE
+    cols = [np.ones_like(y), f.steps, f.running] + ([f.context] if sep_ctx else [])
+    Xs = np.column_stack(cols)
+    if B.max() / max(B.min(), 1) >= NARROW_RANGE and len(y) >= 6:
+        coef, _ = nnls_fit(Xs, y)
+        base, c_step, c_seq = map(float, coef[:3])
+        c_ctx = float(coef[3]) if sep_ctx else 0.0
+        if c_step == 0.0 and "c_step" in pri:
+            warnings.append("the per-step generation cost fitted to 0 across the batch sizes; the roofline prior "
+                            f"would be {pri['c_step_text']}")
+        return base, c_step, c_seq, c_ctx, False, f"nnls over {_span_text(B)} batch sizes"
+    # with an intercept, c_step is identified only by how the engine steps vary, not by their level
+    coef, keep = nnls_fit(Xs, y) if len(y) >= 8 else (np.zeros(Xs.shape[1]), np.ones(len(y), bool))
+    se = _rel_se(Xs[keep], y[keep], coef, 1)
+    Bv = int(np.median(B))
+    if len(y) >= 8 and coef[1] > 0 and se < C_STEP_MAX_REL_SE:
+        warnings.append(f"all steps ran at one batch size (B = {Bv}): the per-step generation cost c_step = "
+                        f"{coef[1] * 1e3:.3g} ms comes from the step-to-step spread of the longest response alone "
+                        f"(standard error {100 * se:.0f} %); traces at other batch sizes would pin it down")
+        return (float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3]) if sep_ctx else 0.0, False,
+                "nnls (c_step from the spread of engine steps)")
+    c_step, prior_used = 0.0, False
+    if "c_step" in pri:
+        c_step = min(pri["c_step"], 0.9 * float(np.min(y / np.maximum(f.steps, 1))))
+        prior_used = True
+        warnings.append(f"all steps ran at one batch size (B = {Bv}), which cannot separate the per-step "
+                        "generation cost (what a bigger batch amortises) from the per-token cost: c_step uses "
+                        f"the roofline prior, {pri['c_step_text']}; real engine steps cost more (attention, "
+                        "sampling, scheduling), so larger batches may gain more than predicted")
+    else:
+        warnings.append(f"all steps ran at one batch size (B = {Bv}) and no roofline prior is available "
+                        "(import with --device NAME and --model-params, or a model path with its size): "
+                        "generation is taken as costing per token only, so a bigger batch gains nothing in "
+                        "generation (sigma from generation = 1)")
+    rest = y - c_step * f.steps
+    if sep_ctx:
+        coef2, _ = nnls_fit(np.column_stack([np.ones_like(y), f.running, f.context]), rest)
+        return float(coef2[0]), c_step, float(coef2[1]), float(coef2[2]), prior_used, "prior+nnls" if prior_used else "nnls (per token)"
+    am = fit_affine("gen", "response tokens", f.running, rest)
+    return am.intercept, c_step, am.slope, 0.0, prior_used, ("prior+" if prior_used else "") + am.quality.method
+
+
+@dataclass(frozen=True, eq=False)
+class _Phases:
+    """The phase models fitted on the logged phases (update: actor + critic; prep: old log-probs, reference and
+    values), and the times they were fitted on."""
+
+    models: dict[str, AffineModel] = field(metadata={"help": "fit.PHASES -> its fitted model"})
+    update_s: np.ndarray = field(metadata={"help": "(steps,) update seconds (a whole step less generation and sync when no phases)"})
+    step_time: np.ndarray = field(metadata={"help": "(steps,) step seconds (the phases summed when not logged)"})
+
+
+def _fit_phases(d: dict[str, np.ndarray], gen_time: np.ndarray, gen_pred: np.ndarray, has_gen: np.ndarray,
+                sel: np.ndarray, model_bytes: float, pooled: bool, warnings: list[str]) -> _Phases:
     upd = d["update"].astype(float)
-    whole = ~has_gen  # update rows that hold the whole step (no phases)
-    upd = np.where(whole, np.maximum(upd - gen_pred - d["sync"], 0.1 * upd), upd)
-    grp = d["trace"][sel] if len(traces) > 1 else None
-    update = fit_affine("update", "tokens", d["tokens"][sel], upd[sel], intercept_hint=0.0, groups=grp)
-    prep = fit_affine("prep", "tokens", d["tokens"][sel], d["prep"][sel], groups=grp)
-    reward = fit_affine("reward", "responses", d["B"][sel], d["reward"][sel], groups=grp)
+    upd = np.where(~has_gen, np.maximum(upd - gen_pred - d["sync"], 0.1 * upd), upd)  # update rows holding the whole step
+    grp = d["trace"][sel] if pooled else None
     step_time = np.where(np.isfinite(d["step_time"]), d["step_time"], gen_time + d["reward"] + d["prep"] + upd + d["sync"])
     other_t = np.maximum(step_time - gen_time - d["reward"] - d["prep"] - upd - d["sync"], 0.0)
-    other = fit_affine("other", "responses", d["B"][sel], other_t[sel], intercept_hint=robust_location(other_t[sel]), groups=grp)
-    mbytes = float(pri.get("bytes") or 0.0)
     if (d["sync"][sel] > 0).any():
-        sb = np.full(int(sel.sum()), mbytes)
-        sync = fit_affine("sync", "bytes", sb, d["sync"][sel])
+        sync = fit_affine("sync", "bytes", np.full(int(sel.sum()), model_bytes), d["sync"][sel])
     else:
         sync = AffineModel("sync", "bytes", 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
     over = (gen_time + d["reward"] + d["prep"] + upd + d["sync"]) > 1.05 * step_time
     if over[sel].mean() > 0.2:
         warnings.append(f"in {int(over[sel].sum())} of {int(sel.sum())} steps the phases add up to more than the step time "
                         "(phases overlapped or nested); the simulator runs them one after the other")
+    models = dict(update=fit_affine("update", "tokens", d["tokens"][sel], upd[sel], intercept_hint=0.0, groups=grp),
+                  prep=fit_affine("prep", "tokens", d["tokens"][sel], d["prep"][sel], groups=grp),
+                  reward=fit_affine("reward", "responses", d["B"][sel], d["reward"][sel], groups=grp),
+                  other=fit_affine("other", "responses", d["B"][sel], other_t[sel], intercept_hint=robust_location(other_t[sel]),
+                                   groups=grp),
+                  sync=sync)
+    return _Phases(models, update_s=upd, step_time=step_time)
 
-    # lengths: the stand-in samples pooled (evenly thinned to a bounded size), reference trace first
-    budget = max(STANDIN_SAMPLES_TOTAL // max(n, 1), 16)
-    r_pool = np.concatenate([_thin(r, budget) for r in per_step_resp])
-    p_pool = np.concatenate([_thin(p, max(budget // G, 4)) for p in per_step_prompt])
-    lengths = LengthModel(prompt_tokens=np.maximum(np.round(p_pool), 1).astype(np.int32),
-                          response_tokens=np.maximum(np.round(r_pool), 1).astype(np.int32),
-                          max_tokens=int(cap or int(r_pool.max())), prefill_ratio=ratio)
 
+def _standin_lengths(st: _Standins, G: int, cap, ratio: float) -> LengthModel:
+    """The stand-in samples pooled (evenly thinned to a bounded size), reference trace first."""
+    budget = max(STANDIN_SAMPLES_TOTAL // max(len(st.responses), 1), 16)
+    r_pool = np.concatenate([_thin(r, budget) for r in st.responses])
+    p_pool = np.concatenate([_thin(p, max(budget // G, 4)) for p in st.prompts])
+    return LengthModel(prompt_tokens=np.maximum(np.round(p_pool), 1).astype(np.int32),
+                       response_tokens=np.maximum(np.round(r_pool), 1).astype(np.int32),
+                       max_tokens=int(cap or int(r_pool.max())), prefill_ratio=ratio)
+
+
+def _standin_workload(d: dict[str, np.ndarray], st: _Standins, G: int, warnings: list[str]) -> tuple:
+    """Per step of the first trace, its stand-in (prompt, response) lengths in a shuffled queue order (for
+    `rlsim replay`); empty beyond WORKLOAD_LIMIT responses."""
     m0 = d["trace"] == 0
-    idx0 = np.nonzero(m0)[0]
-    workload: tuple = ()
-    if float(d["B"][m0].sum()) <= WORKLOAD_LIMIT:
-        wl = []
-        for i in idx0:
-            Bi = int(d["B"][i])
-            rr = np.maximum(np.round(per_step_resp[i]), 1).astype(np.int32)
-            rr = rr[np.random.default_rng(int(d["step"][i])).permutation(len(rr))]
-            pp = np.maximum(np.round(np.repeat(per_step_prompt[i], G)), 1).astype(np.int32)
-            pp = np.resize(pp, Bi) if len(pp) != Bi else pp
-            wl.append((pp, rr))
-        workload = tuple(wl)
-    else:
+    if float(d["B"][m0].sum()) > WORKLOAD_LIMIT:
         warnings.append("the imported run is too large to keep per-step stand-in workloads: `rlsim replay` needs --lengths sampled")
-    recorded = Recorded(step=d["step"][m0], step_time=step_time[m0], gen_time=gen_time[m0],
-                        train_time=upd[m0] + d["prep"][m0], sync_time=d["sync"][m0], num_responses=d["B"][m0],
-                        gen_steps=K[m0], workload=workload)
+        return ()
+    wl = []
+    for i in np.nonzero(m0)[0]:
+        Bi = int(d["B"][i])
+        rr = np.maximum(np.round(st.responses[i]), 1).astype(np.int32)
+        rr = rr[np.random.default_rng(int(d["step"][i])).permutation(len(rr))]
+        pp = np.maximum(np.round(np.repeat(st.prompts[i], G)), 1).astype(np.int32)
+        pp = np.resize(pp, Bi) if len(pp) != Bi else pp
+        wl.append((pp, rr))
+    return tuple(wl)
 
+
+def _engine(eng_meta: dict[str, Any], max_num_seqs: int, cap, pcap) -> dict[str, Any]:
+    """The simulator's engine limits from the log's engine metadata, defaults filled in."""
     engine = {k: v for k, v in eng_meta.items() if k in ("max_num_seqs", "kv_cache_tokens", "block_size", "max_model_len",
                                                         "engines", "tensor_parallel", "prefill_ratio", "name")}
     engine.setdefault("block_size", 16)
     engine.setdefault("max_model_len", int((pcap or 0) + (cap or 0)) or 4096)
-    engine.setdefault("max_num_seqs", M)
+    engine.setdefault("max_num_seqs", max_num_seqs)
     engine.setdefault("kv_cache_tokens", int(engine["max_num_seqs"]) * int(engine["max_model_len"]))
-    cfg["hardware"] = dict(meta.get("hardware") or {})
-    cfg.setdefault("tp", pri["tp"])
-    if len(traces) > 1 and len({int(t.config.get("group") or 1) for t in traces}) > 1:
-        warnings.append("the pooled traces differ in group size G; their stand-in lengths are pooled as they are")
-    return FittedModels(gen=gen, gen_overhead=gen_overhead, lengths=lengths, update=update, prep=prep, reward=reward,
-                        other=other, sync=sync, sync_bytes=mbytes, engine=engine, config=cfg, recorded=recorded,
-                        warnings=tuple(warnings), source=",".join(t.name for t in traces), shared_prompts=False)
+    return engine
 
 
 def _span(x: np.ndarray) -> float:

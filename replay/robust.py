@@ -33,7 +33,8 @@ class FitQuality:
                 "p95_rel_err": self.p95_rel_err, "dropped": self.dropped, "method": self.method}
 
 
-def _quality(X: np.ndarray, y: np.ndarray, coef: np.ndarray, dropped: int, method: str) -> FitQuality:
+def fit_quality(X: np.ndarray, y: np.ndarray, coef: np.ndarray, dropped: int, method: str) -> FitQuality:
+    """The FitQuality of the linear fit `coef` on rows X, y (`dropped` rows left out, fitted by `method`)."""
     if len(y) == 0:
         return FitQuality(0, math.nan, math.nan, math.nan, math.nan, dropped, method)
     pred = X @ coef
@@ -171,13 +172,13 @@ def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = N
         if len(ug) >= 2 and len(pos) >= 2 and pos.max() / pos.min() >= NARROW_RANGE:
             w = np.sqrt([np.sum(g == k) for k in ug])
             coef = _nnls_scaled(np.column_stack([np.ones_like(cx), cx]) * w[:, None], cy * w)
-            return AffineModel(name, x_name, float(coef[0]), float(coef[1]), _quality(X, y, coef, 0, f"nnls over {len(ug)} traces"))
+            return AffineModel(name, x_name, float(coef[0]), float(coef[1]), fit_quality(X, y, coef, 0, f"nnls over {len(ug)} traces"))
     xpos = x[x > 0]
     span = xpos.max() / xpos.min() if len(xpos) else 1.0
     if len(y) >= 5 and span >= NARROW_RANGE:
         coef, keep = nnls_fit(X, y)
         return AffineModel(name, x_name, float(coef[0]), float(coef[1]),
-                           _quality(X[keep], y[keep], coef, int((~keep).sum()), "nnls"))
+                           fit_quality(X[keep], y[keep], coef, int((~keep).sum()), "nnls"))
     a = float(np.clip(intercept_hint or 0.0, 0.0, robust_location(y)))
     if len(xpos) and np.median(x) > 0:
         b = float(max(robust_location((y - a) / np.maximum(x, 1e-12)), 0.0))
@@ -185,4 +186,4 @@ def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = N
     else:
         a, b, method = robust_location(y), 0.0, "constant"
     coef = np.array([a, b])
-    return AffineModel(name, x_name, a, b, _quality(X, y, coef, 0, method))
+    return AffineModel(name, x_name, a, b, fit_quality(X, y, coef, 0, method))

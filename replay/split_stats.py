@@ -9,7 +9,7 @@ what it has, so colocated and split runs compare in one table.
 
 Definitions (window = the measurement window, see below; seconds):
 - responses_per_s: the median over updates after the first `skip` of num_responses / step_time (all
-  updates when there are no more), the project's steady-state rule (bench/extrapolation.py `steady`,
+  updates when there are no more), the project's steady-state rule (bench/studies/extrapolation.py `steady`,
   `rlsim run`'s recorded responses/s); with a constant B it is B / median step_time (exactly so for an
   odd number of updates). In a split trace step_time runs from the end of the previous update's weight
   sync to the end of this one's, so the step times tile the run.
@@ -71,10 +71,11 @@ from typing import Any
 
 import numpy as np
 
+from rlsim.replay.io import read_trace
 from rlsim.replay.schema import ALLREDUCE, EVAL, GEN_STEP, IDLE, RESPONSE, SYNC, TRAIN_RANK, UPDATE, placement
 from rlsim.replay.steps import step_table
 
-SKIP_UPDATES = 2  # updates before steady state (bench/extrapolation.py SKIP_UPDATES)
+SKIP_UPDATES = 2  # updates before steady state (bench/studies/extrapolation.py SKIP_UPDATES)
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,6 @@ def _ids(rows: dict[str, np.ndarray], col: str) -> np.ndarray:
 def split_stats(trace: Any, skip: int = SKIP_UPDATES) -> SplitStats:
     """Measure a trace (a `Trace` or a path): see the module doc for every definition."""
     if isinstance(trace, (str, os.PathLike)):
-        from rlsim.replay.io import read_trace
-
         trace = read_trace(trace)
     if skip < 0:
         raise ValueError(f"skip must be 0 or more, got {skip}")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from rlsim.replay.io import write_trace
+from rlsim.replay.cost import EngineStepCost
 
 
 @dataclass(frozen=True)
@@ -171,9 +172,8 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
 
 def true_step_seconds(spec: SynthSpec, n, ctx, pre):
     """The generator's noise-free engine-step seconds."""
-    n = np.asarray(n, float)
-    return (spec.c_step + spec.c_seq * n + spec.c_ctx * np.asarray(ctx, float) + spec.c_prefill * np.asarray(pre, float)
-            + spec.c_knee * np.maximum(n - spec.knee, 0.0))
+    cost = EngineStepCost(spec.c_step, spec.c_seq, spec.c_ctx, spec.c_prefill, c_knee=spec.c_knee, knee=spec.knee)
+    return cost.step(n, ctx, pre)
 
 
 def calibration_rows(spec: SynthSpec) -> list[dict]:

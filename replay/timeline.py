@@ -81,7 +81,7 @@ def lane_key(lane: str) -> tuple:
     return (LANES.index(head) if head in LANES else len(LANES), lane)
 
 
-def _num(v: Any) -> Any:
+def json_scalar(v: Any) -> Any:
     """JSON-safe scalar for slice args (numpy types out, NaN -> None, integral floats as ints)."""
     if isinstance(v, (np.integer,)):
         return int(v)
@@ -113,7 +113,7 @@ def _phase_slices(trace) -> list[Slice]:
             continue
         lane, track, head = PHASE_LANES[role]
         out.append(Slice(lane, track, f"{head}.{p['phase'][i]}", float(p["t_start"][i]), float(p["duration"][i]),
-                         {"step": _num(p["step"][i]), "phase": str(p["phase"][i])}))
+                         {"step": json_scalar(p["step"][i]), "phase": str(p["phase"][i])}))
     return out
 
 
@@ -138,7 +138,7 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
     for i in range(len(g["kind"])):
         t0, d = float(g["t_start"][i]), float(g["duration"][i])
         gen = f"gen/engine{eng[i]}"  # split traces: a lane per engine replica (engine_id; v1/v2 traces: engine 0)
-        args = {k: _num(g[k][i]) for k in ("step", "policy_version", "num_running", "num_waiting", "prefill_tokens",
+        args = {k: json_scalar(g[k][i]) for k in ("step", "policy_version", "num_running", "num_waiting", "prefill_tokens",
                                           "decode_tokens", "context_tokens", "kv_usage", "finished")}
         spans.append(Slice(gen, "gen_step", "gen.step", t0, d, args))
         counters.append(Counter(gen, "gen.running", t0, float(g["num_running"][i])))
@@ -164,11 +164,11 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
             t0 = float(step_starts[k]) if k < len(step_starts) and step_starts[k] <= first else first
             t0 = min(max(t0, queued), end)
         name = f"p{int(r['prompt_id'][i])}/g{int(r['group_index'][i])}"
-        args = {k: _num(r[k][i]) for k in ("step", "policy_version", "prompt_id", "group_index", "prompt_tokens",
+        args = {k: json_scalar(r[k][i]) for k in ("step", "policy_version", "prompt_id", "group_index", "prompt_tokens",
                                           "response_tokens", "reward", "consumed_step", "t_queued", "t_first_token")}
-        args["queued_s"] = _num(t0 - queued)
+        args["queued_s"] = json_scalar(t0 - queued)
         if "finish_version" in r:
-            args["finish_version"] = _num(r["finish_version"][i])
+            args["finish_version"] = json_scalar(r["finish_version"][i])
         spans.append(Slice(f"gen/engine{r_eng[i]}", "response", name, t0, max(end - t0, 0.0), args))
     gen = LANE_GEN
     # split and data-parallel traces (schema v3): per-rank compute and all-reduce, and idle intervals
@@ -177,13 +177,13 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
         ranks = _ids(x, "rank")
         for i in range(len(x["kind"])):
             spans.append(Slice(f"train/trainer{ranks[i]}", track, name, float(x["t_start"][i]), float(x["duration"][i]),
-                               {"step": _num(x["step"][i]), "rank": int(ranks[i])}))
+                               {"step": json_scalar(x["step"][i]), "rank": int(ranks[i])}))
     x = trace.rows("idle")
     for i in range(len(x["kind"])):
-        e, k = _num(x["engine_id"][i]), _num(x["rank"][i])
+        e, k = json_scalar(x["engine_id"][i]), json_scalar(x["rank"][i])
         lane, nm = (f"gen/engine{int(e)}", "gen.idle") if e is not None else (f"train/trainer{int(k or 0)}", "train.idle")
         spans.append(Slice(lane, "idle", nm, float(x["t_start"][i]), float(x["duration"][i]),
-                           {"policy_version": _num(x["policy_version"][i])}))
+                           {"policy_version": json_scalar(x["policy_version"][i])}))
     # first request and first engine step of each RL step: where its generation round starts
     round_start: dict[int, float] = {}
     for st, t0 in zip(np.asarray(r["step"], float), np.where(np.isnan(r["t_queued"]), r["t_start"], r["t_queued"])):
@@ -197,7 +197,7 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
     s = trace.rows("sync")
     sync_end: dict[int, float] = {}
     for i in range(len(s["kind"])):
-        args = {k: _num(s[k][i]) for k in ("step", "policy_version", "bytes") + (("engine_id",) if "engine_id" in s else ())}
+        args = {k: json_scalar(s[k][i]) for k in ("step", "policy_version", "bytes") + (("engine_id",) if "engine_id" in s else ())}
         t0, d = float(s["t_start"][i]), float(s["duration"][i])
         spans.append(Slice(LANE_SYNC, "sync", "sync.weights", t0, d, args))
         if np.isfinite(float(s["step"][i])):
@@ -206,7 +206,7 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
     spans += phases
     u = trace.rows("update")
     for i in range(len(u["kind"])):
-        args = {k: _num(u[k][i]) for k in ("step", "policy_version", "num_responses", "num_tokens", "lr", "loss",
+        args = {k: json_scalar(u[k][i]) for k in ("step", "policy_version", "num_responses", "num_tokens", "lr", "loss",
                                           "reward", "t_forward", "t_backward", "t_optimizer", "grad_norm",
                                           "step_time", "gen_time", "reward_time", "prep_time")}
         t0, d = float(u["t_start"][i]), float(u["duration"][i])
@@ -238,7 +238,7 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
             spans.append(Slice(LANE_RL, "rl_step", "rl.step", end - st, st, {"step": step, "responses": args["num_responses"]}))
     e = trace.rows("eval")
     for i in range(len(e["kind"])):
-        args = {k: _num(e[k][i]) for k in ("step", "policy_version", "cum_responses", "cum_tokens", "score",
+        args = {k: json_scalar(e[k][i]) for k in ("step", "policy_version", "cum_responses", "cum_tokens", "score",
                                           "eval_k", "eval_prompts")}
         t0, d = float(e["t_start"][i]), float(e["duration"][i])
         spans.append(Slice(LANE_EVAL, "eval", "eval", t0, 0.0 if np.isnan(d) else d, args))
@@ -250,7 +250,7 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
 def simulated_timeline(run) -> tuple[list[Slice], list[Counter]]:
     """A simulated run (`SimRun` recorded with its timeline) in the same form as a recorded trace: its
     slices, one response slice per finished sequence rebuilt from the engine steps, and the counters."""
-    slices = [replace(s, args={k: _num(v) for k, v in s.args.items() if k != "id"}) for s in run.timeline]
+    slices = [replace(s, args={k: json_scalar(v) for k, v in s.args.items() if k != "id"}) for s in run.timeline]
     round_start = {(s.lane, s.args.get("update")): s.start for s in slices if s.track == "gen_round"}
     if not any(s.track == "response" for s in slices):
         slices += _responses_from_steps([s for s in slices if s.track == "gen_step"], round_start)

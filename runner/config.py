@@ -4,6 +4,8 @@
 raises `RlsimError` with one line saying the fix. Derived values (B = P x G, the learning rate from
 the rule, the micro-batch used for gradient diagnostics) are properties computed here and only here.
 `dataclasses.asdict(cfg)` plus `derived()` is what goes into the trace metadata under `config`.
+Each field states its default and help once: `rlrun record` and `rlrun calibrate` make their options
+from them (`rlsim.cliopts`, as `rlsim` does from its WhatIf).
 """
 from __future__ import annotations
 
@@ -19,46 +21,53 @@ ALGOS = ("grpo", "ppo")
 LR_RULES = ("sqrt", "linear", "fixed")
 
 
-def _f(default, help: str, **kw):
-    return field(default=default, metadata={"help": help, **kw})
+# The rlrun commands that take a field as an option (rlsim.cliopts makes the option from the field); cli=():
+# none (the optimizer's constants are the library's).
+RECORD, BOTH = ("record",), ("record", "calibrate")
+
+
+def _f(default, help: str, cli: tuple[str, ...] = RECORD, **kw):
+    """A field with its help text; `cli`: the rlrun commands taking it as an option (--field-name, or `flags`;
+    `required`: the command asks for it even though the library has a default)."""
+    return field(default=default, metadata={"help": help, "cli": cli, **kw})
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    algo: str = _f("grpo", "RL algorithm: grpo (group-relative advantages) or ppo (value model + GAE)")
-    prompts: int = _f(32, "P: prompts per optimizer update (verl data.train_batch_size)")
-    group: int | None = _f(None, "G: responses per prompt (GRPO default 8; PPO uses 1)")
+    algo: str = _f("grpo", "RL algorithm: grpo (group-relative advantages) or ppo (value model + GAE)", cli=BOTH)
+    prompts: int = _f(32, "P: prompts per optimizer update (verl data.train_batch_size)", cli=BOTH, flags=["--prompts", "-P"])
+    group: int | None = _f(None, "G: responses per prompt (GRPO default 8; PPO uses 1)", cli=BOTH, flags=["--group", "-G"])
     steps: int = _f(50, "optimizer updates (RL steps) to run")
     lr: float = _f(3e-4, "reference learning rate (Adam), at batch --lr-ref-batch responses")
     lr_rule: str = _f("sqrt", "how lr scales with B: sqrt (lr*sqrt(B/B_ref)), linear (lr*B/B_ref) or fixed")
     lr_ref_batch: int = _f(1024, "B_ref: batch (responses) at which --lr applies")
     critic_lr: float = _f(1e-3, "PPO value-model learning rate (fixed, not scaled)")
-    adam_beta2: float = _f(0.99, "Adam beta2")
-    weight_decay: float = _f(0.0, "Adam weight decay")
-    clip_grad: float = _f(1.0, "clip the full-batch gradient norm to this (0: no clipping)")
-    max_tokens: int = _f(48, "maximum new tokens per response")
-    temperature: float = _f(1.0, "sampling temperature for training rollouts and evals")
+    adam_beta2: float = _f(0.99, "Adam beta2", cli=())
+    weight_decay: float = _f(0.0, "Adam weight decay", cli=())
+    clip_grad: float = _f(1.0, "clip the full-batch gradient norm to this (0: no clipping)", cli=())
+    max_tokens: int = _f(48, "maximum new tokens per response", cli=BOTH)
+    temperature: float = _f(1.0, "sampling temperature for training rollouts and evals", cli=BOTH)
     eval_every: int = _f(5, "evaluate on held-out prompts every N updates (0: only before and after)")
     eval_prompts: int = _f(128, "held-out prompts per evaluation")
     eval_k: int = _f(4, "samples per held-out prompt (score is mean@k accuracy)")
-    task: str = _f("add2", "built-in task: add2, add3 or addmix (ignored with --dataset)")
-    dataset: str | None = _f(None, "JSONL or Parquet file with prompt/answer columns instead of a built-in task")
-    reward: str = _f("exact", "dataset reward: exact (whole response) or numeric (last number)")
-    model: str | None = _f(None, "local HF causal-LM folder; default: the built-in tiny Llama (built and cached)")
-    seed: int = _f(0, "random seed for prompts, sampling and torch")
+    task: str = _f("add2", "built-in task: add2, add3 or addmix (ignored with --dataset)", cli=BOTH)
+    dataset: str | None = _f(None, "JSONL or Parquet file with prompt/answer columns instead of a built-in task", cli=BOTH)
+    reward: str = _f("exact", "dataset reward: exact (whole response) or numeric (last number)", cli=BOTH)
+    model: str | None = _f(None, "local HF causal-LM folder; default: the built-in tiny Llama (built and cached)", cli=BOTH)
+    seed: int = _f(0, "random seed for prompts, sampling and torch", cli=BOTH)
     # algorithm variants (GRPO as in nanochat chat_rl.py / DeepSeekMath, deviations as flags)
     std_scale: bool = _f(True, "GRPO: divide advantages by the group's reward std (Dr. GRPO: off)")
     loss_agg: str = _f("token", "policy-loss aggregation: token (mean over all response tokens of the batch) or seq (mean of per-sequence means)")
-    clip_eps: float = _f(0.2, "PPO-clip epsilon on the ratio (inactive with one update per batch: the ratio is 1)")
+    clip_eps: float = _f(0.2, "PPO-clip epsilon on the ratio (inactive with one update per batch: the ratio is 1)", cli=())
     gamma: float = _f(1.0, "PPO discount")
     lam: float = _f(0.95, "PPO GAE lambda")
     minibatches: int = _f(1, "optimizer updates per rollout batch per epoch (1: the article's clean protocol)")
     epochs: int = _f(1, "passes over each rollout batch (1: no rollout reuse)")
-    micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto")
+    micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto", cli=BOTH)
     train_devices: int = _f(1, "data-parallel training ranks, one device each (CPU: one core each, gloo; GPU: one GPU each, "
                                "NCCL), started by rlrun; gradients all-reduced; must divide the batch")
     compile: bool = _f(False, "torch.compile the policy (and critic) decoder for training, dynamic shapes; compiled "
-                              "before recording starts (tens of seconds on CPU, recorded as trainer.warmup_s; needs a C++ compiler on CPU)")
+                              "before recording starts (tens of seconds on CPU, recorded as trainer.warmup_s; needs a C++ compiler on CPU)", cli=BOTH)
     # placement and asynchronous rollout (split mode)
     mode: str = _f("colocated", "colocated: generate, then train, on the same devices (the synchronous reference); split: "
                                 "vLLM engine replicas in their own processes on their own devices, generating while the trainer trains")
@@ -71,21 +80,21 @@ class RunConfig:
                                  "weighted by min(pi_train / pi_behaviour, --tis-cap), behaviour log-probs recorded by the engine)")
     tis_cap: float = _f(2.0, "cap C of the truncated importance ratio (--off-policy tis)")
     threads: int = _f(0, "CPU threads per process side (engine, each trainer rank); 0: colocated all cores, split the "
-                         "side's devices; calibrate with --threads to profile at a split's per-side thread count")
+                         "side's devices; calibrate with --threads to profile at a split's per-side thread count", cli=BOTH)
     # engine
-    max_num_seqs: int = _f(1024, "vLLM max_num_seqs: sequences decoded concurrently (1024 holds a P=128, G=8 batch in one wave: on CPU an engine step costs mostly per-step and per-request overhead, so fewer, fuller steps are faster)")
-    gen_batch: int = _f(0, "responses submitted to the engine per RL step (0: = train batch B; must be >= B)")
-    kv_cache_gib: float = _f(1.0, "KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE on CPU; on GPU, converted to a memory fraction)")
-    max_model_len: int = _f(256, "vLLM max_model_len")
-    dtype: str = _f("auto", "weights dtype: auto (bf16 on CUDA where supported, else float32), float32, bfloat16")
+    max_num_seqs: int = _f(1024, "vLLM max_num_seqs: sequences decoded concurrently (1024 holds a P=128, G=8 batch in one wave: on CPU an engine step costs mostly per-step and per-request overhead, so fewer, fuller steps are faster)", cli=BOTH)
+    gen_batch: int = _f(0, "responses submitted to the engine per RL step (0: = train batch B; must be >= B)", cli=BOTH)
+    kv_cache_gib: float = _f(1.0, "KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE on CPU; on GPU, converted to a memory fraction)", cli=BOTH)
+    max_model_len: int = _f(256, "vLLM max_model_len", cli=BOTH)
+    dtype: str = _f("auto", "weights dtype: auto (bf16 on CUDA where supported, else float32), float32, bfloat16", cli=BOTH)
     # recording
     record_steps: bool = _f(True, "record one gen_step row per engine step (off: measure the tracing overhead)")
     calibrate: bool = _f(True, "before the first update, profile engine steps at 1..16x the batch's concurrency and "
                                "forward+backward at 1/8..8x its tokens (calib_gen / calib_train rows; weights and "
                                "optimizer untouched), so predictions at other batch sizes interpolate instead of extrapolating")
     progress: bool = _f(True, "show a progress bar")
-    out: str = _f("traces/run.parquet", "output trace path")
-    overwrite: bool = _f(False, "replace an existing trace at --out")
+    out: str = _f("traces/run.parquet", "output trace path", cli=BOTH, flags=["--out", "-o"], required=True)
+    overwrite: bool = _f(False, "replace an existing trace at --out", cli=BOTH, flags=["--overwrite"])
 
     # ---- derived values: the one place they are computed -------------------------------------
     @property

@@ -18,7 +18,7 @@ __all__ = ["RlsimError", "TraceError", *_API]
 
 def __getattr__(name: str):
     if name in _API:
-        from rlsim import api
+        from rlsim import api  # why here: the notebook API (the simulator, pandas) loads on first use
 
         return getattr(api, name)
     raise AttributeError(f"module 'rlsim' has no attribute {name!r}")

@@ -21,14 +21,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import inspect
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from rlsim.config import WhatIf, keyword_names
+from rlsim.fidelity import replay_trace
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.io import Trace
+from rlsim.replay.io import Trace, read_trace
+from rlsim.replay.split_stats import split_stats as measure
+from rlsim.replay.steps import step_table
+from rlsim.study import sweep_study
+from rlsim.whatif import Study, evaluate, prepare, reference_outcome
 
 ALIASES = {"batch": "prompts"}  # the CLI's --batch is P
 
@@ -62,8 +68,6 @@ def _fields(given: Mapping[str, Any], call: str) -> dict[str, Any]:
 
 def load_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
     """Read and validate a trace (`drop_invalid`: drop rows with invalid values, with warnings)."""
-    from rlsim.replay.io import read_trace
-
     return read_trace(path, drop_invalid=drop_invalid)
 
 
@@ -89,9 +93,7 @@ def events(trace: Trace | str | os.PathLike):
 
 def steps(trace: Trace | str | os.PathLike):
     """One row per RL step: phase seconds, responses and tokens (rlsim.replay.steps.COLUMNS)."""
-    import pandas as pd
-
-    from rlsim.replay.steps import step_table
+    import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
     return pd.DataFrame(step_table(_trace(trace)))
 
@@ -99,8 +101,6 @@ def steps(trace: Trace | str | os.PathLike):
 def split_stats(trace: Trace | str | os.PathLike, *, skip: int = 2) -> dict[str, Any]:
     """Measured placement metrics of a recorded run (colocated or split): responses/s, generator and trainer
     idle ratios, staleness, partial rollouts, generation/training overlap (rlsim.replay.split_stats.SplitStats)."""
-    from rlsim.replay.split_stats import split_stats as measure
-
     return measure(_trace(trace), skip=skip).to_dict()
 
 
@@ -108,8 +108,6 @@ def split_stats(trace: Trace | str | os.PathLike, *, skip: int = 2) -> dict[str,
 def fit(traces: Any, *, rho_model: str = "auto", target: float | None = None, calibration: Any = ()):
     """Fit the traces (a trace or path, or a list of them; the first is the reference): a `rlsim.whatif.Study`.
     `calibration`: traces of `rlrun calibrate` for a reference recorded without calibration."""
-    from rlsim.whatif import prepare
-
     read = _traces(traces)
     if not read:
         raise RlsimError("fit: give at least one trace (a path or a loaded Trace; the first is the reference)")
@@ -117,17 +115,13 @@ def fit(traces: Any, *, rho_model: str = "auto", target: float | None = None, ca
 
 
 def _study(study_or_traces: Any):
-    from rlsim.whatif import Study
-
     return study_or_traces if isinstance(study_or_traces, Study) else fit(study_or_traces)
 
 
 def _frame(study_or_traces: Any, candidates: Sequence[dict[str, Any]], roles: Sequence[str]):
     """The reference and each candidate (WhatIf fields) as one DataFrame indexed by role; configs are checked
     before anything is fitted."""
-    import pandas as pd
-
-    from rlsim.whatif import evaluate, reference_outcome
+    import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
     cfgs = [WhatIf(**c) for c in candidates]
     for cfg in cfgs:
@@ -171,11 +165,7 @@ def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathL
     """Every config of the grid `axes` (WhatIf field -> values; `batch` is an alias of `prompts`), ranked best
     first (smallest T / T_ref). `out` also writes results.parquet/csv and sweep.json there; other options as
     `rlsim.study.sweep_study` (rho_model, target, overwrite, ray_address, chunk_size, calibration)."""
-    import inspect
-
-    import pandas as pd
-
-    from rlsim.study import sweep_study
+    import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
     allowed = set(inspect.signature(sweep_study).parameters) - {"traces", "axes", "out", "workers", "charts", "labels"}
     for key in options:
@@ -191,9 +181,7 @@ def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathL
 
 def check_fidelity(trace: Trace | str | os.PathLike, *, seed: int = 0, lengths: str = "recorded"):
     """Recorded vs simulated step time, generation time and responses/s per update (rlsim replay)."""
-    import pandas as pd
-
-    from rlsim.fidelity import replay_trace
+    import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
     res = replay_trace(_trace(trace), seed=seed, lengths=lengths)
     return pd.DataFrame(res.to_dict()["per_update"]).set_index("step")

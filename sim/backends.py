@@ -15,18 +15,15 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+import rlsim.replay
 from rlsim.grid import config_dict
 from rlsim.replay.errors import RlsimError
+from rlsim.whatif import evaluate as evaluate_config
+from rlsim.whatif import sim_config
 
 RAY_HINT = "--ray-address needs Ray, an optional extra: pip install 'rlsim[ray]'"
 
 Progress = Callable[[int], None]  # called with the number of configs just finished
-
-
-def _default_evaluate() -> Callable:
-    from rlsim.whatif import evaluate
-
-    return evaluate
 
 
 def outcome_row(cfg: Any, outcome: Any) -> dict[str, Any]:
@@ -40,8 +37,6 @@ def outcome_row(cfg: Any, outcome: Any) -> dict[str, Any]:
 def check_configs(study: Any, cfgs: Sequence[Any], labels: Mapping[str, str] | None = None) -> None:
     """Resolve every config against its study before any work is shipped (e.g. a group of 1 for GRPO):
     one clear RlsimError naming the config instead of a failure inside a worker."""
-    from rlsim.whatif import sim_config
-
     labels = labels or {}
     for cfg in cfgs:
         try:
@@ -52,7 +47,7 @@ def check_configs(study: Any, cfgs: Sequence[Any], labels: Mapping[str, str] | N
 
 
 def evaluate_chunk(study: Any, chunk: Sequence[tuple[int, Any]], evaluate: Callable | None = None) -> list[tuple[int, dict]]:
-    evaluate = evaluate or _default_evaluate()
+    evaluate = evaluate or evaluate_config
     return [(i, outcome_row(cfg, evaluate(study, cfg))) for i, cfg in chunk]
 
 
@@ -62,7 +57,7 @@ _WORKER: dict[str, Any] = {}
 def _pool_init(study_blob: bytes, evaluate: Callable | None) -> None:
     # One unpickle per worker process; the chunks then only carry configs.
     _WORKER["study"] = pickle.loads(study_blob)
-    _WORKER["evaluate"] = evaluate or _default_evaluate()
+    _WORKER["evaluate"] = evaluate or evaluate_config
 
 
 def _pool_chunk(chunk: Sequence[tuple[int, Any]]) -> list[tuple[int, dict]]:
@@ -130,7 +125,7 @@ def _ray_chunk(study: Any, chunk: Sequence[tuple[int, Any]], evaluate: Callable 
 
 def import_ray():
     try:
-        import ray  # noqa: F401
+        import ray  # noqa: F401  (why here: Ray is the optional `ray` extra, needed by --ray-address only)
     except ImportError:
         raise RlsimError(RAY_HINT) from None
     return ray
@@ -141,12 +136,9 @@ def ship_package(dest: str | os.PathLike) -> Path:
     `py_modules` uploads): the package's own folder maps to sim/ and its `replay` subpackage to
     replay/ (pyproject's package-dir), so neither folder alone is importable as `rlsim`. The runner
     is left out: sweeps never import it."""
-    import rlsim
-    import rlsim.replay
-
     root = Path(dest) / "rlsim"
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(Path(rlsim.__file__).parent, root, ignore=skip)
+    shutil.copytree(Path(__file__).parent, root, ignore=skip)  # this module's folder: the package `rlsim` (sim/)
     shutil.copytree(Path(rlsim.replay.__file__).parent, root / "replay", ignore=skip, dirs_exist_ok=True)
     return root
 

@@ -27,6 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import altair as alt
 import numpy as np
 
+from rlsim.replay.rho import regime_key
 from rlsim.replay.timeline import lane_key
 from rlsim.replay.util import json_safe
 
@@ -51,16 +52,6 @@ def _finite(x: Any) -> bool:
         return x is not None and math.isfinite(float(x))
     except (TypeError, ValueError):
         return False
-
-
-def regime_key(regime: Any) -> str | None:
-    """Map a regime label (`time falls`, `flat`, `time rises`, `undecided`) to falls / flat / rises / undecided;
-    None if unknown."""
-    s = str(regime or "").lower()
-    for k in ("undecided", "falls", "rises", "flat"):
-        if k in s:
-            return k
-    return None
 
 
 def batch_of(row: Mapping[str, Any]) -> float:

@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from rlsim.replay.errors import cli_errors
+from rlsim.replay.importers import describe, import_log
 
 _OUT = typer.Option(..., "--out", "-o", help="the step-level trace to write (.parquet)")
 _CONFIG = "the run's saved config (YAML or JSON) for batch sizes, GPUs, model and caps"
@@ -20,8 +21,6 @@ _EVAL = "the validation metric to use as the eval score (default: chosen per fra
 
 
 def _run(framework: str, log: Path, out: Path, overwrite: bool, **flags) -> None:
-    from rlsim.replay.importers import describe, import_log
-
     path = import_log(framework, log, out=out, overwrite=overwrite, **flags)
     typer.echo(describe(path))
 

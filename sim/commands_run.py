@@ -5,22 +5,24 @@ import math
 from pathlib import Path
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from rlsim.config import WhatIf, help_text
+from rlsim.fidelity import replay_trace
 from rlsim.options import StudyOptions, command
+from rlsim.rank import rank_file
 from rlsim.replay.errors import cli_errors
+from rlsim.replay.io import read_trace
 from rlsim.replay.util import dumps, fmt
+from rlsim.whatif import run
 
 
 def _console():
-    from rich.console import Console
-
     return Console(highlight=False)
 
 
 def _print_run(res) -> None:
-    from rich.table import Table
-
     ref, cand = res.reference, res.candidate
     moved = cand.hardware != "as recorded"
     t = Table(title=f"rlsim run: reference vs P={cand.prompts}, G={cand.group} (lr {cand.lr_rule})"
@@ -58,7 +60,7 @@ def _print_run(res) -> None:
     con.print(t)
     if cand.interval:
         con.print(f"intervals: {cand.interval}")
-    val = getattr(res, "validation", None)
+    val = res.validation
     if val is not None:
         for line in val.summary():
             con.print(f"fit: {line}")
@@ -99,8 +101,6 @@ def register(app: typer.Typer) -> None:
     @command(app, "run", help="Predict throughput, sample cost and time-to-target of a batch size from a recorded trace.")
     def run_cmd(fields: dict, so: StudyOptions,
                 as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
-        from rlsim.whatif import run
-
         cfg = WhatIf(**fields)
         cfg.validate()
         res = run(so.traces(), cfg, rho_model=so.rho, target=so.target, calibration=so.calibrations())
@@ -120,14 +120,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
         """Simulate exactly the recorded configuration; print recorded vs simulated times and errors."""
-        from rlsim.replay.io import read_trace
-        from rlsim.fidelity import replay_trace
-
         res = replay_trace(read_trace(trace, drop_invalid=drop_invalid), seed=seed, lengths="sampled" if sampled else "recorded")
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))
             return
-        from rich.table import Table
 
         con = _console()
         errs = res.errors()
@@ -161,14 +157,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
         """Rank configurations by time-to-target ratio rho / sigma from your own measurements."""
-        from rlsim.rank import rank_file
-
         ranked, present = rank_file(measurements, reference)
         best = ranked[0]
         if as_json:
             typer.echo(dumps({"reference": reference, "best": best.config, "rows": [r.to_dict() for r in ranked]}, indent=2))
             return
-        from rich.table import Table
 
         t = Table(title=f"rlsim rank (reference {reference})")
         for c in ("config", "sigma", "rho", "T / T_ref", "regime"):

@@ -6,11 +6,18 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
+from rlsim import perfetto as pf
 from rlsim.config import WhatIf
 from rlsim.grid import build_grid
 from rlsim.options import StudyOptions, command, labels
 from rlsim.replay.errors import RlsimError
+from rlsim.report import build_report
+from rlsim.study import export_simulated, sweep_study
+from rlsim.tables import describe, own, ranking_table, sweep_verdict, varying
 
 MAX_NOTES = 8  # notes printed under a sweep's verdict; the rest are in results.csv and the report
 EXPORT_UPDATES = 5  # updates in a simulated timeline export unless --updates is given (a timeline, not a throughput estimate)
@@ -19,10 +26,6 @@ EXPORT_UPDATES = 5  # updates in a simulated timeline export unless --updates is
 def print_verdict(console: Any, rows: list, meta: dict, axes: list, names: dict) -> None:
     """The sweep's verdict as the report's headline gives it (rlsim.tables.sweep_verdict): best, tied or
     undecided, with intervals; then the warnings, then the notes (dim)."""
-    from rich.text import Text
-
-    from rlsim.tables import describe, own, sweep_verdict, varying
-
     swept = varying(rows, axes)
     v = sweep_verdict(rows, meta, describe_row=lambda r: describe(r, swept, names))
     style = "bold green" if v["kind"] == "clear" else "bold yellow"
@@ -50,12 +53,6 @@ def register(app: typer.Typer) -> None:
               top: int = typer.Option(10, "--top", help="Rows of the ranking shown in the terminal."),
               no_charts: bool = typer.Option(False, "--no-charts", help="Skip the HTML/PNG charts."),
               overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results in an existing output folder.")) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        from rlsim.tables import ranking_table
-        from rlsim.study import sweep_study
-
         if out is None:
             raise RlsimError("give the output folder with --out (e.g. --out results/grpo_sweep)")
         if not so.trace:
@@ -96,8 +93,6 @@ def register(app: typer.Typer) -> None:
                sweep_dir: Optional[Path] = typer.Option(None, "--sweep", help="Folder written by `rlsim sweep`."),
                out: Path = typer.Option(Path("report.html"), "--out", "-o", help="HTML file to write."),
                overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing report file.")) -> None:
-        from rlsim.report import build_report
-
         if out.exists() and not overwrite:
             raise RlsimError(f"{out} already exists; pass --overwrite to replace it or choose another -o")
         path = build_report(so.traces(), sweep_dir, out, rho_model=so.rho if so.rho_model else None, target=so.target,
@@ -114,9 +109,6 @@ def register(app: typer.Typer) -> None:
                  out: Optional[Path] = typer.Option(None, "--out", "-o", help="Chrome trace JSON to write."),
                  simulate: bool = typer.Option(False, "--simulate", help="Export a simulated run of the given config instead."),
                  overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file.")) -> None:
-        from rlsim import perfetto as pf
-        from rlsim.study import export_simulated
-
         if out is None:
             raise RlsimError("give the output file with -o (e.g. -o recorded.json)")
         if out.exists() and not overwrite:

@@ -3,7 +3,7 @@
 - `WhatIf`: what a user asks `rlsim run` (and, as lists, `rlsim sweep`) for: every option one field.
   None means "as in the reference trace".
 - `EngineConfig`: the generation engine (continuous batching limits).
-- `SimConfig`: one fully resolved simulation (what `sim.pipeline.simulate` takes).
+- `SimConfig`: one fully resolved simulation (what `rlsim.simulator.simulate` takes).
 - `SplitConfig`: generation and training on separate devices, asynchronous within a staleness limit
   (`SimConfig.split`; `rlsim.asyncrl`). WhatIf's `gen_gpus`/`train_gpus`/`staleness`/`partial_rollout` ask for it.
 

@@ -6,23 +6,23 @@ Scheduling semantics (the same in both paths below):
 - an admitted request computes its prompt (prefill) and samples its first token in that step; every
   later step it decodes one token; a request of L tokens occupies L consecutive steps and frees its
   slot for the next step;
-- the step's cost is the fitted model of its composition: num_running, context tokens (KV
-  length after the step: prompt + tokens generated before the step), prefill tokens computed; linear,
-  or piecewise linear in num_running with a knee (replay/calibration.py), whose round sums need one more
-  feature, the summed max(0, num_running - knee) (`hinge_sums`), still a closed form of the schedule;
+- the step's cost is the fitted model of its composition (`rlsim.replay.cost.EngineStepCost`):
+  num_running, context tokens (KV length after the step: prompt + tokens generated before the step),
+  prefill tokens computed; linear, or piecewise linear in num_running with a knee, whose sums need the
+  histogram of num_running over the steps (`RoundPlan.sums`), still a closed form of the schedule;
 - when a running sequence needs a KV block and none is free, the latest admitted running request is
   preempted (its blocks freed; it re-queues at the front and recomputes prompt + output on readmission).
 
 Two implementations:
 - `schedule_rounds`: the exact fast path when the KV cache cannot bind (max_num_seqs sequences of the
   longest context fit). All rounds are scheduled at once, vectorised across rounds with a calendar of
-  slot releases; per-round costs are closed forms of summed features because the cost is linear.
+  slot releases; per-round costs are closed forms of summed features (`RoundPlan.sums`).
   `schedule_round` is the same schedule for one round in O(B) memory (simulations too large to hold
   every round at once go round by round, `rlsim.pipeline`).
 - `run_round_steps`: the general step-level loop with KV accounting and preemption. Between two events
   that change the batch (an admission, a finish, a preemption) the composition is fixed and the
-  context grows by num_running per step, so the stretch's cost is a closed form and it is advanced at
-  once (one SimPy timeout per stretch in `Engine.round_process`).
+  context grows by num_running per step, so the stretch's cost is a closed form (`Stretch.cost`) and it
+  is advanced at once (one SimPy timeout per stretch).
 Per-sequence state lives in numpy arrays; there is no process per request.
 """
 from __future__ import annotations
@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import GenStepModel
 from rlsim.config import EngineConfig
+from rlsim.replay.cost import EngineStepCost, StepSums
+from rlsim.replay.errors import RlsimError
 
 # `run_round_steps` checks the KV cache ahead of a stretch in chunks of at most this many (sequence, step)
 # pairs (8 MB of float64), so that its memory does not grow with max_num_seqs x response length
@@ -52,6 +52,12 @@ class RoundPlan:
     peak_kv_tokens: np.ndarray = field(metadata={"help": "(rounds,) most KV tokens allocated in one step"})
     peak_running: np.ndarray = field(metadata={"help": "(rounds,) most sequences in one step"})
     length: np.ndarray | None = field(default=None, metadata={"help": "(rounds, B) response lengths (for num_running per step)"})
+
+    def sums(self, hist: bool = False) -> StepSums:
+        """(rounds,) summed engine-step features; `hist`: with the (rounds, max n + 1) histogram of num_running
+        (what a knee form needs)."""
+        return StepSums(self.steps, self.sum_running, self.sum_context, self.sum_prefill,
+                        running_hist(self) if hist else None)
 
 
 def schedule_rounds(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, prefill: np.ndarray | None = None,
@@ -106,19 +112,14 @@ def _plan(start: np.ndarray, prompt: np.ndarray, length: np.ndarray, prefill: np
     """RoundPlan of (rounds, B) admission steps: the summed features are closed forms of the lengths."""
     U, B = length.shape
     lmax = int(length.max())
-    end = start + length
-    steps = end.max(axis=1)
-    L = length.astype(float)
-    p = prompt.astype(float)
-    sum_running = L.sum(axis=1)
-    sum_context = (L * p + L * (L - 1) / 2).sum(axis=1)
-    sum_prefill = np.asarray(prefill, float).sum(axis=1)
+    steps = (start + length).max(axis=1)
+    sums = StepSums.of_requests(prompt, length, prefill, steps)
     n_peak = np.minimum(max_num_seqs, B)
     # peak KV tokens: bounded by the running sequences' longest contexts; exact value needs the step
     # arrays, the bound is enough for the capacity warning (the fast path is only used when it fits)
     peak_kv = np.full(U, float(n_peak * (prompt.max() + lmax)))
-    return RoundPlan(start=start, steps=steps, sum_running=sum_running, sum_context=sum_context,
-                     sum_prefill=sum_prefill, preemptions=np.zeros(U, np.int64), peak_kv_tokens=peak_kv,
+    return RoundPlan(start=start, steps=steps, sum_running=sums.running, sum_context=sums.context,
+                     sum_prefill=sums.prefill, preemptions=np.zeros(U, np.int64), peak_kv_tokens=peak_kv,
                      peak_running=np.full(U, n_peak, np.int64), length=length)
 
 
@@ -192,19 +193,9 @@ def running_hist(plan: RoundPlan, size: int = 0) -> np.ndarray:
     return np.array([np.bincount(n, minlength=m) for n in per]).reshape(len(per), m)
 
 
-def hinge_sums(plan: RoundPlan, knee: float) -> np.ndarray:
-    """(rounds,) sum over steps of max(0, num_running - knee): the knee form's one extra summed feature."""
-    return np.array([float(np.maximum(n - knee, 0.0).sum()) for n in running_per_step(plan)])
-
-
-def round_cost(gen: GenStepModel, plan: RoundPlan) -> np.ndarray:
-    """Seconds of engine steps per round (closed form of the step model: summed features, plus the summed
-    hinge max(0, num_running - knee) for the knee form)."""
-    cost = (gen.c_step * plan.steps + gen.c_seq * plan.sum_running + gen.c_ctx * plan.sum_context
-            + gen.c_prefill * plan.sum_prefill)
-    if gen.c_knee:
-        cost = cost + gen.c_knee * hinge_sums(plan, gen.knee)
-    return cost
+def round_cost(gen: EngineStepCost, plan: RoundPlan) -> np.ndarray:
+    """(rounds,) seconds of engine steps per round: the cost of the plan's summed features."""
+    return gen.total(plan.sums(hist=bool(gen.c_knee)))
 
 
 def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray, prefill: np.ndarray | None = None) -> dict[str, np.ndarray]:
@@ -235,11 +226,17 @@ class Stretch:
     finished: int = field(metadata={"help": "requests finishing in its last step"})
     kv_tokens: int = field(metadata={"help": "KV tokens allocated at its first step (blocks x block size)"})
 
-    def cost(self, gen: GenStepModel) -> float:
-        k, n = self.steps, self.num_running
-        cost = (k * (gen.c_step + gen.c_seq * n) + gen.c_ctx * (k * self.context0 + n * k * (k - 1) / 2)
-                + gen.c_prefill * self.prefill)
-        return cost + k * gen.c_knee * max(n - gen.knee, 0.0) if gen.c_knee else cost
+    def cost(self, gen: EngineStepCost) -> float:
+        """Seconds of its steps (closed form)."""
+        return gen.stretch(self.steps, self.num_running, self.context0, self.prefill)
+
+    def durations(self, gen: EngineStepCost) -> np.ndarray:
+        """(steps,) seconds of each of its steps."""
+        return gen.stretch_steps(self.steps, self.num_running, self.context0, self.prefill)
+
+    def sums(self, hist: bool = False) -> StepSums:
+        """Its summed engine-step features."""
+        return StepSums.of_stretch(self.steps, self.num_running, self.context0, self.prefill, hist)
 
 
 def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig, prefill_ratio: float = 1.0,
@@ -330,12 +327,9 @@ def round_plan_exact(prompt: np.ndarray, length: np.ndarray, engine: EngineConfi
     out = []
     for u in range(len(length)):
         st = [(x, pre) for x, pre in run_round_steps(prompt[u], length[u], engine, prefill_ratio)]
-        K = sum(x.steps for x, _ in st)
-        sr = sum(x.steps * x.num_running for x, _ in st)
-        sc = sum(x.steps * x.context0 + x.num_running * x.steps * (x.steps - 1) / 2 for x, _ in st)
-        sp = sum(x.prefill for x, _ in st)
-        out.append((K, sr, sc, sp, sum(pre for _, pre in st), max(x.kv_tokens for x, _ in st),
-                    max(x.num_running for x, _ in st), [x for x, _ in st]))
+        sums = sum((x.sums() for x, _ in st), StepSums())
+        out.append((sums.steps, sums.running, sums.context, sums.prefill, sum(pre for _, pre in st),
+                    max(x.kv_tokens for x, _ in st), max(x.num_running for x, _ in st), [x for x, _ in st]))
     return out
 
 

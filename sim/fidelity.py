@@ -6,12 +6,11 @@ from typing import Any
 
 import numpy as np
 
-from rlsim.config import SimConfig
 from rlsim.pipeline import simulate
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit import fit_trace, warmup_excluded
 from rlsim.replay.io import Trace
-from rlsim.whatif import _engine_of, study_gen_ratio
+from rlsim.simconfig import config_for
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,12 +51,7 @@ def replay_trace(trace: Trace, *, seed: int = 0, lengths: str = "recorded") -> R
     U = len(rec.step)
     if U == 0:
         raise RlsimError(f"{trace.path} has no update rows to replay")
-    eng = _engine_of(models)
-    B = models.prompts * models.group
-    gen_batch = int(round(B * study_gen_ratio(models)))
-    cfg = SimConfig(prompts=models.prompts, group=models.group, updates=U, engine=eng, lengths=lengths,
-                    gen_batch=gen_batch if gen_batch > B else 0)
-    sim_run = simulate(models, cfg, rng=np.random.default_rng(seed))
+    sim_run = simulate(models, config_for(models, updates=U, lengths=lengths), rng=np.random.default_rng(seed))
     skip = U > 1 and not warmup_excluded(trace)
     keep = rec.step != 0 if skip else np.ones(U, bool)
     resp = rec.num_responses

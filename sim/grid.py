@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 import math
 import types
 import typing
@@ -89,8 +90,6 @@ def build_grid(whatif_cls: type, axes: Mapping[str, Sequence[Any]], fixed: Mappi
                *, labels: Mapping[str, str] | None = None) -> list:
     """The cartesian product of `axes` (field -> values) over `fixed` fields, as validated WhatIf configs.
     The last axis varies fastest. RlsimError for an empty grid or an invalid config (naming it)."""
-    import itertools
-
     labels = labels or {}
     fixed = dict(fixed or {})
     for name, values in axes.items():

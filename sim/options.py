@@ -2,16 +2,18 @@
 and `report`.
 
 - One option per `WhatIf` field (its help text is the field's), spelt `--field-name` except `prompts`,
-  which is `--batch`/`-b` (and `group` also `-g`). `rlsim sweep` takes each as a comma list (the grid's
+  which is `--batch`, `--prompts` (rlrun's spelling of the same P) or `-b`, named `--batch` in messages
+  (and `group` also `-g`). `rlsim sweep` takes each as a comma list (the grid's
   axes); `run` and `export perfetto --simulate` take one value. Both are parsed by `rlsim.grid` with the
   field's type, so a new field (device split, staleness) appears in every command at once.
 - One option per `StudyOptions` field: the traces and how they are fitted. The traces may also be given
   as arguments (`rlsim run TRACE`, as `replay` and `export` take them): they come first, then the --trace
   ones, so the first argument is the reference. A command with its own argument (`export perfetto`) keeps it.
 
-`command(app, name, grid=...)` wraps a function `fn(configs, study, **own)`: typer sees the function's
+`command(app, name, whatif=...)` wraps a function `fn(configs, study, **own)`: typer sees the function's
 own parameters plus the generated ones; `fn` receives a `WhatIf` (or the grid's axes) and a
-`StudyOptions`.
+`StudyOptions`. How a field becomes an option, and its text a value, is `rlsim.cliopts`, which `rlrun`
+shares (its options are `rlsim.runner.config.RunConfig`'s fields).
 """
 from __future__ import annotations
 
@@ -24,9 +26,12 @@ from typing import Any, Callable, Optional
 
 import typer
 
+from rlsim import cliopts
+from rlsim.cliopts import Group, Spec, generated
 from rlsim.config import WhatIf
-from rlsim.grid import base_type, parse_list, parse_value, whatif_type_hints
+from rlsim.grid import parse_list
 from rlsim.replay.errors import RlsimError, cli_errors
+from rlsim.replay.io import read_trace
 
 SPELLING = {"prompts": ["--batch", "--prompts", "-b"], "group": ["--group", "-g"]}  # as verl/TRL users say P and G
 
@@ -71,45 +76,28 @@ class StudyOptions:
 
     def traces(self) -> list:
         """The traces, read and validated."""
-        from rlsim.replay.io import read_trace
-
         if not self.trace:
             raise RlsimError("give a trace with --trace or as an argument (e.g. --trace traces/grpo_p128.parquet)")
         return [read_trace(p, drop_invalid=self.drop_invalid) for p in self.trace]
 
     def calibrations(self) -> list:
         """The --calibration traces, read and validated."""
-        from rlsim.replay.io import read_trace
-
         return [read_trace(p, drop_invalid=self.drop_invalid) for p in self.calibration]
 
 
-@dataclass(frozen=True)
-class Spec:
-    """One generated option."""
-
-    field: str
-    flags: list
-    type: Any
-    default: Any
-    help: str
-
-
 def whatif_specs() -> list[Spec]:
-    hints = whatif_type_hints(WhatIf)
-    out = []
-    for f in dataclasses.fields(WhatIf):
-        base, _ = base_type(hints.get(f.name, f.type))
-        if not (base in (int, float, str, bool) or typing.get_origin(base) is typing.Literal):
-            continue
-        out.append(Spec(f.name, SPELLING.get(f.name, ["--" + f.name.replace("_", "-")]), hints.get(f.name, f.type),
-                        f.default, str(f.metadata.get("help", ""))))
-    return out
+    """The WhatIf fields that are options (numbers, text, flags, choices)."""
+    return [s for s in cliopts.specs(WhatIf, spelling=SPELLING)
+            if s.base in (int, float, str, bool) or typing.get_origin(s.base) is typing.Literal]
+
+
+def study_specs() -> list[Spec]:
+    return cliopts.specs(StudyOptions)
 
 
 def labels() -> dict[str, str]:
     """WhatIf field -> the option that sets it (for messages and tables)."""
-    return {s.field: s.flags[0] for s in whatif_specs()}
+    return {s.field: s.label for s in whatif_specs()}
 
 
 def _whatif_params(as_list: bool) -> list[inspect.Parameter]:
@@ -117,31 +105,14 @@ def _whatif_params(as_list: bool) -> list[inspect.Parameter]:
     for s in whatif_specs():
         dflt = "" if s.default in (dataclasses.MISSING, None) else f" (default: {s.default})"
         text = s.help[:1].upper() + s.help[1:] + "." + (f" Comma list of values to sweep{dflt}." if as_list else dflt)
-        if not as_list and base_type(s.type)[0] is bool:  # a flag in `run` (--partial-rollout); `sweep` takes true,false
-            params.append(inspect.Parameter(
-                "wi_" + s.field, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[bool],
-                default=typer.Option(None, f"{s.flags[0]}/--no-{s.flags[0][2:]}", help=text, rich_help_panel="Config")))
-            continue
-        params.append(inspect.Parameter(
-            "wi_" + s.field, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-            default=typer.Option(None, *s.flags, help=text, metavar="V1,V2,..." if as_list else "VALUE",
-                                 rich_help_panel="Grid" if as_list else "Config")))
+        # `run` takes one value (a bool a flag: --partial-rollout), `sweep` a comma list (true,false)
+        params.append(cliopts.param(s, "wi_", as_list=as_list, help=text, metavar="V1,V2,..." if as_list else "VALUE",
+                                    panel="Grid" if as_list else "Config"))
     return params
 
 
 def _study_params() -> list[inspect.Parameter]:
-    params = []
-    hints = typing.get_type_hints(StudyOptions)
-    for f in dataclasses.fields(StudyOptions):
-        listed = typing.get_origin(hints[f.name]) is tuple  # repeatable options: typer takes them as lists
-        # numbers arrive as text and are parsed by rlsim.grid, so a bad one is one `error:` line, not click's box
-        ann = typing.List[Path] if listed else Optional[str] if base_type(hints[f.name])[0] is float else hints[f.name]
-        default = [] if listed else f.default
-        params.append(inspect.Parameter(
-            "so_" + f.name, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
-            default=typer.Option(default, *f.metadata["flags"], help=f.metadata["help"], rich_help_panel="Traces",
-                                 metavar="PATH" if listed else None)))
-    return params
+    return [cliopts.param(s, "so_", metavar="PATH" if s.repeated else None, panel="Traces") for s in study_specs()]
 
 
 def _trace_args() -> inspect.Parameter:
@@ -153,18 +124,8 @@ def _trace_args() -> inspect.Parameter:
 
 def _study_options(kw: dict[str, Any]) -> StudyOptions:
     """Pop the generated StudyOptions from `kw` (the trace arguments, then the --trace options)."""
-    hints = typing.get_type_hints(StudyOptions)
-    vals: dict[str, Any] = {}
     args = tuple(kw.pop("so_trace_args", None) or ())
-    for f in dataclasses.fields(StudyOptions):
-        v = kw.pop("so_" + f.name, None)
-        if v is None:
-            continue
-        if isinstance(v, list):
-            v = tuple(v)
-        elif isinstance(v, str) and base_type(hints[f.name])[0] is float:
-            v = parse_value(v, float, f.metadata["flags"][0])
-        vals[f.name] = v
+    vals = cliopts.values(study_specs(), kw, "so_")
     if args:
         vals["trace"] = args + vals.get("trace", ())
     return StudyOptions(**vals)
@@ -177,9 +138,9 @@ def parse_whatif(kw: dict[str, Any], *, as_list: bool) -> dict[str, Any]:
         raw = kw.pop("wi_" + s.field, None)
         if raw is None:
             continue
-        vals = parse_list(raw, s.type, s.flags[0])
+        vals = parse_list(str(raw), s.type, s.label)
         if not as_list and len(vals) != 1:
-            raise RlsimError(f"{s.flags[0]}: give one value here (lists are for `rlsim sweep`)")
+            raise RlsimError(f"{s.label}: give one value here (lists are for `rlsim sweep`)")
         out[s.field] = vals if as_list else vals[0]
     return out
 
@@ -188,21 +149,16 @@ def command(app: typer.Typer, name: str, *, help: str, whatif: str | None = "one
     """Register `fn(cfg, study_options, **own)` as `rlsim NAME`. whatif: 'one' (fn gets a WhatIf, or a
     dict of the fields given when the command fits nothing), 'grid' (a dict field -> values) or None."""
     def deco(fn: Callable) -> Callable:
-        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in list(inspect.signature(fn).parameters.values())[2:]]
-        params = own + (_whatif_params(whatif == "grid") if whatif else []) + (_study_params() if study else [])
-        if study and not any(isinstance(p.default, typer.models.ArgumentInfo) for p in own):
-            params.append(_trace_args())
-
-        def wrapper(**kw: Any) -> Any:
-            wi = parse_whatif(kw, as_list=whatif == "grid") if whatif else {}
-            so = _study_options(kw) if study else None
-            return fn(wi, so, **kw)
-
-        wrapper.__signature__ = inspect.Signature(params)
-        wrapper.__annotations__ = {p.name: p.annotation for p in params}
-        wrapper.__doc__ = fn.__doc__
-        wrapper.__name__ = fn.__name__
-        app.command(name, help=help)(cli_errors(wrapper))
+        own = list(inspect.signature(fn).parameters.values())[2:]
+        grid = whatif == "grid"
+        wi = Group(_whatif_params(grid) if whatif else [], lambda kw: parse_whatif(kw, as_list=grid) if whatif else {})
+        so = Group([], lambda kw: None)
+        if study:
+            params = _study_params()
+            if not any(isinstance(p.default, typer.models.ArgumentInfo) for p in own):
+                params.append(_trace_args())
+            so = Group(params, _study_options)
+        app.command(name, help=help)(cli_errors(generated(wi, so)(fn)))
         return fn
 
     return deco

@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from rlsim.replay.models import Validation
+
 
 @dataclass(frozen=True, eq=False)
 class Outcome:
@@ -82,7 +84,7 @@ class RunResult:
     b_crit_critic: float = field(default=math.nan, metadata={"help": "gradient noise scale of the PPO value model"})
     recorded_responses_per_s: float = field(default=math.nan, metadata={"help": "median responses/s over the trace's updates"})
     recorded_step_time_s: float = field(default=math.nan, metadata={"help": "median step time over the trace's updates"})
-    validation: Any = field(default=None, metadata={"help": "fit validation (replay.calibration.Validation): form, R2, CV error"})
+    validation: Validation | None = field(default=None, metadata={"help": "fit validation (replay.models.Validation): form, R2, CV error"})
 
     def to_dict(self) -> dict[str, Any]:
         d = self.candidate.to_dict()

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.timeline import TRACKS, Counter, Slice, _num, lane_key, recorded_timeline, simulated_timeline
+from rlsim.replay.io import read_trace
+from rlsim.replay.timeline import TRACKS, Counter, Slice, json_scalar, lane_key, recorded_timeline, simulated_timeline
 from rlsim.replay.util import atomic_write, dumps
 
 # ----------------------------------------------------------------------------------------------
@@ -87,7 +88,7 @@ def chrome_trace(spans: Sequence[Slice], counters: Sequence[Counter] = (), *,
     for c in counters:
         short = c.name.split(".")[-1]
         events.append({"ph": "C", "cat": "counter", "name": c.name, "pid": pid_of[c.lane], "tid": 0,
-                       "ts": _ns(c.t) / 1000.0, "args": {short: _num(c.value)}})
+                       "ts": _ns(c.t) / 1000.0, "args": {short: json_scalar(c.value)}})
     events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
     out = {"traceEvents": meta_events + events, "displayTimeUnit": "ms"}
     if other:
@@ -170,8 +171,6 @@ def check_chrome_trace(obj: dict[str, Any]) -> dict[str, int]:
 
 def export_recorded(trace_path: str | os.PathLike, out: str | os.PathLike, *, overwrite: bool = False,
                     drop_invalid: bool = False) -> dict[str, int]:
-    from rlsim.replay.io import read_trace
-
     trace = read_trace(trace_path, drop_invalid=drop_invalid)
     obj = recorded_chrome_trace(trace)
     counts = check_chrome_trace(obj)

@@ -1,19 +1,26 @@
 """The RL loop as a SimPy model: synchronous, colocated (generation and training share the device).
 
-Per update: a generation round of B = P x G requests on the engine (sim.engine), then rewards, batch
-preparation (old log-probs), the optimizer update, the weight sync and the rest of the step, each a
+Per update: a generation round of B_gen >= B = P x G requests on the engine (rlsim.engine), then rewards,
+batch preparation (old log-probs), the optimizer update, the weight sync and the rest of the step, each a
 fitted cost. All state lives in the SimPy Environment and the objects this call creates; ids come from
 a per-run counter; nothing is class-level.
 
-Split devices and staleness (`SimConfig.split`): `simulate` hands the run to `rlsim.asyncrl.simulate_split`
-(engine replicas pulling from a shared queue under a staleness gate, a trainer consuming finished batches);
-the engine's step semantics (`rlsim.engine.Stretch`) and the cost models are shared.
+Split devices and staleness (`SimConfig.split`) run in `rlsim.asyncrl`, which sits above this module and
+shares its engine's step semantics (`rlsim.engine.Stretch`), cost model (`rlsim.replay.cost`) and workload
+sampler (`rlsim.workload`); `rlsim.simulator.simulate` picks one of the two by the config.
+
+How a simulation runs, step by step:
+1. the rounds: what each update's generation round does (`_Round`: its engine seconds, steps, peaks and
+   trained tokens), from `_AllRounds` or `_RoundByRound` below, each built by one of two engine paths:
+   `_fast_round` (a schedule of slot releases when the KV cache cannot bind: summed features in closed
+   form) or `_exact_round` (the step-level loop with KV accounting and preemption);
+2. the loop (`_Loop`): one SimPy process per RL step, generation then the fitted phases; the timeline
+   (`_Timeline`) when asked for.
 
 Size. Per-update arrays are O(U); the generation workload is O(B_gen) per round. Up to
 ALL_ROUNDS_MAX_REQUESTS requests in all (U x B_gen) every round's lengths are drawn at once and all
-rounds are scheduled together (vectorised across rounds; the original path, its draws and numbers
-unchanged). Beyond it the rounds are drawn and simulated one at a time (`_RoundByRound`, memory
-O(B_gen), never U x B nor B x steps):
+rounds are scheduled together (`_AllRounds`, vectorised across rounds). Beyond it the rounds are drawn
+and simulated one at a time (`_RoundByRound`, memory O(B_gen), never U x B nor B x steps):
 - exact: every round's schedule (`schedule_round`, the same admission steps as `schedule_rounds`, or
   the step-level loop with KV accounting), its step-cost sums and its trained tokens; recorded lengths
   without over-generation repeat with the trace's period and are computed once per distinct round;
@@ -23,9 +30,6 @@ O(B_gen), never U x B nor B x steps):
   SAMPLED_REQUESTS).
 Before allocating, `check_memory` estimates the bytes a configuration needs and raises RlsimError
 (one line: what is too large, how to fix it) above MEMORY_LIMIT_BYTES.
-
-Size: one SimPy model and the two workload strategies it needs (all rounds at once, round by round),
-kept together because both feed the same process and must draw identically.
 """
 from __future__ import annotations
 
@@ -36,15 +40,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import FittedModels
-from rlsim.replay.timeline import LANE_GEN, LANE_HOST, LANE_RL, LANE_SYNC, LANE_TRAIN, Counter, Slice
 from rlsim.config import SimConfig
-from rlsim.engine import (round_cost, run_round_steps, running_hist, schedule_round, schedule_rounds, step_arrays,
+from rlsim.engine import (RoundPlan, Stretch, run_round_steps, schedule_round, schedule_rounds, step_arrays,
                           trained_mask)
+from rlsim.replay.cost import StepSums
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.models import FittedModels
+from rlsim.replay.timeline import LANE_GEN, LANE_HOST, LANE_RL, LANE_SYNC, LANE_TRAIN, Counter, Slice
+from rlsim.workload import Workload
 
 # Requests over all updates (U x B_gen) up to which every round is drawn at once and all rounds are scheduled
-# together: the original path (its random draws, hence its numbers, are kept). ~88 bytes per request
+# together (`_AllRounds`: its draws, and so its numbers, differ from the round-by-round path's). ~88 bytes per request
 # (measured with tracemalloc: 550 MB at U x B_gen = 6.5M), so at most ~180 MB here.
 ALL_ROUNDS_MAX_REQUESTS = 1 << 21
 # Beyond it, with sampled lengths, ceil(SAMPLED_REQUESTS / B_gen) distinct rounds are simulated (>= 1, <= U)
@@ -53,7 +59,7 @@ ALL_ROUNDS_MAX_REQUESTS = 1 << 21
 # Measured on traces/grpo_p128.parquet (G=8, 100 updates, seeds 0-9), |sampled / every round - 1| of the
 # mean responses/s, against the same path simulating all 100 rounds one by one: P=2048 (B_gen=16384,
 # 32 rounds) max 1.8e-4; P=8192 (8 rounds) max 1.7e-4; P=65536 (1 round; seeds 0-4) max 8.8e-5. For scale,
-# two all-rounds simulations with different draws (the Monte-Carlo noise the original path already has)
+# two all-rounds simulations with different draws (the Monte-Carlo noise the all-rounds path has)
 # differ by up to 1.9e-4 at P=2048.
 SAMPLED_REQUESTS = 1 << 19
 SAMPLING_ERROR = 5e-4  # the bound stated in SimRun.approximation (2.8x the largest error measured)
@@ -90,7 +96,7 @@ class SimRun:
     features: dict = field(default_factory=dict, metadata={
         "help": "summed engine-step features over all updates: K steps, S1 running, S2 context, S3 prefill tokens, and "
                 "hist (steps per num_running; only for a knee step model): any step-cost coefficients give the engine "
-                "seconds from them (replay.calibration.engine_seconds), which the intervals use"})
+                "seconds from them (rlsim.replay.cost: StepSums, EngineStepCost.totals), which the intervals use"})
     gen_idle_ratio: float = field(default=math.nan, metadata={
         "help": "split runs: mean over replicas of the fraction of wall time running no engine step (nan: colocated)"})
     train_idle_ratio: float = field(default=math.nan, metadata={
@@ -107,31 +113,6 @@ class SimRun:
     @property
     def mean_step_time(self) -> float:
         return float(self.step_time.mean())
-
-
-def _workload(models: FittedModels, cfg: SimConfig, rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray], int]:
-    """Per round: prompt lengths and response lengths of the B_gen requests in queue order (P x G
-    prompt-major, then over-generated extras cycling over the prompts); and the extras count."""
-    U, P, G = cfg.updates, cfg.prompts, cfg.group
-    extra = cfg.gen_requests - cfg.batch
-    if cfg.lengths == "recorded":
-        wl = models.recorded.workload
-        if not wl or any(len(w[1]) == 0 for w in wl):
-            raise RlsimError("the trace's response rows do not cover its updates; replay with sampled lengths")
-        ps = [wl[u % len(wl)][0].astype(np.int64) for u in range(U)]
-        ls = [wl[u % len(wl)][1].astype(np.int64) for u in range(U)]
-    else:
-        p, L = models.lengths.sample(rng, P, G, rounds=U)
-        ps, ls = list(p), list(L)
-    if extra > 0:
-        # lengths of the responses generated but not trained on are not recorded: drawn from the distribution
-        ex = rng.choice(models.lengths.response_tokens, size=(U, extra)).astype(np.int64)
-        for u in range(U):
-            n_prompts = max(len(ls[u]) // G, 1)
-            pe = ps[u][(np.arange(extra) % n_prompts) * G]
-            ps[u] = np.concatenate([ps[u], pe])
-            ls[u] = np.concatenate([ls[u], ex[u]])
-    return ps, ls, max(extra, 0)
 
 
 def _trained(p: np.ndarray, L: np.ndarray, finish: np.ndarray | None, extra: int, G: int, shared_prompts: bool) -> tuple[int, float]:
@@ -190,52 +171,104 @@ def check_memory(models: FittedModels, cfg: SimConfig, *, round_by_round: bool, 
 
 @dataclass(frozen=True, eq=False)
 class _Round:
-    """One simulated generation round, summarised (what the pipeline needs of it)."""
+    """One simulated generation round, summarised (what the loop needs of it)."""
 
-    requests: int
-    engine_s: float  # seconds of its engine steps, per-step overhead included
-    steps: int
-    preemptions: int
-    peak_kv_tokens: float
-    peak_running: int
-    responses: int  # trained on
-    tokens: float  # trained on
-    tl: object = None  # for a timeline: (start, length, prompt) on the fast path, [(Stretch, preempted)] on the exact one
-    features: tuple = ()  # (K, S1, S2, S3, hist or None): its summed engine-step features
-
-
-class _Features:
-    """Summed engine-step features of a simulation (SimRun.features)."""
-
-    def __init__(self, hist: bool):
-        self.K = self.S1 = self.S2 = self.S3 = 0.0
-        self.hist = np.zeros(1) if hist else None
-
-    def add(self, K: float, S1: float, S2: float, S3: float, hist: np.ndarray | None = None) -> None:
-        self.K += K
-        self.S1 += S1
-        self.S2 += S2
-        self.S3 += S3
-        if self.hist is not None and hist is not None:
-            if len(hist) > len(self.hist):
-                self.hist = np.pad(self.hist, (0, len(hist) - len(self.hist)))
-            self.hist[:len(hist)] += hist
-
-    def add_stretch(self, x) -> None:
-        k, n = x.steps, x.num_running
-        h = None
-        if self.hist is not None:
-            h = np.zeros(n + 1)
-            h[n] = k
-        self.add(k, k * n, k * x.context0 + n * k * (k - 1) / 2, x.prefill, h)
-
-    def to_dict(self) -> dict:
-        return {"K": self.K, "S1": self.S1, "S2": self.S2, "S3": self.S3, "hist": self.hist}
+    requests: int = field(metadata={"help": "requests generated (B_gen)"})
+    engine_s: float = field(metadata={"help": "seconds of its engine steps, the gap after each step included"})
+    steps: int = field(metadata={"help": "engine steps"})
+    preemptions: int = field(metadata={"help": "requests preempted (KV cache full)"})
+    peak_kv_tokens: float = field(metadata={"help": "most KV tokens in use in one step"})
+    peak_running: int = field(metadata={"help": "most sequences in one step"})
+    responses: int = field(metadata={"help": "responses trained on"})
+    tokens: float = field(metadata={"help": "tokens trained on"})
+    features: StepSums = field(metadata={"help": "its summed engine-step features"})
+    schedule: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, metadata={
+        "help": "fast path, for a timeline: (B_gen,) admission step, response and prompt lengths"})
+    stretches: list[tuple[Stretch, int]] | None = field(default=None, metadata={
+        "help": "exact path, for a timeline: its stretches and the requests preempted at each"})
 
 
 def _needs_hist(models: FittedModels) -> bool:
-    reps = getattr(models, "replicates", None)
+    """Whether the summed features must keep the histogram of num_running (a knee form, fitted or replicated)."""
+    reps = models.replicates
     return bool(models.gen.c_knee) or (reps is not None and bool(np.any(reps.gen[:, 4] != 0)))
+
+
+def _fast_round(models: FittedModels, cfg: SimConfig, plan: RoundPlan, row: int, sums: StepSums, cost: float,
+                p: np.ndarray, L: np.ndarray, keep_timeline: bool) -> _Round:
+    """Round `row` of a plan of the fast path (`schedule_rounds`: the KV cache cannot bind); `sums`: its features,
+    `cost`: their seconds."""
+    K = int(plan.steps[row])
+    extra = max(cfg.gen_requests - cfg.batch, 0)
+    finish = plan.start[row] + L - 1 if extra else None
+    responses, tokens = _trained(p, L, finish, extra, cfg.group, models.shared_prompts)
+    return _Round(requests=len(L), engine_s=float(cost) + models.gen_overhead.per_step * K, steps=K,
+                  preemptions=0, peak_kv_tokens=float(plan.peak_kv_tokens[row]), peak_running=int(plan.peak_running[row]),
+                  responses=responses, tokens=tokens, features=sums,
+                  schedule=(plan.start[row], L, p) if keep_timeline else None)
+
+
+def _exact_round(models: FittedModels, cfg: SimConfig, p: np.ndarray, L: np.ndarray, keep_timeline: bool) -> _Round:
+    """One round by the step-level loop (`run_round_steps`: KV accounting, preemption), stretch by stretch."""
+    gm, per_step = models.gen, models.gen_overhead.per_step
+    extra = max(cfg.gen_requests - cfg.batch, 0)
+    finish = np.zeros(len(L), np.int64) if extra else None
+    stretches = [] if keep_timeline else None
+    hist = _needs_hist(models)
+    sums = StepSums.zero(hist)
+    K = pre_n = peak_run = 0
+    peak_kv = engine_s = 0.0
+    for x, pre in run_round_steps(p, L, cfg.engine, models.lengths.prefill_ratio, finish):
+        engine_s += x.cost(gm) + per_step * x.steps
+        sums = sums + x.sums(hist)
+        K += x.steps
+        pre_n += pre
+        peak_run = max(peak_run, x.num_running)
+        peak_kv = max(peak_kv, x.kv_tokens)
+        if stretches is not None:
+            stretches.append((x, pre))
+    responses, tokens = _trained(p, L, finish, extra, cfg.group, models.shared_prompts)
+    return _Round(requests=len(L), engine_s=engine_s, steps=K, preemptions=pre_n, peak_kv_tokens=float(peak_kv),
+                  peak_running=peak_run, responses=responses, tokens=tokens, features=sums, stretches=stretches)
+
+
+class _AllRounds:
+    """Every round drawn at once; on the fast path every round scheduled at once, vectorised across rounds
+    (one plan when the rounds are of one size), the exact path round by round as the loop reaches it."""
+
+    def __init__(self, models: FittedModels, cfg: SimConfig, rng: np.random.Generator, keep_timeline: bool):
+        self.models, self.cfg, self.keep_timeline = models, cfg, keep_timeline
+        self.rounds = cfg.updates
+        eng = cfg.engine
+        self.prompts, self.lengths = Workload.of(models, cfg).draw(rng, cfg.updates)
+        max_ctx = min(max(int((p + L).max()) for p, L in zip(self.prompts, self.lengths)), eng.max_model_len)
+        self.exact = cfg.exact_engine or eng.kv_can_bind(max_ctx)
+        # per update: its plan, its row there, the plan's (rounds,) summed features and their seconds
+        self._plans: list[tuple[RoundPlan, int, StepSums, np.ndarray]] = []
+        if self.exact:
+            return
+        ratio, hist = models.lengths.prefill_ratio, _needs_hist(models)
+        if len({len(L) for L in self.lengths}) == 1:
+            P, L = np.stack(self.prompts), np.stack(self.lengths)  # (rounds, B_gen)
+            plan = schedule_rounds(P, L, eng.max_num_seqs, P * ratio, eng.block_size)
+            sums = plan.sums(hist)
+            costs = models.gen.total(sums)
+            self._plans = [(plan, u, sums, costs) for u in range(cfg.updates)]
+        else:
+            for p, L in zip(self.prompts, self.lengths):
+                plan = schedule_rounds(p[None], L[None], eng.max_num_seqs, p[None] * ratio, eng.block_size)
+                sums = plan.sums(hist)
+                self._plans.append((plan, 0, sums, models.gen.total(sums)))
+
+    def get(self, u: int) -> _Round:
+        p, L = self.prompts[u], self.lengths[u]
+        if self.exact:
+            return _exact_round(self.models, self.cfg, p, L, self.keep_timeline)
+        plan, row, sums, costs = self._plans[u]
+        return _fast_round(self.models, self.cfg, plan, row, sums.row(row), costs[row], p, L, self.keep_timeline)
+
+    def approximation(self) -> str:
+        return ""
 
 
 class _RoundByRound:
@@ -250,80 +283,28 @@ class _RoundByRound:
     def __init__(self, models: FittedModels, cfg: SimConfig, rng: np.random.Generator, max_rounds: int | None,
                  keep_timeline: bool):
         self.models, self.cfg, self.rng, self.keep_timeline = models, cfg, rng, keep_timeline
-        U, lm = cfg.updates, models.lengths
-        self.extra = max(cfg.gen_requests - cfg.batch, 0)
-        if cfg.lengths == "recorded":
-            wl = models.recorded.workload
-            if not wl or any(len(w[1]) == 0 for w in wl):
-                raise RlsimError("the trace's response rows do not cover its updates; replay with sampled lengths")
-            self.period = U if self.extra else len(wl)
-            max_ctx = max(int((w[0].astype(np.int64) + w[1]).max()) for w in wl)
-            if self.extra:
-                max_ctx = max(max_ctx, max(int(w[0].max()) for w in wl) + int(lm.response_tokens.max()))
+        self.workload = Workload.of(models, cfg)
+        U = cfg.updates
+        if self.workload.recorded is not None:
+            self.period = U if self.workload.extra else len(self.workload.recorded)
             self.sampled = False
         else:
             S = -(-SAMPLED_REQUESTS // max(cfg.gen_requests, 1)) if max_rounds is None else max_rounds
             self.period = max(int(S), 1)
-            max_ctx = int(lm.prompt_tokens.max()) + int(lm.response_tokens.max())  # the support's bound
             self.sampled = self.period < U
         self.rounds = min(U, self.period)
-        self.exact = cfg.exact_engine or cfg.engine.kv_can_bind(min(max_ctx, cfg.engine.max_model_len))
+        self.exact = cfg.exact_engine or cfg.engine.kv_can_bind(min(self.workload.context_bound(), cfg.engine.max_model_len))
         self._kept: dict[int, _Round] = {}
-
-    def _workload(self, key: int) -> tuple[np.ndarray, np.ndarray]:
-        """Prompt and response lengths of one round in queue order (as `_workload` gives each round)."""
-        cfg, G = self.cfg, self.cfg.group
-        if cfg.lengths == "recorded":
-            w = self.models.recorded.workload[key % len(self.models.recorded.workload)]
-            p, L = w[0].astype(np.int64), w[1].astype(np.int64)
-        else:
-            pp, LL = self.models.lengths.sample(self.rng, cfg.prompts, G, rounds=1)
-            p, L = pp[0], LL[0]
-        if self.extra:
-            ex = self.rng.choice(self.models.lengths.response_tokens, size=self.extra).astype(np.int64)
-            n_prompts = max(len(L) // G, 1)
-            p = np.concatenate([p, p[(np.arange(self.extra) % n_prompts) * G]])
-            L = np.concatenate([L, ex])
-        mml = cfg.engine.max_model_len
-        if int((p + L).max()) > mml:
-            L = np.minimum(L, np.maximum(mml - p, 1))
-        return p, L
 
     def _simulate(self, key: int) -> _Round:
         models, eng = self.models, self.cfg.engine
-        gm, ov, ratio = models.gen, models.gen_overhead, models.lengths.prefill_ratio
-        p, L = self._workload(key)
-        finish, tl = None, None
-        if not self.exact:
-            plan = schedule_round(p, L, eng.max_num_seqs, p * ratio, eng.block_size)
-            K = int(plan.steps[0])
-            engine_s = float(round_cost(gm, plan)[0]) + ov.per_step * K
-            feats = (K, float(plan.sum_running[0]), float(plan.sum_context[0]), float(plan.sum_prefill[0]),
-                     running_hist(plan)[0] if _needs_hist(models) else None)
-            if self.extra:
-                finish = plan.start[0] + L - 1
-            if self.keep_timeline:
-                tl = (plan.start[0], L, p)
-            pre_n, peak_run, peak_kv = 0, int(plan.peak_running[0]), float(plan.peak_kv_tokens[0])
-        else:
-            finish = np.zeros(len(L), np.int64) if self.extra else None
-            tl = [] if self.keep_timeline else None
-            K = pre_n = peak_run = 0
-            peak_kv = engine_s = 0.0
-            acc = _Features(_needs_hist(models))
-            for x, pre in run_round_steps(p, L, eng, ratio, finish):
-                engine_s += x.cost(gm) + ov.per_step * x.steps
-                acc.add_stretch(x)
-                K += x.steps
-                pre_n += pre
-                peak_run = max(peak_run, x.num_running)
-                peak_kv = max(peak_kv, x.kv_tokens)
-                if tl is not None:
-                    tl.append((x, pre))
-            feats = (acc.K, acc.S1, acc.S2, acc.S3, acc.hist)
-        responses, tokens = _trained(p, L, finish, self.extra, self.cfg.group, models.shared_prompts)
-        return _Round(requests=len(L), engine_s=engine_s, steps=K, preemptions=pre_n, peak_kv_tokens=float(peak_kv),
-                      peak_running=peak_run, responses=responses, tokens=tokens, tl=tl, features=feats)
+        ps, ls = self.workload.draw(self.rng, 1, first=key)
+        p, L = ps[0], ls[0]
+        if self.exact:
+            return _exact_round(models, self.cfg, p, L, self.keep_timeline)
+        plan = schedule_round(p, L, eng.max_num_seqs, p * models.lengths.prefill_ratio, eng.block_size)
+        sums = plan.sums(_needs_hist(models))
+        return _fast_round(models, self.cfg, plan, 0, sums.row(0), models.gen.total(sums)[0], p, L, self.keep_timeline)
 
     def get(self, u: int) -> _Round:
         key = u % self.period
@@ -342,9 +323,124 @@ class _RoundByRound:
                 f"{100 * SAMPLING_ERROR:.2g}% of simulating every round")
 
 
+class _Timeline:
+    """The slices and counters of a simulation being recorded (rlsim.replay.timeline), ids from one counter."""
+
+    def __init__(self, models: FittedModels, cfg: SimConfig):
+        self.slices: list[Slice] = []
+        self.counters: list[Counter] = []
+        self.ids = itertools.count()
+        self.gen, self.per_step = models.gen, models.gen_overhead.per_step
+        self.ratio, self.kv_cache_tokens = models.lengths.prefill_ratio, cfg.engine.kv_cache_tokens
+
+    def add(self, lane: str, track: str, name: str, t: float, dur: float, **args) -> None:
+        self.slices.append(Slice(lane, track, name, t, dur, {"id": next(self.ids), **args}))
+
+    def _step(self, t: float, d: float, u: int, n: int, ctx: float, pre: float, finished: int, kv_tokens: float) -> None:
+        self.add(LANE_GEN, "gen_step", "gen.step", t, d, update=u, num_running=n, context_tokens=ctx, prefill_tokens=pre,
+                 finished=finished)
+        self.counters.append(Counter(LANE_GEN, "gen.running", t, float(n)))
+        self.counters.append(Counter(LANE_GEN, "gen.kv_usage", t, float(min(kv_tokens / self.kv_cache_tokens, 1.0))))
+
+    def schedule(self, t: float, u: int, start: np.ndarray, L: np.ndarray, p: np.ndarray) -> None:
+        """A round of the fast path from its schedule: its engine steps, starting at t."""
+        sa = step_arrays(start, L, p, p * self.ratio)
+        d = self.gen.step(sa["num_running"], sa["context_tokens"], sa["prefill_tokens"])  # (K,) seconds
+        starts = t + np.concatenate([[0.0], np.cumsum(d + self.per_step)[:-1]])
+        for k in range(len(d)):
+            ctx = float(sa["context_tokens"][k])
+            self._step(float(starts[k]), float(d[k]), u, int(sa["num_running"][k]), ctx, float(sa["prefill_tokens"][k]),
+                       int(sa["finished"][k]), ctx)
+
+    def stretch(self, t: float, u: int, x: Stretch) -> None:
+        """One stretch of the step-level loop, starting at t."""
+        d = x.durations(self.gen)  # (steps,) seconds
+        for k in range(x.steps):
+            self._step(t, float(d[k]), u, x.num_running, x.context0 + k * x.num_running, x.prefill if k == 0 else 0.0,
+                       x.finished if k == x.steps - 1 else 0, float(x.kv_tokens))
+            t += float(d[k]) + self.per_step
+
+
+class _Loop:
+    """The SimPy model of the synchronous colocated RL loop over precomputed rounds."""
+
+    def __init__(self, models: FittedModels, cfg: SimConfig, rounds: _AllRounds | _RoundByRound, record_timeline: bool):
+        self.models, self.cfg, self.rounds = models, cfg, rounds
+        self.env = simpy.Environment()
+        self.tl = _Timeline(models, cfg) if record_timeline else None
+        U = cfg.updates
+        self.per = dict(step_time=np.zeros(U), gen_time=np.zeros(U), train_time=np.zeros(U), sync_time=np.zeros(U),
+                        other_time=np.zeros(U), responses=np.zeros(U), tokens=np.zeros(U), gen_steps=np.zeros(U, np.int64),
+                        preemptions=np.zeros(U, np.int64), peak_kv_tokens=np.zeros(U), peak_running=np.zeros(U, np.int64))
+        self.features = StepSums.zero(_needs_hist(models))
+
+    def generate(self, u: int):
+        """Round u: the round overhead, then its engine steps; returns (seconds, the round)."""
+        env, tl, ov = self.env, self.tl, self.models.gen_overhead
+        r = self.rounds.get(u)
+        self.features = self.features + r.features
+        t0 = env.now
+        yield env.timeout(float(ov.base + ov.per_response * r.requests))
+        if tl is not None and r.stretches is not None:
+            for x, _ in r.stretches:
+                tl.stretch(env.now, u, x)
+                yield env.timeout(x.cost(self.models.gen) + ov.per_step * x.steps)
+        else:
+            if tl is not None:
+                tl.schedule(env.now, u, *r.schedule)
+            yield env.timeout(r.engine_s)
+        for k, v in (("gen_steps", r.steps), ("preemptions", r.preemptions), ("peak_running", r.peak_running),
+                     ("peak_kv_tokens", r.peak_kv_tokens)):
+            self.per[k][u] = v
+        if tl is not None:
+            tl.add(LANE_GEN, "gen_round", "gen.round", t0, env.now - t0, update=u, requests=r.requests)
+        return env.now - t0, r
+
+    def phase(self, lane: str, track: str, name: str, dur: float, u: int):
+        t = self.env.now
+        yield self.env.timeout(dur)
+        if self.tl is not None:
+            self.tl.add(lane, track, name, t, dur, update=u)
+
+    def rl_steps(self):
+        m, env, per = self.models, self.env, self.per
+        for u in range(self.cfg.updates):
+            t0 = env.now
+            g, r = yield env.process(self.generate(u))
+            B, tokens = r.responses, r.tokens
+            rew = max(float(m.reward.predict(B)), 0.0)
+            prep = max(float(m.prep.predict(tokens)), 0.0)
+            upd = max(float(m.update.predict(tokens)), 0.0)
+            syn = max(float(m.sync.predict(m.sync_bytes)), 0.0)
+            oth = max(float(m.other.predict(B)), 0.0)
+            yield from self.phase(LANE_HOST, "reward", "host.reward", rew, u)
+            yield from self.phase(LANE_TRAIN, "prep", "train.prep", prep, u)
+            yield from self.phase(LANE_TRAIN, "update", "train.update", upd, u)
+            yield from self.phase(LANE_SYNC, "sync", "sync.weights", syn, u)
+            yield from self.phase(LANE_HOST, "other", "host.other", oth, u)
+            if self.tl is not None:
+                self.tl.add(LANE_RL, "rl_step", "rl.step", t0, env.now - t0, update=u, responses=B)
+            for k, v in (("step_time", env.now - t0), ("gen_time", g), ("train_time", prep + upd), ("sync_time", syn),
+                         ("other_time", rew + oth), ("responses", B), ("tokens", tokens)):
+                per[k][u] = v
+
+    def run(self) -> SimRun:
+        self.env.process(self.rl_steps())
+        self.env.run()
+        timeline, counters = [], []
+        if self.tl is not None:
+            timeline = sorted(self.tl.slices, key=lambda s: (s.start, -s.dur))
+            counters = sorted(self.tl.counters, key=lambda c: c.t)
+        r = self.rounds
+        return SimRun(batch=self.cfg.batch, total_time=float(self.env.now), exact_engine=r.exact, timeline=timeline,
+                      counters=counters, rounds_simulated=r.rounds, approximation=r.approximation(),
+                      features=self.features.to_dict(), **self.per)
+
+
 def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,
              round_by_round: bool | None = None, max_rounds: int | None = None) -> SimRun:
-    """Simulate `cfg.updates` RL steps with the fitted models. Deterministic given the rng state.
+    """Simulate `cfg.updates` RL steps of the colocated loop with the fitted models (a config with a split:
+    `rlsim.simulator.simulate`). Deterministic given the rng state.
 
     round_by_round: None picks by size (U x B_gen > ALL_ROUNDS_MAX_REQUESTS: one round at a time); True or
     False forces it. max_rounds: distinct rounds simulated round by round with sampled lengths (None:
@@ -352,203 +448,17 @@ def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, 
     allocating when the estimated memory is over MEMORY_LIMIT_BYTES.
     """
     cfg.validate()
-    if cfg.split is not None:  # split devices, asynchronous within a staleness limit
-        from rlsim.asyncrl import simulate_split
-
-        return simulate_split(models, cfg, rng=rng, record_timeline=record_timeline)
-    eng = cfg.engine
+    if cfg.split is not None:
+        raise RlsimError("rlsim.pipeline.simulate runs the colocated loop; a SimConfig with a split runs in "
+                         "rlsim.asyncrl.simulate_split (rlsim.simulator.simulate picks by the config)")
     U = cfg.updates
-    G = cfg.group
     if round_by_round is None:
         round_by_round = U * cfg.gen_requests > ALL_ROUNDS_MAX_REQUESTS
-    rounds = None
     if round_by_round:
         rounds = _RoundByRound(models, cfg, rng, max_rounds, record_timeline)
         check_memory(models, cfg, round_by_round=True, record_timeline=record_timeline,
                      rounds_kept=rounds.rounds if record_timeline and rounds.rounds < U else 0)
-        exact, extra = rounds.exact, rounds.extra
     else:
         check_memory(models, cfg, round_by_round=False, record_timeline=record_timeline)
-        prompts_u, lengths_u, extra = _workload(models, cfg, rng)
-        max_ctx = max(int((p + L).max()) for p, L in zip(prompts_u, lengths_u))
-        if max_ctx > eng.max_model_len:
-            lengths_u = [np.minimum(L, np.maximum(eng.max_model_len - p, 1)) for p, L in zip(prompts_u, lengths_u)]
-            max_ctx = eng.max_model_len
-        exact = cfg.exact_engine or eng.kv_can_bind(max_ctx)
-    ratio = models.lengths.prefill_ratio
-
-    # Fast path: all rounds scheduled at once (exact when the KV cache cannot bind).
-    plans = None
-    feats = _Features(_needs_hist(models))
-    hists = None
-    if not exact and not round_by_round:
-        sizes = {len(L) for L in lengths_u}
-        if len(sizes) == 1:
-            P, L = np.stack(prompts_u), np.stack(lengths_u)
-            plan = schedule_rounds(P, L, eng.max_num_seqs, P * ratio, eng.block_size)
-            plans = [(plan, u) for u in range(U)]
-            costs = round_cost(models.gen, plan)
-            if feats.hist is not None:
-                h = running_hist(plan)
-                hists = [h[u] for u in range(U)]
-        else:
-            plans, costs = [], []
-            for p, L in zip(prompts_u, lengths_u):
-                pl = schedule_rounds(p[None], L[None], eng.max_num_seqs, p[None] * ratio, eng.block_size)
-                plans.append((pl, 0))
-                costs.append(float(round_cost(models.gen, pl)[0]))
-            costs = np.asarray(costs)
-            if feats.hist is not None:
-                hists = [running_hist(pl)[0] for pl, _ in plans]
-
-    def trained_tokens(u: int, finish: np.ndarray | None) -> tuple[int, float]:
-        """Responses trained on and tokens trained on, counted as the trace's num_tokens counts them."""
-        return _trained(prompts_u[u], lengths_u[u], finish, extra, G, models.shared_prompts)
-
-    env = simpy.Environment()
-    ids = itertools.count()
-    n = dict(step_time=np.zeros(U), gen_time=np.zeros(U), train_time=np.zeros(U), sync_time=np.zeros(U),
-             other_time=np.zeros(U), responses=np.zeros(U), tokens=np.zeros(U), gen_steps=np.zeros(U, np.int64),
-             preemptions=np.zeros(U, np.int64), peak_kv_tokens=np.zeros(U), peak_running=np.zeros(U, np.int64))
-    timeline: list[Slice] = []
-    finish: dict[int, np.ndarray] = {}
-    trained: dict[int, tuple[int, float]] = {}
-    counters: list[Counter] = []
-    ov = models.gen_overhead
-    gm = models.gen
-
-    def record_steps(u: int, start: np.ndarray, L: np.ndarray, p: np.ndarray, K: int):
-        """Timeline of a round on the fast path: its K engine steps from the schedule, starting now."""
-        sa = step_arrays(start, L, p, p * ratio)
-        d = gm.predict(sa["num_running"], sa["context_tokens"], sa["prefill_tokens"])
-        starts = env.now + np.concatenate([[0.0], np.cumsum(d + ov.per_step)[:-1]])
-        for k in range(K):
-            timeline.append(Slice(LANE_GEN, "gen_step", "gen.step", float(starts[k]), float(d[k]),
-                                  {"id": next(ids), "update": u, "num_running": int(sa["num_running"][k]),
-                                   "context_tokens": float(sa["context_tokens"][k]), "prefill_tokens": float(sa["prefill_tokens"][k]),
-                                   "finished": int(sa["finished"][k])}))
-            counters.append(Counter(LANE_GEN, "gen.running", float(starts[k]), float(sa["num_running"][k])))
-            counters.append(Counter(LANE_GEN, "gen.kv_usage", float(starts[k]), float(min(sa["context_tokens"][k] / eng.kv_cache_tokens, 1.0))))
-
-    def record_stretch(u: int, x):
-        """Timeline of one stretch of the step-level loop, starting now."""
-        t = env.now
-        for k in range(x.steps):
-            ctx = x.context0 + k * x.num_running
-            d = float(gm.predict(x.num_running, ctx, x.prefill if k == 0 else 0.0))
-            timeline.append(Slice(LANE_GEN, "gen_step", "gen.step", t, d,
-                                  {"id": next(ids), "update": u, "num_running": x.num_running, "context_tokens": ctx,
-                                   "prefill_tokens": x.prefill if k == 0 else 0.0,
-                                   "finished": x.finished if k == x.steps - 1 else 0}))
-            counters.append(Counter(LANE_GEN, "gen.running", t, float(x.num_running)))
-            counters.append(Counter(LANE_GEN, "gen.kv_usage", t, float(min(x.kv_tokens / eng.kv_cache_tokens, 1.0))))
-            t += d + ov.per_step
-
-    def gen_round(u: int):
-        """Engine process for round u: round overhead, then the engine steps."""
-        p, L = prompts_u[u], lengths_u[u]
-        B = len(L)
-        t0 = env.now
-        base = float(ov.base + ov.per_response * B)
-        yield env.timeout(base)
-        if not exact:
-            plan, row = plans[u]
-            K = int(plan.steps[row])
-            dur = float(costs[u]) + ov.per_step * K
-            if record_timeline:
-                record_steps(u, plan.start[row], L, p, K)
-            yield env.timeout(dur)
-            feats.add(K, float(plan.sum_running[row]), float(plan.sum_context[row]), float(plan.sum_prefill[row]),
-                      hists[u] if hists is not None else None)
-            if extra:
-                finish[u] = plan.start[row] + L - 1
-            n["gen_steps"][u] = K
-            n["peak_running"][u] = int(plan.peak_running[row])
-            n["peak_kv_tokens"][u] = float(plan.peak_kv_tokens[row])
-        else:
-            K = pre_n = peak_run = 0
-            peak_kv = 0.0
-            fin_arr = finish[u] = np.zeros(B, np.int64) if extra else None
-            for x, pre in run_round_steps(p, L, eng, ratio, fin_arr):
-                c = x.cost(gm)
-                feats.add_stretch(x)
-                if record_timeline:
-                    record_stretch(u, x)
-                yield env.timeout(c + ov.per_step * x.steps)
-                K += x.steps
-                pre_n += pre
-                peak_run = max(peak_run, x.num_running)
-                peak_kv = max(peak_kv, x.kv_tokens)
-            n["gen_steps"][u] = K
-            n["preemptions"][u] = pre_n
-            n["peak_running"][u] = peak_run
-            n["peak_kv_tokens"][u] = peak_kv
-        if record_timeline:
-            timeline.append(Slice(LANE_GEN, "gen_round", "gen.round", t0, env.now - t0, {"id": next(ids), "update": u, "requests": B}))
-        trained[u] = trained_tokens(u, finish.pop(u, None))
-        return env.now - t0
-
-    def gen_round_by_round(u: int):
-        """Engine process for round u when rounds are simulated one at a time (`_RoundByRound`)."""
-        r = rounds.get(u)
-        feats.add(*r.features)
-        t0 = env.now
-        yield env.timeout(float(ov.base + ov.per_response * r.requests))
-        if record_timeline and not exact:
-            start, L, p = r.tl
-            record_steps(u, start, L, p, r.steps)
-            yield env.timeout(r.engine_s)
-        elif record_timeline:
-            for x, _ in r.tl:
-                record_stretch(u, x)
-                yield env.timeout(x.cost(gm) + ov.per_step * x.steps)
-        else:
-            yield env.timeout(r.engine_s)
-        n["gen_steps"][u] = r.steps
-        n["preemptions"][u] = r.preemptions
-        n["peak_running"][u] = r.peak_running
-        n["peak_kv_tokens"][u] = r.peak_kv_tokens
-        if record_timeline:
-            timeline.append(Slice(LANE_GEN, "gen_round", "gen.round", t0, env.now - t0, {"id": next(ids), "update": u, "requests": r.requests}))
-        trained[u] = (r.responses, r.tokens)
-        return env.now - t0
-
-    def phase(lane: str, track: str, name: str, dur: float, u: int):
-        t = env.now
-        yield env.timeout(dur)
-        if record_timeline:
-            timeline.append(Slice(lane, track, name, t, dur, {"id": next(ids), "update": u}))
-
-    def _sync_colocated():
-        for u in range(U):
-            t0 = env.now
-            g = yield env.process(gen_round_by_round(u) if round_by_round else gen_round(u))
-            B, tokens = trained.pop(u)
-            rew = max(float(models.reward.predict(B)), 0.0)
-            prep = max(float(models.prep.predict(tokens)), 0.0)
-            upd = max(float(models.update.predict(tokens)), 0.0)
-            syn = max(float(models.sync.predict(models.sync_bytes)), 0.0)
-            oth = max(float(models.other.predict(B)), 0.0)
-            yield from phase(LANE_HOST, "reward", "host.reward", rew, u)
-            yield from phase(LANE_TRAIN, "prep", "train.prep", prep, u)
-            yield from phase(LANE_TRAIN, "update", "train.update", upd, u)
-            yield from phase(LANE_SYNC, "sync", "sync.weights", syn, u)
-            yield from phase(LANE_HOST, "other", "host.other", oth, u)
-            if record_timeline:
-                timeline.append(Slice(LANE_RL, "rl_step", "rl.step", t0, env.now - t0, {"id": next(ids), "update": u, "responses": B}))
-            n["step_time"][u] = env.now - t0
-            n["gen_time"][u] = g
-            n["train_time"][u] = prep + upd
-            n["sync_time"][u] = syn
-            n["other_time"][u] = rew + oth
-            n["responses"][u] = B
-            n["tokens"][u] = tokens
-
-    env.process(_sync_colocated())
-    env.run()
-    if record_timeline:
-        timeline.sort(key=lambda s: (s.start, -s.dur))
-        counters.sort(key=lambda c: c.t)
-    return SimRun(batch=cfg.batch, total_time=float(env.now), exact_engine=exact, timeline=timeline, counters=counters,
-                  rounds_simulated=rounds.rounds if rounds else U, approximation=rounds.approximation() if rounds else "",
-                  features=feats.to_dict(), **n)
+        rounds = _AllRounds(models, cfg, rng, record_timeline)
+    return _Loop(models, cfg, rounds, record_timeline).run()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.learning import regime
+from rlsim.replay.rho import regime
 
 FORMS = (("sigma", "rho"), ("responses_per_s", "samples_to_target"))
 

@@ -14,9 +14,13 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.models import FittedModels
+from rlsim.replay.steps import step_table
 from rlsim.replay.util import atomic_write, fmt
+from rlsim.results import read_results, trace_identity
 from rlsim.tables import RANGED, describe, interval, own, sweep_verdict, varying, with_interval
-from rlsim.views import CHARTS, OPTIONAL_CHARTS, _axes_of, build_charts, fitted_models
+from rlsim.views import CHARTS, OPTIONAL_CHARTS, axes_of, build_charts
+from rlsim.whatif import prepare
 
 TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3f"), ("gen_s", "gen s", ".3f"),
                  ("train_s", "train s", ".3f"), ("sync_s", "sync s", ".4f"), ("sigma", "sigma", ".3f"),
@@ -27,8 +31,6 @@ TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s",
 
 
 def trace_summary(trace: Any) -> dict[str, Any]:
-    from rlsim.replay.steps import step_table
-
     st = step_table(trace)
     e = trace.rows("eval")
     counts = {k: trace.count(k) for k in ("gen_step", "response", "update", "sync", "eval")}
@@ -66,7 +68,7 @@ def _dur(seconds: float) -> str:
     return f"{seconds * 1e9:.4g} ns"
 
 
-def models_section(fitted) -> str:
+def models_section(fitted: FittedModels) -> str:
     g = fitted.gen
     parts = ["<h3>Generation step cost</h3>",
              f"<p class='eq'>t_step = {_dur(g.c_step)} + {_dur(g.c_seq)} &times; running "
@@ -80,7 +82,7 @@ def models_section(fitted) -> str:
     parts.append("<h3>Other cost models (seconds = intercept + slope &times; x)</h3>")
     parts.append(_table(["model", "x", "intercept", "slope"], aff +
                         [("gen overhead", "responses, steps", f"{o.base:.4g}", f"{o.per_response:.4g}, {o.per_step:.4g}")]))
-    val = getattr(fitted, "validation", None)
+    val = fitted.validation
     cv = {"gen_step": (val.gen_cv, val.gen_form), "update": (val.train_cv, "")} if val is not None else {}
     q = [(name, fq.n, fmt(fq.r2, ".4f"), fmt(fq.rmse, ".3g"), fmt(fq.median_rel_err, ".2%"),
           fmt(fq.p95_rel_err, ".2%"), fmt(cv.get(name, (None,))[0], ".2%"), fq.dropped, fq.method)
@@ -131,7 +133,7 @@ def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) 
     """The headline: the verdict as `rlsim sweep` prints it (best, undecided between, may not beat the
     reference) with intervals, the first-ranked config's numbers, the caveats (warnings) in a box, and the
     notes on how the numbers were made folded away."""
-    axes = varying(rows, _axes_of(meta, rows))  # the options that were swept name a config
+    axes = varying(rows, axes_of(meta, rows))  # the options that were swept name a config
     opts = (meta.get("grid") or {}).get("options") or {}
     v = sweep_verdict(rows, meta, describe_row=lambda r: describe(r, axes, opts))
     best, ref = v["best"] or rows[0], meta.get("reference") or {}
@@ -158,7 +160,7 @@ def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) 
 
 
 def ranking_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], *, limit: int = 200) -> str:
-    axes = _axes_of(meta, rows)
+    axes = axes_of(meta, rows)
     cols = [c for c in TABLE_COLUMNS if any(c[0] in r for r in rows)]
     shown = list(rows[:limit])
     opts = (meta.get("grid") or {}).get("options") or {}
@@ -226,10 +228,7 @@ ol.caveats{font-size:13px}
 def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out: str | os.PathLike, *,
                  rho_model: str | None = None, target: float | None = None, calibration: Sequence[Any] = ()) -> Path:
     """Write the report for the traces (read; the first is the reference); returns its path."""
-    import vl_convert as vlc
-
-    from rlsim.results import read_results, trace_identity
-    from rlsim.whatif import prepare
+    import vl_convert as vlc  # why here: the chart renderer (vl-convert) loads only when a report is drawn
 
     if not traces:
         raise RlsimError("give a trace with --trace")
@@ -247,7 +246,7 @@ def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out
                              "pass the same --trace")
     study = prepare(traces, rho_model=study_opts.get("rho_model") or "auto", target=study_opts.get("target"),
                     calibration=calibration)
-    fitted = fitted_models(study, traces)
+    fitted = study.models
     charts = build_charts(traces=traces, study=study, rows=rows, meta={**meta, "study": study_opts})
 
     parts = [f"<h1>rlsim report</h1><p class='muted'>generated {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M UTC}"

@@ -10,12 +10,18 @@ import json
 import math
 import os
 import shutil
+from importlib import metadata as md
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from rlsim.grid import plain
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import json_safe
+from rlsim.whatif import Study, reference_outcome
 
 SWEEP_META_KEY = b"rlsim_sweep"
 OUTPUT_FILES = ("results.parquet", "results.csv", "sweep.json", "charts")
@@ -46,8 +52,6 @@ def rank_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
 
 def reference_row(study: Any, updates: int = 100, seed: int = 0) -> dict[str, Any] | None:
     """The reference config's outcome (the trace's own P, G, lr rule), JSON-safe, for the sweep metadata."""
-    from rlsim.whatif import Study, reference_outcome
-
     if not isinstance(study, Study):  # a stand-in study (tests) has no reference
         return None
     return json_safe(reference_outcome(study, updates, seed).to_dict())
@@ -66,7 +70,7 @@ def trace_identity(trace: Any) -> dict[str, Any]:
     meta = trace.meta
     return {"path": str(p), "abspath": str(p.resolve()), "sha256": sha256_file(p) if p.exists() else None,
             "name": trace.name, "created": meta.get("created"), "seed": meta.get("seed"),
-            "status": meta.get("status"), "recovered": bool(getattr(trace, "recovered", False)),
+            "status": meta.get("status"), "recovered": bool(trace.recovered),
             "config": meta.get("config", {}), "engine": meta.get("engine", {}), "model": meta.get("model", {}),
             "hardware": meta.get("hardware", {})}
 
@@ -126,10 +130,6 @@ def _column_safe(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
 
 def write_results(out: str | os.PathLike, ranked: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Path]:
     """results.parquet (metadata under key `rlsim_sweep`), results.csv and sweep.json in `out`."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-    import pyarrow.parquet as pq
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     table = pa.Table.from_pylist(_column_safe(ranked))
@@ -144,8 +144,6 @@ def write_results(out: str | os.PathLike, ranked: Sequence[Mapping[str, Any]], m
 
 def read_results(sweep_dir: str | os.PathLike) -> tuple[list[dict], dict[str, Any]]:
     """Rows (best first) and metadata of a finished sweep."""
-    import pyarrow.parquet as pq
-
     d = Path(sweep_dir)
     p = d / "results.parquet"
     if not p.exists():
@@ -166,8 +164,6 @@ def read_results(sweep_dir: str | os.PathLike) -> tuple[list[dict], dict[str, An
 def sweep_metadata(*, traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], fixed: Mapping[str, Any],
                    labels: Mapping[str, str], n_configs: int, study_options: Mapping[str, Any],
                    backend: Mapping[str, Any], seconds: float | None = None) -> dict[str, Any]:
-    from importlib import metadata as md
-
     try:
         version = md.version("rlsim")
     except md.PackageNotFoundError:  # pragma: no cover

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from rlsim import backends, results
+from rlsim import perfetto as pf
 from rlsim.config import WhatIf
 from rlsim.grid import build_grid, config_dict
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import exclusive
 from rlsim.tables import sweep_verdict
+from rlsim.views import sweep_charts
+from rlsim.whatif import prepare, timeline
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,6 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
     """Evaluate the cartesian grid of `axes` (WhatIf field -> values) against the traces, rank it and,
     with `out`, write results.parquet / results.csv / sweep.json (and charts) there. Every row equals
     what `rlsim run` gives for its config."""
-    from rlsim.whatif import prepare
-
     labels = dict(labels or {})
     if not axes:
         raise RlsimError("nothing to sweep: give at least one option as a comma list, e.g. --batch 64,128,256")
@@ -71,8 +72,6 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
             results.prepare_out_dir(out, overwrite)  # again, under the lock: another sweep may have written it meanwhile
             paths = results.write_results(out, ranked, meta)
             if charts:
-                from rlsim.views import sweep_charts
-
                 sweep_charts(Path(out) / "charts", traces=traces, study=study, rows=ranked, meta=meta)
                 paths["charts"] = Path(out) / "charts"
     return SweepResult(rows=ranked, meta=meta, paths=paths, seconds=seconds)
@@ -99,9 +98,6 @@ def export_simulated(traces: Sequence[Any], fixed: Mapping[str, Any], out: str |
                      overwrite: bool = False, calibration: Sequence[Any] = ()) -> dict[str, int]:
     """Simulate one config (fields not given: the reference trace's) with its timeline and write it as
     Chrome trace JSON. Returns the slice counts per track."""
-    from rlsim import perfetto as pf
-    from rlsim.whatif import prepare, timeline
-
     cfg = build_grid(WhatIf, {k: [v] for k, v in fixed.items()}, {})[0]
     run = timeline(prepare(traces, rho_model=rho_model, calibration=calibration), cfg)
     obj = pf.simulated_chrome_trace(run, other={"config": config_dict(cfg), "traces": [str(t.path) for t in traces]})

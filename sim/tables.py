@@ -6,6 +6,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Sequence
 
+from rich import box
+from rich.console import Console
+from rich.measure import Measurement
+from rich.table import Table
+
+from rlsim.replay.rho import regime_key
 from rlsim.replay.util import fmt
 
 TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
@@ -81,8 +87,6 @@ def unique(xs: Sequence[str]) -> list[str]:
 
 
 def short_regime(v: Any) -> Any:
-    from rlsim.charts import regime_key
-
     return regime_key(v) or v
 
 
@@ -191,9 +195,6 @@ def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top
     each with its interval under it where there is one; a row with warnings of its own (beyond the study's,
     meta['warnings']) is marked `!`. Too wide for `width` columns, it leaves out, in turn, responses/s (sigma
     carries it), B, then the sigma and rho intervals; never the T ratio's."""
-    from rich.console import Console
-    from rich.measure import Measurement
-
     drops = [(), ("responses_per_s",), ("responses_per_s", "batch"), ("responses_per_s", "batch", "sigma_iv", "rho_iv")]
     for drop in drops:
         t = _ranking_table(rows, axes, top=top, labels=labels or {}, meta=meta, drop=drop)
@@ -206,9 +207,6 @@ def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top
 
 
 def _ranking_table(rows, axes, *, top, labels, meta, drop):
-    from rich import box
-    from rich.table import Table
-
     swept = varying(rows, axes)
     t = Table(title=f"Ranking by time to target, best {min(top, len(rows))} of {len(rows)} (all in results.csv); "
                     "intervals under the values",

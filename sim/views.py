@@ -12,6 +12,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from rlsim.config import WhatIf
+from rlsim.replay.timeline import simulated_timeline
+from rlsim.whatif import Study, timeline
+
 CHARTS = (
     ("time_to_target", "Time to target vs batch size"),
     ("sigma_rho", "Throughput gain and sample cost vs batch size"),
@@ -23,24 +27,6 @@ GANTT_STEPS = 3
 # charts drawn only when the sweep has their axes: the device split (--gen-gpus / --train-gpus), per staleness
 OPTIONAL_CHARTS = (("split", "Time to target vs the generation : training device split, per staleness"),)
 SPLIT_AXES = ("gen_gpus", "train_gpus")
-
-
-def fitted_models(study: Any, traces: Sequence[Any]):
-    """The FittedModels inside the study if it holds one, else a fresh fit of the traces."""
-    from rlsim.replay.fit import FittedModels, fit_trace
-
-    for name in ("models", "fitted", "fit", "model"):
-        v = getattr(study, name, None)
-        if isinstance(v, FittedModels):
-            return v
-    if dataclasses.is_dataclass(study):
-        for f in dataclasses.fields(study):
-            v = getattr(study, f.name, None)
-            if isinstance(v, FittedModels):
-                return v
-            if isinstance(v, (list, tuple)) and v and isinstance(v[0], FittedModels):
-                return v[0]
-    return fit_trace(list(traces))
 
 
 def throughput_curve(fitted, trace, *, points: int = 48) -> list[dict]:
@@ -57,18 +43,16 @@ def throughput_curve(fitted, trace, *, points: int = 48) -> list[dict]:
     return [{"num_running": float(a), "tokens_per_s": float(b)} for a, b in zip(ns, tps) if np.isfinite(b)]
 
 
-def _axes_of(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def axes_of(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[str]:
     axes = list(((meta.get("grid") or {}).get("axes") or {}).keys())
     return axes or [k for k in ("prompts", "group", "lr_rule") if rows and k in rows[0]]
 
 
 def _whatif_from_row(row: Mapping[str, Any]):
-    from rlsim.config import WhatIf
-
     names = {f.name for f in dataclasses.fields(WhatIf) if f.init}
     kwargs = {k: row[k] for k in names if k in row and row[k] is not None}
     cfg = WhatIf(**kwargs)
-    if "updates" in names and getattr(cfg, "updates", GANTT_STEPS) > GANTT_STEPS:
+    if cfg.updates > GANTT_STEPS:
         cfg = dataclasses.replace(cfg, updates=GANTT_STEPS)
     return cfg
 
@@ -80,16 +64,16 @@ def _gantt_until(spans: Sequence[Any], steps: int = GANTT_STEPS) -> float | None
     return ends[steps - 1] * 1.0001 if len(ends) >= steps else None
 
 
-def build_charts(*, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[str, Any]] = (),
+def build_charts(*, traces: Sequence[Any], study: Study, rows: Sequence[Mapping[str, Any]] = (),
                  meta: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """name -> altair chart for every chart the study has data for (sweep charts need rows)."""
-    from rlsim import charts as ch
+    from rlsim import charts as ch  # why here: the chart renderer (altair) loads only when charts are drawn
 
     meta = meta or {}
     out: dict[str, Any] = {}
-    fitted = fitted_models(study, traces)
+    fitted = study.models
     if rows:
-        axes = _axes_of(meta, rows)
+        axes = axes_of(meta, rows)
         series = ch.varying_keys(rows, axes)
         ref_cfg = traces[0].config
         prefer = {k: ref_cfg.get(k) for k in series if k in ref_cfg}
@@ -104,42 +88,33 @@ def build_charts(*, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[st
     out["gen_throughput"] = ch.throughput_chart(ch.measured_throughput_points(traces[0]), throughput_curve(fitted, traces[0]),
                                                 title=f"Generation throughput vs concurrency ({traces[0].name})")
     out["learning_curves"] = ch.learning_chart(ch.trace_learning_curves(traces), target=(meta.get("study") or {}).get("target"))
-    try:
-        from rlsim.replay.timeline import simulated_timeline
-        from rlsim.whatif import timeline
-
-        best = rows[0] if rows else {k: traces[0].config.get(k) for k in ("prompts", "group")}
-        cfg = _whatif_from_row(best)
-        spans, counters = simulated_timeline(timeline(study, cfg))
-        label = ", ".join(f"{k}={best.get(k)}" for k in _axes_of(meta, rows)) if rows else "the recorded config"
-        out["timeline"] = ch.gantt_chart(spans, counters, title=f"Simulated timeline: {label} (first {GANTT_STEPS} steps)",
-                                         until=_gantt_until(spans))
-    except ImportError:
-        pass
+    best = rows[0] if rows else {k: traces[0].config.get(k) for k in ("prompts", "group")}
+    cfg = _whatif_from_row(best)
+    spans, counters = simulated_timeline(timeline(study, cfg))
+    label = ", ".join(f"{k}={best.get(k)}" for k in axes_of(meta, rows)) if rows else "the recorded config"
+    out["timeline"] = ch.gantt_chart(spans, counters, title=f"Simulated timeline: {label} (first {GANTT_STEPS} steps)",
+                                     until=_gantt_until(spans))
     return out
 
 
-def critical_batches(study: Any, rows: Sequence[Mapping[str, Any]], primary: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+def critical_batches(study: Study, rows: Sequence[Mapping[str, Any]], primary: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """The two boundaries of the time-to-target chart.
     Critical generation batch: where the simulated end-to-end throughput of the primary series plateaus
     (reaches 90% of its best). Critical training batch: the gradient noise scale B_crit of the reference
     trace when it is estimable (rho(B) bends upward there; with the lr-aware model its fitted bend batch), else
     the largest batch whose rho stays within 10%."""
-    from rlsim import charts as ch
+    from rlsim import charts as ch  # why here: the chart renderer (altair) loads only when charts are drawn
 
     crit = ch.critical_batches(primary)
-    b_crit = getattr(getattr(study, "noise", None), "b_crit", None)
-    lr_aware = getattr(study, "lr_aware", None)
-    if lr_aware is not None:
-        b_crit = lr_aware.b_crit
+    b_crit = study.lr_aware.b_bend if study.lr_aware is not None else study.noise.b_crit
     if isinstance(b_crit, (int, float)) and math.isfinite(b_crit) and b_crit > 0:
         crit["critical_train_batch"] = float(b_crit)
     return crit
 
 
-def sweep_charts(out_dir: str | os.PathLike, *, traces: Sequence[Any], study: Any, rows: Sequence[Mapping[str, Any]],
+def sweep_charts(out_dir: str | os.PathLike, *, traces: Sequence[Any], study: Study, rows: Sequence[Mapping[str, Any]],
                  meta: Mapping[str, Any] | None = None, png: bool = True) -> dict[str, dict[str, Path]]:
-    from rlsim.charts import save_chart
+    from rlsim.charts import save_chart  # why here: the chart renderer (altair) loads only when charts are drawn
 
     charts = build_charts(traces=traces, study=study, rows=rows, meta=meta)
     return {name: save_chart(c, out_dir, name, png=png) for name, c in charts.items()}

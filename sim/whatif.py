@@ -16,16 +16,22 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rlsim.replay.cost import EngineStepCost, StepSums
+from rlsim.replay.devices import profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import FittedModels, fit_trace
+from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import Trace
-from rlsim.replay.learning import (LearningCurve, NoiseScale, RhoModel, curves_rho, fit_learning_curve, fit_lr_aware,
-                             invariant_rho, lr_aware_rho, lr_scale, noise_scale, noise_scale_rho, parse_rho, regime)
+from rlsim.replay.learning import LearningCurve, NoiseScale, b_noise_replicates, fit_learning_curve, lr_scale, noise_scale
+from rlsim.replay.models import INTERVAL, FittedModels, interval
+from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_ratio, noise_scale_rho,
+                              parse_rho, regime)
 from rlsim.replay.schema import EVAL, placement
-from rlsim.replay.util import ENGINE_DEFAULTS
+from rlsim.asyncrl import split_config, staleness_rho
 from rlsim.config import EngineConfig, SimConfig, WhatIf
 from rlsim.outcome import Outcome, RunResult
-from rlsim.pipeline import SimRun, simulate
+from rlsim.pipeline import SimRun
+from rlsim.simconfig import config_for, engine_of
+from rlsim.simulator import simulate
 
 CONCURRENCY_EXTRAPOLATION = 16.0  # warn beyond this multiple of the measured concurrency
 
@@ -48,7 +54,7 @@ class Study:
     notes: tuple[str, ...] = field(default=(), metadata={"help": "how the study was made (models chosen, constants fitted)"})
     trace_names: tuple[str, ...] = field(default=(), metadata={"help": "names of the traces"})
     hardware: dict = field(default_factory=dict, metadata={"help": "the reference trace's `hardware` metadata (source of --device)"})
-    b_crit_reps: Any = field(default=None, metadata={"help": "bootstrap replicates of the reference's B_crit (over its updates), for rho intervals"})
+    b_crit_reps: np.ndarray | None = field(default=None, metadata={"help": "bootstrap replicates of the reference's B_crit (over its updates), for rho intervals"})
     lr_aware: RhoModel | None = field(default=None, metadata={"help": "the lr-aware rho model (--rho lr-aware), its B_bend and kappa resolved"})
     framework: str = field(default="rlrun", metadata={"help": "what recorded the reference: rlrun, or the framework whose log was imported"})
 
@@ -64,8 +70,7 @@ class Study:
     def rho_for(self, b: float, lr_rule: str) -> tuple[float, str, list[str]]:
         """(rho, model used, notes) at batch b with lr rule `lr_rule`."""
         model, notes = self.rho_model(b, lr_rule)
-        x_rule = lr_rule if model.kind == "lr-aware" else None  # only lr-aware takes the lr rule into account
-        return float(model.rho(b, x_rule)), model.kind, notes + model.notes(b)
+        return float(model.rho(b, lr_rule)), model.kind, notes + model.notes(b)  # a model that ignores the rule ignores it
 
     def rho_model(self, b: float, lr_rule: str) -> tuple[RhoModel, list[str]]:
         """The sample-cost model for a candidate at batch b under `lr_rule`, and notes on its fit to the question."""
@@ -92,7 +97,7 @@ class Study:
                     raise
         if model is None:  # asked for, or nothing measured the sample cost (then it carries bounds)
             model = invariant_rho(self.b_ref, assumed=kind != "invariant")
-        if model.kind in ("lr-aware", "curves"):
+        if model.follows_lr_rule:
             return model, notes
         if lr_rule == "fixed" and b > self.b_ref:
             notes.append(f"--lr-rule fixed beyond the reference batch needs learning curves (record runs with a fixed lr at larger "
@@ -107,8 +112,7 @@ class Study:
         """Whether run `c` trained at the lr that `lr_rule` gives its batch from the reference's: the curves a candidate
         under that rule interpolates between. By the runs' effective lrs when both are recorded (a fixed-lr run at
         another base lr is another configuration, not a point of this one), else by the rule's name."""
-        ref_lr = getattr(self.curves[0], "lr", math.nan)
-        lr = getattr(c, "lr", math.nan)
+        ref_lr, lr = self.curves[0].lr, c.lr
         if math.isfinite(ref_lr) and math.isfinite(lr) and ref_lr > 0:
             return math.isclose(lr, ref_lr * lr_scale(lr_rule, c.batch / self.b_ref), rel_tol=0.02)
         return c.lr_rule == lr_rule or c.batch == self.b_ref
@@ -119,7 +123,7 @@ class Study:
             return None, "rho = 1 by assumption"
         if kind == "noise-scale" and self.b_crit_reps is not None and len(self.b_crit_reps) >= 8:
             bc = np.asarray(self.b_crit_reps, float)
-            return (1 + b / bc) / (1 + self.b_ref / bc), "rho: bootstrap of B_crit over the reference's updates"
+            return noise_scale_ratio(b, self.b_ref, bc), "rho: bootstrap of B_crit over the reference's updates"
         return None, f"rho from {kind}: no interval"
 
 
@@ -164,8 +168,6 @@ def hardware_label(study: Study, cfg: WhatIf) -> str:
 
 @functools.lru_cache(maxsize=32)
 def _rescaled(study: Study, device: str | None, gpus: int | None) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
-    from rlsim.replay.devices import profile_for_hardware, recorded_profile, rescale
-
     hw = study.hardware or study.models.config.get("hardware") or {}
     n = gpus or recorded_devices(study)
     assumed: list[str] = []
@@ -175,7 +177,7 @@ def _rescaled(study: Study, device: str | None, gpus: int | None) -> tuple[Fitte
                        f"device count from the {recorded_devices(study)} recorded")
         device = prof
     models, notes = rescale(study.models, device, n, source_profile=hw or None, source_gpus=recorded_devices(study))
-    return models, _engine_of(models), tuple(assumed + notes)
+    return models, engine_of(models), tuple(assumed + notes)
 
 
 def _resolve(study_ref: WhatIf | None, models: FittedModels, cfg: WhatIf) -> tuple[int, int, str]:
@@ -198,36 +200,8 @@ def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimCon
     if eng.kv_cache_tokens < need:  # one request must fit, or the engine could never start it
         raise RlsimError(f"--kv-cache-tokens {eng.kv_cache_tokens} cannot hold one request of up to {min(longest, eng.max_model_len)} "
                          f"tokens (prompt + response, in blocks of {eng.block_size}); pass at least {need}")
-    if cfg.gen_batch is not None:
-        gen_batch = cfg.gen_batch
-    else:
-        gen_batch = int(round(P * G * study_gen_ratio(study.models)))
-    if gen_batch < P * G:
-        if cfg.gen_batch is not None:
-            raise RlsimError(f"--gen-batch {gen_batch} is smaller than the train batch B = P x G = {P * G}; generate at least B responses per update")
-        gen_batch = P * G
-    split = None
-    if cfg.split:  # separate generation and training devices (rlsim.asyncrl): no over-generation
-        from rlsim.asyncrl import split_config
-
-        split, gen_batch = split_config(cfg, models, study.hardware), P * G
-    return SimConfig(prompts=P, group=G, updates=cfg.updates, engine=eng, lengths=lengths,
-                     gen_batch=gen_batch if gen_batch > P * G else 0, split=split)
-
-
-def study_gen_ratio(models: FittedModels) -> float:
-    """B_gen / B of the recorded run (over-generation; 1.0 when none)."""
-    c = models.config
-    b = (c.get("prompts") or 0) * models.group
-    gen = c.get("gen_responses") or c.get("gen_batch") or b
-    return float(gen) / b if b else 1.0
-
-
-def _engine_of(models: FittedModels) -> EngineConfig:
-    e = models.engine
-    return EngineConfig(max_num_seqs=int(e["max_num_seqs"]), kv_cache_tokens=int(e["kv_cache_tokens"]),
-                        block_size=int(e.get("block_size") or ENGINE_DEFAULTS["block_size"]),
-                        max_model_len=int(e.get("max_model_len") or ENGINE_DEFAULTS["max_model_len"]))
+    return config_for(study.models, updates=cfg.updates, prompts=P, group=G, engine=eng, lengths=lengths,
+                      gen_batch=cfg.gen_batch, split=split_config(cfg, models, study.hardware))
 
 
 def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float | None = None,
@@ -261,7 +235,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     curves = tuple(fit_learning_curve(t) for t in traces)
     noise = noise_scale(ref)
     warnings = list(models.warnings) + setup_warnings
-    warnings += [w for t in traces for w in getattr(t, "warnings", ())]  # rows dropped by --drop-invalid
+    warnings += [w for t in traces for w in t.warnings]  # rows dropped by --drop-invalid
     warnings += [f"{t.name} was recovered from a partial recording ({t.meta.get('status')}): only its complete steps are used"
                  for t in traces if t.recovered]
     ref_curve = curves[0]
@@ -287,21 +261,28 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
             rec_t = float(ev["t_start"][hit[0]])
     if rho_model == "curves" and len(traces) < 2:
         raise RlsimError("--rho curves needs two or more traces at different batch sizes (repeat --trace)")
+    b_crit_reps = b_noise_replicates(noise)
     if rho_model in ("auto", "noise-scale") and len(traces) == 1 and noise.b_crit > 0:
-        # measured (docs/results.md, two tasks, fresh seeds): the two-batch noise scale of one run ranked batch
-        # sizes no better than chance, and it ordered the two tasks' bends the wrong way round
-        warnings.append("rho from one trace uses its gradient noise scale, which did not predict samples-to-target in "
-                        "rlsim's measured batch-size studies (docs/results.md); treat rho and the ranking as a guess, "
-                        "or record runs at two or more other batch sizes and add them with --trace (--rho curves)")
+        warnings.append(_noise_scale_warning(noise.b_crit, b_crit_reps))
     lr_aware, notes = None, []
     if rho_model == "lr-aware":
         lr_aware, note, identified = _lr_aware(ref_curve, curves, target, rho_params)
         (notes if identified else warnings).append(note)
-    return Study(models=models, reference=reference, engine=_engine_of(models), algo=algo, curves=curves, noise=noise,
+    return Study(models=models, reference=reference, engine=engine_of(models), algo=algo, curves=curves, noise=noise,
                  rho_requested=rho_model, target=float(target), n_star_ref=float(n_star) if n_star is not None else math.nan,
                  recorded_time_to_target_s=rec_t, warnings=tuple(warnings), notes=tuple(notes), trace_names=tuple(t.name for t in traces),
-                 b_crit_reps=b_crit_replicates(noise), hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
+                 b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
                  framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"))
+
+
+def _noise_scale_warning(b_crit: float, reps: np.ndarray | None) -> str:
+    """The caveat on rho from one trace's gradient noise scale: the spread computed for it, and where its record is."""
+    lo, hi = interval(b_crit, reps, INTERVAL) if reps is not None else (math.nan, math.nan)
+    spread = (f"{100 * INTERVAL:.0f} % bootstrap over its updates {lo:.4g}..{hi:.4g}" if math.isfinite(lo) and math.isfinite(hi)
+              else "too few updates for a bootstrap interval")
+    return (f"rho from one trace rests on its gradient noise scale, B_crit {b_crit:.4g} responses ({spread}), which did not "
+            "predict samples-to-target in rlsim's measured batch-size studies (docs/results.md): treat rho and the ranking "
+            "as a guess, or record runs at two or more other batch sizes and add them with --trace (--rho curves)")
 
 
 def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float,
@@ -326,37 +307,15 @@ def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float
                      "docs/results.md)")
 
 
-def b_crit_replicates(noise, reps: int = 64, alpha: float = 0.2, seed: int = 0) -> np.ndarray | None:
-    """B_crit re-estimated on bootstrap resamples of the updates (kept in time order: the EMA weighs late ones)."""
-    g2, tr = np.asarray(noise.g2, float), np.asarray(noise.trace_sigma, float)
-    if len(g2) < 4 or not (noise.b_crit > 0):
-        return None
-    from rlsim.replay.learning import ema_ratio
-
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(reps):
-        i = np.sort(rng.integers(0, len(g2), len(g2)))
-        v = float(ema_ratio(tr[i], g2[i], alpha)[-1])
-        if v > 0 and math.isfinite(v):
-            out.append(v)
-    return np.array(out) if len(out) >= 8 else None
-
-
 def replicate_rates(models: FittedModels, run_: SimRun) -> np.ndarray | None:
     """Responses/s of `run_` under each bootstrap replicate of the engine-step and update models: the run's
     summed features and per-update tokens with the replicate's coefficients in place of the point fit's."""
-    from rlsim.replay.calibration import engine_seconds
-
-    reps = getattr(models, "replicates", None)
-    f = run_.features
-    if reps is None or not f:
+    reps = models.replicates
+    if reps is None or not run_.features:
         return None
-    g = models.gen
-    point = np.array([[g.c_step, g.c_seq, g.c_ctx, g.c_prefill, g.c_knee, g.knee]])
-    hist = f.get("hist")
-    eng_point = engine_seconds(point, f["K"], f["S1"], f["S2"], f["S3"], hist)[0]
-    eng_reps = engine_seconds(reps.gen, f["K"], f["S1"], f["S2"], f["S3"], hist)
+    sums = StepSums.from_dict(run_.features)
+    eng_point = models.gen.total(sums)
+    eng_reps = EngineStepCost.totals(reps.gen, sums)
     tok = np.asarray(run_.tokens, float)
     upd_point = np.maximum(models.update.intercept + models.update.slope * tok, 0.0).sum()
     upd_reps = np.maximum(reps.update[:, :1] + reps.update[:, 1:2] * tok[None, :], 0.0).sum(axis=1)
@@ -391,13 +350,12 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     else:
         sigma = q / _reference_run(study, ref_cfg).responses_per_s
         model, warnings = study.rho_model(B, rule)
-        rho, kind = float(model.rho(B, rule if model.kind == "lr-aware" else None)), model.kind
+        rho, kind = float(model.rho(B, rule)), model.kind  # a model that ignores the lr rule ignores it
         warnings += model.notes(B)
     hw_warnings, notes, gain = _hardware(study, cfg, ref_cfg)
     warnings += hw_warnings
     rho_stale = 1.0
     if run_.split:  # split devices: the model's assumptions, and the staleness limit's effect on sample cost
-        from rlsim.asyncrl import staleness_rho
 
         rho_stale, stale_notes = staleness_rho(study, int(run_.split["staleness"]))
         rho *= rho_stale
@@ -502,8 +460,6 @@ def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, 
     """The `_lo` / `_hi` fields of an Outcome and how they were made (empty when nothing is uncertain or
     nothing resamples). Throughput: the bootstrap replicates of the recorded hardware's fits (none for rescaled
     or split runs). Sample cost: B_crit replicates (noise scale), or the bounds of an unmeasured rho."""
-    from rlsim.replay.calibration import INTERVAL, interval
-
     reps = study.models.replicates
     level = reps.level if reps is not None else INTERVAL
     out: dict[str, Any] = {}

@@ -14,22 +14,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.importers import openrlhf, trl, verl
 from rlsim.replay.importers.common import write_step_trace
+from rlsim.replay.io import read_trace
+from rlsim.replay.schema import EVAL, PHASE, UPDATE
 
 FRAMEWORKS = ("verl", "openrlhf", "trl")
+_MODULES = {"verl": verl, "openrlhf": openrlhf, "trl": trl}
 
 
 def _loader(framework: str):
-    if framework == "verl":
-        from rlsim.replay.importers import verl as mod
-    elif framework == "openrlhf":
-        from rlsim.replay.importers import openrlhf as mod
-    elif framework == "trl":
-        from rlsim.replay.importers import trl as mod
-    else:
+    if framework not in _MODULES:
         raise RlsimError(f"unknown framework {framework!r}; rlsim imports {', '.join(FRAMEWORKS)}")
-    return mod.load
+    return _MODULES[framework].load
 
 
 def import_log(framework: str, path: str | Path, *, out: str | Path, overwrite: bool = False, device: str | None = None,
@@ -38,8 +39,6 @@ def import_log(framework: str, path: str | Path, *, out: str | Path, overwrite: 
     tp, eval_metric, ...; see each framework's `load`), and write the step-level trace `out`."""
     load = _loader(framework)
     if device is not None:
-        from rlsim.replay.devices import get_profile
-
         get_profile(device)  # an unknown name fails before any parsing, listing the known ones
     spec, steps, evals = load(path, device=device, **flags)
     return write_step_trace(out, spec, steps, evals, overwrite=overwrite)
@@ -47,9 +46,6 @@ def import_log(framework: str, path: str | Path, *, out: str | Path, overwrite: 
 
 def describe(path: str | Path) -> str:
     """A few lines about an imported trace: what it holds and the command that simulates it."""
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.schema import EVAL, PHASE, UPDATE
-
     t = read_trace(path)
     src, cfg, hw = t.meta.get("source", {}), t.config, t.meta.get("hardware", {})
     u = t.rows(UPDATE)
@@ -69,8 +65,6 @@ def describe(path: str | Path) -> str:
 
 
 def _median(x) -> float:
-    import numpy as np
-
     x = np.asarray(x, float)
     x = x[np.isfinite(x)]
     return float(np.median(x)) if len(x) else float("nan")

@@ -17,10 +17,15 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
+
+from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.io import write_trace
 from rlsim.replay.schema import EVAL, PHASE, STEP_STATS, SYNC, UPDATE
 
 # What each phase is to rlsim. gen: generation (incl. a weight reshard done inside it); reward: rewards
@@ -97,8 +102,6 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
         if p.suffix.lower() == ".json":
             data = json.loads(text)
         else:
-            import yaml
-
             data = yaml.safe_load(text)
     except Exception as e:  # yaml.YAMLError, json.JSONDecodeError
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -325,9 +328,27 @@ def fill_from_steps(spec: RunSpec, steps: list[Step]) -> list[str]:
 
 def write_step_trace(out: str | Path, spec: RunSpec, steps: list[Step], evals: list[Eval], *, overwrite: bool = False) -> Path:
     """Write the step-level trace of `steps` (sorted by index) and `evals`; returns the path."""
-    from rlsim.replay.devices import get_profile
-    from rlsim.replay.io import write_trace
+    out = _output_path(out, spec, steps, overwrite)
+    model_bytes = 2.0 * spec.model_params if spec.model_params else None  # bf16 weights
+    rows: list[dict[str, Any]] = []
+    t = 0.0
+    cum_tokens = 0.0
+    step_start: dict[int, float] = {}
+    step_tokens: dict[int, float] = {}
+    for s in steps:  # one after another on one clock: a step starts where the last one ended
+        step_start[s.index] = t
+        step_rows, total, tokens = _step_rows(s, spec, t, model_bytes)
+        rows += step_rows
+        cum_tokens += tokens
+        step_tokens[s.index] = cum_tokens
+        t += total
+    rows += _eval_rows(evals, spec.batch, step_start, step_tokens, run_end=t)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return write_trace(out, _step_meta(spec, steps, evals, model_bytes), rows)
 
+
+def _output_path(out: str | Path, spec: RunSpec, steps: list[Step], overwrite: bool) -> Path:
+    """The trace's path, refused when it exists (without `overwrite`), is not .parquet, or there is nothing to write."""
     out = Path(out)
     if out.exists() and not overwrite:
         raise RlsimError(f"{out} already exists; pass --overwrite to replace it or choose another -o")
@@ -335,79 +356,129 @@ def write_step_trace(out: str | Path, spec: RunSpec, steps: list[Step], evals: l
         raise RlsimError(f"-o {out}: the trace must be a .parquet file")
     if not steps:
         raise RlsimError(f"{spec.file}: no training steps found; nothing to import")
+    return out
+
+
+def _step_rows(s: Step, spec: RunSpec, t: float, model_bytes: float | None) -> tuple[list[dict[str, Any]], float, float]:
+    """One step starting at `t`: its phase (and sync) rows, its update row and its stats row; with its seconds
+    and its tokens (logged, else B x (mean prompt + mean response))."""
+    rows, roles, pos, first_update_t = _phase_rows(s, t, model_bytes)
+    total = s.total_time if math.isfinite(s.total_time) else pos - t
     B = spec.batch
+    tokens = s.num_tokens
+    if not math.isfinite(tokens):
+        tokens = B * ((s.prompt[0] if math.isfinite(s.prompt[0]) else 0.0) + (s.response[0] if math.isfinite(s.response[0]) else 0.0))
+    rows.append(_update_row(s, spec, t, roles, total, tokens, first_update_t))
+    rows.append(_stats_row(s, t, total))
+    return rows, total, tokens
+
+
+def _phase_rows(s: Step, t: float, model_bytes: float | None) -> tuple[list[dict[str, Any]], dict[str, float], float, float]:
+    """The step's phases laid end to end from `t` (a nested phase takes no time of its own), a sync row beside each
+    sync phase; with the seconds per role, where the last phase ended, and when the first update began (nan)."""
     rows: list[dict[str, Any]] = []
-    t = 0.0
-    cum_tokens = 0.0
-    step_start: dict[int, float] = {}
-    step_tokens: dict[int, float] = {}
-    model_bytes = 2.0 * spec.model_params if spec.model_params else None  # bf16 weights
-    for s in steps:
-        step_start[s.index] = t
-        roles: dict[str, float] = {}
-        pos = t
-        first_update_t = math.nan
-        for ph in s.phases:
-            start = pos
-            if ph.role != "nested":
-                pos += ph.seconds
-                roles[ph.role] = roles.get(ph.role, 0.0) + ph.seconds
-            if ph.role in ("update", "whole") and not math.isfinite(first_update_t):
-                first_update_t = start
-            rows.append(dict(kind=PHASE, t_start=start, duration=ph.seconds, step=s.index, policy_version=s.index,
-                             phase=ph.name, phase_role=ph.role))
-            if ph.role == "sync":
-                rows.append(dict(kind=SYNC, t_start=start, duration=ph.seconds, step=s.index, policy_version=s.index + 1,
-                                 bytes=int(model_bytes or 0)))
-        total = s.total_time if math.isfinite(s.total_time) else pos - t
-        outside = sum(roles.get(r, 0.0) for r in OUTSIDE_STEP)
-        rl_time = max(total - outside, 0.0)
-        tokens = s.num_tokens
-        if not math.isfinite(tokens):
-            tokens = B * ((s.prompt[0] if math.isfinite(s.prompt[0]) else 0.0) + (s.response[0] if math.isfinite(s.response[0]) else 0.0))
-        cum_tokens += tokens
-        step_tokens[s.index] = cum_tokens
-        lr = s.lr if math.isfinite(s.lr) and s.lr > 0 else (spec.lr if spec.lr is not None else s.lr)
-        if not math.isfinite(lr):
-            raise RlsimError(f"{spec.file}: step {s.index + 1} has no learning rate and the config gives none; "
-                             "pass the run's config (--config)")
-        whole = "whole" in roles
-        upd = dict(kind=UPDATE, t_start=first_update_t if math.isfinite(first_update_t) else t, step=s.index,
-                   policy_version=s.index, num_responses=s.responses or B, num_tokens=int(round(tokens)),
-                   response_tokens_total=int(round((s.responses or B) * s.response[0])) if math.isfinite(s.response[0]) else None,
-                   lr=float(lr), step_time=rl_time)
-        if whole:
-            upd.update(duration=roles["whole"])
-        else:
-            upd.update(duration=roles.get("update", 0.0), gen_time=roles.get("gen", 0.0),
-                       reward_time=roles.get("reward", 0.0), prep_time=roles.get("prep", 0.0))
-        for col, v in (("loss", s.loss), ("reward", s.score[0]), ("grad_norm", s.grad_norm),
-                       ("critic_loss", s.critic_loss), ("critic_grad_norm", s.critic_grad_norm)):
-            if math.isfinite(v):
-                upd[col] = float(v)
-        rows.append(upd)
-        st = dict(kind=STEP_STATS, t_start=t, duration=total, step=s.index, policy_version=s.index,
-                  metrics=json.dumps(s.metrics, sort_keys=True, allow_nan=False))
-        for col, v in zip(("response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio"), s.response):
+    roles: dict[str, float] = {}
+    pos = t
+    first_update_t = math.nan
+    for ph in s.phases:
+        start = pos
+        if ph.role != "nested":
+            pos += ph.seconds
+            roles[ph.role] = roles.get(ph.role, 0.0) + ph.seconds
+        if ph.role in ("update", "whole") and not math.isfinite(first_update_t):
+            first_update_t = start
+        rows.append(dict(kind=PHASE, t_start=start, duration=ph.seconds, step=s.index, policy_version=s.index,
+                         phase=ph.name, phase_role=ph.role))
+        if ph.role == "sync":
+            rows.append(dict(kind=SYNC, t_start=start, duration=ph.seconds, step=s.index, policy_version=s.index + 1,
+                             bytes=int(model_bytes or 0)))
+    return rows, roles, pos, first_update_t
+
+
+def _update_row(s: Step, spec: RunSpec, t: float, roles: dict[str, float], total: float, tokens: float,
+                first_update_t: float) -> dict[str, Any]:
+    """The step's `update` row: its batch, tokens, lr (logged, else the config's), the RL part of its time and the
+    seconds per role ('whole': one duration for the lot), and the losses, reward and gradient norms logged."""
+    B = spec.batch
+    outside = sum(roles.get(r, 0.0) for r in OUTSIDE_STEP)
+    lr = s.lr if math.isfinite(s.lr) and s.lr > 0 else (spec.lr if spec.lr is not None else s.lr)
+    if not math.isfinite(lr):
+        raise RlsimError(f"{spec.file}: step {s.index + 1} has no learning rate and the config gives none; "
+                         "pass the run's config (--config)")
+    upd = dict(kind=UPDATE, t_start=first_update_t if math.isfinite(first_update_t) else t, step=s.index,
+               policy_version=s.index, num_responses=s.responses or B, num_tokens=int(round(tokens)),
+               response_tokens_total=int(round((s.responses or B) * s.response[0])) if math.isfinite(s.response[0]) else None,
+               lr=float(lr), step_time=max(total - outside, 0.0))
+    if "whole" in roles:
+        upd.update(duration=roles["whole"])
+    else:
+        upd.update(duration=roles.get("update", 0.0), gen_time=roles.get("gen", 0.0),
+                   reward_time=roles.get("reward", 0.0), prep_time=roles.get("prep", 0.0))
+    for col, v in (("loss", s.loss), ("reward", s.score[0]), ("grad_norm", s.grad_norm),
+                   ("critic_loss", s.critic_loss), ("critic_grad_norm", s.critic_grad_norm)):
+        if math.isfinite(v):
+            upd[col] = float(v)
+    return upd
+
+
+def _stats_row(s: Step, t: float, total: float) -> dict[str, Any]:
+    """The step's `step_stats` row: its metrics as JSON, and the response, prompt and score summaries logged."""
+    st = dict(kind=STEP_STATS, t_start=t, duration=total, step=s.index, policy_version=s.index,
+              metrics=json.dumps(s.metrics, sort_keys=True, allow_nan=False))
+    for cols, vals in ((("response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio"), s.response),
+                       (("prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio"), s.prompt),
+                       (("score_mean", "score_min", "score_max"), s.score)):
+        for col, v in zip(cols, vals):
             st[col] = v if math.isfinite(v) else None
-        for col, v in zip(("prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio"), s.prompt):
-            st[col] = v if math.isfinite(v) else None
-        for col, v in zip(("score_mean", "score_min", "score_max"), s.score):
-            st[col] = v if math.isfinite(v) else None
-        rows.append(st)
-        t += total
-    run_end = t
+    return st
+
+
+def _eval_rows(evals: list[Eval], B: int, step_start: dict[int, float], step_tokens: dict[int, float],
+               run_end: float) -> list[dict[str, Any]]:
+    """One `eval` row per eval, taken after update `e.updates` (its step is e.updates - 1, and it is timed at the
+    next step's start) or before training (0)."""
+    rows = []
     for e in evals:
-        # taken after update `e.updates` (its step is e.updates - 1), or before training (0)
         if e.updates > 0 and (e.updates - 1) in step_start:
-            s_idx = e.updates - 1
-            when = step_start.get(e.updates, run_end)
-            tok = step_tokens[s_idx]
+            when, tok = step_start.get(e.updates, run_end), step_tokens[e.updates - 1]
         else:
             when, tok = 0.0, 0.0
         rows.append(dict(kind=EVAL, t_start=when, duration=e.seconds if math.isfinite(e.seconds) else 0.0, step=e.updates,
                          policy_version=e.updates, cum_responses=e.updates * B, cum_tokens=int(round(tok)),
                          score=float(e.score), eval_k=e.k))
+    return rows
+
+
+def _step_meta(spec: RunSpec, steps: list[Step], evals: list[Eval], model_bytes: float | None) -> dict[str, Any]:
+    """The trace's metadata: where it came from, the run's config, engine, hardware and model as the log and its
+    config give them (engine limits estimated where they do not), and the phases seen."""
+    hardware, engine = _hardware_and_engine(spec)
+    B = spec.batch
+    config = {"algo": spec.algo, "prompts": spec.prompts, "group": spec.group, "batch": B, "gen_responses": spec.gen_responses or B,
+              "lr": spec.lr if spec.lr is not None else float(steps[-1].lr) if math.isfinite(steps[-1].lr) else None,
+              "lr_rule": "sqrt", "max_tokens": spec.max_response_len, "max_prompt_tokens": spec.max_prompt_len,
+              "task": spec.task, "adv_estimator": spec.adv_estimator, "tp": spec.tp, "gpus": spec.gpus,
+              "framework": spec.framework, "framework_config": spec.config, "fully_async": spec.fully_async or None}
+    model = {"name": spec.model_name, "parameters": spec.model_params, "bytes": model_bytes,
+             "parameters_source": spec.model_params_source or None}
+    phases: dict[str, str] = {}
+    for s in steps:
+        for ph in s.phases:
+            phases.setdefault(ph.name, ph.role)
+    return {
+        "status": "complete",
+        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "granularity": "step",
+        "source": _source_meta(spec, steps, evals),
+        "config": {k: v for k, v in config.items() if v is not None}, "engine": engine, "trainer": {"share_prompts": False},
+        "hardware": hardware, "model": {k: v for k, v in model.items() if v is not None}, "phases": phases,
+        "packages": {"rlsim": _package_version()},
+    }
+
+
+def _hardware_and_engine(spec: RunSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The `hardware` metadata (from the device profile named, if any) and the `engine` limits: max_num_seqs per
+    engine x engines, and a KV cache assumed never to bind (the log does not say)."""
     prof = get_profile(spec.device) if spec.device else None
     hardware: dict[str, Any] = {"device": (("cpu" if prof.kind == "cpu" else "cuda") if prof else None),
                                 "device_name": prof.name if prof else None, "device_count": spec.gpus,
@@ -416,52 +487,32 @@ def write_step_trace(out: str | Path, spec: RunSpec, steps: list[Step], evals: l
     engines = spec.engines or max((spec.gpus or spec.tp) // max(spec.tp, 1), 1)
     max_seqs = spec.max_num_seqs_per_engine * engines
     max_len = (spec.max_prompt_len or 0) + (spec.max_response_len or 0) or 4096
-    gen_resp = spec.gen_responses or B
-    config = {"algo": spec.algo, "prompts": spec.prompts, "group": spec.group, "batch": B, "gen_responses": gen_resp,
-              "lr": spec.lr if spec.lr is not None else float(steps[-1].lr) if math.isfinite(steps[-1].lr) else None,
-              "lr_rule": "sqrt", "max_tokens": spec.max_response_len, "max_prompt_tokens": spec.max_prompt_len,
-              "task": spec.task, "adv_estimator": spec.adv_estimator, "tp": spec.tp, "gpus": spec.gpus,
-              "framework": spec.framework, "framework_config": spec.config, "fully_async": spec.fully_async or None}
-    config = {k: v for k, v in config.items() if v is not None}
     engine = {"name": "imported", "max_num_seqs": max_seqs, "kv_cache_tokens": max_seqs * max_len, "block_size": 16,
               "max_model_len": max_len, "engines": engines, "tensor_parallel": spec.tp,
               "prefill_ratio": spec.prefill_ratio if spec.prefill_ratio is not None else 1.0,
               "estimated": ["max_num_seqs (per engine x engines)", "kv_cache_tokens (max_num_seqs x max_model_len: "
                             "assumed never to bind; the log does not say)"]}
-    model = {"name": spec.model_name, "parameters": spec.model_params, "bytes": model_bytes,
-             "parameters_source": spec.model_params_source or None}
-    phases = {}
-    for s in steps:
-        for ph in s.phases:
-            phases.setdefault(ph.name, ph.role)
+    return hardware, engine
+
+
+def _source_meta(spec: RunSpec, steps: list[Step], evals: list[Eval]) -> dict[str, Any]:
+    """The `source` metadata: framework, file and flags, and which logged metric names were used and which not."""
     known = set(spec.metric_use)
     seen: set[str] = set()
     for s in steps:
         seen |= set(s.metrics)
     for e in evals:
         seen |= {n.strip() for n in e.metric.split(", ")}
-    meta = {
-        "status": "complete",
-        "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "granularity": "step",
-        "source": {"framework": spec.framework, "version": spec.version, "file": spec.file.name, "format": spec.fmt,
-                   "config_file": spec.config_file, "flags": {k: v for k, v in spec.flags.items() if v is not None},
-                   "metric_names": {k: spec.metric_use[k] for k in sorted(known & seen)},
-                   "unknown_metrics": sorted(seen - known), "notes": spec.notes, "steps": len(steps),
-                   "first_step": steps[0].index + 1, "last_step": steps[-1].index + 1},
-        "config": config, "engine": engine, "trainer": {"share_prompts": False}, "hardware": hardware,
-        "model": {k: v for k, v in model.items() if v is not None}, "phases": phases,
-        "packages": {"rlsim": _package_version()},
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return write_trace(out, meta, rows)
+    return {"framework": spec.framework, "version": spec.version, "file": spec.file.name, "format": spec.fmt,
+            "config_file": spec.config_file, "flags": {k: v for k, v in spec.flags.items() if v is not None},
+            "metric_names": {k: spec.metric_use[k] for k in sorted(known & seen)},
+            "unknown_metrics": sorted(seen - known), "notes": spec.notes, "steps": len(steps),
+            "first_step": steps[0].index + 1, "last_step": steps[-1].index + 1}
 
 
 def _package_version() -> str | None:
     try:
-        from importlib.metadata import version
-
-        return version("rlsim")
+        return metadata.version("rlsim")
     except Exception:  # not installed
         return None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, fill_from_steps, load_config, numeric, params_from_name, parse_params,
                                            pick, positive_int, read_csv, read_jsonl)
@@ -88,8 +89,6 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
                    lr=float(cfg["actor_learning_rate"]) if cfg.get("actor_learning_rate") is not None else None,
                    prefill_ratio=1.0, config_file=cfile, notes=notes, metric_use=dict(USE))
     if device:
-        from rlsim.replay.devices import get_profile
-
         spec.device = get_profile(device).key
     spec.config = {k: cfg[k] for k in ("rollout_batch_size", "n_samples_per_prompt", "train_batch_size", "micro_rollout_batch_size",
                                        "actor_num_nodes", "actor_num_gpus_per_node", "vllm_num_engines",

@@ -20,6 +20,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, fill_from_steps, load_config, numeric, params_from_name, parse_params,
                                            pick, positive_int)
@@ -109,8 +110,6 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
                    max_num_seqs_per_engine=max(P * G, 256), prefill_ratio=1.0, config_file=cfile, notes=notes,
                    metric_use=dict(USE))
     if device:
-        from rlsim.replay.devices import get_profile
-
         spec.device = get_profile(device).key
     spec.config = {k: cfg[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
                                        "max_completion_length", "max_prompt_length", "learning_rate", "use_vllm",

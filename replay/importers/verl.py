@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, dig, fill_from_steps, load_config, numeric, params_from_name,
                                            parse_number, parse_params, pick, positive_int, read_csv, read_jsonl)
@@ -211,8 +212,6 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
                    max_num_seqs_per_engine=positive_int(dig(cfg, "actor_rollout_ref.rollout.max_num_seqs"), "max_num_seqs") or 1024,
                    prefill_ratio=1.0 / G, config_file=cfile, notes=notes, metric_use=dict(USE))
     if device:
-        from rlsim.replay.devices import get_profile
-
         spec.device = get_profile(device).key
     gb = dig(cfg, "data.gen_batch_size")
     if gb and dig(cfg, "algorithm.filter_groups.enable") and int(gb) > P:

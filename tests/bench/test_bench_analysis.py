@@ -5,8 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.batch_study import kendall_tau
-from bench.extrapolation import speed_factors
+from bench.studies.extrapolation import speed_factors
+from rlsim.replay.evaluation import kendall_tau
 
 
 def test_kendall_tau_hand_cases():
@@ -32,7 +32,7 @@ def test_speed_factors_recover_a_drift_per_recording():
 
 
 def test_ranking_resolution_hand_cases():
-    from bench.batch_study import ranking_resolution
+    from rlsim.replay.evaluation import ranking_resolution
 
     # three seeds that agree exactly: every pair ranks alike, no noise, a perfect predictor always reaches tau 1
     x = np.log([[1.2, 1.0, 0.9, 1.5]] * 3)
@@ -51,7 +51,7 @@ def test_ranking_resolution_hand_cases():
 
 
 def test_ranking_resolution_seed_ladder_follows_the_gaps():
-    from bench.batch_study import ranking_resolution
+    from rlsim.replay.evaluation import ranking_resolution
 
     # sizes 0.3 apart in log T, two seeds with seed noise of sd 0.3: the chance that a perfect predictor scores
     # tau >= 0.8 grows with the seeds averaged, and 0.3 / (0.3 / sqrt m) separates neighbours well by m = 12
@@ -66,7 +66,7 @@ def test_ranking_resolution_seed_ladder_follows_the_gaps():
 def test_resolution_splits_the_seed_noise_into_rho_and_sigma():
     import math
 
-    from bench.batch_study import resolution
+    from bench.studies.batch_study import resolution
 
     # two seeds: at P = 64 the second needs twice the samples, both run twice as fast as their reference; all noise
     # in log T is then in rho (sd log 2 / sqrt 2), none in sigma
@@ -82,7 +82,7 @@ def test_resolution_splits_the_seed_noise_into_rho_and_sigma():
 def test_score_predictions_by_hand_and_a_bad_file(tmp_path):
     import json
 
-    from bench.batch_study import score_predictions
+    from bench.studies.batch_study import score_predictions
 
     rows = [dict(P=P, rule="sqrt", T=T, rho=rho, rho_min=lo, rho_max=hi, censored=False)
             for P, T, rho, lo, hi in ((8, 0.9, 0.5, 0.4, 0.6), (32, 1.0, 1.0, 1.0, 1.0), (64, 1.3, 1.4, 1.2, 1.6))]
@@ -113,7 +113,7 @@ def test_score_predictions_by_hand_and_a_bad_file(tmp_path):
 def test_batch_study_refuses_a_target_the_reference_never_reaches():
     from pathlib import Path
 
-    from bench.batch_study import BUDGET, analyse
+    from bench.studies.batch_study import BUDGET, analyse
 
     study = Path(__file__).resolve().parents[2] / "traces" / "study"
     with pytest.raises(SystemExit, match="reference seed\\(s\\) 0 never reach the target 0.99; lower --target"):
@@ -121,7 +121,7 @@ def test_batch_study_refuses_a_target_the_reference_never_reaches():
 
 
 def test_lr_or_batch_hypotheses_by_hand():
-    from bench.lr_or_batch import predict
+    from bench.studies.lr_or_batch import predict
 
     # the study measured rho 0.5 at the lr of P = 8 under the square-root rule (1.5e-4) and a censored >= 2 at P = 128's
     f = {1.5e-4: (0.5, False), 3e-4: (1.0, False), 6e-4: (2.0, True)}
@@ -137,7 +137,7 @@ def test_lr_or_batch_hypotheses_by_hand():
 
 
 def test_lr_or_batch_refuses_bad_counts_and_points_in_one_line():
-    from bench.lr_or_batch import main
+    from bench.studies.lr_or_batch import main
 
     with pytest.raises(SystemExit, match="--seeds, --study-seeds and --budget must be at least 1; got -2"):
         main(["--no-record", "--seeds", "-2"])
@@ -152,7 +152,7 @@ def test_lr_or_batch_refuses_bad_counts_and_points_in_one_line():
 
 
 def test_batch_study_predict_refuses_an_existing_file_or_a_missing_folder(tmp_path):
-    from bench.batch_study import main
+    from bench.studies.batch_study import main
 
     pre = Path(__file__).resolve().parents[2] / "docs" / "study" / "addmix_lr1e-4_preregistered.json"
     before = pre.read_bytes()
@@ -167,14 +167,14 @@ def test_batch_study_predict_from_the_references_alone(tmp_path):
     import shutil
     from pathlib import Path
 
-    from bench.batch_study import predict
+    from bench.studies.batch_study import predict
 
     with pytest.raises(SystemExit, match="no complete reference run \\(P = 32\\) in .*; record it first \\(--sizes 32\\)"):
         predict(tmp_path, 1, "add2", sizes=(16, 32))
     study = Path(__file__).resolve().parents[2] / "traces" / "study"
     shutil.copy(study / "grpo_p32_s0.parquet", tmp_path / "grpo_p32_s0.parquet")
     r = predict(tmp_path, 1, "add2", sizes=(16, 32), argv=["--sizes", "16,32"])
-    assert r["command"] == "python bench/batch_study.py --sizes 16,32" and len(r["b_noise"]) == 1
+    assert r["command"] == "python -m bench.studies.batch_study --sizes 16,32" and len(r["b_noise"]) == 1
     assert 0 < r["target"] < 1 and set(r["predictions"]) == {"16_sqrt", "32_sqrt"}
     ref, small = r["predictions"]["32_sqrt"], r["predictions"]["16_sqrt"]
     assert ref["noise_scale"]["rho"] == pytest.approx(1.0) and ref["noise_scale"]["T"] == pytest.approx(1.0)

@@ -17,7 +17,7 @@ HAS_TRL = importlib.util.find_spec("trl") is not None
 
 
 @pytest.mark.skipif(HAS_TRL, reason="TRL installed: the missing-extra path cannot be seen")
-@pytest.mark.parametrize("cmd", [["bench/runner_vs_trl.py"], ["-m", "bench.trl_grpo"]])
+@pytest.mark.parametrize("cmd", [["-m", "bench.runner_vs_trl"], ["-m", "bench.trl_grpo"]])
 def test_without_trl_one_line_and_exit_2(cmd):
     p = subprocess.run([sys.executable, *cmd], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2

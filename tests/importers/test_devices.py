@@ -8,8 +8,9 @@ import pytest
 
 from rlsim.replay.devices import PROFILES, get_profile, profile_for_hardware, rescale
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import (AffineModel, FitQuality, FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded,
-                              fit_trace)
+from rlsim.replay.robust import AffineModel, FitQuality
+from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
+from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,7 +10,8 @@ import pytest
 
 from rlsim.config import WhatIf
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import FittedModels, fit_trace
+from rlsim.replay.models import FittedModels
+from rlsim.replay.fit import fit_trace
 from rlsim.replay.fit_steps import fit_steps, is_step_level, lognormal_lengths, round_features
 from rlsim.replay.importers import import_log
 from rlsim.replay.io import read_trace

@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from rlsim.replay.fit import fit_affine, fit_trace, nnls_fit
+from rlsim.replay.robust import fit_affine, nnls_fit
+from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
 
@@ -126,7 +127,7 @@ def test_robust_fit_ignores_contended_windows():
 
 
 def test_robust_location_is_the_clean_mode():
-    from rlsim.replay.fit import robust_location
+    from rlsim.replay.robust import robust_location
 
     v = np.r_[np.full(7, 0.8) + np.linspace(-0.02, 0.02, 7), 2.0, 4.5, 7.9, 13.8, 20.3, 6.5]
     assert robust_location(v) == pytest.approx(0.8, abs=0.01)

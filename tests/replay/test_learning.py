@@ -6,8 +6,9 @@ import pytest
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
-from rlsim.replay.learning import (LearningCurve, curves_rho, ema_ratio, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale,
-                                   noise_scale_rho, parse_rho, regime, rho_points, two_batch_estimates)
+from rlsim.replay.learning import LearningCurve, ema_ratio, noise_scale, two_batch_estimates
+from rlsim.replay.rho import (curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_rho, parse_rho, regime,
+                              rho_points)
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
 
 

@@ -189,3 +189,88 @@ def test_inspect_needs_no_engine(monkeypatch):
         monkeypatch.setitem(sys.modules, mod, None)
     res = runner.invoke(app, ["inspect", str(ROOT / "traces" / "grpo_p32.parquet")])
     assert res.exit_code == 0 and "responses/s" in res.output, res.output
+
+
+# ---- the options are RunConfig's fields (rlsim.cliopts, shared with rlsim) ---------------------------------------
+
+# --max-model-len: record takes it too, as its own error message ("must be below --max-model-len") says
+RECORD_FLAGS = ['--algo', '--calibrate', '--compile', '--critic-lr', '--dataset', '--dtype', '--epochs', '--eval-every',
+                '--eval-k', '--eval-prompts', '--gamma', '--gen-batch', '--gen-devices', '--group', '--kv-cache-gib', '--lam',
+                '--loss-agg', '--lr', '--lr-ref-batch', '--lr-rule', '--max-model-len', '--max-num-seqs', '--max-staleness',
+                '--max-tokens',
+                '--micro-batch', '--minibatches', '--mode', '--model', '--no-calibrate', '--no-compile',
+                '--no-partial-rollout', '--no-progress', '--no-record-steps', '--no-std-scale', '--off-policy', '--out',
+                '--overwrite', '--partial-rollout', '--progress', '--prompts', '--record-steps', '--reward', '--seed',
+                '--std-scale', '--steps', '--task', '--temperature', '--threads', '--tis-cap', '--train-devices',
+                '-G', '-P', '-o']
+CALIBRATE_FLAGS = ['--algo', '--compile', '--dataset', '--dtype', '--gen-batch', '--group', '--kv-cache-gib',
+                   '--max-model-len', '--max-num-seqs', '--max-tokens', '--micro-batch', '--model', '--no-compile', '--out',
+                   '--overwrite', '--prompts', '--reward', '--seed', '--task', '--temperature', '--threads', '-G', '-P', '-o']
+
+
+def _params(name):
+    import typer
+
+    return typer.main.get_command(app).commands[name].params
+
+
+@pytest.mark.parametrize("name,flags", [("record", RECORD_FLAGS), ("calibrate", CALIBRATE_FLAGS)])
+def test_rlrun_options_keep_their_spellings(name, flags):
+    assert sorted(f for p in _params(name) if p.name != "help" for f in p.opts + p.secondary_opts) == flags
+    fields_ = {f.name: f for f in dataclasses.fields(RunConfig)}
+    for p in _params(name):
+        if p.name == "help":
+            continue
+        f = fields_[p.name.removeprefix("rc_")]
+        assert name in f.metadata["cli"]
+        if p.required:  # --out: the library's default is not the CLI's
+            assert f.name == "out"
+        elif f.default is not None:  # the default shown and used is the field's
+            assert str(p.default) == str(f.default), p.name
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The RunConfig `rlrun record`/`calibrate` would run, instead of running it."""
+    import rlsim.runner.cli as cli
+
+    got = []
+    monkeypatch.setattr(cli, "_run", lambda cfg, interrupted, **kw: got.append((cfg, kw)))
+    return got
+
+
+def test_cli_defaults_are_the_fields(recorded, tmp_path):
+    out = str(tmp_path / "t.parquet")
+    assert runner.invoke(app, ["record", "--out", out]).exit_code == 0
+    assert recorded[-1] == (RunConfig(out=out), {})
+    assert recorded[-1][0].to_meta() == RunConfig(out=out).to_meta()  # what goes into the trace metadata
+    assert runner.invoke(app, ["calibrate", "-o", out]).exit_code == 0
+    assert recorded[-1] == (RunConfig(out=out, steps=1, calibrate=True, progress=False), {"only_calibration": True})
+
+
+def test_cli_values_reach_the_config(recorded, tmp_path):
+    out = str(tmp_path / "t.parquet")
+    args = ["record", "-o", out, "-P", "16", "-G", "4", "--steps", "3", "--lr", "1e-3", "--lr-rule", "fixed",
+            "--no-std-scale", "--compile", "--no-progress", "--no-record-steps", "--no-calibrate", "--loss-agg", "seq",
+            "--kv-cache-gib", "0.5", "--overwrite", "--mode", "split", "--max-staleness", "1", "--partial-rollout"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert recorded[-1][0] == RunConfig(out=out, prompts=16, group=4, steps=3, lr=1e-3, lr_rule="fixed", std_scale=False,
+                                        compile=True, progress=False, record_steps=False, calibrate=False, loss_agg="seq",
+                                        kv_cache_gib=0.5, overwrite=True, mode="split", max_staleness=1,
+                                        partial_rollout=True)
+    assert runner.invoke(app, ["calibrate", "-o", out, "--max-model-len", "512", "--group", "none"]).exit_code == 0
+    assert recorded[-1][0].max_model_len == 512 and recorded[-1][0].group is None
+
+
+@pytest.mark.parametrize("cmd", ["record", "calibrate"])
+@pytest.mark.parametrize("args,line", [
+    (["--prompts", "abc"], "error: --prompts: 'abc' is not a valid value (expected int)"),
+    (["-P", "1.5"], "error: --prompts: '1.5' is not a valid value (expected an integer)"),
+    (["--temperature", "hot"], "error: --temperature: 'hot' is not a valid value (expected float)"),
+    (["--max-tokens", ""], "error: --max-tokens is empty; give a value"),
+])
+def test_cli_bad_number_is_one_line(cmd, args, line, tmp_path):
+    res = runner.invoke(app, [cmd, "--out", str(tmp_path / "t.parquet"), *args])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert res.stderr.strip() == line

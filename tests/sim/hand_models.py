@@ -3,7 +3,8 @@ import math
 
 import numpy as np
 
-from rlsim.replay.fit import AffineModel, FitQuality, FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
+from rlsim.replay.robust import AffineModel, FitQuality
+from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
 
 Q = FitQuality(0, math.nan, math.nan, math.nan, math.nan)
 

@@ -8,10 +8,10 @@ from typer.testing import CliRunner
 
 from rlsim.cli import app
 from rlsim.config import EngineConfig, SimConfig, SplitConfig, WhatIf
-from rlsim.pipeline import simulate
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
+from rlsim.simulator import simulate
 from tests.sim.hand_models import hand_models
 
 RNG = np.random.default_rng(0)

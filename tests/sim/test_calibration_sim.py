@@ -9,8 +9,9 @@ from typer.testing import CliRunner
 from rlsim.cli import app
 from rlsim.config import WhatIf
 from rlsim.pipeline import simulate
-from rlsim.replay.calibration import Replicates
-from rlsim.replay.fit import AffineModel, FitQuality, GenStepModel
+from rlsim.replay.models import Replicates
+from rlsim.replay.robust import AffineModel, FitQuality
+from rlsim.replay.models import GenStepModel
 from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
 from rlsim.whatif import evaluate, prepare, replicate_rates, sim_config

@@ -132,3 +132,17 @@ def test_cli_prints_the_verdict_and_separates_notes(tmp_path):
     assert not any("x0.0" in w for w in warnings)
     assert math.isfinite(json.loads(runner.invoke(app, ["run", "--trace", str(P128), "--batch", "1024", "--device", "h200",
                                                         "--gpus", "8", "--updates", "10", "--json"]).output)["hardware_gain"])
+
+
+def test_rescale_moves_the_knee_slope_with_the_sequence_slope(study):
+    # a knee-form fit: above the knee the per-sequence slope is c_seq + c_knee; both are per-token compute
+    knee = replace(study.models, gen=replace(study.models.gen, c_knee=2e-5, knee=64.0))
+    moved, _ = rescale(knee, "h200", 8, source_profile=study.hardware)
+    assert moved.gen.c_knee / knee.gen.c_knee == pytest.approx(moved.gen.c_seq / knee.gen.c_seq)
+    assert moved.gen.knee == 64.0
+
+
+def test_prompts_is_the_same_option_as_batch():
+    a = json.loads(runner.invoke(app, ["run", str(P128), "--prompts", "256", "--updates", "5", "--json"]).output)
+    b = json.loads(runner.invoke(app, ["run", "--trace", str(P128), "--batch", "256", "--updates", "5", "--json"]).output)
+    assert a["prompts"] == b["prompts"] == 256 and a["responses_per_s"] == b["responses_per_s"]

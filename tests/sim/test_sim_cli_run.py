@@ -59,7 +59,7 @@ def test_run_table_names_the_rho_model(trace):
 
 
 def test_run_lr_aware_rho(trace, tmp_path):
-    from rlsim.replay.learning import lr_aware_rho
+    from rlsim.replay.rho import lr_aware_rho
 
     # the synthetic trace's batch is 16 x 4 = 64 responses; --batch 64 is 256
     d = json.loads(_ok(["run", "--trace", str(trace), "--batch", "64", "--rho", "lr-aware", "--bend-batch", "300",
@@ -167,3 +167,16 @@ def test_a_framework_log_is_pointed_to_rlsim_import(tmp_path, name):
         assert r.output.strip() == (f"error: {log} is a training log, not an rlsim trace: import it first with "
                                     f"`rlsim import verl|openrlhf|trl {log} -o out.parquet` (docs/importing.md), "
                                     "then pass out.parquet")
+
+
+def test_prompts_is_batch(trace, tmp_path):
+    """`--prompts` (rlrun's spelling of P) and `-b` are `--batch`, in run and in sweep; messages keep --batch."""
+    flags = ["--updates", "5", "--json"]
+    same = _ok(["run", str(trace), "--batch", "32", *flags])
+    assert _ok(["run", str(trace), "--prompts", "32", *flags]) == same == _ok(["run", str(trace), "-b", "32", *flags])
+    _ok(["sweep", str(trace), "--prompts", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out", str(tmp_path / "s")])
+    assert (tmp_path / "s" / "results.csv").exists()
+    r = runner.invoke(app, ["run", str(trace), "--prompts", "0"])
+    assert r.exit_code == 2 and r.output.strip() == "error: --batch must be a positive integer, got 0"
+    r = runner.invoke(app, ["run", str(trace), "--prompts", "x"])
+    assert r.exit_code == 2 and r.output.strip() == "error: --batch: 'x' is not a valid value (expected int)"

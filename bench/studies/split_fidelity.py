@@ -7,9 +7,9 @@ and reads as complete is kept):
   what each side gets in a split on 2 cores (one core each);
 - split runs (`--mode split --gen-devices 1 --train-devices 1`) at `--max-staleness` 0, 1, 2 and 2 with
   `--partial-rollout`, each at seeds 0 and 1; and a colocated run with `--train-devices 2` (data-parallel).
-Then predicts every split run from the colocated recording alone (`rlsim run --trace coloc.parquet
---calibration calib_t1.parquet --gen-gpus 1 --train-gpus 1 --staleness K [--partial-rollout]`, a long
-simulated run, so its ratios are steady-state) and compares with what each run measured in steady state
+Then predicts every split run from the colocated recording alone (in process, what `rlsim run --trace
+coloc.parquet --calibration calib_t1.parquet --gen-gpus 1 --train-gpus 1 --staleness K [--partial-rollout]` gives,
+a long simulated run, so its ratios are steady-state) and compares with what each run measured in steady state
 (`rlsim.replay.split_stats`: after the first two updates): responses/s, generator and trainer idle
 ratios, mean staleness. A second prediction without `--calibration` (the colocated run's own two-thread
 costs) shows what the per-side calibration buys. The last two columns say how much slower than that
@@ -20,22 +20,26 @@ Targets (issue "split devices and asynchronous rollout"): responses/s within 10 
 The colocated `--train-devices 2` run is measured and shown beside the one-rank reference; the simulator's
 colocated loop has no data-parallel model (its `--train-gpus` is a split option), so it has no prediction.
 
-    python bench/split_fidelity.py                 # record what is missing (~12 min on 2 quiet cores), analyse
-    python bench/split_fidelity.py --steps 4       # smoke test
-    python bench/split_fidelity.py --no-record     # analyse what is recorded
+    python -m bench.studies.split_fidelity                 # record what is missing (~12 min on 2 quiet cores), analyse
+    python -m bench.studies.split_fidelity --steps 4       # smoke test
+    python -m bench.studies.split_fidelity --no-record     # analyse what is recorded
 """
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
+import functools
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as `python bench/split_fidelity.py`
-    sys.path.insert(0, str(ROOT))
-from bench.recording import complete, run_locked, tool  # noqa: E402
+import numpy as np
+
+from bench.studies.recording import complete, run_locked, tool
+from rlsim.config import WhatIf
+from rlsim.outcome import Outcome
+from rlsim.replay.fit import fit_trace
+from rlsim.replay.io import read_trace
+from rlsim.replay.split_stats import split_stats
+from rlsim.whatif import Study, evaluate, prepare
+
 P, G = 32, 8
 COMMON = ["--prompts", str(P), "--group", str(G), "--eval-every", "0", "--eval-prompts", "16", "--eval-k", "1",
           "--no-progress", "--overwrite"]
@@ -67,26 +71,22 @@ def record(out: Path, steps: int, log=print) -> None:
             run_locked([rl, "record", *COMMON, *extra, "--steps", str(steps), "--out", str(out / f"{name}.parquet")], log)
 
 
-def predict(out: Path, staleness: int, partial: bool, calibrated: bool, updates: int) -> dict:
-    cmd = [tool("rlsim"), "run", "--trace", str(out / "coloc.parquet"), "--batch", str(P), "--group", str(G),
-           "--gen-gpus", "1", "--train-gpus", "1", "--staleness", str(staleness), "--updates", str(updates), "--json"]
-    if partial:
-        cmd.append("--partial-rollout")
-    if calibrated:
-        cmd += ["--calibration", str(out / "calib_t1.parquet")]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if p.returncode:
-        raise SystemExit(f"rlsim run failed: {p.stderr.strip()[-1500:]}")
-    return json.loads(p.stdout)
+@functools.lru_cache(maxsize=4)
+def _study(out: Path, calibrated: bool) -> Study:
+    """The colocated recording fitted once, with the one-thread calibration or on its own costs."""
+    cal = [read_trace(out / "calib_t1.parquet")] if calibrated else []
+    return prepare([read_trace(out / "coloc.parquet")], calibration=cal)
+
+
+def predict(out: Path, staleness: int, partial: bool, calibrated: bool, updates: int) -> Outcome:
+    """The split run predicted from the colocated recording, in process: `rlsim run`'s candidate."""
+    cfg = WhatIf(prompts=P, group=G, gen_gpus=1, train_gpus=1, staleness=staleness, updates=updates, partial_rollout=partial)
+    return evaluate(_study(out, calibrated), cfg)
 
 
 def slowdown(models, path: Path) -> tuple[float, float]:
     """How much slower than the one-thread calibration the run's own steps ran: the median over its steady
     updates (after the first two) of measured / calibrated seconds, for engine steps and for updates."""
-    import numpy as np
-
-    from rlsim.replay.io import read_trace
-
     t = read_trace(path)
     g, u = t.rows("gen_step"), t.rows("update")
     ok = g["step"] >= 2
@@ -105,10 +105,6 @@ def main(argv=None) -> int:
     out = Path(a.out)
     if not a.no_record:
         record(out, a.steps)
-    from rlsim.replay.fit import fit_trace
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.split_stats import split_stats
-
     ref = split_stats(out / "coloc.parquet")
     cal_models = fit_trace(read_trace(out / "coloc.parquet"), calibration=[read_trace(out / "calib_t1.parquet")])
     print(f"\nreference (colocated, 2 threads, P={P} G={G}): {ref.responses_per_s:.1f} resp/s measured\n")
@@ -128,18 +124,16 @@ def main(argv=None) -> int:
             continue
         pc = predict(out, k, partial, True, a.updates)
         pu = predict(out, k, partial, False, a.updates)
-        e = pc["responses_per_s"] / m.responses_per_s - 1
-        eu = pu["responses_per_s"] / m.responses_per_s - 1
+        e = pc.responses_per_s / m.responses_per_s - 1
+        eu = pu.responses_per_s / m.responses_per_s - 1
         errs.append(abs(e))
-        gi.append(abs(pc["gen_idle_ratio"] - m.gen_idle_ratio))
-        ti.append(abs(pc["train_idle_ratio"] - m.train_idle_ratio))
+        gi.append(abs(pc.gen_idle_ratio - m.gen_idle_ratio))
+        ti.append(abs(pc.train_idle_ratio - m.train_idle_ratio))
         sg, su = slowdown(cal_models, path)
-        print(f"{name:22} {m.responses_per_s:11.1f} {pc['responses_per_s']:7.1f} {100 * e:+6.1f}% {100 * eu:+7.1f}% | "
-              f"{m.gen_idle_ratio:8.2f} {pc['gen_idle_ratio']:6.2f} | {m.train_idle_ratio:10.2f} {pc['train_idle_ratio']:6.2f} | "
-              f"{m.staleness_mean:5.2f} {pc['staleness_mean']:5.2f} | {sg:12.2f} {su:7.2f}")
+        print(f"{name:22} {m.responses_per_s:11.1f} {pc.responses_per_s:7.1f} {100 * e:+6.1f}% {100 * eu:+7.1f}% | "
+              f"{m.gen_idle_ratio:8.2f} {pc.gen_idle_ratio:6.2f} | {m.train_idle_ratio:10.2f} {pc.train_idle_ratio:6.2f} | "
+              f"{m.staleness_mean:5.2f} {pc.staleness_mean:5.2f} | {sg:12.2f} {su:7.2f}")
     if errs:
-        import numpy as np
-
         print(f"\nresponses/s |error|: median {100 * np.median(errs):.1f}%, max {100 * max(errs):.1f}% (target: every run within 10%)")
         print(f"idle ratio |error|: generator max {max(gi):.3f}, trainer max {max(ti):.3f} (target: within 0.05)")
         ok = max(errs) <= 0.10 and max(gi) <= 0.05 and max(ti) <= 0.05

@@ -1,6 +1,6 @@
 """Does samples-to-target follow the learning rate or the batch? A crossed test on the batch-size study's task.
 
-The batch-size study (bench/batch_study.py) moves the batch and, by the square-root rule, the lr together: at
+The batch-size study (bench/studies/batch_study.py) moves the batch and, by the square-root rule, the lr together: at
 P = 8 the lr is half the reference's, at P = 128 twice. It cannot tell which of the two moves samples-to-target.
 This bench records GRPO runs at batch/lr pairs that cross them (default: P = 8 and P = 128, each at the
 reference lr and at the other's square-root-rule lr; fixed lr, G = 8, the study's budget and evals, seeds
@@ -20,32 +20,34 @@ before the recordings); the analysis scores the measured means against that file
 hypothesis with the smallest |log(pred / measured)|, and whether each prediction lies inside the seeds' range.
 Recording is serialised (`flock`) and resumable, like the study's.
 
-    python bench/lr_or_batch.py --predict --json docs/study/lr_or_batch_preregistered.json
-    python bench/lr_or_batch.py --record-only                  # ~45 min on 2 quiet cores
-    python bench/lr_or_batch.py --no-record --predictions docs/study/lr_or_batch_preregistered.json --json docs/study/lr_or_batch.json
+    python -m bench.studies.lr_or_batch --predict --json docs/study/lr_or_batch_preregistered.json
+    python -m bench.studies.lr_or_batch --record-only                  # ~45 min on 2 quiet cores
+    python -m bench.studies.lr_or_batch --no-record --predictions docs/study/lr_or_batch_preregistered.json --json docs/study/lr_or_batch.json
+
+(from the repository root; the scoring is `rlsim.replay.evaluation`).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as `python bench/lr_or_batch.py`
-    sys.path.insert(0, str(ROOT))
-from bench.batch_study import G, LR, REF_P, SIZES, measure, n_star, rlrun_cmd, steps_for  # noqa: E402
-from bench.recording import complete, run_locked  # noqa: E402
+from bench.studies.batch_study import G, LR, REF_P, SIZES, measure, rlrun_cmd, steps_for
+from bench.studies.recording import ROOT, complete, run_locked
+from rlsim.replay.evaluation import samples_to_target, within_spread
+from rlsim.replay.io import read_trace
+from rlsim.replay.learning import fit_learning_curve
+from rlsim.replay.rho import lr_aware_rho
 
 POINTS = ((8, 3e-4), (128, 3e-4), (128, 1.5e-4), (8, 6e-4))  # (P, lr): each size at the reference lr and the other's
 SEEDS = 3
 BUDGET = 16384
 TASK, TARGET = "addmix", 0.562  # the study's task and target (docs/results.md section 1c)
 HYPOTHESES = ("lr", "sde", "steps", "lr-aware")
-LR_AWARE = (53.8, 0.19)  # B_bend, kappa fitted on the addmix study's seed 0 (bench/batch_study.py held-out check)
+LR_AWARE = (53.8, 0.19)  # B_bend, kappa fitted on the addmix study's seed 0 (bench/studies/batch_study.py held-out check)
 
 
 def name(P: int, lr: float, seed: int, task: str) -> str:
@@ -69,14 +71,14 @@ def study_f(study: Path, seeds: int, task: str, target: float) -> tuple[float, d
     runs_ = measure(study, SIZES, seeds, task)
     refs = runs_.get((REF_P, "sqrt"), [])
     if not refs:
-        raise SystemExit(f"error: no reference runs (P = {REF_P}) in {study}; record the study first (bench/batch_study.py)")
-    ref_n = [n_star(r["curve"], target) for r in refs]
+        raise SystemExit(f"error: no reference runs (P = {REF_P}) in {study}; record the study first (bench/studies/batch_study.py)")
+    ref_n = [samples_to_target(r["curve"], target) for r in refs]
     if any(c for _, c in ref_n):
         raise SystemExit(f"error: a reference run in {study} never reaches the target {target:g}; lower --target")
     n_ref = float(np.mean([n for n, _ in ref_n]))
     f, rows = {}, []
     for (P, rule), rs in runs_.items():
-        ns = [n_star(r["curve"], target) for r in rs]
+        ns = [samples_to_target(r["curve"], target) for r in rs]
         rho, cens = float(np.mean([n for n, _ in ns])) / n_ref, any(c for _, c in ns)
         lr = LR * (math.sqrt(P / REF_P) if rule == "sqrt" else 1.0)
         rows.append(dict(P=P, lr=lr, rho=rho, censored=cens, seeds=len(rs)))
@@ -102,8 +104,6 @@ def grid(rows: list[dict], log=print) -> None:
 
 def predict(points, f: dict[float, tuple[float, bool]], lr_aware: tuple[float, float] = LR_AWARE) -> dict[str, dict]:
     """The hypotheses' rho for each (P, lr); `lr` is None where the study has no size with that lr."""
-    from rlsim.replay.learning import lr_aware_rho
-
     model = lr_aware_rho(REF_P * G, *lr_aware)
     out = {}
     for P, lr in points:
@@ -118,16 +118,13 @@ def predict(points, f: dict[float, tuple[float, bool]], lr_aware: tuple[float, f
 
 def analyse(out: Path, points, seeds: int, task: str, target: float, n_ref: float, pred: dict, budget: int = BUDGET,
             log=print) -> dict:
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.learning import fit_learning_curve
-
     rows = []
     for P, lr in points:
         ns = []
         for seed in range(seeds):
             path = out / f"{name(P, lr, seed, task)}.parquet"
             if complete(path, steps_for(P, budget)):
-                ns.append(n_star(fit_learning_curve(read_trace(path)), target))
+                ns.append(samples_to_target(fit_learning_curve(read_trace(path)), target))
         if not ns:
             continue
         p = pred[f"{P}_{lr:g}"]
@@ -139,8 +136,7 @@ def analyse(out: Path, points, seeds: int, task: str, target: float, n_ref: floa
             row[f"{h}_rho"] = v
             row[f"{h}_err"] = abs(math.log(v / row["rho"])) if v else math.nan
             # a censored mean is a lower bound: a prediction at or above it is not contradicted there
-            row[f"{h}_in_range"] = bool(v is not None and (row["rho_min"] <= v <= row["rho_max"]
-                                                           or (row["censored"] and v >= row["rho_min"])))
+            row[f"{h}_in_range"] = v is not None and within_spread(v, row["rho_min"], row["rho_max"], row["censored"])
         errs = {h: row[f"{h}_err"] for h in HYPOTHESES if math.isfinite(row[f"{h}_err"])}
         row["nearest"] = min(errs, key=errs.get) if errs else None
         rows.append(row)

@@ -1,5 +1,5 @@
-"""What the recording benchmarks share: the console scripts beside this Python, one lock that serialises every
-timed recording on the machine, and the test of whether a run is already recorded (resumable benches)."""
+"""What the recording studies share: the repository root, the console scripts beside this Python, one lock that
+serialises every timed recording on the machine, and the test of whether a run is already recorded (resumable)."""
 from __future__ import annotations
 
 import shutil
@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]  # bench/studies/ -> the repository root
 LOCK = "/tmp/rlsim-heavy.lock"  # `flock` on it: no two timed recordings at once
 
 

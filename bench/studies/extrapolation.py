@@ -23,26 +23,33 @@ of ratio 1: its error is what the machine's drift between recordings alone costs
 reach. Printed too: how much of the pairs' error one speed factor per recording explains (least squares on
 log errors; the residual is the part a speed drift does not explain, an optimistic estimate of the models' own error).
 
-    python bench/extrapolation.py                      # record what is missing (~6-10 min on 2 quiet cores), analyse
-    python bench/extrapolation.py --steps 3 --only 2   # smoke test: two tiny runs
-    python bench/extrapolation.py --no-record          # analyse the traces already recorded
-    python bench/extrapolation.py --repeats 2          # and a second recording of every run: the drift floor
+    python -m bench.studies.extrapolation                      # record what is missing (~6-10 min on 2 quiet cores), analyse
+    python -m bench.studies.extrapolation --steps 3 --only 2   # smoke test: two tiny runs
+    python -m bench.studies.extrapolation --no-record          # analyse the traces already recorded
+    python -m bench.studies.extrapolation --repeats 2          # and a second recording of every run: the drift floor
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import math
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-LOCK = "/tmp/rlsim-heavy.lock"
+from bench.studies.recording import LOCK, ROOT, tool
+from rlsim.pipeline import simulate
+from rlsim.replay.models import interval
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.fit import fit_trace
+from rlsim.replay.io import read_trace
+from rlsim.replay.rho import regime
+from rlsim.replay.schema import CALIB_KINDS
+from rlsim.simconfig import config_for
+from rlsim.whatif import replicate_rates
+
 # (name, algo, task, P, G): G in {4, 6, 8, 16}, two PPO runs (so PPO has a pair), one addmix; cheapest first
 RUNS = [
     ("grpo_p16_g8", "grpo", "add2", 16, 8),
@@ -59,19 +66,11 @@ MAX_RATIO = 16.0
 SKIP_UPDATES = 2
 
 
-def rlrun() -> str:
-    exe = Path(sys.executable).with_name("rlrun")
-    return str(exe) if exe.exists() else (shutil.which("rlrun") or "rlrun")
-
-
 def trace_path(out_dir: Path, name: str, steps: int, rep: int = 0) -> Path:
     return out_dir / (f"{name}_s{steps}.parquet" if rep == 0 else f"{name}_s{steps}_r{rep}.parquet")
 
 
 def record(out_dir: Path, runs, steps: int, log=print, rep: int = 0) -> list[Path]:
-    from rlsim.replay.errors import RlsimError
-    from rlsim.replay.io import read_trace
-
     paths = []
     for name, algo, task, P, G in runs:
         out = trace_path(out_dir, name, steps, rep)
@@ -84,7 +83,7 @@ def record(out_dir: Path, runs, steps: int, log=print, rep: int = 0) -> list[Pat
                     continue
             except RlsimError:
                 pass
-        cmd = ["flock", LOCK, rlrun(), "record", "--algo", algo, "--task", task, "--prompts", str(P),
+        cmd = ["flock", LOCK, tool("rlrun"), "record", "--algo", algo, "--task", task, "--prompts", str(P),
                "--steps", str(steps), "--eval-every", "0", "--eval-prompts", "16", "--eval-k", "1", "--no-progress",
                "--overwrite", "--out", str(out)]
         if algo == "grpo":
@@ -101,11 +100,10 @@ def record(out_dir: Path, runs, steps: int, log=print, rep: int = 0) -> list[Pat
 
 def strip_calibration(trace):
     """The trace without its calibration rows (the fit from the run's own rows)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
-    from rlsim.replay.schema import CALIB_KINDS
-
-    keep = pc.invert(pc.is_in(trace.table["kind"], value_set=__import__("pyarrow").array(list(CALIB_KINDS))))
+    keep = pc.invert(pc.is_in(trace.table["kind"], value_set=pa.array(list(CALIB_KINDS))))
     return dataclasses.replace(trace, table=trace.table.filter(keep), _cache={})
 
 
@@ -116,28 +114,15 @@ def steady(x: np.ndarray) -> float:
 
 def predict(models_a, trace_b, models_b):
     """B's recorded workload through A's cost models: (per-update simulated arrays, replicate rates, run)."""
-    from rlsim.config import SimConfig
-    from rlsim.pipeline import simulate
-    from rlsim.whatif import _engine_of, replicate_rates, study_gen_ratio
-
     hybrid = dataclasses.replace(models_b, gen=models_a.gen, gen_overhead=models_a.gen_overhead, update=models_a.update,
                                  prep=models_a.prep, reward=models_a.reward, other=models_a.other, sync=models_a.sync,
                                  sync_bytes=models_a.sync_bytes, replicates=models_a.replicates)
-    rec = models_b.recorded
-    B = models_b.prompts * models_b.group
-    gen_batch = int(round(B * study_gen_ratio(models_b)))
-    cfg = SimConfig(prompts=models_b.prompts, group=models_b.group, updates=len(rec.step), engine=_engine_of(models_b),
-                    lengths="recorded", gen_batch=gen_batch if gen_batch > B else 0)
+    cfg = config_for(models_b, updates=len(models_b.recorded.step), lengths="recorded")  # B as recorded, on its engine
     run = simulate(hybrid, cfg, rng=np.random.default_rng(0))
     return run, replicate_rates(hybrid, run)
 
 
 def analyse(paths: list[Path], calibrated: bool) -> dict:
-    from rlsim.replay.calibration import interval
-    from rlsim.replay.fit import fit_trace
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.learning import regime
-
     traces = [read_trace(p) for p in paths]
     fits_b = {t.name: fit_trace(t) for t in traces}  # B's workload and engine (its cost models are not used)
     fits_a = {t.name: (fits_b[t.name] if calibrated else fit_trace(strip_calibration(t))) for t in traces}
@@ -184,9 +169,6 @@ def analyse(paths: list[Path], calibrated: bool) -> dict:
 
 def floor(first: list[Path], second: list[Path]) -> dict:
     """Fit one recording, predict the repeat of the same configuration (both ways): the drift floor."""
-    from rlsim.replay.fit import fit_trace
-    from rlsim.replay.io import read_trace
-
     rows = []
     for pa, pb in zip(first, second):
         if not (pa.exists() and pb.exists()):

@@ -20,16 +20,19 @@ Predicted, from what a user would have before the study:
 Compared: sigma, rho and the T ratio with errors, and the Kendall tau between predicted and measured
 rankings of time-to-target, with a bootstrap interval over seeds.
 
-Then the improved model (`--rho lr-aware`, replay/learning.py): its two constants (B_bend, kappa) fitted on seed 0
+Then the improved model (`--rho lr-aware`, replay/rho.py): its two constants (B_bend, kappa) fitted on seed 0
 alone (the reference P = 32 and the other sizes of seed 0), then checked on the other seeds, each
 predicted from its own reference trace with those constants, against the noise-scale model on the same seeds.
 Also printed: the lr-aware form at kappa = 0 with the bend at each reference's own noise scale (reference alone, no
 fitted constant), and the study's own resolution (`ranking_resolution`): how well one seed's ranking agrees with
 another's, and what a perfect predictor would score against the 3-seed means.
 
-    python bench/batch_study.py                  # record what is missing (~80 min on 2 quiet cores), analyse
-    python bench/batch_study.py --no-record --target 0.566 --fresh-from 3   # analyse as docs/results.md does
-    python bench/batch_study.py --seeds 1 --sizes 8,32 --budget 2048   # smoke test
+    python -m bench.studies.batch_study                  # record what is missing (~80 min on 2 quiet cores), analyse
+    python -m bench.studies.batch_study --no-record --target 0.566 --fresh-from 3   # analyse as docs/results.md does
+    python -m bench.studies.batch_study --seeds 1 --sizes 8,32 --budget 2048   # smoke test
+
+(from the repository root). rlsim's predictions are made in process (`rlsim.whatif.prepare` and `evaluate`, what
+`rlsim run --json` prints); the scoring is `rlsim.replay.evaluation`.
 
 `--lr` moves the reference lr (the sqrt rule scales it to every size); `--predict FILE` writes the reference-alone
 predictions from the recorded references only, to commit before the other sizes are recorded, and `--predictions
@@ -38,18 +41,28 @@ FILE` later scores every model in it against the measured means.
 from __future__ import annotations
 
 import argparse
+import datetime
+import functools
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as `python bench/batch_study.py`
-    sys.path.insert(0, str(ROOT))
-from bench.recording import complete, run_locked, tool  # noqa: E402
+from bench.studies.recording import ROOT, complete, run_locked, tool
+from rlsim.config import WhatIf
+from rlsim.outcome import Outcome
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.evaluation import (SeedRuns, b_crit_allowed, censored_log_error, critical_batches, error_summary,
+                                     kendall_tau, measured_ratios, noise_split, resample_T, samples_to_target, score_ranking,
+                                     tau_interval, within_spread)
+from rlsim.replay.io import Trace, read_trace
+from rlsim.replay.learning import fit_learning_curve, noise_scale
+from rlsim.replay.rho import curves_rho, fit_lr_aware, lr_aware_rho, noise_scale_rho
+from rlsim.replay.split_stats import split_stats
+from rlsim.whatif import Study, evaluate, prepare
+
 SIZES = (8, 16, 32, 64, 128, 256)
 REF_P, G, LR = 32, 8, 3e-4
 SEEDS = 6
@@ -99,13 +112,6 @@ def record(out: Path, sizes, seeds: int, budget: int, task: str = TASK, log=prin
         run_locked(rlrun_cmd(P, steps, lr, rule, seed, path, *extra), log)
 
 
-def n_star(curve, target: float) -> tuple[float, bool]:
-    """(samples-to-target, censored): a run that never reaches the target counts at the responses it trained on,
-    a lower bound."""
-    n = curve.samples_to_target(target)
-    return (float(curve.cum_responses[-1]), True) if n is None else (float(n), False)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "traces" / "study"), help="folder of the study's traces")
@@ -149,8 +155,6 @@ def main(argv=None) -> int:
         record(out, sizes, a.seeds, a.budget, a.task, lr=a.lr, fixed=not a.no_fixed)
     if a.record_only:
         return 0
-    from rlsim.replay.errors import RlsimError
-
     try:
         if a.predict:
             dest.write_text(json.dumps(predict(out, a.seeds, a.task, sizes, target=a.target, argv=argv, lr_aware=lr_aware), indent=1))
@@ -169,49 +173,40 @@ def main(argv=None) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ analysis
-def _rlsim_run(traces: list[Path], P: int, rule: str, target: float, rho: str, *extra: str) -> dict:
-    cmd = [tool("rlsim"), "run", *[x for t in traces for x in ("--trace", str(t))], "--batch", str(P), "--group", str(G),
-           "--lr-rule", rule, "--target", f"{target:.6g}", "--rho", rho, "--json", *extra]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if p.returncode:
-        raise SystemExit(f"rlsim run failed: {' '.join(cmd)}\n{p.stderr.strip()[-1500:]}")
-    return json.loads(p.stdout)
+@functools.lru_cache(maxsize=None)
+def _trace(path: Path) -> Trace:
+    return read_trace(path)
 
 
-def kendall_tau(a, b) -> float:
-    """Kendall's tau-b of two score lists (ties count neither way)."""
-    n, conc, disc, ta, tb = len(a), 0, 0, 0, 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            x, y = np.sign(a[i] - a[j]), np.sign(b[i] - b[j])
-            if x == 0 and y == 0:
-                continue
-            if x == 0:
-                ta += 1
-            elif y == 0:
-                tb += 1
-            elif x == y:
-                conc += 1
-            else:
-                disc += 1
-    den = math.sqrt((conc + disc + ta) * (conc + disc + tb))
-    return (conc - disc) / den if den else math.nan
+@functools.lru_cache(maxsize=64)
+def _study(paths: tuple[Path, ...], rho: str, target: float) -> Study:
+    return prepare([_trace(p) for p in paths], rho_model=rho, target=target)
+
+
+def predicted(paths, P: int, rule: str, target: float, rho: str) -> Outcome:
+    """rlsim's prediction at (P, G, rule) from `paths` (the first the reference), in process: what `rlsim run --trace
+    ... --batch P --group G --lr-rule rule --target T --rho rho --json` prints as its candidate."""
+    return evaluate(_study(tuple(paths), rho, target), WhatIf(prompts=P, group=G, lr_rule=rule))
+
+
+def lr_aware_spec(b_bend: float, kappa: float) -> str:
+    """The --rho value of the lr-aware model at these constants, to 6 significant digits as the CLI's options give them."""
+    return f"lr-aware:{b_bend:g},{kappa:g}"
 
 
 def ref_alone(paths, b_noise, P: int, rule: str, target: float, lr_aware: tuple[float, float] | None = None) -> dict:
     """rlsim's prediction at (P, rule) from each reference trace alone, per model: `noise_scale`, `kappa0` (lr-aware at
     kappa = 0, the bend at that reference's B_noise in `b_noise`) and, given constants fitted elsewhere, `lr_aware`;
     each the mean over the references of sigma, rho and T, plus T per reference (`T_seeds`)."""
-    args = {"noise_scale": lambda b: ("noise-scale",),
-            "kappa0": lambda b: ("lr-aware", "--bend-batch", f"{b:.6g}", "--kappa", "0")}
+    specs = {"noise_scale": lambda b: "noise-scale", "kappa0": lambda b: lr_aware_spec(b, 0.0)}
     if lr_aware:
-        args["lr_aware"] = lambda b: ("lr-aware", "--bend-batch", str(lr_aware[0]), "--kappa", str(lr_aware[1]))
+        specs["lr_aware"] = lambda b: lr_aware_spec(*lr_aware)
     out = {}
-    for m, a in args.items():
-        ps = [_rlsim_run([p], P, rule, target, *a(b)) for p, b in zip(paths, b_noise)]
-        out[m] = dict(sigma=float(np.mean([x["sigma"] for x in ps])), rho=float(np.mean([x["rho"] for x in ps])),
-                      T=float(np.mean([x["time_to_target_ratio"] for x in ps])),
-                      T_seeds=[x["time_to_target_ratio"] for x in ps])
+    for m, spec in specs.items():
+        ps = [predicted([p], P, rule, target, spec(b)) for p, b in zip(paths, b_noise)]
+        out[m] = dict(sigma=float(np.mean([x.sigma for x in ps])), rho=float(np.mean([x.rho for x in ps])),
+                      T=float(np.mean([x.time_to_target_ratio for x in ps])),
+                      T_seeds=[float(x.time_to_target_ratio) for x in ps])
     return out
 
 
@@ -220,47 +215,44 @@ def predict(out: Path, seeds: int, task: str = TASK, sizes=SIZES, target: float 
     """Reference-alone predictions for every size (mean over the recorded references of `rlsim run --rho noise-scale`,
     of the kappa = 0 form and, given constants fitted elsewhere, of lr-aware), for committing before the other sizes are
     recorded; `score_predictions` reads them."""
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.learning import noise_scale
-
     refs = measure(out, (REF_P,), seeds, task).get((REF_P, "sqrt"), [])
     if not refs:
         raise SystemExit(f"error: no complete reference run (P = {REF_P}) in {out}; record it first (--sizes {REF_P})")
     if target is None:  # the analysis' default, fixed now from the references alone
         target = round(0.9 * min(r["best"] for r in refs), 3)
     paths = [r["path"] for r in sorted(refs, key=lambda r: r["seed"])]
-    b_noise = [noise_scale(read_trace(p)).b_crit for p in paths]
+    b_noise = [noise_scale(_trace(p)).b_crit for p in paths]
     pred = {}
     for P, rule in [(P, "sqrt") for P in sizes] + ([(64, "fixed")] if 64 in sizes else []):
         models = ref_alone(paths, b_noise, P, rule, target, lr_aware)
         pred[f"{P}_{rule}"] = dict(P=P, rule=rule, **{m: {k: v for k, v in x.items() if k != "T_seeds"}
                                                       for m, x in models.items()})
-    import datetime
-
     return dict(written=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                command="python bench/batch_study.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                command="python -m bench.studies.batch_study " + " ".join(argv if argv is not None else sys.argv[1:]),
                 references=[str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p) for p in paths],
                 target=target, b_noise=b_noise, predictions=pred)
 
 
 def measure(out: Path, sizes, seeds: int, task: str = TASK) -> dict:
     """Per run: samples-to-target curve, steady responses/s, wall time; grouped by (P, rule)."""
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.learning import fit_learning_curve
-    from rlsim.replay.split_stats import split_stats
-
     res: dict = {}
     for name, P, rule, seed in runs(sizes, seeds, task):
         path = out / f"{name}.parquet"
         if not path.exists():
             continue
-        t = read_trace(path)
+        t = _trace(path)
         if t.meta.get("status") != "complete":
             continue
         c = fit_learning_curve(t)
         res.setdefault((P, rule), []).append(dict(name=name, seed=seed, path=path, curve=c, rps=split_stats(t).responses_per_s,
                                                   first=float(c.score[0]), best=c.best))
     return res
+
+
+def seed_runs(rs: list[dict]) -> SeedRuns:
+    """The runs of one configuration (dicts of `measure` with n_star and censored filled in), in their order."""
+    return SeedRuns(n_star=np.array([r["n_star"] for r in rs], float), censored=np.array([r["censored"] for r in rs], bool),
+                    rps=np.array([r["rps"] for r in rs], float))
 
 
 def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = None, log=print, task: str = TASK,
@@ -274,32 +266,22 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
     for rs in runs_.values():
         for r in rs:
             # a run that never reached the target is censored: its N* is at least the responses it trained on
-            r["n_star"], r["censored"] = n_star(r["curve"], target)
+            r["n_star"], r["censored"] = samples_to_target(r["curve"], target)
     missed = [r["seed"] for r in refs if r["censored"]]
     if missed:  # rho is N* over the reference's: a censored reference makes every ratio meaningless
         raise SystemExit(f"error: reference seed(s) {', '.join(map(str, sorted(missed)))} never reach the target "
                          f"{target:g}; lower --target (the default is 90 % of the worst reference's best score)")
-    n_ref = float(np.mean([r["n_star"] for r in refs]))
-    rps_ref = float(np.mean([r["rps"] for r in refs]))
+    ref_runs = seed_runs(refs)
+    n_ref, rps_ref = float(np.mean(ref_runs.n_star)), float(np.mean(ref_runs.rps))
     log(f"\ntarget score {target} (mean@{EVAL_K}, {EVAL_PROMPTS} held-out prompts); reference P={REF_P}: "
         f"N* = {n_ref:.0f} responses, {rps_ref:.1f} responses/s (mean of {len(refs)} seeds)\n")
     rows = []
-    for (P, rule), rs in sorted(runs_.items()):
-        hit = [n for n in (r["n_star"] for r in rs)]  # censored runs at their budget: lower bounds
-        rho_s = [n / n_ref for n in hit]
-        sig_s = [r["rps"] / rps_ref for r in rs]
-        row = dict(P=P, rule=rule, seeds=len(rs), reached=sum(not r["censored"] for r in rs),
-                   censored=any(r["censored"] for r in rs), n_star=float(np.mean(hit)),
-                   rho=float(np.mean(hit)) / n_ref, rho_min=min(rho_s), rho_max=max(rho_s), sigma=float(np.mean(sig_s)),
-                   sigma_min=min(sig_s), sigma_max=max(sig_s), rps=float(np.mean([r["rps"] for r in rs])))
-        row["T"] = row["rho"] / row["sigma"]
-        rows.append(row)
+    for (P, rule), rs in sorted(runs_.items()):  # censored runs at their budget: lower bounds
+        rows.append(dict(P=P, rule=rule, **measured_ratios(seed_runs(rs), n_ref, rps_ref)))
     # predictions
     ref_paths = [r["path"] for r in sorted(refs, key=lambda r: r["seed"])]
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.learning import noise_scale, two_batch_estimates
-
-    b_noise = [noise_scale(read_trace(p)).b_crit for p in ref_paths]
+    noise = [noise_scale(_trace(p)) for p in ref_paths]
+    b_noise = [ns.b_crit for ns in noise]
     for row in rows:
         P, rule = row["P"], row["rule"]
         # from the references alone: noise scale; kappa 0 (the lr-aware form with the bend at each reference's own
@@ -316,67 +298,39 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
             row["curves_rho"] = row["curves_T"] = 1.0
         else:
             try:
-                p2 = _rlsim_run([ref_paths[0], *others], P, rule, target, "curves")
-                row["curves_rho"], row["curves_T"] = p2["rho"], p2["time_to_target_ratio"]
-            except SystemExit as e:
+                p2 = predicted([ref_paths[0], *others], P, rule, target, "curves")
+                row["curves_rho"], row["curves_T"] = float(p2.rho), float(p2.time_to_target_ratio)
+            except RlsimError as e:  # as `rlsim run` says it
                 row["curves_rho"] = row["curves_T"] = math.nan
-                row["curves_error"] = str(e).splitlines()[-1][:200]
+                row["curves_error"] = f"error: {e}".splitlines()[-1][:200]
     _print(rows, log)
     # ranking of time-to-target over the sqrt-rule sizes, with a bootstrap over seeds
     sq = [r for r in rows if r["rule"] == "sqrt"]
-    tau = kendall_tau([r["pred_T"] for r in sq], [r["T"] for r in sq])
-    tau_c = kendall_tau([r["curves_T"] for r in sq], [r["T"] for r in sq])
-    tau_d = kendall_tau([r["lrd_T"] for r in sq], [r["T"] for r in sq]) if lr_aware else math.nan
-    rng = np.random.default_rng(0)
-    boot = []
-    for _ in range(1000):
-        Ts = []
-        ref_b = rng.choice(refs, len(refs))
-        nr = np.mean([r["n_star"] for r in ref_b])
-        qr = np.mean([r["rps"] for r in ref_b])
-        for r0 in sq:
-            rs = runs_[(r0["P"], "sqrt")]
-            b = rng.choice(rs, len(rs))
-            Ts.append((np.mean([x["n_star"] for x in b]) / nr) / (np.mean([x["rps"] for x in b]) / qr))
-        boot.append(kendall_tau([r["pred_T"] for r in sq], Ts))
-    lo, hi = np.nanpercentile(boot, [5, 95]) if boot else (math.nan, math.nan)
-    sig_sorted = sorted((r for r in rows if r["rule"] == "sqrt"), key=lambda r: r["P"])
-    smax = max(r["sigma"] for r in sig_sorted)
-    crit_gen = next(r["P"] for r in sig_sorted if r["sigma"] >= 0.9 * smax)
-    base = sig_sorted[0]["n_star"]
-    crit_train = max((r["P"] for r in sig_sorted if not r["censored"] and r["n_star"] <= 1.2 * base), default=math.nan)
+    meas_T = [r["T"] for r in sq]
+    tau = kendall_tau([r["pred_T"] for r in sq], meas_T)
+    tau_c = kendall_tau([r["curves_T"] for r in sq], meas_T)
+    tau_d = kendall_tau([r["lrd_T"] for r in sq], meas_T) if lr_aware else math.nan
+    draws = resample_T(ref_runs, [seed_runs(runs_[(r["P"], "sqrt")]) for r in sq], np.random.default_rng(0))
+    lo, hi = tau_interval([r["pred_T"] for r in sq], draws)
+    sig_sorted = sorted(sq, key=lambda r: r["P"])
+    crit_gen, crit_train = critical_batches(sig_sorted)
     within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
-    ok_rho = [r["rho_min"] <= r["pred_rho"] <= r["rho_max"] for r in within]
+    ok_rho = [within_spread(r["pred_rho"], r["rho_min"], r["rho_max"]) for r in within]
     log(f"\nKendall tau, predicted (reference alone) vs measured T ranking over P = {', '.join(str(r['P']) for r in sq)}: "
         f"{tau:.2f} (90 % bootstrap over seeds {lo:.2f}..{hi:.2f}; target >= 0.8); from curves (P left out): {tau_c:.2f}"
         + (f"; lr-aware at --lr-aware {lr_aware[0]:g},{lr_aware[1]:g}: {tau_d:.2f}" if lr_aware else ""))
     log(f"rho predicted (noise scale) within the measured seed spread for P within 4x of {REF_P}: "
         f"{sum(ok_rho)} of {len(ok_rho)} ({', '.join(str(r['P']) for r, ok in zip(within, ok_rho) if not ok) or 'none'} outside)")
     tau_s = kendall_tau([r["sde_T"] for r in sq], [r["T"] for r in sq])
-    ok_sde = [r["rho_min"] <= r["sde_rho"] <= r["rho_max"] for r in within]
+    ok_sde = [within_spread(r["sde_rho"], r["rho_min"], r["rho_max"]) for r in within]
     log(f"reference alone, lr-aware at kappa = 0 and B_bend = each reference's B_noise: Kendall tau {tau_s:.2f}; rho within "
         f"the seed spread {sum(ok_sde)} of {len(ok_sde)}; "
         "rho " + ", ".join(f"P {r['P']}: {r['sde_rho']:.2f}" for r in sq))
     log(f"critical generation batch (sigma within 10 % of its largest): P = {crit_gen}; critical training batch "
         f"(samples-to-target within 1.2x of P = {sig_sorted[0]['P']}): P = {crit_train}")
-    # which B_crit could the noise-scale form (1 + B/B_crit) / (1 + B_ref/B_crit) fit? each size above the reference
-    # bounds it: measured rho <= its seed maximum (reached by every seed) gives B_crit >= (B - r B_ref) / (r - 1);
-    # a censored size (rho >= its lower bound r) gives B_crit <= (B - r B_ref) / (r - 1)
-    b_ref, lo_b, hi_b = REF_P * G, 0.0, math.inf
-    for r in sq:
-        B = r["P"] * G
-        if B <= b_ref:
-            continue
-        if not r["censored"] and r["rho_max"] > 1:
-            lo_b = max(lo_b, (B - r["rho_max"] * b_ref) / (r["rho_max"] - 1))
-        elif r["censored"] and r["rho"] > 1:
-            hi_b = min(hi_b, (B - r["rho"] * b_ref) / (r["rho"] - 1))
-    b_ema, b_rom = b_noise, []  # b_noise: rlsim's estimate of each reference, sorted by seed like ref_paths
-    for path in ref_paths:
-        u = read_trace(path).rows("update")
-        g2, tr = two_batch_estimates(u["micro_batch"].astype(float), u["num_responses"].astype(float),
-                                     u["grad_norm_micro"].astype(float), u["grad_norm"].astype(float))
-        b_rom.append(float(np.mean(tr) / np.mean(g2)))
+    # which B_crit could the noise-scale form (1 + B/B_crit) / (1 + B_ref/B_crit) fit, given the measured rho?
+    lo_b, hi_b = b_crit_allowed([dict(r, B=r["P"] * G) for r in sq], REF_P * G)
+    b_ema, b_rom = b_noise, [ns.ratio_of_means for ns in noise]  # each reference's, sorted by seed like ref_paths
     log(f"B_crit of the reference seeds (responses): {', '.join(f'{b:.0f}' for b in b_ema)} (rlsim: last value of the EMA "
         f"ratio); {', '.join(f'{b:.0f}' for b in b_rom)} (ratio of the run's means)")
     log(f"B_crit the measured rho allows: >= {lo_b:.0f} (sizes that every seed finished, within their spread) and "
@@ -396,9 +350,6 @@ FIT_SEED = 0
 def held_out(runs_: dict, rows: list[dict], target: float, log=print, seeds: list[int] | None = None) -> dict:
     """The lr-aware model fitted on seed FIT_SEED, checked on other seeds (default: all of them), each predicted from
     its own reference, against noise-scale and the kappa = 0 form (both from that reference alone) on the same seeds."""
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.learning import fit_lr_aware, noise_scale
-
     fit_runs = [r for rs in runs_.values() for r in rs if r["seed"] == FIT_SEED]
     ref0 = next((r for r in runs_.get((REF_P, "sqrt"), []) if r["seed"] == FIT_SEED), None)
     have = {r["seed"] for r in runs_.get((REF_P, "sqrt"), [])} - {FIT_SEED}
@@ -413,10 +364,9 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print, seeds: lis
     refs = {r["seed"]: r for r in runs_[(REF_P, "sqrt")] if r["seed"] in seeds}
     n_ref = float(np.mean([refs[s]["n_star"] for s in seeds]))
     rps_ref = float(np.mean([refs[s]["rps"] for s in seeds]))
-    b_noise = {s: noise_scale(read_trace(refs[s]["path"])).b_crit for s in seeds}  # each reference's own, read once
-    models = {"noise-scale": lambda s: ("noise-scale",),
-              "lr-aware": lambda s: ("lr-aware", "--bend-batch", f"{fit.b_bend:.6g}", "--kappa", f"{fit.kappa:.6g}"),
-              "kappa0": lambda s: ("lr-aware", "--bend-batch", f"{b_noise[s]:.6g}", "--kappa", "0")}
+    b_noise = {s: noise_scale(_trace(refs[s]["path"])).b_crit for s in seeds}  # each reference's own
+    models = {"noise-scale": lambda s: "noise-scale", "lr-aware": lambda s: lr_aware_spec(fit.b_bend, fit.kappa),
+              "kappa0": lambda s: lr_aware_spec(b_noise[s], 0.0)}
     out = []
     for row in rows:
         P, rule = row["P"], row["rule"]
@@ -428,10 +378,10 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print, seeds: lis
                  sigma=float(np.mean([x["rps"] for x in rs])) / rps_ref, rho_min=row["rho_min"], rho_max=row["rho_max"],
                  seeds_all=len(all_rs))
         r["T"] = r["rho"] / r["sigma"]
-        for name, args in models.items():
-            pr = [_rlsim_run([refs[s]["path"]], P, rule, target, *args(s)) for s in seeds]
-            r[f"{name}_rho"] = float(np.mean([p["rho"] for p in pr]))
-            r[f"{name}_T"] = float(np.mean([p["time_to_target_ratio"] for p in pr]))
+        for name, spec in models.items():
+            pr = [predicted([refs[s]["path"]], P, rule, target, spec(s)) for s in seeds]
+            r[f"{name}_rho"] = float(np.mean([p.rho for p in pr]))
+            r[f"{name}_T"] = float(np.mean([p.time_to_target_ratio for p in pr]))
         out.append(r)
     log(f"{'P':>4} {'lr':>5} | {'rho meas':>8} {'(all-seed spread)':>17} {'noise-scale':>11} {'lr-aware':>8} {'kappa0':>6} | "
         f"{'T meas':>6} {'noise-scale':>11} {'lr-aware':>8} {'kappa0':>6}")
@@ -443,24 +393,15 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print, seeds: lis
     sq = [r for r in out if r["rule"] == "sqrt"]
     res = dict(fit_seed=FIT_SEED, seeds=seeds, b_bend=fit.b_bend, kappa=fit.kappa, fit_loss=fit.loss, rows=out)
     rng = np.random.default_rng(0)
+    held_ref = seed_runs([refs[s] for s in seeds])
+    held_sizes = [seed_runs([x for x in runs_[(r0["P"], "sqrt")] if x["seed"] in seeds]) for r0 in sq]
     for name in models:
         pred = [r[f"{name}_T"] for r in sq]
         tau = kendall_tau(pred, [r["T"] for r in sq])
-        boot = []
-        for _ in range(1000):  # resample the held-out seeds of every size (and of the reference)
-            b_ref = rng.choice(seeds, len(seeds))
-            nr = np.mean([refs[s]["n_star"] for s in b_ref])
-            qr = np.mean([refs[s]["rps"] for s in b_ref])
-            Ts = []
-            for r0 in sq:
-                rs = [x for x in runs_[(r0["P"], "sqrt")] if x["seed"] in seeds]
-                b = rng.choice(rs, len(rs))
-                Ts.append((np.mean([x["n_star"] for x in b]) / nr) / (np.mean([x["rps"] for x in b]) / qr))
-            boot.append(kendall_tau(pred, Ts))
-        lo, hi = np.nanpercentile(boot, [5, 95])
+        # resample the held-out seeds of every size (and of the reference); the draws go on from the last model's
+        lo, hi = tau_interval(pred, resample_T(held_ref, held_sizes, rng))
         within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
-        ok = [r["rho_min"] <= r[f"{name}_rho"] <= r["rho_max"] or (r["censored"] and r[f"{name}_rho"] >= r["rho_min"])
-              for r in within]
+        ok = [within_spread(r[f"{name}_rho"], r["rho_min"], r["rho_max"], r["censored"]) for r in within]
         err = [abs(math.log(r[f"{name}_rho"] / r["rho"])) for r in out if not r["censored"] and r["P"] != REF_P]
         res[name] = dict(kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], rho_within_spread=[int(x) for x in ok],
                          median_abs_log_rho_error=float(np.median(err)) if err else math.nan)
@@ -499,44 +440,15 @@ def score_predictions(rows: list[dict], path: Path, log=print) -> dict:
         raise SystemExit(f"error: cannot read predictions from {path} ({type(e).__name__}: {e}); it needs "
                          '{"predictions": {"<P>_sqrt": {"noise_scale": {"rho": .., "T": ..}}}} for every measured size') from None
     within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
+    spread = [(r["rho_min"], r["rho_max"], r["censored"]) for r in within]
     out = {}
     for m, (p_t, p_rho) in models.items():
-        tau = kendall_tau(p_t, [r["T"] for r in sq])
-        ok = [r["rho_min"] <= p_rho[r["P"]] <= r["rho_max"] or (r["censored"] and p_rho[r["P"]] >= r["rho_min"])
-              for r in within]
+        out[m] = score_ranking(p_t, [r["T"] for r in sq], [p_rho[r["P"]] for r in within], spread)
+        ok = out[m]["rho_within_spread"]
         log(f"predictions written beforehand ({path.name}), {m.replace('_', ' ')}, against the measured seed means: "
-            f"Kendall tau {tau:.2f}; rho within the seed spread {sum(ok)} of {len(ok)} "
+            f"Kendall tau {out[m]['kendall_tau']:.2f}; rho within the seed spread {sum(ok)} of {len(ok)} "
             f"({', '.join(str(r['P']) for r, o in zip(within, ok) if not o) or 'none'} outside)")
-        out[m] = dict(kendall_tau=tau, rho_within_spread=[int(x) for x in ok])
     return dict(out["noise_scale"], models=out)
-
-
-def ranking_resolution(log_t, ref: int, *, draws: int = 4000, seed: int = 0, ladder=(3, 6, 12, 24, 48, 96)) -> dict:
-    """How well the study itself resolves the ranking. log_t: (seeds, sizes) log T ratio of each seed over its own
-    reference (column `ref` is 0). Returns the Kendall tau of each seed's ranking against each other seed's, and, by a
-    parametric bootstrap (truth = the seed mean, per-seed noise normal with the sd pooled over the non-reference sizes),
-    the tau a perfect predictor reaches against a mean of that many seeds and how often it reaches 0.8, the same chance
-    for each seed count in `ladder` and the fewest seeds of it that give 0.8 in 80 % of draws (None: more than its
-    last); plus the chance that the min..max of n seeds contains the truth at one size (1 - 2^(1-n), any continuous
-    symmetric noise)."""
-    x = np.asarray(log_t, float)
-    n, k = x.shape
-    pair = [kendall_tau(x[i], x[j]) for i in range(n) for j in range(i + 1, n)]
-    mu = x.mean(0)
-    others = [c for c in range(k) if c != ref]
-    sd = float(np.sqrt(np.mean(x[:, others].var(0, ddof=1)))) if n > 1 and others else 0.0
-    noise_sd = np.where(np.arange(k) == ref, 0.0, sd)
-    rng = np.random.default_rng(seed)
-
-    def perfect(m: int):  # (draws,) tau of the truth against the mean of m noisy seeds
-        return np.array([kendall_tau(mu, mu + (rng.standard_normal((m, k)) * noise_sd).mean(0)) for _ in range(draws)])
-
-    taus = perfect(n)
-    by_seeds = {m: float(np.mean(perfect(m) >= 0.8 - 1e-9)) for m in ladder}
-    return dict(seed_pair_tau=[float(t) for t in pair], seed_pair_tau_mean=float(np.mean(pair)) if pair else math.nan,
-                sd_log_t=sd, perfect_tau_mean=float(np.nanmean(taus)), perfect_tau_p08=float(np.mean(taus >= 0.8 - 1e-9)),
-                perfect_tau_p08_by_seeds=by_seeds, seeds_for_p08=next((m for m in ladder if by_seeds[m] >= 0.8), None),
-                spread_cover_one=1 - 2 * 0.5 ** n)
 
 
 def resolution(runs_: dict, log=print) -> dict:
@@ -550,15 +462,11 @@ def resolution(runs_: dict, log=print) -> dict:
     sizes = sorted(set.intersection(*(set(v) for v in by_seed.values()))) if by_seed else []
     if REF_P not in sizes or len(by_seed) < 2:
         return {}
-    # (seeds, sizes) log rho and log sigma of each seed over its own reference; log T = log rho - log sigma
+    # (seeds, sizes) log rho and log sigma of each seed over its own reference; log T = log rho - log sigma, and which
+    # half its seed noise comes from: samples-to-target (learning) or responses/s (the machine)
     log_rho, log_sig = (np.log([[v[P][i] / v[REF_P][i] for P in sizes] for v in by_seed.values()]) for i in (0, 1))
-    res = ranking_resolution(log_rho - log_sig, sizes.index(REF_P))
-    # which half the seed noise of log T comes from: samples-to-target (learning) or responses/s (the machine)
-    others = [i for i, P in enumerate(sizes) if P != REF_P]
-    for key, part in (("sd_log_rho", log_rho), ("sd_log_sigma", log_sig)):
-        res[key] = float(np.sqrt(np.mean(part[:, others].var(0, ddof=1)))) if others else math.nan
     within = sum(1 for P in sizes if P != REF_P and REF_P / 4 <= P <= REF_P * 4)
-    res["spread_cover_all"] = res["spread_cover_one"] ** within
+    res = noise_split(log_rho, log_sig, sizes.index(REF_P), within)
     log(f"resolution of the study ({len(by_seed)} seeds, P = {', '.join(map(str, sizes))}): one seed's measured T ranking "
         f"against another's, Kendall tau {', '.join(f'{t:.2f}' for t in res['seed_pair_tau'])} (mean "
         f"{res['seed_pair_tau_mean']:.2f}); seed sd of log T {res['sd_log_t']:.3f} (of log rho {res['sd_log_rho']:.3f}, of log "
@@ -573,9 +481,6 @@ def resolution(runs_: dict, log=print) -> dict:
 def leave_one_size_out(runs_: dict, target: float, log=print) -> dict:
     """Per seed, each sqrt-rule size left out: lr-aware fitted on that seed's other sizes, or `curves` through them,
     predicts its rho (over the seed's own reference); |log error|, censored sizes counted only when predicted low."""
-    from rlsim.replay.errors import RlsimError
-    from rlsim.replay.learning import curves_rho, fit_lr_aware, lr_aware_rho
-
     errs: dict[str, list[float]] = {"curves": [], "lr-aware": []}
     for ref in runs_.get((REF_P, "sqrt"), []):
         mine = {P: r for (P, rule), rs in runs_.items() if rule == "sqrt" and P != REF_P for r in rs if r["seed"] == ref["seed"]}
@@ -589,18 +494,12 @@ def leave_one_size_out(runs_: dict, target: float, log=print) -> dict:
             f = fit_lr_aware(ref["curve"], others, target)
             pl = lr_aware_rho(ref["curve"].batch, f.b_bend, f.kappa).rho(P * G, x=r["curve"].lr / ref["curve"].lr)
             for name, p in (("curves", pc), ("lr-aware", pl)):
-                errs[name].append(_log_err(p, meas, r["censored"]))
+                errs[name].append(censored_log_error(p, meas, r["censored"]))
     return _summary(errs, "leave one size out, per seed (the other sizes as the pilot)", log)
 
 
-def _log_err(pred: float, meas: float, censored: bool) -> float:
-    """|log(pred / meas)| of rho; 5 for an infinite prediction; 0 for a censored run predicted at or above its bound."""
-    e = math.log(pred / meas) if math.isfinite(pred) and pred > 0 else 5.0
-    return 0.0 if (censored and e > 0) else abs(e)
-
-
 def _summary(errs: dict[str, list[float]], what: str, log) -> dict:
-    out = {k: dict(mean=float(np.mean(v)), median=float(np.median(v)), n=len(v)) for k, v in errs.items() if v}
+    out = error_summary(errs)
     if out:
         log(f"{what}: |log(pred/meas)| of rho "
             + "; ".join(f"{k} mean {v['mean']:.3f}, median {v['median']:.3f} (n = {v['n']})" for k, v in out.items()))
@@ -610,9 +509,6 @@ def _summary(errs: dict[str, list[float]], what: str, log) -> dict:
 def seed_cv(runs_: dict, target: float, log=print) -> dict:
     """Every seed in turn as the fit seed: lr-aware fitted on its runs, noise-scale from each other seed's reference;
     both predict every other seed's rho (its own N* over its own reference's), |log error| (censored: only when low)."""
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.learning import fit_lr_aware, lr_aware_rho, noise_scale, noise_scale_rho
-
     seeds = sorted({r["seed"] for rs in runs_.values() for r in rs})
     by = {(P, rule, r["seed"]): r for (P, rule), rs in runs_.items() for r in rs}
     errs: dict[str, list[float]] = {"noise-scale": [], "lr-aware": []}
@@ -626,14 +522,14 @@ def seed_cv(runs_: dict, target: float, log=print) -> dict:
                 continue
             rs = by[(REF_P, "sqrt", s)]
             lr_model = lr_aware_rho(ref.batch, fit.b_bend, fit.kappa)
-            ns = noise_scale(read_trace(rs["path"])).b_crit
+            ns = noise_scale(_trace(rs["path"])).b_crit
             for (P, rule, s2), r in by.items():
                 if s2 != s or (P == REF_P and rule == "sqrt"):
                     continue
                 meas = r["n_star"] / rs["n_star"]
                 for name, p in (("noise-scale", noise_scale_rho(ref.batch, ns).rho(P * G)),
                                 ("lr-aware", lr_model.rho(P * G, x=r["curve"].lr / rs["curve"].lr))):
-                    errs[name].append(_log_err(p, meas, r["censored"]))
+                    errs[name].append(censored_log_error(p, meas, r["censored"]))
     return _summary(errs, "seed cross-validation (each seed fits lr-aware in turn; every other seed's rho predicted)", log)
 
 

@@ -1,0 +1,141 @@
+"""The requests of a split run (`rlsim.asyncrl`): drawn once, started under the staleness gate, finished by the
+replicas, consumed by the trainer.
+
+- `queue_lengths`: prompt and response lengths of every sequence the run may start, in queue order.
+- `Requests`: their per-sequence and per-prompt state, numpy arrays indexed by sequence / prompt id.
+- `AdmissionGate`: AReaL's staleness rule over the queue of prompts the replicas share.
+- `FinishedGroups`: finished prompts not yet consumed, and the trainer's consumption rule.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from rlsim.config import SimConfig
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.models import FittedModels
+from rlsim.workload import Workload
+
+
+def queue_lengths(models: FittedModels, cfg: SimConfig, rng: np.random.Generator, prompts: int) -> tuple[np.ndarray, np.ndarray]:
+    """(S,) prompt and (S,) response lengths of the first `prompts` prompts' S = prompts x G sequences, in queue
+    order (prompt-major, P prompts per block, no over-generation): `rlsim.workload.Workload`'s rounds end to end."""
+    P, G = cfg.prompts, cfg.group
+    blocks = -(-prompts // P)
+    wl = Workload.of(models, cfg, over_generate=False)
+    for b, (_, lb) in enumerate((wl.recorded or ())[:blocks]):  # a block is a batch: P whole groups
+        if len(lb) != P * G:
+            raise RlsimError(f"recorded lengths: the trace's update {b} has {len(lb)} responses, not P x G = "
+                             f"{P * G}; use sampled lengths")
+    ps, ls = wl.draw(rng, blocks)
+    return np.concatenate(ps), np.concatenate(ls)
+
+
+@dataclass(eq=False)
+class Requests:
+    """Every sequence the run may start: S = NP x G, prompt-major (sequence i is response i % G of prompt i // G).
+
+    Steps count on the replica that runs the sequence. A sequence admitted at (virtual) step a has s - a tokens
+    generated before step s; a preempted one is re-admitted with a moved back by what it had generated."""
+
+    group: int
+    p: np.ndarray      # (S,) int64 prompt tokens
+    L: np.ndarray      # (S,) int64 response tokens
+    pre0: np.ndarray   # (S,) prefill tokens of a first admission (prompt x the trace's prefill ratio)
+    cp: np.ndarray     # (S + 1,) prefix sums of p: sums over [lo, hi) ranges of sequence ids at once
+    cpre: np.ndarray   # (S + 1,) prefix sums of pre0
+    a: np.ndarray      # (S,) int64 virtual admission step
+    fin: np.ndarray    # (S,) int64 step that produces its last token
+    done: np.ndarray   # (S,) int64 tokens generated when preempted (0: never preempted)
+    v0: np.ndarray     # (S,) int64 policy version its generation started under (-1: not started)
+    v1: np.ndarray     # (S,) int64 policy version of its last token (timeline only)
+    t0: np.ndarray     # (S,) start of the step that computed its first token
+    t1: np.ndarray     # (S,) end of the step that computed its last token (timeline only; nan: not finished)
+    rep: np.ndarray    # (S,) int64 replica that ran it
+    cons: np.ndarray   # (S,) int64 update that consumed it (-1: none)
+    left: np.ndarray   # (NP,) int64 per prompt: sequences not finished
+    pv: np.ndarray     # (NP,) int64 per prompt: the policy version it started under (int64 max: not started)
+
+    @classmethod
+    def of(cls, p: np.ndarray, L: np.ndarray, group: int, prefill_ratio: float) -> Requests:
+        S, NP = len(p), len(p) // group
+        pre0 = p * prefill_ratio
+        return cls(group, p, L, pre0, np.concatenate([[0], np.cumsum(p)]), np.concatenate([[0.0], np.cumsum(pre0)]),
+                   a=np.zeros(S, np.int64), fin=np.zeros(S, np.int64), done=np.zeros(S, np.int64),
+                   v0=np.full(S, -1, np.int64), v1=np.full(S, -1, np.int64), t0=np.full(S, np.nan), t1=np.full(S, np.nan),
+                   rep=np.full(S, -1, np.int64), cons=np.full(S, -1, np.int64), left=np.full(NP, group, np.int64),
+                   pv=np.full(NP, np.iinfo(np.int64).max, np.int64))
+
+
+@dataclass(eq=False)
+class AdmissionGate:
+    """AReaL's staleness rule over the queue of prompts the replicas share: at policy version v a prompt starts
+    only while prompts started (consumed, finished, running or waiting on a replica) < (eta + v + 1) x P, so
+    the k-th P prompts to start start no earlier than version k - eta."""
+
+    prompts: int       # P
+    staleness: int     # eta
+    pv: np.ndarray     # (NP,) Requests.pv: the gate writes each prompt's start version
+    started: int = 0   # prompts started: the queue's head
+
+    def bound(self, version: int) -> int:
+        return min((self.staleness + version + 1) * self.prompts, len(self.pv))
+
+    def is_open(self, version: int) -> bool:
+        return self.started < self.bound(version)
+
+    def pull(self, version: int, want: int) -> tuple[int, int]:
+        """Start up to `want` prompts at `version`: the [lo, hi) prompt ids started."""
+        lo = self.started
+        hi = min(self.bound(version), lo + want)
+        self.pv[lo:hi] = version
+        self.started = hi
+        return lo, hi
+
+
+class FinishedGroups:
+    """Finished prompts (whole groups) not yet consumed, in completion order, and the consumption rule: update u
+    takes P of them, first every prompt started at a version <= u - eta (consumed later it would exceed the
+    limit; the gate keeps them within one batch), then the oldest started of the others, ties in completion
+    order; it waits until all of those have finished.
+
+    The rule picks P at once from everything finished, where a SimPy Store hands out one item per get, so the
+    trainer waits on `ready`, a condition event: a replica triggers it once P are finished and the trainer
+    re-checks the rule."""
+
+    def __init__(self, env: simpy.Environment, prompts: int, staleness: int, left: np.ndarray, pv: np.ndarray):
+        self.env = env
+        self.prompts = prompts
+        self.staleness = staleness
+        self.left = left                   # (NP,) Requests.left
+        self.pv = pv                       # (NP,) Requests.pv
+        self.items: deque[int] = deque()   # prompt ids, completion order
+        self.ready: simpy.Event | None = None
+        self.open_from = 0                 # prompts below it have all finished (a lower bound)
+
+    def put(self, prompts: np.ndarray) -> None:
+        """(replica) Prompts whose last sequence just finished."""
+        self.items.extend(prompts.tolist())
+        ev = self.ready
+        if ev is not None and len(self.items) >= self.prompts and not ev.triggered:
+            ev.succeed()
+
+    def take(self, u: int):
+        """(trainer; a generator to `yield from`) The (P,) prompt ids update u consumes, in completion order."""
+        due = int(np.searchsorted(self.pv, u - self.staleness, side="right"))  # prompts [0, due) started at <= u - eta
+        while len(self.items) < self.prompts or not np.all(self.left[self.open_from:due] == 0):
+            self.ready = self.env.event()
+            yield self.ready
+            self.ready = None
+        rg = np.fromiter(self.items, np.int64, len(self.items))
+        order = np.lexsort((np.arange(len(rg)), self.pv[rg], rg >= due))  # due first, then oldest started, then finish
+        pick = np.sort(order[:self.prompts])
+        keep = np.ones(len(rg), bool)
+        keep[pick] = False
+        self.items = deque(rg[keep].tolist())
+        while self.open_from < len(self.left) and self.left[self.open_from] == 0:
+            self.open_from += 1
+        return rg[pick]

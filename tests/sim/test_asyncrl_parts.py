@@ -1,0 +1,95 @@
+"""The split simulator's parts (rlsim.asyncrl_*) on their own: the admission gate, the consumption rule, the
+weight-sync barrier, and the choice between the colocated and the split loop (rlsim.simulator)."""
+import numpy as np
+import pytest
+import simpy
+
+from rlsim import pipeline
+from rlsim.asyncrl import simulate_split
+from rlsim.asyncrl_requests import AdmissionGate, FinishedGroups
+from rlsim.asyncrl_sync import WeightSync
+from rlsim.config import EngineConfig, SimConfig, SplitConfig
+from rlsim.replay.errors import RlsimError
+from rlsim.simulator import simulate
+from tests.sim.hand_models import hand_models
+
+NOT_STARTED = np.iinfo(np.int64).max
+
+
+def test_the_gate_counts_started_prompts_against_eta_plus_version_plus_one_batches():
+    pv = np.full(8, NOT_STARTED, np.int64)
+    gate = AdmissionGate(prompts=2, staleness=1, pv=pv)
+    assert gate.pull(0, 3) == (0, 3) and gate.pull(0, 3) == (3, 4)  # (1 + 0 + 1) x 2 = 4 at version 0
+    assert not gate.is_open(0) and gate.is_open(1)
+    assert gate.pull(1, 5) == (4, 6) and list(pv) == [0, 0, 0, 0, 1, 1] + [NOT_STARTED] * 2
+
+
+def _take(env, groups, u, out):
+    picked = yield from groups.take(u)
+    out.append((env.now, picked.tolist()))
+
+
+def test_consumption_takes_due_prompts_first_and_waits_for_them():
+    env = simpy.Environment()
+    pv = np.array([0, 0, 1, 1], np.int64)
+    left = np.array([0, 1, 0, 0], np.int64)  # prompt 1 still running
+    groups = FinishedGroups(env, prompts=2, staleness=1, left=left, pv=pv)
+    groups.put(np.array([2, 0, 3]))
+    out = []
+    env.process(_take(env, groups, 1, out))  # update 1, eta 1: prompts started at version 0 (0 and 1) are due
+
+    def finish_prompt_1():
+        yield env.timeout(2.0)
+        left[1] = 0
+        groups.put(np.array([1]))
+
+    env.process(finish_prompt_1())
+    env.run()
+    assert out == [(2.0, [0, 1])] and list(groups.items) == [2, 3]
+
+
+def test_consumption_takes_the_oldest_started_then_completion_order():
+    env = simpy.Environment()
+    groups = FinishedGroups(env, prompts=2, staleness=1, left=np.zeros(4, np.int64), pv=np.array([0, 0, 1, 1], np.int64))
+    groups.put(np.array([3, 2, 0]))
+    out = []
+    env.process(_take(env, groups, 0, out))  # nothing due at update 0: prompt 0 (version 0), then 3 (finished before 2)
+    env.run()
+    assert out == [(0.0, [3, 0])] and list(groups.items) == [2]
+
+
+def test_the_sync_starts_when_the_last_replica_joins_and_resumes_them_in_join_order():
+    env = simpy.Environment()
+    sync = WeightSync(env, replicas=2)
+    told, log = [], []
+    sync.listeners += [lambda: told.append(0), lambda: told.append(1)]
+
+    def replica(r, at):
+        yield env.timeout(at)
+        yield sync.join(r)
+        log.append((r, env.now, sync.version))
+
+    def trainer():
+        yield env.timeout(0.5)
+        yield sync.request()
+        log.append(("start", env.now))
+        yield env.timeout(1.0)
+        sync.publish()
+
+    env.process(trainer())
+    env.process(replica(0, 3.0))
+    env.process(replica(1, 2.0))
+    env.run()
+    assert told == [0, 1] and log == [("start", 3.0), (1, 4.0, 1), (0, 4.0, 1)] and not sync.requested
+
+
+def test_the_colocated_loop_refuses_a_split_and_simulate_picks_the_loop():
+    m = hand_models([([1], [2])] * 3, c=(1.0, 0.25, 0.0, 0.0), update=(3.0, 0.0), sync=0.5, max_num_seqs=4)
+    eng = EngineConfig(max_num_seqs=4, kv_cache_tokens=4096, block_size=16, max_model_len=256)
+    colo = SimConfig(prompts=1, group=1, updates=2, engine=eng, lengths="recorded")
+    split = SimConfig(prompts=1, group=1, updates=2, engine=eng, lengths="recorded", split=SplitConfig(1, 1, staleness=1))
+    with pytest.raises(RlsimError, match="colocated loop"):
+        pipeline.simulate(m, split, rng=np.random.default_rng(0))
+    assert simulate(m, split, rng=np.random.default_rng(0)).total_time == simulate_split(m, split, rng=np.random.default_rng(0)).total_time == 10.0
+    assert simulate(m, colo, rng=np.random.default_rng(0)).step_time == pytest.approx(
+        pipeline.simulate(m, colo, rng=np.random.default_rng(0)).step_time)

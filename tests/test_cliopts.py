@@ -1,0 +1,110 @@
+"""rlsim.cliopts: the one mechanism both CLIs make their options with (dataclass field -> typer option)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from rlsim import cliopts
+from rlsim.replay.errors import RlsimError, cli_errors
+
+
+def _f(default, help, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True)
+class Toy:
+    size: int = _f(8, "how many", flags=["--size", "-n"])
+    rate: float = _f(0.5, "how fast")
+    name: str = _f("a b", "what to call it")
+    limit: Optional[int] = _f(None, "cap (none: no cap)")
+    fast: bool = _f(True, "go fast")
+    force: bool = _f(False, "replace", flags=["--force"])
+    files: tuple[Path, ...] = _f((), "inputs", flags=["--file"])
+    out: str = _f("x.txt", "where", required=True)
+
+
+def test_specs_take_flags_help_and_defaults_from_the_fields():
+    s = {x.field: x for x in cliopts.specs(Toy)}
+    assert s["size"].flags == ("--size", "-n") and s["size"].label == "--size" and s["size"].default == 8
+    assert s["rate"].flags == ("--rate",) and s["rate"].help == "how fast" and s["rate"].base is float
+    assert s["limit"].base is int and s["limit"].default is None
+    assert s["fast"].pair and not s["force"].pair  # a bool is --x/--no-x unless its flags are named
+    assert s["files"].repeated and s["out"].required and not s["size"].required
+    only = cliopts.specs(Toy, names=("rate", "size"), spelling={"size": ["--count"]}, help={"rate": "other"})
+    assert [(x.field, x.flags, x.help) for x in only] == [("size", ("--count",), "how many"), ("rate", ("--rate",), "other")]
+
+
+def test_values_parse_text_with_the_field_type():
+    s = {x.field: x for x in cliopts.specs(Toy)}
+    assert cliopts.value(s["size"], "16") == 16 and cliopts.value(s["size"], "1e2") == 100
+    assert cliopts.value(s["rate"], "3e-4") == 3e-4
+    assert cliopts.value(s["limit"], "none") is None and cliopts.value(s["limit"], "4") == 4
+    assert cliopts.value(s["name"], " a,b ") == " a,b "  # names and paths as typed
+    assert cliopts.value(s["size"], "4,8", as_list=True) == [4, 8]
+    assert cliopts.value(s["files"], [Path("a")]) == (Path("a"),) and cliopts.value(s["fast"], False) is False
+    for raw, msg in (("x", "--size: 'x' is not a valid value (expected int)"),
+                     ("1.5", "--size: '1.5' is not a valid value (expected an integer)"),
+                     ("", "--size is empty; give a value")):
+        with pytest.raises(RlsimError) as e:
+            cliopts.value(s["size"], raw)
+        assert str(e.value) == msg
+    with pytest.raises(RlsimError, match="NaN is not a value"):
+        cliopts.value(s["rate"], "nan")
+
+
+def _app(**style):
+    app = typer.Typer()
+    seen = {}
+
+    @app.command()
+    @cli_errors
+    @cliopts.generated(cliopts.options(cliopts.specs(Toy), "t_", **style))
+    def go(given: dict, verbose: bool = typer.Option(False, "--verbose", help="own option")) -> None:
+        seen.update(given, verbose=verbose)
+
+    @app.command()
+    def other() -> None:  # two commands, so `go` is a subcommand
+        pass
+
+    return app, seen
+
+
+def test_generated_command_with_defaults():
+    app, seen = _app(defaults=True)
+    r = CliRunner().invoke(app, ["go", "--out", "o.txt"])
+    assert r.exit_code == 0, r.output
+    assert Toy(**{k: v for k, v in seen.items() if k != "verbose"}) == Toy(out="o.txt")  # the defaults are the fields'
+    seen.clear()
+    r = CliRunner().invoke(app, ["go", "--out", "o", "-n", "3", "--rate", "2", "--no-fast", "--force", "--file", "a",
+                                 "--file", "b", "--limit", "7", "--verbose"])
+    assert r.exit_code == 0, r.output
+    assert seen == {"size": 3, "rate": 2.0, "name": "a b", "limit": 7, "fast": False, "force": True,
+                    "files": (Path("a"), Path("b")), "out": "o", "verbose": True}
+    help_text = CliRunner().invoke(app, ["go", "--help"], env={"COLUMNS": "200"}).output
+    assert "[default: 8]" in help_text and "--no-fast" in help_text and "--no-force" not in help_text
+    assert "own option" in help_text and "[required]" in help_text
+
+
+def test_generated_command_given_only_and_bad_input():
+    app, seen = _app()
+    r = CliRunner().invoke(app, ["go", "--out", "o"])
+    assert r.exit_code == 0 and seen == {"force": False, "files": (), "out": "o", "verbose": False}  # not given: absent
+    for args, msg in ((["-n", "x"], "error: --size: 'x' is not a valid value (expected int)"),
+                      (["--rate", "fast"], "error: --rate: 'fast' is not a valid value (expected float)")):
+        r = CliRunner().invoke(app, ["go", "--out", "o", *args])
+        assert r.exit_code == 2 and r.output.strip() == msg and "Traceback" not in r.output
+
+
+def test_generated_command_with_lists():
+    app, seen = _app(as_list=True)
+    r = CliRunner().invoke(app, ["go", "--out", "o", "-n", "4,8,4", "--fast", "true,false", "--limit", "none,2"])
+    assert r.exit_code == 0, r.output
+    assert (seen["size"], seen["fast"], seen["limit"]) == ([4, 8], [True, False], [None, 2])
+    r = CliRunner().invoke(app, ["go", "--out", "o", "-n", "4,,8"])
+    assert r.exit_code == 2 and r.output.strip().startswith("error: --size: empty element in the list")
