@@ -205,3 +205,17 @@ def noise_split(log_rho, log_sigma, ref: int, within: int, **resolution) -> dict
     res["sd_log_sigma"] = pooled_sd(log_sigma, ref) if others else math.nan
     res["spread_cover_all"] = res["spread_cover_one"] ** within
     return res
+
+
+def regret(T: Sequence[float], pick: int) -> float:
+    """Time lost by running configuration `pick` instead of the best: T[pick] / min(T) - 1 (T: each configuration's
+    time to target, any common unit; a censored configuration's T is its lower bound)."""
+    T = np.asarray(T, float)
+    return float(T[pick] / np.min(T) - 1.0)
+
+
+def regret_interval(T_draws: np.ndarray, pick: int, q: tuple[float, float] = (5, 95)) -> tuple[float, float]:
+    """The `q` percentiles of `regret` over draws of T ((draws, configs), e.g. `resample_T`: seeds resampled)."""
+    r = T_draws[:, pick] / T_draws.min(axis=1) - 1.0
+    lo, hi = np.percentile(r, q)
+    return float(lo), float(hi)

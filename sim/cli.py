@@ -5,11 +5,12 @@ import typer
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Fit recorded RL runs and predict time-to-target for untried configurations.")
 
-from rlsim import commands_import, commands_run, commands_study  # noqa: E402  (they register on `app`)
+from rlsim import commands_import, commands_plan, commands_run, commands_study  # noqa: E402  (they register on `app`)
 
 commands_run.register(app)
 commands_study.register(app)
 commands_import.register(app)
+commands_plan.register(app)
 
 
 def main() -> None:
