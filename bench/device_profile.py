@@ -1,6 +1,6 @@
 """Measure this machine's CPU profile for `rlsim.replay.devices`: memory bandwidth and matmul FLOP/s.
 
-    flock /tmp/rlsim-heavy.lock .venv/bin/python bench/device_profile.py [--repeats 7] [--threads N]
+    flock /tmp/rlsim-heavy.lock .venv/bin/python -m bench.device_profile [--repeats 7] [--write]
 
 - memory bandwidth: a large float64 array copy (`np.copyto`, 512 MiB source, far beyond any cache);
   bytes moved = read + write = 2 x the array size; the best of the repeats (contention only slows).
@@ -8,15 +8,17 @@
   each; the best of the repeats. This is the CPU's counterpart of a GPU datasheet's dense FLOP/s (the
   tiny built-in model trains in fp32 on CPU).
 
-It prints the numbers and the line to paste into `replay/device_data.py` (profile `cpu-this-machine`).
-No GPU is needed; the GPU profiles come from vendor datasheets, cited beside each entry.
+It prints the numbers; `--write` stores them as the measured host `cpu-this-machine` in
+`replay/measured_hosts.py` (kept apart from the GPU datasheets of `replay/device_data.py`).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import platform
+import re
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -60,6 +62,7 @@ def cpu_name() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--write", action="store_true", help="store the profile in replay/measured_hosts.py")
     args = ap.parse_args()
     bw = mem_bandwidth_gbs(args.repeats)
     fl = matmul_gflops(args.repeats)
@@ -68,10 +71,18 @@ def main() -> None:
     print(f"memory bandwidth        {bw:.1f} GB/s   (np.copyto of 512 MiB float64, read + write, best of {args.repeats})")
     print(f"fp32 matmul             {fl:.1f} GFLOP/s (2048 x 2048 float32 @, best of {args.repeats})")
     print(f"memory                  {mem_gb:.1f} GB")
-    print()
-    print("profile line for replay/device_data.py:")
-    print(f'    mem_bandwidth_gbs={bw:.1f}, flops_tflops={fl / 1e3:.4f}, memory_gb={mem_gb:.1f}, '
-          f'interconnect_gbs={bw:.1f}')
+    if args.write:
+        write_host(f"this machine's CPU ({cpu_name()}, {os.cpu_count()} cores; measured)", bw, fl / 1e3, mem_gb)
+
+
+def write_host(name: str, bw: float, tflops: float, mem_gb: float) -> None:
+    """Replace the `cpu-this-machine` entry of replay/measured_hosts.py."""
+    path = Path(__file__).resolve().parents[1] / "replay" / "measured_hosts.py"
+    entry = (f'    "cpu-this-machine": ({name!r}, {bw:.1f}, {tflops:.4f}, {mem_gb:.1f}, {bw:.1f}, "cpu",\n'
+             f'                         ("cpu", "amd epyc"), "measured: python -m bench.device_profile"),\n')
+    text = path.read_text()
+    text = re.sub(r'    "cpu-this-machine": \(.*?\),\n(?=})', entry, text, flags=re.S)
+    path.write_text(text)
 
 
 if __name__ == "__main__":

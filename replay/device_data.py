@@ -6,7 +6,8 @@ memory (GB) and interconnect bandwidth (GB/s: the device's total NVLink / Infini
 bandwidth as the datasheet states it). Each entry cites its source beside it. Peak figures: real
 kernels reach a fraction of them, which is why rlsim only ever uses their *ratios* (docs/importing.md).
 
-The CPU profile is not looked up: it is measured on this machine by `bench/device_profile.py`.
+Datasheets only: the CPU host that recorded the shipped traces is a measurement, kept apart in
+`rlsim.replay.measured_hosts` (written by `python -m bench.device_profile --write`).
 """
 from __future__ import annotations
 
@@ -49,11 +50,4 @@ DEVICES: dict[str, tuple] = {
     # Tensor Core 362.05 TFLOPS (733* with sparsity); PCIe Gen4 x16 64 GB/s bidirectional, no NVLink.
     "l40s": ("NVIDIA L40S 48GB", 864.0, 362.05, 48.0, 64.0, "gpu",
              ("l40s 48gb", "l40"), "NVIDIA L40S datasheet"),
-    # This machine, measured (not a datasheet): `.venv/bin/python bench/device_profile.py` on the 2-core AMD
-    # EPYC VM that recorded traces/*.parquet, two runs: memory bandwidth 20.5 / 21.3 GB/s (np.copyto of 512 MiB
-    # float64, read + write, best of 7), fp32 matmul 145.6 / 144.2 GFLOP/s (2048 x 2048 float32, best of 7);
-    # 25.3 GB memory. The second run's figures are stored. Interconnect: the weight sync of an rlrun trace is an
-    # in-process copy, so it is bounded by the same memory bandwidth.
-    "cpu-this-machine": ("this machine's CPU (AMD EPYC, 2 cores; measured)", 21.3, 0.1442, 25.3, 21.3, "cpu",
-                         ("cpu", "amd epyc"), "measured: .venv/bin/python bench/device_profile.py"),
 }

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rlsim.replay.device_data import DEVICES, UPDATE_FLOOR_S
+from rlsim.replay.measured_hosts import HOSTS
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
 from rlsim.replay.robust import AffineModel
@@ -61,7 +62,7 @@ class DeviceProfile:
 
 PROFILES: dict[str, DeviceProfile] = {
     key: DeviceProfile(key, name, bw, fl, mem, ic, kind, aliases, src, UPDATE_FLOOR_S.get(kind, 0.0))
-    for key, (name, bw, fl, mem, ic, kind, aliases, src) in DEVICES.items()
+    for key, (name, bw, fl, mem, ic, kind, aliases, src) in {**DEVICES, **HOSTS}.items()
 }
 
 

@@ -40,7 +40,11 @@ def test_profiles_have_datasheet_numbers_and_a_measured_cpu():
     h100 = get_profile("H100")
     assert (h100.mem_bandwidth_gbs, h100.flops_tflops, h100.memory_gb, h100.interconnect_gbs) == (3350.0, 989.0, 80.0, 900.0)
     assert get_profile("a100 40GB").mem_bandwidth_gbs == 1555.0 and get_profile("MI300X").flops_tflops == 1307.4
-    assert "bench/device_profile.py" in PROFILES["cpu-this-machine"].source
+    # the measured CPU is a bench output kept apart from the datasheets, and says which bench measured it
+    assert "bench.device_profile" in PROFILES["cpu-this-machine"].source
+    from rlsim.replay.device_data import DEVICES
+    from rlsim.replay.measured_hosts import HOSTS
+    assert "cpu-this-machine" in HOSTS and not any(v[5] == "cpu" for v in DEVICES.values())
     assert all(p.source for p in PROFILES.values())
     assert profile_for_hardware({"device_name": "NVIDIA A100-SXM4-40GB"}).key == "a100-40gb"
     assert profile_for_hardware({"device": "cpu", "device_name": "AMD EPYC"}).key == "cpu-this-machine"
