@@ -281,16 +281,16 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, rho_pre
                       model_name: str | None, bounds_ok: bool = False) -> tuple[int, float]:
     """(candidate index, observed log(rho / rho predicted)) of a pilot trace: its samples-to-target over the reference's."""
     c = tr.config
-    P, g = int(c.get("prompts") or 0), int(c.get("group") or 1)
-    if P not in sizes or g != G:
-        raise RlsimError(f"pilot {tr.name} is P={P}, G={g}, not one of the candidates (P in {sizes}, G={G}); "
-                         "pass the candidates it was recorded for")
     for key in ("algo", "task", "lr_rule"):
         if str(c.get(key)) != str(study.models.config.get(key)):
             raise RlsimError(f"pilot {tr.name} has {key} {c.get(key)!r}, the reference {study.models.config.get(key)!r}: "
                              "a pilot must be the reference's run at another size")
     if model_name is not None and (tr.meta.get("model") or {}).get("name") != model_name:
         raise RlsimError(f"pilot {tr.name} trains another model than the reference; record it with the reference's --model")
+    P, g = int(c.get("prompts") or 0), int(c.get("group") or 1)
+    if P not in sizes or g != G:
+        raise RlsimError(f"pilot {tr.name} is P={P}, G={g}, not one of the candidates (P in {sizes}, G={G}); "
+                         "pass the candidates it was recorded for")
     reached = samples_to_target(fit_learning_curve(tr), study.target)
     if reached.censored and not bounds_ok:
         raise RlsimError(f"pilot {tr.name} never reached the target {study.target:.4g} (trained {reached.n:.0f} responses): "
@@ -326,7 +326,11 @@ def _weighted_quantiles(x: np.ndarray, w: np.ndarray, qs: Sequence[float]) -> li
 
 
 def _command(study: Study, P: int, G: int, steps: int) -> str:
-    """The rlrun record command of a pilot: the reference's configuration at P prompts."""
+    """The rlrun record command of a pilot: the reference's configuration at P prompts (an imported reference: its
+    framework's run, imported)."""
+    if study.framework != "rlrun":
+        return (f"run {study.framework} as the reference was, at P={P}, G={G}, for {steps} updates, then "
+                f"rlsim import {study.framework} LOG -o pilot_p{P}.parquet")
     c = study.models.config
     parts = ["rlrun record", f"--algo {c.get('algo') or 'grpo'}", f"--prompts {P}"]
     if (c.get("algo") or "grpo") != "ppo":

@@ -93,6 +93,7 @@ def test_the_shipped_error_curves_are_what_the_studies_measure():
     (["--batch", "16,64", "--budget", "10"], "below one update"),
     (["--batch", "16,64", "--gen-gpus", "2"], "takes candidate sizes"),
     (["--batch", "16,64", "-t", str(ROOT / "traces" / "study_addmix" / "grpo_addmix_p64_s0.parquet")], "task"),
+    (["--batch", "16,64", "-t", str(ROOT / "traces" / "ppo_b256.parquet")], "algo 'ppo'"),  # another algorithm
 ])
 def test_bad_input_is_one_line(args, msg):
     r = runner.invoke(app, ["plan", str(REF), "--target", "0.566", *args])
