@@ -18,13 +18,14 @@ from rlsim.replay.models import FittedModels
 from rlsim.replay.steps import step_table
 from rlsim.replay.util import atomic_write, fmt
 from rlsim.results import read_results, trace_identity
-from rlsim.tables import RANGED, describe, interval, own, sweep_verdict, varying, with_interval
+from rlsim.tables import RANGED, plan_lines, describe, interval, own, sweep_verdict, varying, with_interval
 from rlsim.views import CHARTS, OPTIONAL_CHARTS, axes_of, build_charts
 from rlsim.whatif import prepare
 
 TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3f"), ("gen_s", "gen s", ".3f"),
                  ("train_s", "train s", ".3f"), ("sync_s", "sync s", ".4f"), ("sigma", "sigma", ".3f"),
-                 ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""))
+                 ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""),
+                 ("expected_regret", "expected regret", "%"))
 
 # ----------------------------------------------------------------------------------------------
 # report
@@ -146,6 +147,7 @@ def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) 
                  f"{html.escape(with_interval(best, 'responses_per_s', '.1f'))} responses/s"
                  + (f" against {fmt(ref.get('responses_per_s'), '.1f')} for the reference (P={ref.get('prompts')}, "
                     f"G={ref.get('group')})" if ref else "") + ".</p></div>")
+    parts += [f"<p class='plan'>{html.escape(line)}</p>" for line in plan_lines(meta)]
     others = [r for r in rows if r is not best and all(r is not t for t in v["tied"]) and own(r, "warnings", meta)]
     warns = list(v["warnings"])
     if others:

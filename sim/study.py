@@ -13,6 +13,7 @@ from rlsim.config import WhatIf
 from rlsim.grid import build_grid, config_dict
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import exclusive
+from rlsim.plan import PlanConfig, plan
 from rlsim.tables import sweep_verdict
 from rlsim.views import sweep_charts
 from rlsim.whatif import prepare, timeline
@@ -64,6 +65,8 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
         if any(k in axes for k in HARDWARE_FIELDS):
             meta["notes"].append("each configuration is compared with the reference configuration on its own hardware "
                                  "(T / T_ref, the ranking); time_to_target_vs_recorded compares across hardware")
+        meta["plan"] = _plan(traces, axes, target)
+        ranked = [_with_plan(r, meta["plan"]) for r in ranked]
         v = sweep_verdict(ranked, meta)
         meta["verdict"] = {"kind": v["kind"], "title": v["title"], "text": v["text"],
                            "tied_configs": [r.get("config_id") for r in v["tied"]]}
@@ -84,6 +87,26 @@ def _with_study_caveats(row: dict, study: Any) -> dict:
     """A sweep row carries the study's warnings too, as `rlsim run` prints them beside each answer."""
     own = [w for w in str(row.get("warnings") or "").split("; ") if w]
     return {**row, "warnings": "; ".join(list(study.warnings) + own)}
+
+
+def _plan(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], target: float | None) -> dict | None:
+    """`rlsim plan` over the swept sizes when only P (and one G) is swept: the decision or the next pilots, and each
+    size's expected regret (None when the grid sweeps anything else; {"error": ...} when it cannot plan)."""
+    sizes = list(axes.get("prompts") or ())
+    if len(sizes) < 2 or set(axes) - {"prompts", "group", "updates", "seed"} or len(axes.get("group") or [None]) > 1:
+        return None
+    try:
+        return plan(traces[0], PlanConfig(prompts=tuple(sizes), group=(axes.get("group") or [None])[0]),
+                    target=target).to_dict()
+    except RlsimError as e:
+        return {"error": str(e)}
+
+
+def _with_plan(row: dict, p: dict | None) -> dict:
+    """A sweep row with its size's expected regret and p_within_5pct from the plan (when there is one)."""
+    c = next((c for c in (p or {}).get("candidates", ()) if (c["prompts"], c["group"]) == (row.get("prompts"), row.get("group"))),
+             None)
+    return {**row, "expected_regret": c["expected_regret"], "p_within_5pct": c["p_within_5pct"]} if c else row
 
 
 class _nothing:

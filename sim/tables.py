@@ -15,7 +15,8 @@ from rlsim.replay.rho import regime_key
 from rlsim.replay.util import fmt
 
 TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
-                    ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""))
+                    ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""),
+                    ("expected_regret", "exp. regret", "%"))  # the last: only when the sweep has a plan
 RANGED = ("responses_per_s", "sigma", "rho", "time_to_target_ratio")  # the fields with `_lo` / `_hi` intervals
 SHORT_SPEC = {".3f": ".2f", ".1f": ".0f"}  # the terminal table's intervals, one digit shorter: it fits 80 columns
 REGIME_BAND = 0.05  # without intervals, configs whose T ratios lie within 5% are not told apart (regime's "flat" band)
@@ -231,3 +232,22 @@ def _ranking_table(rows, axes, *, top, labels, meta, drop):
         mark = "[bold yellow]![/]" if own(r, "warnings", meta) else ""
         t.add_row(f"{r.get('rank', '')}{mark}", *[fmt(r.get(a)) for a in swept], *cells)
     return t
+
+
+def plan_lines(meta: Mapping[str, Any]) -> list[str]:
+    """What `rlsim plan` says about the swept sizes (sweep metadata `plan`), as lines: the decision, or the next pilot
+    with its command; nothing when the sweep had no plan."""
+    p = meta.get("plan")
+    if not p:
+        return []
+    if "error" in p:
+        return [f"plan: not made ({p['error']})"]
+    if "decision" in p:
+        d = p["decision"]
+        what = "keep the reference" if d.get("keep_reference") else f"run P={d['prompts']}, G={d['group']}"
+        sure = "" if d["p_within_5pct"] >= 0.8 else " (not a confident decision: rlsim plan says why)"
+        return [f"plan: {what}: within 5 % of the best with probability {d['p_within_5pct']:.2f}, expected regret "
+                f"{d['expected_regret']:.1%}{sure}"]
+    x = p["pilots"][0]
+    return [f"plan: a pilot first, P={x['prompts']} ({x['steps']} updates) lowers the expected regret from "
+            f"{p['expected_regret']:.1%} to {x['expected_regret_after']:.1%}: {x['command']}"]

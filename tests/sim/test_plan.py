@@ -110,3 +110,26 @@ def test_cli_json_keys():
     assert all(math.isfinite(c["expected_regret"]) for c in d["candidates"])
     with pytest.raises(RlsimError):
         PlanConfig(prompts=(8,)).validate()
+
+
+def test_sweep_and_report_show_the_plan(tmp_path):
+    out = tmp_path / "sw"
+    r = runner.invoke(app, ["sweep", str(REF), "--batch", "16,32,64", "--target", "0.566", "--updates", "10", "--out",
+                            str(out), "--no-charts"], env={"COLUMNS": "160"})
+    assert r.exit_code == 0, r.output
+    assert "plan: " in r.output and "exp. regret" in r.output
+    meta = json.loads((out / "sweep.json").read_text())
+    assert ("decision" in meta["plan"]) != ("pilots" in meta["plan"])
+    from rlsim.results import read_results
+
+    rows, _ = read_results(out)
+    assert all(math.isfinite(x["expected_regret"]) for x in rows)
+    html_out = tmp_path / "r.html"
+    r = runner.invoke(app, ["report", "--trace", str(REF), "--sweep", str(out), "-o", str(html_out)])
+    assert r.exit_code == 0, r.output
+    page = html_out.read_text()
+    assert "plan: " in page and "expected regret" in page
+    # a grid over anything but the size has no plan
+    r = runner.invoke(app, ["sweep", str(REF), "--batch", "16,32", "--group", "4,8", "--updates", "5", "--out",
+                            str(tmp_path / "g"), "--no-charts"])
+    assert r.exit_code == 0 and "plan: " not in r.output
