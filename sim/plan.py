@@ -291,7 +291,11 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, rho_pre
     if P not in sizes or g != G:
         raise RlsimError(f"pilot {tr.name} is P={P}, G={g}, not one of the candidates (P in {sizes}, G={G}); "
                          "pass the candidates it was recorded for")
-    reached = samples_to_target(fit_learning_curve(tr), study.target)
+    curve = fit_learning_curve(tr)
+    if not len(curve.score):
+        raise RlsimError(f"pilot {tr.name} has no eval rows, so it cannot measure samples-to-target; record it with evals "
+                         "(rlrun record --eval-every N)")
+    reached = samples_to_target(curve, study.target)
     if reached.censored and not bounds_ok:
         raise RlsimError(f"pilot {tr.name} never reached the target {study.target:.4g} (trained {reached.n:.0f} responses): "
                          "run it longer (more --steps) so that it measures its samples-to-target")

@@ -133,3 +133,14 @@ def test_sweep_and_report_show_the_plan(tmp_path):
     r = runner.invoke(app, ["sweep", str(REF), "--batch", "16,32", "--group", "4,8", "--updates", "5", "--out",
                             str(tmp_path / "g"), "--no-charts"])
     assert r.exit_code == 0 and "plan: " not in r.output
+
+
+def test_a_pilot_without_evals_is_one_line(tmp_path):
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(STUDY / "grpo_p64_s0.parquet")
+    path = tmp_path / "noeval_p64.parquet"
+    pq.write_table(t.filter(pc.not_equal(t["kind"], "eval")).replace_schema_metadata(t.schema.metadata), path)
+    r = runner.invoke(app, ["plan", str(REF), "--batch", "16,64", "--target", "0.566", "-t", str(path)])
+    assert r.exit_code == 2 and "no eval rows" in r.output and len(r.output.strip().splitlines()) == 1, r.output
