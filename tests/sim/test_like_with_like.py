@@ -146,3 +146,11 @@ def test_prompts_is_the_same_option_as_batch():
     a = json.loads(runner.invoke(app, ["run", str(P128), "--prompts", "256", "--updates", "5", "--json"]).output)
     b = json.loads(runner.invoke(app, ["run", "--trace", str(P128), "--batch", "256", "--updates", "5", "--json"]).output)
     assert a["prompts"] == b["prompts"] == 256 and a["responses_per_s"] == b["responses_per_s"]
+
+
+def test_gpus_alone_scales_a_device_without_a_profile(study):
+    # an H20 has no datasheet profile: more of the same device needs only the count
+    h20 = replace(study, hardware={"device": "cuda", "device_name": "NVIDIA H20", "device_count": 8})
+    out = evaluate(h20, WhatIf(prompts=256, gpus=16, updates=5))
+    assert any("--gpus 16 without --device" in n and "NVIDIA H20" in n for n in out.notes)
+    assert out.hardware == "16 x NVIDIA H20" and out.hardware_gain > 1
