@@ -11,26 +11,40 @@ for older traces (`rlsim run --calibration FILE`). Here (`calibrate`, called at 
 - engine step: fitted on calibration + run rows, each concurrency level (half-octave bins of
   num_running) given the same total weight (weights 1 / (sqrt(rows) x median seconds) of its level, so the
   squared relative errors of the levels count alike; a level of fewer than 8 rows counts rows/8), by
-  non-negative least squares. Two forms:
+  non-negative least squares. Three forms, all `EngineStepCost` (replay/cost.py: `design`, `from_design`):
       linear  t = c_step + c_seq n + c_ctx ctx + c_prefill prefill
       knee    t = c_step + s1 min(n, k) + s2 max(0, n - k) + c_ctx ctx + c_prefill prefill   (s1, s2 >= 0)
-  i.e. piecewise linear in n with a fitted knee k (convex: a roofline max(memory-bound, compute-bound);
-  concave: per-step overheads that saturate); `GenStepModel` holds it as c_seq = s1, c_knee = s2 - s1
-  (replay/cost.py: `EngineStepCost.design` and `from_design`). A round's cost stays a closed form of
-  summed features: sum over steps of max(0, n - k) is the one added feature (`StepSums.hinge`). The form is chosen by leave-one-level-out cross-validation
-  (each level's summed seconds predicted from the other levels), not by in-sample R2: the knee form only
-  when it cuts the CV error by at least KNEE_GAIN. The calibration is put on the run's clock first: its
-  rows are scaled by the run's step times at the run's own concurrency over what the calibration alone
-  predicts there (`anchor_gen`; a shared machine may run at another speed during the calibration, and a
-  `rlrun calibrate` file comes from another time); the training line likewise by the run's forward +
-  backward seconds. Last, the fitted times are scaled so that they sum to the run's own engine time over its
-  steps (`run_level`): the calibration sets the shape, the run its level, in total rather than at one level.
-- training: the forward + backward seconds of the calibration's token levels give the per-token slope
-  (a line through the level medians, relative errors); the per-update fixed cost (optimizer step and the
-  rest) is the robust location of (measured update seconds - slope x tokens) over the run's updates.
-  Cross-validated by leaving one token level out.
-- replicates: a bootstrap over concurrency levels (calibrated) or RL steps (run rows only) and over token
-  levels or updates: REPLICATES refits of both models. The simulator turns each into a responses/s
+      interp  t = f(n) + c_ctx ctx + c_prefill prefill,  f(n) = c_step + sum_j s_j ramp_j(n)       (s_j >= 0)
+  The knee form is piecewise linear in n with a fitted knee k (convex: a roofline max(memory-bound,
+  compute-bound); concave: per-step overheads that saturate). The interpolated form is the measured profile,
+  as profile-based simulators (Vidur) use it: f is non-decreasing and piecewise linear with a knot at the
+  centre of every level that holds a calibration rung (KNOT_CAL_ROWS; the run's own levels lie between
+  knots), segment j's slope s_j, the first segment's line continued below the lowest knot and the last one's
+  beyond the highest (the parametric form beyond the ladder's ends), fitted jointly with c_ctx and c_prefill.
+  A ramp is a difference of two hinges, so every form is c_step + c_seq n + sum_j d_j max(0, n - k_j) + ...:
+  a round's cost stays a closed form of summed features and the histogram of n (`StepSums.hinges`).
+  The form, by leave-one-level-out cross-validation (each level's summed seconds predicted from the other
+  levels): linear or knee, the knee form only when it cuts the CV error by at least KNEE_GAIN; interpolated
+  (when calibration rungs cover INTERP_LEVELS levels or more) unless that parametric form predicts held-out
+  levels better, which a ladder too noisy between neighbouring levels makes it do. Every form's
+  CV error is reported; for the interpolated form a held-out level loses its knot, so it is predicted by
+  interpolation between its neighbours (or along the end segment beyond them). The calibration is put on
+  the run's clock first: its rows are scaled by the run's step times at the run's own concurrency over what
+  the calibration alone predicts there (`anchor_gen`; a shared machine may run at another speed during the
+  calibration, and a `rlrun calibrate` file comes from another time); the training curve likewise by the
+  run's forward + backward seconds. Last, the fitted times (not the knees) are scaled so that they sum to the
+  run's own engine time over its steps (`run_level`): the calibration sets the shape, the run its level, in
+  total rather than at one level.
+- training: the forward + backward seconds of the calibration's token levels, interpolated linearly in
+  tokens between the level medians (made non-decreasing by isotonic regression first; linear in tokens
+  rather than in log-log, which missed the shipped traces' held-out middle levels by 14-47 % against 8-19 %),
+  along the line through the two end levels beyond either end (not below 0 at 0 tokens); the per-update fixed
+  cost (optimizer step and the rest) is the robust location of (measured update seconds - forward + backward
+  at their tokens) over the run's updates (`PiecewiseLinear`, replay/robust.py). Cross-validated by leaving
+  one token level out.
+- replicates: Bayesian-bootstrap refits over concurrency levels and rows (calibrated: no level dropped, so
+  the interpolated form keeps its knots) or RL steps (run rows only), and over the passes of each token
+  level and the updates: REPLICATES refits of both models. The simulator turns each into a responses/s
   (`EngineStepCost.totals` of its summed features); the interval is the point estimate times the 5 %-95 %
   quantiles of replicate / median replicate.
 
@@ -52,22 +66,31 @@ from scipy.optimize import nnls
 from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import Trace
+from rlsim.replay.learning import isotonic
 from rlsim.replay.models import INTERVAL, FittedModels, GenStepModel, LevelError, Replicates, Validation
-from rlsim.replay.robust import AffineModel, FitQuality, fit_affine, robust_location
+from rlsim.replay.robust import (AffineModel, FitQuality, PiecewiseLinear, fit_affine, fit_quality, hinge_predict,
+                                 robust_location)
 from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN, GEN_STEP
 
-KNEE_GRID = 12          # knee candidates, geometric between the second-lowest and second-highest level
+KNEE_GRID = 12          # knee candidates, geometric between the second-lowest and second-highest level, at least (and
+                        # two per level, so that the grid is finer than a dense ladder's levels)
 KNEE_GAIN = 0.8         # the knee form is used when its CV error is below this fraction of the linear form's
 REPLICATES = 64         # bootstrap refits for the intervals
 TRIM_SIGMAS = 5.0       # rows further than this many robust sigmas from their level's median are dropped
 TRIM_MIN = 0.15         # ... but never closer than this relative distance
 LEVEL_FULL_ROWS = 8     # a level with fewer rows gets rows/8 of the full weight (fit and CV summary): a step or two
                         # of a run's tail cannot count as much as a calibration rung
+KNOT_CAL_ROWS = 3       # a level gets a knot of the interpolated form when it holds at least this many calibration rows
+                        # (a rung: a concurrency measured on purpose, at the calibration's short contexts); the run's
+                        # own levels (the tails of its rounds, longer contexts, its own clock) lie on the segments
+                        # between knots and set the level (anchor_gen, run_level) instead of bending the curve
+INTERP_LEVELS = 4       # the interpolated form is used when calibration rungs cover at least this many levels
 NO_CALIBRATION = ("{name} has no calibration rows: the engine-step model is fitted on the run's own concurrency "
                   "({lo}..{hi} sequences) and extrapolates beyond it; record with `rlrun record` (calibrates by "
                   "default) or run `rlrun calibrate --out calib.parquet` with the same model on this device and pass "
                   "--calibration calib.parquet")
 GEN_COLUMNS = ("duration", "num_running", "context_tokens", "prefill_tokens")
+FORMS = ("linear", "knee", "interp")
 
 
 def level_key(n) -> np.ndarray:
@@ -88,10 +111,12 @@ def _nnls_gram(G: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 class _GenProblem:
-    """Weighted NNLS of engine-step seconds on features, by groups of rows (sufficient statistics), so that
-    refits on subsets of levels (CV) and resamples (bootstrap) cost a few small matrix operations."""
+    """Weighted NNLS of engine-step seconds on features, with a weight per group of rows (a level and a cluster),
+    so that refits on subsets of levels (CV) and resamples (bootstrap) reuse one weighted design matrix per set of
+    knees (a variant: none, one knee of the grid, the interpolated form's knots with or without a held-out
+    level's), made on first use and kept."""
 
-    def __init__(self, n, ctx, pre, y, w, level, cluster, knees: Sequence[float], fixed_c0: float | None = None,
+    def __init__(self, n, ctx, pre, y, w, level, cluster, knees: Sequence[float] = (), fixed_c0: float | None = None,
                  cal: np.ndarray | None = None, anchor: np.ndarray | None = None):
         self.level_ids, lev = np.unique(level, return_inverse=True)
         self.cluster_ids, clu = np.unique(cluster, return_inverse=True)
@@ -100,96 +125,112 @@ class _GenProblem:
         self.grp_cluster = grp_keys % (len(self.cluster_ids) + 1)
         ng = len(grp_keys)
         self.fixed_c0 = fixed_c0
-        yy = y - (fixed_c0 or 0.0)
-        self.variants: list[float | None] = [None] + list(knees)
-        self.G, self.g, self.S = [], [], []
+        self.knee_grid = [float(k) for k in knees]
+        self._grp, self._n, self._ctx, self._pre, self._w = grp, n, ctx, pre, w
+        self._yw = (y - (fixed_c0 or 0.0)) * w
+        self._designs: dict[tuple[float, ...], np.ndarray] = {}
+        self._hinge_sums: dict[float, np.ndarray] = {}
         self.Y = np.bincount(grp, weights=y, minlength=ng)
-        self.count = np.bincount(grp, minlength=ng).astype(float)
-        self.yy = np.bincount(grp, weights=(yy * w) ** 2, minlength=ng)
-        self.level_center = np.array([np.median(n[lev == i]) for i in range(len(self.level_ids))])
-        self.level_rows = np.bincount(lev, minlength=len(self.level_ids))
+        # summed base features [steps, n, context, prefill] per group (predictions of any form add hinge sums)
+        self.S = np.column_stack([np.bincount(grp, weights=v, minlength=ng) for v in (np.ones_like(n), n, ctx, pre)])
+        n_lev = len(self.level_ids)
+        self.level_center = np.array([np.median(n[lev == i]) for i in range(n_lev)])
+        self.level_rows = np.bincount(lev, minlength=n_lev)
         self.level_weight = np.minimum(self.level_rows, LEVEL_FULL_ROWS) / LEVEL_FULL_ROWS
+        cal_rows = np.bincount(lev, weights=np.asarray(cal, float), minlength=n_lev) if cal is not None else np.zeros(n_lev)
+        self.knot_level = cal_rows >= KNOT_CAL_ROWS  # the interpolated form's knots (KNOT_CAL_ROWS)
         # groups of calibration rows (their seconds scale with the anchor) and of the run rows that anchor them
         self.grp_cal = np.bincount(grp, weights=np.asarray(cal, float), minlength=ng) > 0 if cal is not None else np.zeros(ng, bool)
         self.grp_anchor = (np.bincount(grp, weights=np.asarray(anchor, float), minlength=ng) > 0 if anchor is not None
                            else np.zeros(ng, bool))
-        for k in self.variants:
-            X = EngineStepCost.design(n, ctx, pre, k)
-            if fixed_c0 is not None:
-                X = X[:, 1:]
-            Xw = X * w[:, None]
-            G = np.zeros((ng, X.shape[1], X.shape[1]))
-            np.add.at(G, grp, Xw[:, :, None] * Xw[:, None, :])
-            g = np.zeros((ng, X.shape[1]))
-            np.add.at(g, grp, Xw * (yy * w)[:, None])
-            S = np.zeros((ng, X.shape[1]))
-            np.add.at(S, grp, X)
-            self.G.append(G)
-            self.g.append(g)
-            self.S.append(S)
+
+    def _design(self, knees: tuple[float, ...]) -> np.ndarray:
+        """The row-weighted design with these knees (c_step's column left out under the prior)."""
+        if knees not in self._designs:
+            X = EngineStepCost.design(self._n, self._ctx, self._pre, knees)
+            self._designs[knees] = (X[:, 1:] if self.fixed_c0 is not None else X) * self._w[:, None]
+        return self._designs[knees]
 
     def _knee_ok(self, k: float, m_level: np.ndarray) -> bool:
         """Two or more levels with data on each side of the knee."""
         c = self.level_center[m_level > 0]
         return int(np.sum(c < k)) >= 2 and int(np.sum(c > k)) >= 2
 
-    def fit(self, m_grp: np.ndarray, form: str, cal_factor: float = 1.0) -> tuple[np.ndarray, float | None]:
-        """Coefficients (c6) of `form` on groups weighted by m_grp, the calibration rows' seconds times
-        `cal_factor`; the knee chosen by least weighted SS."""
+    def knots(self, m_level: np.ndarray | None = None) -> np.ndarray:
+        """Centres of the knot levels with data under level weights m_level (default: all): the interpolated form's
+        knots, the first and last of which only end the first and last segments."""
+        present = self.knot_level if m_level is None else self.knot_level & (m_level > 0)
+        return np.sort(self.level_center[present])
+
+    def _candidates(self, form: str, m_level: np.ndarray) -> list[tuple[float, ...]]:
+        """The knee sets `form` may use with data on these levels (`design`'s knees)."""
+        if form == "linear":
+            return [()]
+        if form == "knee":
+            return [(k,) for k in self.knee_grid if self._knee_ok(k, m_level)]
+        if form == "interp":
+            c = self.knots(m_level)
+            return [tuple(float(v) for v in c[1:-1])] if len(c) >= 2 else []
+        raise ValueError(f"unknown engine-step form {form!r} (one of {', '.join(FORMS)})")
+
+    def fit(self, m_grp: np.ndarray, form: str, cal_factor: float = 1.0) -> np.ndarray | None:
+        """Coefficients (replay.cost array layout) of `form` on groups weighted by m_grp, the calibration rows'
+        seconds times `cal_factor`; of several knee sets, the one of least weighted SS (None: none applies)."""
         m_level = np.bincount(self.grp_level, weights=m_grp, minlength=len(self.level_ids))
-        f = np.where(self.grp_cal, cal_factor, 1.0)
-        best, best_ss, best_k = None, math.inf, None
-        for v, k in enumerate(self.variants):
-            if (form == "linear") != (k is None):
-                continue
-            if k is not None and not self._knee_ok(k, m_level):
-                continue
-            G = np.tensordot(m_grp, self.G[v], 1)
-            g = np.tensordot(m_grp * f, self.g[v], 1)
+        m = m_grp[self._grp]
+        yw = np.where(self.grp_cal, cal_factor, 1.0)[self._grp] * self._yw
+        best, best_ss, best_k = None, math.inf, ()
+        for knees in self._candidates(form, m_level):
+            Xw = self._design(knees)
+            G = Xw.T @ (Xw * m[:, None])
+            g = Xw.T @ (m * yw)
             x = _nnls_gram(G, g)
-            ss = float((m_grp * f * f) @ self.yy - 2 * x @ g + x @ G @ x)
+            ss = float(m @ yw ** 2 - 2 * x @ g + x @ G @ x)
             if ss < best_ss:
-                best, best_ss, best_k = x, ss, k
+                best, best_ss, best_k = x, ss, knees
         if best is None:
-            return None, None
+            return None
         if self.fixed_c0 is not None:
             best = np.concatenate([[self.fixed_c0], best])
-        return EngineStepCost.from_design(best, best_k).array, best_k
+        return EngineStepCost.from_design(best, best_k).array
 
-    def predict_groups(self, c6: np.ndarray) -> np.ndarray:
-        """Predicted summed seconds of every group under c6 (any form): its design sums times its design coefficients."""
-        cost = EngineStepCost.from_array(c6)
-        x = cost.design_coef()
-        if not cost.c_knee:
-            S = self.S[0]
-        else:  # the knee always comes from the grid (`fit`)
-            S = self.S[next(i for i, kk in enumerate(self.variants) if kk is not None and kk == cost.knee)]
-        if self.fixed_c0 is not None:
-            return S @ x[1:] + c6[0] * self.count
-        return S @ x
+    def predict_groups(self, coefs: np.ndarray) -> np.ndarray:
+        """Predicted summed seconds of every group under `coefs` (any form): summed features times coefficients."""
+        c = np.asarray(coefs, float)
+        t = self.S @ c[:4]
+        for d, k in zip(c[4::2], c[5::2]):
+            if d:
+                if k not in self._hinge_sums:
+                    self._hinge_sums[k] = np.bincount(self._grp, weights=np.maximum(self._n - k, 0.0), minlength=len(self.Y))
+                t = t + d * self._hinge_sums[k]
+        return t
 
     def cross_validate(self, form: str) -> tuple[float, float, tuple[LevelError, ...]]:
-        """Leave one level out: (RMS, max |error|, per level) of its summed seconds predicted from the rest; the RMS
-        weighs levels of fewer than LEVEL_FULL_ROWS rows less (as the fit does), the max is over full levels."""
+        """Leave one level out: (RMS, max |error|, per level) of its summed seconds predicted from the rest (for the
+        interpolated form without the level's knot: between its neighbours, or along the end segment beyond them);
+        the RMS weighs levels of fewer than LEVEL_FULL_ROWS rows less (as the fit does), the max is over full levels."""
         errs = []
         for li in range(len(self.level_ids)):
             m = (self.grp_level != li).astype(float)
-            c6, _ = self.fit(m, form)
-            if c6 is None:
+            coefs = self.fit(m, form)
+            if coefs is None:
                 return math.nan, math.nan, ()
-            pred = self.predict_groups(c6)
+            pred = self.predict_groups(coefs)
             sel = self.grp_level == li
             meas = float(self.Y[sel].sum())
             errs.append(LevelError(float(self.level_center[li]), int(self.level_rows[li]),
                                    float(pred[sel].sum() / meas - 1) if meas > 0 else math.nan))
-        e = np.array([x.rel_err for x in errs])
-        lw = self.level_weight
-        ok = np.isfinite(e)
-        if not ok.any():
-            return math.nan, math.nan, tuple(errs)
-        full = ok & (self.level_rows >= LEVEL_FULL_ROWS)
-        worst = float(np.max(np.abs(e[full if full.any() else ok])))
-        return float(np.sqrt(np.sum(lw[ok] * e[ok] ** 2) / np.sum(lw[ok]))), worst, tuple(errs)
+        return (*_cv_summary(np.array([x.rel_err for x in errs]), self.level_weight, self.level_rows), tuple(errs))
+
+
+def _cv_summary(e: np.ndarray, weight: np.ndarray, rows: np.ndarray) -> tuple[float, float]:
+    """(weighted RMS, max |error| over full levels, else over all) of held-out relative errors."""
+    ok = np.isfinite(e)
+    if not ok.any():
+        return math.nan, math.nan
+    full = ok & (rows >= LEVEL_FULL_ROWS)
+    worst = float(np.max(np.abs(e[full if full.any() else ok])))
+    return float(np.sqrt(np.sum(weight[ok] * e[ok] ** 2) / np.sum(weight[ok]))), worst
 
 
 def _weighted_median(v: np.ndarray, w: np.ndarray) -> float:
@@ -213,23 +254,24 @@ def _trim(y: np.ndarray, level: np.ndarray, prefill: np.ndarray) -> np.ndarray:
     return keep
 
 
-def knee_grid(centers: np.ndarray, k: int = KNEE_GRID) -> list[float]:
-    """Knee candidates: geometric between the second-lowest and second-highest level centre (>= 4 levels)."""
+def knee_grid(centers: np.ndarray, k: int | None = None) -> list[float]:
+    """Knee candidates: k (default: KNEE_GRID, or two per level if more) geometric between the second-lowest and
+    second-highest level centre (>= 4 levels)."""
     c = np.unique(np.asarray(centers, float))
     if len(c) < 4:
         return []
     lo, hi = c[1], c[-2]
     if hi <= lo:
         return []
-    return [float(v) for v in np.unique(np.round(np.geomspace(lo, hi, k), 3))]
+    return [float(v) for v in np.unique(np.round(np.geomspace(lo, hi, k or max(KNEE_GRID, 2 * len(c))), 3))]
 
 
 @dataclass(frozen=True, eq=False)
 class GenFit:
     """The engine-step fit of `fit_gen_calibrated`."""
 
-    coef: np.ndarray = field(metadata={"help": "(6,) coefficients of the form used (replay.cost.COEFS order)"})
-    form: str = field(metadata={"help": "linear | knee"})
+    coef: np.ndarray = field(metadata={"help": "(4 + 2K,) coefficients of the form used (replay.cost array layout)"})
+    form: str = field(metadata={"help": "linear | knee | interp"})
     problem: _GenProblem = field(metadata={"help": "the weighted NNLS by groups of rows (refits for CV and the bootstrap)"})
     cv: dict[str, tuple[float, float, tuple[LevelError, ...]]] = field(metadata={
         "help": "form -> leave-one-level-out (RMS, max |error|, per level)"})
@@ -239,75 +281,110 @@ class GenFit:
     concurrency_range: tuple[int, int] = field(metadata={"help": "min and max num_running of the rows used"})
     notes: tuple[str, ...] = field(metadata={"help": "the form chosen and why"})
 
+    @property
+    def knots(self) -> int:
+        """Measured levels the interpolated form has knots at (0 for the other forms)."""
+        return len(self.problem.knots()) if self.form == "interp" else 0
 
-def fit_gen_calibrated(rows: dict[str, np.ndarray], *, forms: Sequence[str] = ("linear", "knee"),
+
+def fit_gen_calibrated(rows: dict[str, np.ndarray], *, forms: Sequence[str] = FORMS,
                        knees: Sequence[float] | None = None, cal: np.ndarray | None = None,
                        anchor: np.ndarray | None = None) -> GenFit:
-    """Fit the engine-step model on rows (duration, num_running, context_tokens, prefill_tokens), every
-    level weighted alike; choose the form by leave-one-level-out CV. `knees`: candidates (default: grid)."""
-    y = np.asarray(rows["duration"], float)
-    n = np.asarray(rows["num_running"], float)
-    ctx = np.asarray(rows["context_tokens"], float)
-    pre = np.asarray(rows["prefill_tokens"], float)
+    """Fit the engine-step model on rows (duration, num_running, context_tokens, prefill_tokens), every level
+    weighted alike. `cal` (bool per row): the calibration rows (None: all rows are); `anchor`: the run rows that
+    anchor them (bootstrap). The interpolated form when calibration rungs cover INTERP_LEVELS levels, else linear
+    or knee by leave-one-level-out CV; every form's CV is kept. `knees`: knee candidates (default: grid)."""
+    y, n, ctx, pre = (np.asarray(rows[k], float) for k in GEN_COLUMNS)
     ok = np.isfinite(y) & (y > 0) & (n > 0) & np.isfinite(ctx) & np.isfinite(pre)
     lev = level_key(n)
     ok &= _trim(np.where(ok, y, 1.0), lev, pre)
     dropped = int((~ok).sum())
     y, n, ctx, pre, lev = y[ok], n[ok], ctx[ok], pre[ok], lev[ok]
-    cal = np.asarray(cal, bool)[ok] if cal is not None else None
+    cal = np.asarray(cal, bool)[ok] if cal is not None else np.ones(len(y), bool)
     anchor = np.asarray(anchor, bool)[ok] if anchor is not None else None
     if len(np.unique(lev)) < 3:
         raise RlsimError(f"calibration covers {len(np.unique(lev))} concurrency levels; at least 3 are needed "
                          "(re-run `rlrun calibrate`)")
-    ul, inv = np.unique(lev, return_inverse=True)
-    cnt = np.bincount(inv)
-    med = np.array([np.median(y[inv == i]) for i in range(len(ul))])
-    lw = np.minimum(cnt, LEVEL_FULL_ROWS) / LEVEL_FULL_ROWS
-    w = np.sqrt(lw[inv]) / (np.sqrt(cnt[inv]) * med[inv])
-    centers = np.array([np.median(n[inv == i]) for i in range(len(ul))])
-    grid = list(knees) if knees is not None else knee_grid(centers)
-    if "knee" not in forms:
-        grid = []
+    w, centers = _level_weights(y, n, lev)
+    grid = (list(knees) if knees is not None else knee_grid(centers)) if "knee" in forms else []
     prob = _GenProblem(n, ctx, pre, y, w, lev, np.arange(len(y)), grid, cal=cal, anchor=anchor)  # clusters: rows
     cv = {"linear": prob.cross_validate("linear")}
     if grid:
         cv["knee"] = prob.cross_validate("knee")
-    notes = []
-    form = "linear"
-    lin, kn = cv["linear"][0], cv.get("knee", (math.nan,))[0]
-    if math.isfinite(kn) and (not math.isfinite(lin) or kn < KNEE_GAIN * lin):
-        form = "knee"
-    m_all = np.ones(len(prob.grp_level))
-    coef, k = prob.fit(m_all, form)
-    if form == "knee":  # refine the knee between the grid's neighbours of the one chosen
-        i = grid.index(k)
-        lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
-        best_ss = math.inf
-        for kk in np.geomspace(lo, hi, 25):
-            if not prob._knee_ok(kk, np.ones(len(prob.level_ids))):
-                continue
-            Xw = EngineStepCost.design(n, ctx, pre, kk) * w[:, None]
-            x = _nnls_gram(Xw.T @ Xw, Xw.T @ (y * w))
-            ss = float(np.sum((Xw @ x - y * w) ** 2))
-            if ss < best_ss:
-                best_ss, coef, k = ss, EngineStepCost.from_design(x, float(kk)).array, float(kk)
+    if "interp" in forms and int(prob.knot_level.sum()) >= INTERP_LEVELS:
+        cv["interp"] = prob.cross_validate("interp")
+    form = "interp" if set(forms) == {"interp"} and "interp" in cv else _choose_form(cv)
+    coef = prob.fit(np.ones(len(prob.grp_level)), form)
     if form == "knee":
-        notes.append(f"the engine-step time is not one line in concurrency: the linear form misses held-out levels by "
-                     f"{100 * lin:.1f}% (RMS), a knee at {k:.0f} running by {100 * kn:.1f}%; the knee form is used")
-    elif math.isfinite(kn):
-        notes.append(f"linear engine-step form kept: held-out levels {100 * lin:.1f}% (RMS) vs {100 * kn:.1f}% with a knee")
+        coef = _refine_knee(coef, grid, prob, (n, ctx, pre, y, w))
     pred = EngineStepCost.from_array(coef).step(n, ctx, pre)
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     r2 = 1 - float(np.sum((y - pred) ** 2)) / ss_tot if ss_tot > 0 else math.nan
     return GenFit(coef=coef, form=form, problem=prob, cv=cv, r2=r2, rows=len(y), dropped=dropped,
-                  concurrency_range=(int(n.min()), int(n.max())), notes=tuple(notes))
+                  concurrency_range=(int(n.min()), int(n.max())), notes=_form_note(form, cv, prob, coef))
+
+
+def _level_weights(y: np.ndarray, n: np.ndarray, lev: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row weights 1 / (sqrt(rows) x median seconds) of its level, times sqrt(rows / LEVEL_FULL_ROWS) up to 1:
+    each full level counts alike in squared relative error; level centres)."""
+    ul, inv = np.unique(lev, return_inverse=True)
+    cnt = np.bincount(inv)
+    med = np.array([np.median(y[inv == i]) for i in range(len(ul))])
+    lw = np.minimum(cnt, LEVEL_FULL_ROWS) / LEVEL_FULL_ROWS
+    return np.sqrt(lw[inv]) / (np.sqrt(cnt[inv]) * med[inv]), np.array([np.median(n[inv == i]) for i in range(len(ul))])
+
+
+def _choose_form(cv: dict[str, tuple]) -> str:
+    """By held-out error: the knee form when its CV error is below KNEE_GAIN x the linear form's, else linear; the
+    interpolated form (a calibration ladder exists) when its CV error is at most that parametric form's, so the
+    measured curve is used between its levels unless the ladder is too noisy for it to predict a held-out level."""
+    lin, kn = cv["linear"][0], cv.get("knee", (math.nan,))[0]
+    best = "knee" if math.isfinite(kn) and (not math.isfinite(lin) or kn < KNEE_GAIN * lin) else "linear"
+    it = cv.get("interp", (math.nan,))[0]
+    return "interp" if math.isfinite(it) and not (cv[best][0] < it) else best
+
+
+def _form_note(form: str, cv: dict[str, tuple], prob: _GenProblem, coef: np.ndarray) -> tuple[str, ...]:
+    """What the form is and the held-out errors of the forms it was chosen among."""
+    pct = lambda v: f"{100 * v:.1f}%" if math.isfinite(v) else "n/a"  # noqa: E731
+    lin, kn = cv["linear"][0], cv.get("knee", (math.nan,))[0]
+    if form == "interp":
+        return (f"engine-step time interpolated over {len(prob.knots())} measured concurrency levels (non-decreasing, "
+                f"piecewise linear; straight beyond the end levels): held-out levels {pct(cv['interp'][0])} (RMS) vs "
+                f"{pct(lin)} linear and {pct(kn)} with one knee",)
+    it = cv.get("interp", (math.nan,))[0]
+    beside = f" and {pct(it)} interpolated over the measured levels" if math.isfinite(it) else ""
+    if form == "knee":
+        return ("the engine-step time is not one line in concurrency: the linear form misses held-out levels by "
+                f"{pct(lin)} (RMS), a knee at {coef[5]:.0f} running by {pct(kn)}{beside}; the knee form is used",)
+    if not math.isfinite(kn):
+        return ()
+    return (f"linear engine-step form kept: held-out levels {pct(lin)} (RMS) vs {pct(kn)} with a knee{beside}",)
+
+
+def _refine_knee(coef: np.ndarray, grid: list[float], prob: _GenProblem, rows: tuple[np.ndarray, ...]) -> np.ndarray:
+    """The knee form refitted with its knee searched between the grid's neighbours of the one chosen."""
+    n, ctx, pre, y, w = rows
+    i = grid.index(float(coef[5]))
+    lo, hi = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
+    best_ss = math.inf
+    for kk in np.geomspace(lo, hi, 25):
+        if not prob._knee_ok(kk, np.ones(len(prob.level_ids))):
+            continue
+        Xw = EngineStepCost.design(n, ctx, pre, (kk,)) * w[:, None]
+        x = _nnls_gram(Xw.T @ Xw, Xw.T @ (y * w))
+        ss = float(np.sum((Xw @ x - y * w) ** 2))
+        if ss < best_ss:
+            best_ss, coef = ss, EngineStepCost.from_design(x, (float(kk),)).array
+    return coef
 
 
 def bootstrap_gen(prob: _GenProblem, form: str, reps: int, rng: np.random.Generator, by: str = "level") -> np.ndarray:
-    """(reps, 6) coefficient sets refitted under Bayesian-bootstrap weights (independent Exp(1) draws, i.e.
-    Dirichlet weights: no level is dropped whole, which would make the knee form swing): `by`="level", a
-    weight per concurrency level times a weight per cluster (row) within it (two stages: which levels
-    there are, and the noise within each); "cluster", a weight per cluster (an RL step of a run)."""
+    """(reps, 4 + 2K) coefficient sets refitted under Bayesian-bootstrap weights (independent Exp(1) draws, i.e.
+    Dirichlet weights: no level is dropped whole, which would make the knee form swing and would take a knot
+    out of the interpolated form): `by`="level", a weight per concurrency level times a weight per cluster (row)
+    within it (two stages: which levels there are, and the noise within each); "cluster", a weight per cluster
+    (an RL step of a run)."""
     n_lev = len(prob.level_ids)
     n_clu = len(prob.cluster_ids)
     out = []
@@ -320,7 +397,7 @@ def bootstrap_gen(prob: _GenProblem, form: str, reps: int, rng: np.random.Genera
         f = 1.0
         if prob.grp_cal.any() and prob.grp_anchor.sum() >= 5:
             # the anchor re-estimated under the same weights: the calibration alone, against the run's anchor rows
-            cc, _ = prob.fit(m * prob.grp_cal, form)
+            cc = prob.fit(m * prob.grp_cal, form)
             if cc is None:
                 continue
             pred = prob.predict_groups(cc)[prob.grp_anchor]
@@ -328,63 +405,65 @@ def bootstrap_gen(prob: _GenProblem, form: str, reps: int, rng: np.random.Genera
             f = float(np.exp(_weighted_median(lr, m[prob.grp_anchor])))
         if len(np.unique(prob.grp_level[m > 0])) < (4 if form == "knee" else 2):
             continue
-        c6, _ = prob.fit(m, form, cal_factor=f)
-        if c6 is not None:
-            out.append(c6)
-    return np.array(out) if out else np.zeros((0, 6))
+        c = prob.fit(m, form, cal_factor=f)
+        if c is not None:
+            out.append(c)
+    return np.array(out) if out else np.zeros((0, 4))
 
 
 # --------------------------------------------------------------------------------------------- training fit
-def _line_through(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """(a, b) >= 0 of y = a + b x by least squares on relative errors."""
-    w = 1.0 / np.maximum(y, 1e-12)
-    A = np.column_stack([np.ones_like(x), x]) * w[:, None]
-    return nnls(A, y * w)[0]
+def _token_levels(tok: np.ndarray, dur: np.ndarray, level: np.ndarray):
+    """(median tokens ascending, median seconds, passes, each pass's index into them) of the token levels; levels
+    of equal median tokens are one level."""
+    ul, inv = np.unique(level, return_inverse=True)
+    x, idx = np.unique([np.median(tok[inv == i]) for i in range(len(ul))], return_inverse=True)
+    row = idx[inv]
+    y = np.array([np.median(dur[row == i]) for i in range(len(x))])
+    return x, y, np.bincount(row, minlength=len(x)), row
 
 
-def _level_medians(tok: np.ndarray, dur: np.ndarray, level: np.ndarray):
-    ul = np.unique(level)
-    x = np.array([np.median(tok[level == k]) for k in ul])
-    y = np.array([np.median(dur[level == k]) for k in ul])
-    n = np.array([int(np.sum(level == k)) for k in ul])
-    return x, y, n
+def _fb_coefs(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Coefficients (`PiecewiseLinear.array`) of the non-decreasing interpolation through level medians: isotonic
+    first (a level measured slower than the next larger one is noise: forward + backward does not get faster
+    with more tokens)."""
+    return PiecewiseLinear.coefs(x, isotonic(y))
 
 
 @dataclass(frozen=True)
 class TrainFit:
-    """The forward + backward line of `fit_train_calibrated`."""
+    """Forward + backward seconds vs tokens of `fit_train_calibrated`: interpolated through the token levels."""
 
-    intercept_calib: float = field(metadata={"help": "seconds at 0 tokens (the calibration's passes: no optimizer step)"})
-    slope: float = field(metadata={"help": "seconds per token"})
+    curve: PiecewiseLinear = field(metadata={"help": "forward + backward seconds (no optimizer step) vs tokens"})
     cv: float = field(metadata={"help": "RMS relative error of held-out token levels"})
     cv_max: float = field(metadata={"help": "largest |relative error| of a held-out token level"})
     levels: tuple[LevelError, ...] = field(metadata={"help": "held-out errors per token level"})
-    r2: float = field(metadata={"help": "R2 of the line through the level medians"})
+    r2: float = field(metadata={"help": "R2 of the curve on the calibration passes"})
     rows: int = field(metadata={"help": "calibration passes used"})
 
 
 def fit_train_calibrated(tok, dur, level) -> TrainFit:
-    """Forward + backward seconds vs tokens over the calibration's token levels (line through level
-    medians, relative errors), with leave-one-level-out errors."""
+    """Forward + backward seconds vs tokens over the calibration's token levels: linear in tokens between the
+    level medians (made non-decreasing), along the line through the two end levels beyond either end; with
+    leave-one-level-out errors (a held-out level predicted from the others: between its neighbours, or beyond
+    the remaining ends)."""
     tok, dur, level = (np.asarray(a, float) for a in (tok, dur, level))
     ok = np.isfinite(tok) & np.isfinite(dur) & (tok > 0) & (dur > 0)
     tok, dur, level = tok[ok], dur[ok], level[ok]
-    x, y, n = _level_medians(tok, dur, level)
+    x, y, n, _ = _token_levels(tok, dur, level)
     if len(x) < 2:
         raise RlsimError(f"calibration has {len(x)} training token levels; at least 2 are needed (re-run `rlrun calibrate`)")
-    a, b = _line_through(x, y)
     errs = []
     if len(x) >= 3:
         for i in range(len(x)):
             m = np.arange(len(x)) != i
-            aa, bb = _line_through(x[m], y[m])
-            errs.append(LevelError(float(x[i]), int(n[i]), float((aa + bb * x[i]) / y[i] - 1)))
+            errs.append(LevelError(float(x[i]), int(n[i]), float(hinge_predict(_fb_coefs(x[m], y[m]), x[i]) / y[i] - 1)))
     e = np.array([v.rel_err for v in errs])
-    pred = a + b * x
-    ss_tot = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1 - float(np.sum((y - pred) ** 2)) / ss_tot if ss_tot > 0 else math.nan
-    return TrainFit(float(a), float(b), float(np.sqrt(np.mean(e**2))) if len(e) else math.nan,
-                    float(np.max(np.abs(e))) if len(e) else math.nan, tuple(errs), r2, int(len(tok)))
+    knots, values = tuple(float(v) for v in x), tuple(float(v) for v in isotonic(y))
+    pred = hinge_predict(PiecewiseLinear.coefs(knots, values), tok)
+    q = fit_quality(pred[:, None], dur, np.ones(1), 0, f"interpolated through {len(x)} token levels' medians")
+    curve = PiecewiseLinear("forward+backward", "tokens", knots, values, q)
+    return TrainFit(curve, float(np.sqrt(np.mean(e**2))) if len(e) else math.nan,
+                    float(np.max(np.abs(e))) if len(e) else math.nan, tuple(errs), q.r2, int(len(tok)))
 
 
 # --------------------------------------------------------------------------------------------- sources
@@ -415,12 +494,23 @@ def check_compatible(ref: Trace, cal: Trace) -> None:
                          "`rlrun calibrate --out calib.parquet`")
 
 
-def _rows(traces: Sequence[Trace], kind: str, cols: Sequence[str]) -> dict[str, np.ndarray]:
+def device_rows(t: Trace, kind: str) -> np.ndarray:
+    """(rows,) True for the calibration rows of `kind` measured on one device at 1 thread (schema v4 `threads`) beside
+    a run on more: the one-device ladder (`rlrun record` on a CPU of more cores), not the run's own calibration."""
+    r = t.rows(kind)
+    if "threads" not in r or not (t.meta.get("calibration") or {}).get("device"):
+        return np.zeros(len(r["kind"]), bool)
+    return np.asarray(r["threads"], float) == 1
+
+
+def _rows(traces: Sequence[Trace], kind: str, cols: Sequence[str], one_device: bool = False) -> dict[str, np.ndarray]:
+    """Calibration rows of `kind` over the traces: the run's own ladder, or (`one_device`) its one-device ladder."""
     out = {c: [] for c in cols}
     for t in traces:
         r = t.rows(kind)
+        keep = device_rows(t, kind) == one_device
         for c in cols:
-            out[c].append(np.asarray(r[c], float))
+            out[c].append(np.asarray(r[c], float)[keep])
     return {c: (np.concatenate(v) if v else np.zeros(0)) for c, v in out.items()}
 
 
@@ -471,17 +561,18 @@ def run_level(coef: np.ndarray, run: dict[str, np.ndarray], min_rows: int = 20) 
 def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], *, upd_proper: np.ndarray,
               n_tok: np.ndarray, t_opt: np.ndarray, sel: np.ndarray, t_fb: np.ndarray | None = None,
               calibration: Sequence[Trace] = (), reps: int = REPLICATES, seed: int = 0,
-              ref_rows: np.ndarray | None = None) -> FittedModels:
+              ref_rows: np.ndarray | None = None, one_device: bool = False) -> FittedModels:
     """`models` (FittedModels of `fit_trace`) with calibrated engine-step and update models when calibration
     rows exist (in the first trace or in `calibration`), and with validation and replicates in every case.
     `ref_rows` (bool per update row): the reference trace's; a calibrated update model is anchored to those
-    alone, since traces recorded at other times ran at another machine speed."""
+    alone, since traces recorded at other times ran at another machine speed. `one_device`: from the first
+    trace's one-device ladder (`device_rows`), as measured, like a calibration at another thread count."""
     ref = traces[0]
     for c in calibration:
         check_compatible(ref, c)
     rng = np.random.default_rng(seed)
     warnings, notes = list(models.warnings), []
-    src = _Sources.of(ref, calibration, gen_rows, sel & np.isfinite(upd_proper) & np.isfinite(n_tok), notes)
+    src = _Sources.of(ref, calibration, gen_rows, sel & np.isfinite(upd_proper) & np.isfinite(n_tok), notes, one_device)
     if len(src.cal_gen["duration"]) >= 8:
         gen = _gen_calibrated(ref, src, reps, rng, warnings, notes)
     else:
@@ -513,13 +604,16 @@ class _Sources:
 
     @classmethod
     def of(cls, ref: Trace, calibration: Sequence[Trace], gen_rows: dict[str, np.ndarray], upd_ok: np.ndarray,
-           notes: list[str]) -> _Sources:
+           notes: list[str], one_device: bool = False) -> _Sources:
         sources = [ref] + list(calibration)
-        # a calibration at another thread count (`rlrun calibrate --threads`, for a split side's cores) stands for
-        # that device as measured: its rows alone, not anchored to the run's clock (the run ran on more threads)
+        # a calibration at another thread count (`rlrun calibrate --threads`, for a split side's cores, or the
+        # one-device ladder of `rlrun record`) stands for that device as measured: its rows alone, not anchored to
+        # the run's clock (the run ran on more threads)
         foreign = [c for c in calibration if threads_of(c) and threads_of(ref) and threads_of(c) != threads_of(ref)]
         if foreign:
             sources = foreign
+        elif one_device:
+            foreign = [ref]
         run_keep = (gen_rows["step"] != 0) if np.any(gen_rows["step"] != 0) else np.ones(len(gen_rows["step"]), bool)
         run_keep &= np.isfinite(gen_rows["duration"]) & (gen_rows["num_running"] > 0)
         run = {k: np.asarray(gen_rows[k], float)[run_keep] for k in GEN_COLUMNS}
@@ -527,10 +621,11 @@ class _Sources:
         if foreign:
             run = {k: v[:0] for k, v in run.items()}
             upd_ok = np.zeros_like(upd_ok)
-            notes.append(f"calibration at {threads_of(foreign[0])} thread(s) (the run: {threads_of(ref)}): engine steps and "
+            at = 1 if one_device else threads_of(foreign[0])
+            notes.append(f"calibration at {at} thread(s) (the run: {threads_of(ref)}): engine steps and "
                          "training passes as measured there, not rescaled to the run; the optimizer step from the run")
-        return cls(cal_gen=_rows(sources, CALIB_GEN, GEN_COLUMNS),
-                   cal_train=_rows(sources, CALIB_TRAIN, ("duration", "num_tokens", "calib_level")),
+        return cls(cal_gen=_rows(sources, CALIB_GEN, GEN_COLUMNS, one_device),
+                   cal_train=_rows(sources, CALIB_TRAIN, ("duration", "num_tokens", "calib_level"), one_device),
                    run=run, rounds=rounds, upd_ok=upd_ok)
 
 
@@ -538,8 +633,9 @@ class _Sources:
 class _Part:
     """One refitted model (engine step or update) with its bootstrap replicates and validation fields."""
 
-    model: GenStepModel | AffineModel = field(metadata={"help": "the point fit"})
-    reps: np.ndarray = field(metadata={"help": "(R, 6) engine-step or (R, 2) update coefficient replicates"})
+    model: GenStepModel | AffineModel | PiecewiseLinear = field(metadata={"help": "the point fit"})
+    reps: np.ndarray = field(metadata={"help": "(R, 4 + 2K) engine-step or (R, 2 + 2K) update coefficient replicates "
+                                               "(the array layouts of EngineStepCost and PiecewiseLinear)"})
     validation: dict[str, Any] = field(metadata={"help": "Validation fields of this part"})
     method: str = field(metadata={"help": "what the replicates resampled"})
 
@@ -547,7 +643,7 @@ class _Part:
 def _gen_calibrated(ref: Trace, src: _Sources, reps: int, rng: np.random.Generator, warnings: list[str],
                     notes: list[str]) -> _Part:
     """The engine-step fit on calibration + run rows, the calibration put on the run's clock (`anchor_gen`),
-    the form chosen by cross-validation, the level set by the run's total (`run_level`)."""
+    the form chosen by `fit_gen_calibrated`, the level set by the run's total (`run_level`)."""
     cg, run = src.cal_gen, src.run
     s_gen = anchor_gen(cg, run)
     if math.isfinite(s_gen):
@@ -564,38 +660,40 @@ def _gen_calibrated(ref: Trace, src: _Sources, reps: int, rng: np.random.Generat
     is_cal = np.arange(n_cal + len(run["duration"])) < n_cal
     anchor = np.concatenate([np.zeros(n_cal, bool), anchor_rows(run["num_running"])]) if math.isfinite(s_gen) else None
     gf = fit_gen_calibrated(both, cal=is_cal, anchor=anchor)
-    c = gf.coef.copy()
     # The level: the level-weighted fit gives the run's own concurrencies one vote among the calibration's
     # levels, so where the curve is not one line it can pass a few % off the run's operating point (and its
     # anchor is a median at one level). What the run's engine steps took in total is measured: scale the
-    # times (not the knee position) so that the fit sums to it over the run's own steps.
-    level = run_level(c, run)
-    if math.isfinite(level):
-        c[:5] *= level
-        if abs(level - 1) > 0.01:
-            notes.append(f"engine-step fit scaled by {level:.3g} to the run's total engine time over its own steps")
-    cost = EngineStepCost.from_array(c)
-    okr = np.isfinite(both["duration"]) & (both["num_running"] > 0)
-    y = both["duration"][okr]
-    res = y - cost.step(both["num_running"][okr], both["context_tokens"][okr], both["prefill_tokens"][okr])
-    rel = np.abs(res) / np.maximum(y, 1e-12)
-    q = FitQuality(n=gf.rows, r2=gf.r2, rmse=float(np.sqrt(np.mean(res**2))), median_rel_err=float(np.median(rel)),
-                   p95_rel_err=float(np.percentile(rel, 95)), dropped=gf.dropped + ref.dropped_rows(GEN_STEP),
-                   method=f"calibrated {gf.form} (level-weighted nnls)")
-    knee = cost.knee if gf.form == "knee" else 0.0
+    # times (not the knees) so that the fit sums to it over the run's own steps.
+    level = run_level(gf.coef, run)
+    cost = EngineStepCost.from_array(EngineStepCost.scale_array(gf.coef, level) if math.isfinite(level) else gf.coef)
+    if math.isfinite(level) and abs(level - 1) > 0.01:
+        notes.append(f"engine-step fit scaled by {level:.3g} to the run's total engine time over its own steps")
+    q = _gen_quality(cost, both, gf, dropped=gf.dropped + ref.dropped_rows(GEN_STEP))
     gen = GenStepModel(cost.c_step, cost.c_seq, cost.c_ctx, cost.c_prefill, quality=q, prior=False,
-                       concurrency_range=gf.concurrency_range, c_knee=cost.c_knee, knee=knee, form=gf.form)
+                       concurrency_range=gf.concurrency_range, hinges=cost.hinges, form=gf.form)
     notes += gf.notes
     gen_reps = bootstrap_gen(gf.problem, gf.form, reps, rng, by="level")
     if math.isfinite(level) and len(gen_reps):
-        gen_reps[:, :5] *= level
+        gen_reps = EngineStepCost.scale_array(gen_reps, level)
     cv_used = gf.cv[gf.form]
     source = (f"{len(cg['duration'])} calibration steps + {len(run['duration'])} run steps, "
               f"{len(gf.problem.level_ids)} concurrency levels {gf.concurrency_range[0]}..{gf.concurrency_range[1]}")
-    val = dict(gen_form=gf.form, gen_knee=knee if gf.form == "knee" else math.nan, gen_r2=gf.r2, gen_cv=cv_used[0],
-               gen_cv_max=cv_used[1], gen_cv_linear=gf.cv["linear"][0], gen_cv_knee=gf.cv.get("knee", (math.nan,))[0],
-               gen_levels=cv_used[2], gen_source=source)
+    val = dict(gen_form=gf.form, gen_knee=cost.knees[0] if gf.form == "knee" else math.nan, gen_r2=gf.r2,
+               gen_cv=cv_used[0], gen_cv_max=cv_used[1], gen_cv_linear=gf.cv["linear"][0],
+               gen_cv_knee=gf.cv.get("knee", (math.nan,))[0], gen_cv_interp=gf.cv.get("interp", (math.nan,))[0],
+               gen_knots=gf.knots, gen_levels=cv_used[2], gen_source=source)
     return _Part(gen, gen_reps, val, f"{len(gf.problem.level_ids)} concurrency levels")
+
+
+def _gen_quality(cost: EngineStepCost, rows: dict[str, np.ndarray], gf: GenFit, dropped: int) -> FitQuality:
+    """FitQuality of the (rescaled) calibrated cost on the calibration and run rows."""
+    ok = np.isfinite(rows["duration"]) & (rows["num_running"] > 0)
+    y = rows["duration"][ok]
+    res = y - cost.step(rows["num_running"][ok], rows["context_tokens"][ok], rows["prefill_tokens"][ok])
+    rel = np.abs(res) / np.maximum(y, 1e-12)
+    return FitQuality(n=gf.rows, r2=gf.r2, rmse=float(np.sqrt(np.mean(res**2))), median_rel_err=float(np.median(rel)),
+                      p95_rel_err=float(np.percentile(rel, 95)), dropped=dropped,
+                      method=f"calibrated {gf.form} (level-weighted nnls)")
 
 
 def _gen_run_only(ref: Trace, gen: GenStepModel, src: _Sources, reps: int, rng: np.random.Generator,
@@ -607,12 +705,12 @@ def _gen_run_only(ref: Trace, gen: GenStepModel, src: _Sources, reps: int, rng: 
     run = src.run
     y = run["duration"]
     prob = _GenProblem(run["num_running"], run["context_tokens"], run["prefill_tokens"], y, np.ones(len(y)),
-                       level_key(run["num_running"]), src.rounds, [], fixed_c0=gen.c_step if gen.prior else None)
+                       level_key(run["num_running"]), src.rounds, fixed_c0=gen.c_step if gen.prior else None)
     cv = prob.cross_validate("linear") if len(prob.level_ids) >= 3 else (math.nan, math.nan, ())
     val = dict(gen_form="linear", gen_knee=math.nan, gen_r2=gen.quality.r2, gen_cv=cv[0], gen_cv_max=cv[1],
                gen_cv_linear=cv[0], gen_cv_knee=math.nan, gen_levels=cv[2],
                gen_source=f"{len(y)} run steps only, {lo}..{hi} running (no calibration)")
-    gen_reps = bootstrap_gen(prob, "linear", reps, rng, by="cluster") if len(prob.cluster_ids) >= 3 else np.zeros((0, 6))
+    gen_reps = bootstrap_gen(prob, "linear", reps, rng, by="cluster") if len(prob.cluster_ids) >= 3 else np.zeros((0, 4))
     return _Part(gen, gen_reps, val, f"{len(prob.cluster_ids)} RL steps")
 
 
@@ -629,8 +727,8 @@ class _RunUpdates:
 
 def _train_calibrated(ct: dict[str, np.ndarray], run: _RunUpdates, reps: int, rng: np.random.Generator,
                       notes: list[str]) -> _Part:
-    """Per-token slope from the calibration's token levels (on the run's clock when the run's forward + backward
-    seconds allow), per-update fixed cost from the run's updates."""
+    """Forward + backward seconds interpolated over the calibration's token levels (on the run's clock when the
+    run's forward + backward seconds allow), plus the per-update fixed cost from the run's updates."""
     tok_run, upd_run = run.tokens, run.seconds
     tf = fit_train_calibrated(ct["num_tokens"], ct["duration"], ct["calib_level"])
     s_train = math.nan
@@ -638,42 +736,45 @@ def _train_calibrated(ct: dict[str, np.ndarray], run: _RunUpdates, reps: int, rn
         fb = run.t_fb
         ok_fb = np.isfinite(fb) & (fb > 0)
         if ok_fb.sum() >= 3:
-            r = fb[ok_fb] / np.maximum(tf.intercept_calib + tf.slope * tok_run[ok_fb], 1e-12)
+            r = fb[ok_fb] / np.maximum(tf.curve.predict(tok_run[ok_fb]), 1e-12)
             s_train = float(np.exp(np.median(np.log(r))))
-    if math.isfinite(s_train):  # the calibration's line on the run's clock (see anchor_gen)
+    if math.isfinite(s_train):  # the calibration's curve on the run's clock (see anchor_gen)
         ct = {**ct, "duration": ct["duration"] * s_train}
         tf = fit_train_calibrated(ct["num_tokens"], ct["duration"], ct["calib_level"])
         if abs(s_train - 1) > 0.05:
             notes.append(f"calibration training passes scaled by {s_train:.3g} to the run's own forward + backward time")
-    if len(tok_run):
-        a = float(max(robust_location(upd_run - tf.slope * tok_run), 0.0))
-    else:
-        t_opt = run.t_opt_all
-        a = tf.intercept_calib + float(np.nanmedian(t_opt)) if np.isfinite(t_opt).any() else tf.intercept_calib
-    # quality over the calibration rows (forward + backward) and the run's updates (the whole update)
-    xs = np.concatenate([ct["num_tokens"], tok_run])
-    ys = np.concatenate([ct["duration"], upd_run])
-    ps = np.concatenate([tf.intercept_calib + tf.slope * ct["num_tokens"], a + tf.slope * tok_run])
-    okq = np.isfinite(xs) & np.isfinite(ys)
-    res = ys[okq] - ps[okq]
-    ss_tot = float(np.sum((ys[okq] - ys[okq].mean()) ** 2))
-    r2 = 1 - float(np.sum(res**2)) / ss_tot if ss_tot > 0 else math.nan
-    rel = np.abs(res) / np.maximum(np.abs(ys[okq]), 1e-12)
-    update = AffineModel("update", "tokens", a, tf.slope,
-                         FitQuality(n=int(okq.sum()), r2=r2, rmse=float(np.sqrt(np.mean(res**2))),
-                                    median_rel_err=float(np.median(rel)), p95_rel_err=float(np.percentile(rel, 95)),
-                                    dropped=0, method="calibrated slope + run intercept"))
+    fixed = _fixed_cost(tf.curve, run.tokens, run.seconds, run.t_opt_all)
+    update = _update_model(tf, fixed, ct, run)
     run_err = math.nan
     if len(tok_run) and np.isfinite(run.t_opt).any():
         meas = float(np.median(upd_run))
-        predicted = tf.intercept_calib + tf.slope * float(np.median(tok_run)) + float(np.nanmedian(run.t_opt))
+        predicted = float(tf.curve.predict(float(np.median(tok_run)))) + float(np.nanmedian(run.t_opt))
         run_err = predicted / meas - 1 if meas > 0 else math.nan
-    x_l, _, _ = _level_medians(ct["num_tokens"], ct["duration"], ct["calib_level"])
-    val = dict(train_r2=r2, train_cv=tf.cv, train_cv_max=tf.cv_max, train_levels=tf.levels, train_run_err=run_err,
+    x_l = np.asarray(tf.curve.knots)
+    val = dict(train_r2=update.quality.r2, train_cv=tf.cv, train_cv_max=tf.cv_max, train_levels=tf.levels,
+               train_run_err=run_err, train_form="interp",
                train_source=f"{tf.rows} calibration passes at {len(x_l)} token levels "
                             f"{x_l.min():.0f}..{x_l.max():.0f} + {len(tok_run)} run updates")
-    return _Part(update, _bootstrap_train(ct, tok_run, upd_run, reps, rng), val,
-                 f"{len(x_l)} token levels and {len(tok_run)} updates")
+    return _Part(update, _bootstrap_train(ct, fixed, run, reps, rng), val, f"{len(x_l)} token levels and {len(tok_run)} updates")
+
+
+def _fixed_cost(fb: PiecewiseLinear, tok: np.ndarray, seconds: np.ndarray, t_opt_all: np.ndarray) -> float:
+    """The per-update fixed cost (optimizer step and the rest): the robust location of the run's update seconds
+    less their forward + backward seconds; without usable updates, the recorded optimizer time."""
+    if len(tok):
+        return float(max(robust_location(seconds - fb.predict(tok)), 0.0))
+    return float(np.nanmedian(t_opt_all)) if np.isfinite(t_opt_all).any() else 0.0
+
+
+def _update_model(tf: TrainFit, fixed: float, ct: dict[str, np.ndarray], run: _RunUpdates) -> PiecewiseLinear:
+    """The update model (fixed cost + forward + backward), its quality over the calibration passes (forward +
+    backward) and the run's updates (the whole update)."""
+    xs = np.concatenate([ct["num_tokens"], run.tokens])
+    ys = np.concatenate([ct["duration"], run.seconds])
+    ps = np.concatenate([tf.curve.predict(ct["num_tokens"]), fixed + tf.curve.predict(run.tokens)])
+    ok = np.isfinite(xs) & np.isfinite(ys)
+    q = fit_quality(ps[ok][:, None], ys[ok], np.ones(1), 0, "calibrated interpolation + run fixed cost")
+    return replace(tf.curve, name="update", offset=fixed, quality=q)
 
 
 def _with_validation(models: FittedModels, gen: _Part, train: _Part, *, calibrated: bool, warnings: list[str],
@@ -690,24 +791,24 @@ def _with_validation(models: FittedModels, gen: _Part, train: _Part, *, calibrat
                    replicates=replicates)
 
 
-def _bootstrap_train(ct: dict[str, np.ndarray], tok_run: np.ndarray, upd_run: np.ndarray, reps: int,
+def _bootstrap_train(ct: dict[str, np.ndarray], fixed: float, run: _RunUpdates, reps: int,
                      rng: np.random.Generator) -> np.ndarray:
-    ok = np.isfinite(ct["num_tokens"]) & np.isfinite(ct["duration"]) & (ct["duration"] > 0)
-    x, y, _ = _level_medians(ct["num_tokens"][ok], ct["duration"][ok], ct["calib_level"][ok])
+    """(reps, 2 + 2K) update coefficient rows (`PiecewiseLinear.array`): each level's median under Bayesian-bootstrap
+    weights of its passes (no level dropped: each is a knot), and the fixed cost re-estimated on resampled updates."""
+    tok, dur, lev = (np.asarray(ct[k], float) for k in ("num_tokens", "duration", "calib_level"))
+    ok = np.isfinite(tok) & np.isfinite(dur) & (tok > 0) & (dur > 0)
+    tok, dur, lev = tok[ok], dur[ok], lev[ok]
+    x, _, _, row = _token_levels(tok, dur, lev)
     out = []
-    for _ in range(4 * reps):
-        if len(out) == reps:
-            break
-        i = rng.integers(0, len(x), len(x))
-        if len(np.unique(i)) < 2:
-            continue
-        a_cal, b = _line_through(x[i], y[i])
-        if len(tok_run):
-            j = rng.integers(0, len(tok_run), len(tok_run))
-            a = max(robust_location(upd_run[j] - b * tok_run[j]), 0.0)
+    for _ in range(reps):
+        w = rng.exponential(1.0, len(dur))
+        c = _fb_coefs(x, np.array([_weighted_median(dur[row == i], w[row == i]) for i in range(len(x))]))
+        if len(run.tokens):
+            j = rng.integers(0, len(run.tokens), len(run.tokens))
+            c[0] += max(robust_location(run.seconds[j] - hinge_predict(c, run.tokens[j])), 0.0)
         else:
-            a = a_cal
-        out.append((a, b))
+            c[0] += fixed
+        out.append(c)
     return np.array(out) if out else np.zeros((0, 2))
 
 

@@ -4,33 +4,42 @@ the manner of Vidur's).
 One engine step that runs n sequences, holds `context` KV tokens after the step and computes `prefill`
 prompt tokens takes
 
-    t = c_step [n > 0] + c_seq n + c_ctx context + c_prefill prefill + c_knee max(0, n - knee)
+    t = f(n) + c_ctx context + c_prefill prefill,    f(n) = c_step [n > 0] + c_seq n + sum_j d_j max(0, n - k_j)
 
-seconds. c_step is what a step costs whatever it runs (weight reads, scheduling); a step with nothing
-running does not happen, so it costs nothing. c_knee = 0 is the linear form; otherwise the slope in n
-changes at `knee` (replay/calibration.py fits it).
+seconds: f is piecewise linear in n, its slope c_seq below the first knee k_1 and changing by d_j at each
+knee k_j (`EngineStepCost.hinges`). c_step is what a step costs whatever it runs (weight reads,
+scheduling); a step with nothing running does not happen, so it costs nothing. No hinge is the linear
+form, one the knee form, one at each inner measured concurrency level the interpolated form (replay/calibration.py
+fits all three: the same formula with more hinges).
 
-The formula is linear in its five features (`FEATURES`), so the seconds of any set of steps are the same
-coefficients applied to the features summed over those steps (`StepSums`): a generation round of the
-simulator, a stretch of steps at one composition (the context grows by n each step), a group of
-calibration rows, under one coefficient set or a matrix of bootstrap replicates (`EngineStepCost.totals`).
-max(0, n - knee) summed over steps is not a function of the other sums, so sums keep the histogram of n
-when a knee needs it.
+The formula is linear in its features ([n > 0], n, context, prefill and one max(0, n - k_j) per knee), so
+the seconds of any set of steps are the same coefficients applied to the features summed over those steps
+(`StepSums`): a generation round of the simulator, a stretch of steps at one composition (the context
+grows by n each step), a group of calibration rows, under one coefficient set or a matrix of bootstrap
+replicates (`EngineStepCost.totals`). max(0, n - k) summed over steps is not a function of the other sums,
+so sums keep the histogram of n when a hinge needs it.
+
+Coefficient arrays (`EngineStepCost.array`, the rows of `Replicates.gen`) are laid out
+[c_step, c_seq, c_ctx, c_prefill, d_1, k_1, d_2, k_2, ...] (`COEFS`, then one (d_j, k_j) pair per hinge).
 
 The fits (replay/fit.py, replay/calibration.py) use the same features in a non-negative least squares
-parametrisation (`EngineStepCost.design`): the knee form as s1 min(n, k) + s2 max(0, n - k) with s1, s2
->= 0, so that the slope may rise or fall at the knee (c_seq = s1, c_knee = s2 - s1).
+parametrisation (`EngineStepCost.design`): with knees k_1 < ... < k_m, f(n) = c_step + s_0 min(n, k_1) +
+sum_j s_j clip(n - k_j, 0, k_{j+1} - k_j) + s_m max(0, n - k_m), every coefficient >= 0, so s_j is the
+slope of segment j (the first segment's line continues below k_1, the last one's beyond k_m), f is
+non-decreasing, and c_seq = s_0, d_j = s_j - s_{j-1} (`from_design`). A clip is a difference of two hinges,
+so the fitted f is exactly a sum of hinges.
 
 Imports numpy only.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 import numpy as np
 
-COEFS = ("c_step", "c_seq", "c_ctx", "c_prefill", "c_knee", "knee")
-FEATURES = ("step", "running", "context", "prefill", "hinge")  # columns of EngineStepCost.features
+COEFS = ("c_step", "c_seq", "c_ctx", "c_prefill")  # then (d_j, k_j) per hinge: EngineStepCost.array
+FEATURES = ("step", "running", "context", "prefill")  # then one max(0, n - k_j) per knee: EngineStepCost.features
 
 
 def _hinge(n, knee):
@@ -47,7 +56,7 @@ class StepSums:
     context: float | np.ndarray = field(default=0.0, metadata={"help": "S2: sum over steps of context tokens"})
     prefill: float | np.ndarray = field(default=0.0, metadata={"help": "S3: sum over steps of prefill tokens"})
     hist: np.ndarray | None = field(default=None, metadata={
-        "help": "steps per num_running, (max n + 1,) or (U, max n + 1); needed only to price a knee form (None: not kept)"})
+        "help": "steps per num_running, (max n + 1,) or (U, max n + 1); needed only to price hinges (None: not kept)"})
 
     @classmethod
     def zero(cls, hist: bool) -> StepSums:
@@ -98,10 +107,19 @@ class StepSums:
 
     def hinge(self, knee) -> np.ndarray:
         """Sum over steps of max(0, n - knee): knee a scalar, or (R,) knees -> (R,) + the sums' shape."""
+        k = np.asarray(knee, float)
+        return self.hinges(np.ones(k.shape + (1,)), k[..., None])
+
+    def hinges(self, dslope: np.ndarray, knee: np.ndarray) -> np.ndarray:
+        """Sum over steps of sum_j dslope_j max(0, n - knee_j) for (R, K) or (K,) dslopes and knees: (R,) or ()
+        + the sums' shape (one pass over the histogram whatever K)."""
         if self.hist is None:
-            raise ValueError("a knee form needs the histogram of num_running over the steps (StepSums.hist)")
+            raise ValueError("a hinge (knee or interpolated form) needs the histogram of num_running over the steps "
+                             "(StepSums.hist)")
         h = np.asarray(self.hist, float)
-        grid = _hinge(np.arange(h.shape[-1], dtype=float), np.asarray(knee, float)[..., None])  # (R, m) or (m,)
+        n = np.arange(h.shape[-1], dtype=float)
+        d, k = np.asarray(dslope, float), np.asarray(knee, float)
+        grid = np.einsum("...j,...jm->...m", d, _hinge(n, k[..., None]))  # f's hinge part at every n: (R, m) or (m,)
         return grid @ h.T
 
     def to_dict(self) -> dict:
@@ -118,40 +136,65 @@ class EngineStepCost:
     """Seconds of an engine step from its batch composition (module doc): the formula and its coefficients."""
 
     c_step: float = field(metadata={"help": "fixed seconds per engine step, amortised over the batch (weight reads, scheduling)"})
-    c_seq: float = field(metadata={"help": "seconds per sequence in the batch"})
+    c_seq: float = field(metadata={"help": "seconds per sequence in the batch, below the first knee"})
     c_ctx: float = field(metadata={"help": "seconds per KV token attended"})
     c_prefill: float = field(metadata={"help": "seconds per prompt token computed"})
-    c_knee: float = field(default=0.0, kw_only=True, metadata={
-        "help": "change of the per-sequence slope above `knee` (piecewise-linear form; 0: linear)"})
-    knee: float = field(default=0.0, kw_only=True, metadata={"help": "num_running at which the slope changes"})
+    hinges: tuple[tuple[float, float], ...] = field(default=(), kw_only=True, metadata={
+        "help": "(knee, slope change) pairs, knees ascending: the per-sequence slope changes by `slope change` above "
+                "num_running = knee (none: linear; one: the knee form; one per measured level: interpolated)"})
 
     # ---------------------------------------------------------------------------------- coefficients
+    @property
+    def knees(self) -> tuple[float, ...]:
+        return tuple(k for k, _ in self.hinges)
+
+    @property
+    def dslopes(self) -> tuple[float, ...]:
+        return tuple(d for _, d in self.hinges)
+
     @staticmethod
-    def from_array(c6) -> EngineStepCost:
-        """From (6,) coefficients in COEFS order."""
-        c = [float(v) for v in c6]
-        return EngineStepCost(c[0], c[1], c[2], c[3], c_knee=c[4], knee=c[5])
+    def from_array(c) -> EngineStepCost:
+        """From coefficients in the array layout (module doc): 4 + 2 x hinges values."""
+        c = [float(v) for v in c]
+        if len(c) < 4 or len(c) % 2:
+            raise ValueError(f"an engine-step coefficient array has 4 + 2 x hinges values, got {len(c)}")
+        return EngineStepCost(c[0], c[1], c[2], c[3], hinges=tuple(zip(c[5::2], c[4::2])))
 
     @property
     def array(self) -> np.ndarray:
-        """(6,) coefficients in COEFS order (a row of Replicates.gen)."""
-        return np.array([self.c_step, self.c_seq, self.c_ctx, self.c_prefill, self.c_knee, self.knee])
+        """(4 + 2K,) coefficients [c_step, c_seq, c_ctx, c_prefill, d_1, k_1, ...] (a row of Replicates.gen)."""
+        pairs = [v for k, d in self.hinges for v in (d, k)]
+        return np.array([self.c_step, self.c_seq, self.c_ctx, self.c_prefill] + pairs, float)
 
     @property
     def linear(self) -> np.ndarray:
-        """(5,) the coefficients of `features`."""
-        return np.array([self.c_step, self.c_seq, self.c_ctx, self.c_prefill, self.c_knee])
+        """(4 + K,) the coefficients of `features`."""
+        return np.array([self.c_step, self.c_seq, self.c_ctx, self.c_prefill, *self.dslopes], float)
+
+    @staticmethod
+    def scale_array(coefs: np.ndarray, factor) -> np.ndarray:
+        """Coefficient rows (..., 4 + 2K) with every time coefficient (all but the knees) times `factor`."""
+        c = np.array(coefs, float)
+        c[..., :4] *= factor
+        c[..., 4::2] *= factor
+        return c
+
+    def scaled(self, *, step: float = 1.0, seq: float = 1.0, ctx: float = 1.0, prefill: float = 1.0):
+        """The same cost (and type) with c_step, c_ctx, c_prefill scaled and every per-sequence slope (c_seq and
+        each slope change) scaled by `seq`; the knees do not move."""
+        return replace(self, c_step=self.c_step * step, c_seq=self.c_seq * seq, c_ctx=self.c_ctx * ctx,
+                       c_prefill=self.c_prefill * prefill, hinges=tuple((k, d * seq) for k, d in self.hinges))
 
     # ---------------------------------------------------------------------------------- per step
     @staticmethod
-    def features(running, context, prefill=0.0, knee: float = 0.0) -> np.ndarray:
-        """(..., 5) FEATURES of steps (arguments broadcast): [n > 0], n, context, prefill, max(0, n - knee)."""
+    def features(running, context, prefill=0.0, knees: Sequence[float] = ()) -> np.ndarray:
+        """(..., 4 + K) features of steps (arguments broadcast): [n > 0], n, context, prefill, max(0, n - k_j)."""
         n, ctx, pre = np.broadcast_arrays(np.asarray(running, float), np.asarray(context, float), np.asarray(prefill, float))
-        return np.stack([(n > 0).astype(float), n, ctx, pre, _hinge(n, knee)], axis=-1)
+        return np.stack([(n > 0).astype(float), n, ctx, pre] + [_hinge(n, k) for k in knees], axis=-1)
 
     def step(self, running, context, prefill=0.0):
         """Seconds of each step (arguments broadcast; scalars give a scalar)."""
-        return self.features(running, context, prefill, self.knee) @ self.linear
+        return self.features(running, context, prefill, self.knees) @ self.linear
 
     def stretch_steps(self, k: int, n: int, context0: float, prefill: float = 0.0) -> np.ndarray:
         """(k,) seconds of each step of a stretch (`StepSums.of_stretch`)."""
@@ -163,7 +206,10 @@ class EngineStepCost:
         """Seconds of a stretch in closed form: `total` of its StepSums, in plain floats (the simulators' inner loop)."""
         cost = (k * (self.c_step * (n > 0) + self.c_seq * n) + self.c_ctx * (k * context0 + n * k * (k - 1) / 2)
                 + self.c_prefill * prefill)
-        return cost + k * self.c_knee * max(n - self.knee, 0.0) if self.c_knee else cost
+        for knee, d in self.hinges:
+            if n > knee:
+                cost += k * d * (n - knee)
+        return cost
 
     # ---------------------------------------------------------------------------------- summed
     def total(self, sums: StepSums):
@@ -172,7 +218,7 @@ class EngineStepCost:
 
     @staticmethod
     def totals(coefs: np.ndarray, sums: StepSums) -> np.ndarray:
-        """Seconds of `sums` under each row of (R, 6) coefficients (COEFS order): (R,) + the sums' shape."""
+        """Seconds of `sums` under each row of (R, 4 + 2K) coefficients (array layout): (R,) + the sums' shape."""
         c = np.atleast_2d(np.asarray(coefs, float))
         lead = (-1,) + (1,) * np.ndim(sums.steps)  # coefficient rows against the sums' axes
 
@@ -180,30 +226,31 @@ class EngineStepCost:
             return c[:, j].reshape(lead)
 
         t = col(0) * sums.steps + col(1) * sums.running + col(2) * sums.context + col(3) * sums.prefill
-        if np.any(c[:, 4] != 0):
-            t = t + col(4) * sums.hinge(c[:, 5])
+        if np.any(c[:, 4::2] != 0):
+            t = t + sums.hinges(c[:, 4::2], c[:, 5::2])
         return t
 
     # ---------------------------------------------------------------------------------- fitting
     @staticmethod
-    def design(running, context, prefill, knee: float | None = None) -> np.ndarray:
-        """(N, 4) NNLS columns of the linear form [1, n, context, prefill]; with a knee k, (N, 5)
-        [1, min(n, k), max(0, n - k), context, prefill], whose coefficients are all >= 0 (`from_design`)."""
-        running = np.asarray(running, float)
-        one = np.ones_like(running)
-        if knee is None:
-            return np.column_stack([one, running, context, prefill])
-        return np.column_stack([one, np.minimum(running, knee), _hinge(running, knee), context, prefill])
+    def design(running, context, prefill, knees: Sequence[float] = ()) -> np.ndarray:
+        """(N, 4 + K) NNLS columns [1, segment ramps of n (module doc), context, prefill] for ascending `knees`
+        (none: [1, n, context, prefill]); their coefficients are all >= 0 (`from_design`)."""
+        n = np.asarray(running, float)
+        k = [float(v) for v in knees]
+        if not k:
+            ramps = [n]
+        else:
+            ramps = ([np.minimum(n, k[0])] + [np.clip(n - a, 0.0, b - a) for a, b in zip(k, k[1:])]
+                     + [_hinge(n, k[-1])])
+        return np.column_stack([np.ones_like(n)] + ramps + [np.asarray(context, float) * np.ones_like(n),
+                                                          np.asarray(prefill, float) * np.ones_like(n)])
 
     @staticmethod
-    def from_design(x: np.ndarray, knee: float | None = None) -> EngineStepCost:
-        """The cost whose `design(..., knee)` coefficients are x."""
-        if knee is None:
-            return EngineStepCost(float(x[0]), float(x[1]), float(x[2]), float(x[3]))
-        return EngineStepCost(float(x[0]), float(x[1]), float(x[3]), float(x[4]), c_knee=float(x[2] - x[1]), knee=float(knee))
-
-    def design_coef(self) -> np.ndarray:
-        """Its coefficients in `design` order: (4,) linear, (5,) with a knee."""
-        if not self.c_knee:
-            return np.array([self.c_step, self.c_seq, self.c_ctx, self.c_prefill])
-        return np.array([self.c_step, self.c_seq, self.c_seq + self.c_knee, self.c_ctx, self.c_prefill])
+    def from_design(x: np.ndarray, knees: Sequence[float] = ()) -> EngineStepCost:
+        """The cost whose `design(..., knees)` coefficients are x: c_seq the first segment's slope, a hinge of the
+        slope difference at each knee."""
+        x = [float(v) for v in x]
+        K = len(knees)
+        s = x[1:2 + K]  # the segments' slopes
+        hinges = tuple((float(k), s[j + 1] - s[j]) for j, k in enumerate(knees))
+        return EngineStepCost(x[0], s[0], x[2 + K], x[3 + K], hinges=hinges)

@@ -10,11 +10,13 @@ devices of the named profile, and one note per term it moved. The rule (docs/imp
     scheduling) and stays.
   - the per-context-token cost `gen.c_ctx` (KV-cache reads), also spread over the data-parallel engines:
     x bw ratio x (gpus_src / gpus_dst);
-  - the fixed cost of an update or a batch preparation (`update.intercept`, `prep.intercept`: optimizer
-    step over sharded states): x bw ratio x (gpus_src / gpus_dst);
+  - the fixed cost of an update or a batch preparation (`update.intercept`, `prep.intercept`, or the
+    interpolated update's `offset`: optimizer step over sharded states): x bw ratio x (gpus_src / gpus_dst);
 - compute-bound terms move by the dense FLOP/s ratio and the device count: the per-sequence decode cost
-  `gen.c_seq` and the per-prompt-token prefill cost `gen.c_prefill`, and training per token
-  (`update.slope`, `prep.slope`): x (F_src / F_dst) x (gpus_src / gpus_dst);
+  `gen.c_seq` with every change of it at a knee (`gen.hinges`; the knees stay where they are) and the
+  per-prompt-token prefill cost `gen.c_prefill`, and training per token (`update.slope`, `prep.slope`, or
+  the interpolated update's forward + backward seconds at its token levels, `update.values`):
+  x (F_src / F_dst) x (gpus_src / gpus_dst);
 - weight sync (`sync.intercept`, `sync.slope`) moves by the interconnect ratio ic_src / ic_dst;
 - host-side terms stay: the generation round overhead, rewards, the rest of the step;
 - engine limits: `max_num_seqs` x gpus_dst / gpus_src (one engine per device group, as recorded);
@@ -33,7 +35,7 @@ from rlsim.replay.device_data import DEVICES, UPDATE_FLOOR_S
 from rlsim.replay.measured_hosts import HOSTS
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
-from rlsim.replay.robust import AffineModel
+from rlsim.replay.robust import AffineModel, PiecewiseLinear
 
 
 @dataclass(frozen=True)
@@ -185,22 +187,19 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
     else:
         c_step = gm.c_step * bw
         notes.append(f"gen c_step (per engine step) {gm.c_step * 1e3:.4g} -> {c_step * 1e3:.4g} ms {_x(bw)} ({why_bw})")
-    # the knee form's extra per-sequence slope is per-token compute like c_seq; the knee's position is kept
-    gen = replace(gm, c_step=c_step, c_seq=gm.c_seq * fl * g, c_ctx=gm.c_ctx * bw * g, c_prefill=gm.c_prefill * fl * g,
-                  c_knee=gm.c_knee * fl * g)
-    notes.append(f"gen c_seq (per sequence per step), c_knee (its change above the knee, whose position is kept) and "
-                 f"c_prefill (per prompt token) {_x(fl * g)} ({why_fl}, {why_g})")
+    # a change of the per-sequence slope at a knee is per-token compute like c_seq; the knees' positions are kept
+    gen = replace(gm.scaled(seq=fl * g, ctx=bw * g, prefill=fl * g), c_step=c_step)
+    knees = " and its changes at the knees (whose positions are kept)" if gm.hinges else ""
+    notes.append(f"gen c_seq (per sequence per step){knees} and c_prefill (per prompt token) {_x(fl * g)} ({why_fl}, {why_g})")
     notes.append(f"gen c_ctx (per context token per step, KV reads) {_x(bw * g)} ({why_bw}, {why_g})")
 
-    def train(m: AffineModel, floor: float) -> AffineModel:
-        return replace(m, intercept=max(m.intercept * bw * g, min(m.intercept, floor)), slope=m.slope * fl * g)
-
-    update, prep = train(models.update, dst.update_floor_s), train(models.prep, 0.0)
-    notes.append(f"training per token (update and prep slopes) {_x(fl * g)} ({why_fl}, {why_g}); their fixed per-update "
-                 f"costs (optimizer step over sharded states) {_x(bw * g)} ({why_bw}, {why_g})")
-    if update.intercept > models.update.intercept * bw * g * (1 + 1e-9):
+    update, prep = _train(models.update, fl * g, bw * g, dst.update_floor_s), _train(models.prep, fl * g, bw * g, 0.0)
+    notes.append(f"training per token (update and prep slopes, or the update's interpolated forward + backward) {_x(fl * g)} "
+                 f"({why_fl}, {why_g}); their fixed per-update costs (optimizer step over sharded states) {_x(bw * g)} "
+                 f"({why_bw}, {why_g})")
+    if _fixed(update) > _fixed(models.update) * bw * g * (1 + 1e-9):
         notes.append(f"the update's fixed cost held at the {dst.key} profile's floor {dst.update_floor_s * 1e3:.3g} ms "
-                     f"(the roofline rule gives {models.update.intercept * bw * g * 1e3:.3g} ms; kernel launches, optimizer "
+                     f"(the roofline rule gives {_fixed(models.update) * bw * g * 1e3:.3g} ms; kernel launches, optimizer "
                      "step and gradient collective do not shrink with bandwidth)")
     sync = replace(models.sync, intercept=models.sync.intercept * ic, slope=models.sync.slope * ic)
     notes.append(f"weight sync {_x(ic)} (interconnect {src.interconnect_gbs:g} -> {dst.interconnect_gbs:g} GB/s)")
@@ -224,3 +223,17 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
     out = replace(models, gen=gen, update=update, prep=prep, sync=sync, engine=engine, config=config,
                   warnings=tuple(models.warnings) + (warning,))
     return out, notes
+
+
+def _fixed(m: AffineModel | PiecewiseLinear) -> float:
+    """A training model's fixed cost per update (optimizer step and the rest)."""
+    return m.offset if isinstance(m, PiecewiseLinear) else m.intercept
+
+
+def _train(m: AffineModel | PiecewiseLinear, compute: float, memory: float, floor: float) -> AffineModel | PiecewiseLinear:
+    """A training model with its per-token part x `compute` and its fixed part x `memory`, held at min(itself,
+    `floor`) from below (the fixed cost does not shrink past the profile's floor)."""
+    fixed = max(_fixed(m) * memory, min(_fixed(m), floor))
+    if isinstance(m, PiecewiseLinear):
+        return replace(m, values=tuple(v * compute for v in m.values), offset=fixed)
+    return replace(m, intercept=fixed, slope=m.slope * compute)

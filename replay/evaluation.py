@@ -219,3 +219,36 @@ def regret_interval(T_draws: np.ndarray, pick: int, q: tuple[float, float] = (5,
     r = T_draws[:, pick] / T_draws.min(axis=1) - 1.0
     lo, hi = np.percentile(r, q)
     return float(lo), float(hi)
+
+
+@dataclass(frozen=True)
+class SigmaCase:
+    """One predicted sigma against a paired measurement of it (`rlrun probe`: both sizes in one process, drift cancels)."""
+
+    name: str = field(metadata={"help": "configuration (algorithm, task, G)"})
+    b_ref: int = field(metadata={"help": "responses per update of the fitted recording (sigma's reference)"})
+    b: int = field(metadata={"help": "responses per update of the candidate"})
+    predicted: float = field(metadata={"help": "sigma the fit predicts"})
+    lo: float = field(metadata={"help": "its interval's lower end (nan: none)"})
+    hi: float = field(metadata={"help": "its interval's upper end"})
+    measured: float = field(metadata={"help": "sigma measured by the probe (geometric mean over rounds)"})
+    measured_lo: float = field(metadata={"help": "the measurement's interval over rounds"})
+    measured_hi: float = field(metadata={"help": "its upper end"})
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.measured - 1
+
+    @property
+    def covered(self) -> bool:
+        """The predicted interval holds the measured value."""
+        return bool(self.lo <= self.measured <= self.hi)
+
+
+def sigma_summary(cases: Sequence[SigmaCase]) -> dict[str, float]:
+    """Median and largest |error|, and the share of cases whose predicted interval holds the measured sigma."""
+    if not cases:
+        return {"cases": 0, "median_abs_error": math.nan, "max_abs_error": math.nan, "coverage": math.nan}
+    e = np.abs([c.error for c in cases])
+    return {"cases": len(cases), "median_abs_error": float(np.median(e)), "max_abs_error": float(e.max()),
+            "coverage": float(np.mean([c.covered for c in cases]))}

@@ -24,7 +24,7 @@ colocated reference; `rlsim.replay.split_stats` measures a split recording).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -32,6 +32,7 @@ import numpy as np
 from rlsim.replay.calibration import calibrate
 from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.devices import profile_by_name
+from rlsim.replay.drift import Drift, drift_of
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit_steps import fit_steps, is_step_level
 from rlsim.replay.io import Trace
@@ -105,13 +106,21 @@ def warmup_excluded(trace: Trace) -> bool:
     return bool((trace.meta.get("engine") or {}).get("warmup_excluded"))
 
 
-def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Sequence[Trace] = ()) -> FittedModels:
+def has_device_calibration(trace: Trace) -> bool:
+    """True when the trace's calibration also measured one device (a core on CPU: rows at 1 thread beside the run's)."""
+    return bool((trace.meta.get("calibration") or {}).get("device"))
+
+
+def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Sequence[Trace] = (), *,
+              one_device: bool = False) -> FittedModels:
     """Fit every cost model to one trace, or to several traces of the same setup: then the step
     costs (update, prep, reward, other, sync) are fitted across them (their batch sizes give the
     slopes a range), while the generation side (engine-step model, round overhead, lengths), the
     engine, the config and the recorded timings come from the first. Calibration rows (in the first
     trace, or in `calibration` traces from `rlrun calibrate`) refit the engine-step and update models
-    over the calibrated range (replay/calibration.py); every fit gets its validation and replicates."""
+    over the calibrated range (replay/calibration.py); every fit gets its validation and replicates.
+    `one_device`: the engine-step and training models of one device instead, from the first trace's calibration
+    rows at one device's threads (`has_device_calibration`), as measured (not rescaled to the run)."""
     traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
     ref = traces[0]
     _check_colocated(traces)
@@ -121,10 +130,11 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
                              "traces recorded by `rlrun record`; drop --calibration")
         return fit_steps(traces)
     _check_rows(traces)
-    gen_rows = _gen_rows(ref)
+    drift = drift_of(ref)
+    gen_rows = _gen_rows(ref, drift)
     gen, warnings = fit_gen_steps(gen_rows, warmup_step=0, model_bytes=(ref.meta.get("model") or {}).get("bytes"),
                                   hardware=ref.meta.get("hardware", {}), invalid_dropped=ref.dropped_rows(GEN_STEP))
-    st = _Steps.of(traces)
+    st = _Steps.of(traces, drift)
     costs = _fit_step_costs(st, float((ref.meta.get("model") or {}).get("bytes") or 0.0), _sync_rows(traces))
     engine = _engine_limits(ref, gen, warnings)
     shared = [bool((t.meta.get("trainer") or {}).get("share_prompts")) for t in traces]
@@ -136,8 +146,11 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
                           recorded=_recorded(ref, st, costs.upd_proper), warnings=tuple(warnings),
                           source=",".join(t.name for t in traces), shared_prompts=shared[0])
     # calibration rows, validation, replicates (replay/calibration.py)
-    return calibrate(models, traces, gen_rows, upd_proper=costs.upd_proper, n_tok=st.num_tokens, t_opt=st.t_optimizer,
-                     sel=costs.sel, t_fb=st.t_fb, calibration=list(calibration), ref_rows=st.is_ref)
+    models = calibrate(models, traces, gen_rows, upd_proper=costs.upd_proper, n_tok=st.num_tokens, t_opt=st.t_optimizer,
+                       sel=costs.sel, t_fb=st.t_fb, calibration=list(calibration), ref_rows=st.is_ref, one_device=one_device)
+    if drift is not None and models.validation is not None:
+        models = replace(models, validation=replace(models.validation, notes=models.validation.notes + (drift.describe(),)))
+    return models
 
 
 def _check_colocated(traces: Sequence[Trace]) -> None:
@@ -157,12 +170,15 @@ def _check_rows(traces: Sequence[Trace]) -> None:
         raise RlsimError(f"{ref.path} has no response rows; the trace cannot give response lengths")
 
 
-def _gen_rows(ref: Trace) -> dict[str, np.ndarray]:
-    """The first trace's gen_step rows (one machine state, one engine): duration, num_running, context_tokens,
-    prefill_tokens; `step` 0 for warm-up rows (the first RL step, unless the runner warmed the engine up before
-    recording), else 1; `round` the RL step (groups of rows for the robust fit's starts)."""
+def _gen_rows(ref: Trace, drift: Drift | None = None) -> dict[str, np.ndarray]:
+    """The first trace's gen_step rows (one machine state, one engine): duration (at the run's median machine
+    speed when the trace has a drift probe), num_running, context_tokens, prefill_tokens; `step` 0 for warm-up
+    rows (the first RL step, unless the runner warmed the engine up before recording), else 1; `round` the RL
+    step (groups of rows for the robust fit's starts)."""
     rg = ref.rows(GEN_STEP)
     rows = {c: rg[c].astype(float) for c in ("duration", "num_running", "context_tokens", "prefill_tokens")}
+    if drift is not None:
+        rows["duration"] = rows["duration"] / drift.factor("gen", rg["t_start"])
     rows["step"] = np.where((rg["step"].astype(float) == 0) & (not warmup_excluded(ref)), 0.0, 1.0)
     rows["round"] = rg["step"].astype(float)
     return rows
@@ -198,8 +214,11 @@ class _Steps:
     trace: np.ndarray = field(metadata={"help": "index of the row's trace"})
 
     @classmethod
-    def of(cls, traces: Sequence[Trace]) -> _Steps:
+    def of(cls, traces: Sequence[Trace], drift: Drift | None = None) -> _Steps:
+        """The traces' update rows; the first trace's at its median machine speed when `drift` (its probe) is given."""
         tables = [step_table(t) for t in traces]
+        if drift is not None:
+            tables[0] = _at_median_speed(tables[0], traces[0].rows(UPDATE)["t_start"], drift)
         col = {c: np.concatenate([tb[c] for tb in tables]) for c in tables[0]}
         warm = np.concatenate([(t.rows(UPDATE)["step"] == 0) & (not warmup_excluded(t)) for t in traces])
         if np.all(warm):
@@ -208,9 +227,21 @@ class _Steps:
         return cls(gen_steps=col["gen_steps"], gen_step_time=col["gen_step_time"], gen_time=col["gen_time"],
                    step_time=col["step_time"], sync_time=col["sync_time"], reward_time=col["reward_time"],
                    prep_time=col["prep_time"], update_time=col["update_time"], num_responses=col["num_responses"],
-                   num_tokens=col["num_tokens"], t_optimizer=col["t_optimizer"],
-                   t_fb=_cat(traces, UPDATE, "t_forward") + _cat(traces, UPDATE, "t_backward"),
+                   num_tokens=col["num_tokens"], t_optimizer=col["t_optimizer"], t_fb=col["t_forward"] + col["t_backward"],
                    warm=warm, is_ref=trace == 0, trace=trace)
+
+
+def _at_median_speed(tb: dict[str, np.ndarray], t: np.ndarray, drift: Drift) -> dict[str, np.ndarray]:
+    """A step table with generation seconds divided by the engine's slowness at each update's time and
+    training seconds by the trainer's; the step time loses what they lost."""
+    fg, ft = drift.factor("gen", t), drift.factor("train", t)
+    out = dict(tb)
+    for c in ("gen_step_time", "gen_time"):
+        out[c] = tb[c] / fg
+    for c in ("update_time", "t_forward", "t_backward"):
+        out[c] = tb[c] / ft
+    out["step_time"] = tb["step_time"] - (tb["gen_time"] - out["gen_time"]) - (tb["update_time"] - out["update_time"])
+    return out
 
 
 def fit_gen_overhead(st: _Steps) -> GenOverheadModel:

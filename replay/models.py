@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from rlsim.replay.cost import EngineStepCost
-from rlsim.replay.robust import AffineModel, FitQuality
+from rlsim.replay.robust import AffineModel, FitQuality, PiecewiseLinear, hinge_predict
 from rlsim.replay.util import default_group
 
 INTERVAL = 0.90         # central coverage of the reported intervals
@@ -33,8 +33,8 @@ class LevelError:
 class Validation:
     """Out-of-sample checks of the step-cost fits: what `rlsim run` and the report print."""
 
-    gen_form: str = field(metadata={"help": "engine-step form used: linear | knee"})
-    gen_knee: float = field(metadata={"help": "knee (num_running) of the knee form, nan for linear"})
+    gen_form: str = field(metadata={"help": "engine-step form used: linear | knee | interp"})
+    gen_knee: float = field(metadata={"help": "knee (num_running) of the knee form, nan for the other forms"})
     gen_r2: float = field(metadata={"help": "R2 of the engine-step fit on the rows used"})
     gen_cv: float = field(metadata={"help": "RMS relative error of held-out concurrency levels, form used"})
     gen_cv_max: float = field(metadata={"help": "largest |relative error| of a held-out level, form used"})
@@ -42,6 +42,12 @@ class Validation:
     gen_cv_knee: float = field(metadata={"help": "the same RMS for the knee form (nan: too few levels)"})
     gen_levels: tuple[LevelError, ...] = field(metadata={"help": "held-out errors per level, form used"})
     gen_source: str = field(metadata={"help": "rows the engine-step fit used"})
+    gen_cv_interp: float = field(default=math.nan, metadata={
+        "help": "the same RMS for the interpolated form (nan: no calibration ladder of enough levels)"})
+    gen_knots: int = field(default=0, metadata={"help": "measured levels the interpolated form has knots at (0: another form)"})
+    train_form: str = field(default="", metadata={
+        "help": "training form: interp (forward + backward interpolated over the calibration's token levels), "
+                "else '' (the run's own line, fit.py)"})
     train_r2: float = field(default=math.nan, metadata={"help": "R2 of the training fit (calibration levels and run updates)"})
     train_cv: float = field(default=math.nan, metadata={"help": "RMS relative error of held-out token levels"})
     train_cv_max: float = field(default=math.nan, metadata={"help": "largest |relative error| of a held-out token level"})
@@ -63,13 +69,15 @@ class Validation:
     def summary(self) -> list[str]:
         """Lines for `rlsim run`."""
         pct = lambda v: "n/a" if not math.isfinite(v) else f"{100 * v:.1f}%"  # noqa: E731
-        knee = f" at {self.gen_knee:.0f} running" if self.gen_form == "knee" else ""
-        out = [f"engine-step fit: {self.gen_form}{knee}, R2 {self.gen_r2:.3f}, leave-one-level-out error {pct(self.gen_cv)} "
-               f"RMS (max {pct(self.gen_cv_max)}; linear {pct(self.gen_cv_linear)}, knee {pct(self.gen_cv_knee)}); {self.gen_source}"]
+        form = (f"interpolated over {self.gen_knots} measured levels" if self.gen_form == "interp"
+                else self.gen_form + (f" at {self.gen_knee:.0f} running" if self.gen_form == "knee" else ""))
+        out = [f"engine-step fit: {form}, leave-one-level-out {pct(self.gen_cv)} RMS (max {pct(self.gen_cv_max)}; "
+               f"linear {pct(self.gen_cv_linear)}, knee {pct(self.gen_cv_knee)}), R2 {self.gen_r2:.3f}; {self.gen_source}"]
         if self.train_source:
             run = f", run's update from the calibration {100 * self.train_run_err:+.1f}%" if math.isfinite(self.train_run_err) else ""
-            out.append(f"training fit: R2 {self.train_r2:.3f}, leave-one-token-level-out error {pct(self.train_cv)} RMS "
-                       f"(max {pct(self.train_cv_max)}){run}; {self.train_source}")
+            form = f"interpolated over {len(self.train_levels)} token levels, " if self.train_form == "interp" else ""
+            out.append(f"training fit: {form}leave-one-level-out {pct(self.train_cv)} RMS (max {pct(self.train_cv_max)})"
+                       f"{run}, R2 {self.train_r2:.3f}; {self.train_source}")
         return out
 
 
@@ -77,14 +85,21 @@ class Validation:
 class Replicates:
     """Bootstrap refits of the engine-step and update models (one row per replicate)."""
 
-    gen: np.ndarray = field(metadata={"help": "(R, 6): c_step, c_seq, c_ctx, c_prefill, c_knee, knee"})
-    update: np.ndarray = field(metadata={"help": "(R, 2): intercept, slope (seconds, seconds per token)"})
+    gen: np.ndarray = field(metadata={
+        "help": "(R, 4 + 2K): c_step, c_seq, c_ctx, c_prefill, then a (slope change, knee) pair per hinge (replay/cost.py)"})
+    update: np.ndarray = field(metadata={
+        "help": "(R, 2 + 2K): seconds at 0 tokens, seconds per token, then a (slope change, knee) pair per hinge "
+                "(`robust.hinge_predict`; K = 0: a line)"})
     b_crit: np.ndarray | None = field(default=None, metadata={"help": "(R,) gradient noise scale replicates (filled by the what-if)"})
     method: str = field(default="", metadata={"help": "what was resampled"})
     level: float = field(default=INTERVAL, metadata={"help": "central coverage of the intervals"})
 
     def __len__(self) -> int:
         return len(self.gen)
+
+    def update_seconds(self, tokens) -> np.ndarray:
+        """(R,) + tokens' shape: each replicate's update seconds at `tokens`."""
+        return hinge_predict(self.update, tokens)
 
 
 def interval(point: float, reps: np.ndarray, level: float = INTERVAL) -> tuple[float, float]:
@@ -109,7 +124,8 @@ class GenStepModel(EngineStepCost):
     quality: FitQuality = field(metadata={"help": "fit quality on the gen_step rows"})
     prior: bool = field(default=False, metadata={"help": "c_step came from the roofline prior (too little concurrency range)"})
     concurrency_range: tuple[int, int] = field(default=(0, 0), metadata={"help": "min and max num_running of the fitted rows"})
-    form: str = field(default="linear", metadata={"help": "linear | knee (c_knee * max(0, num_running - knee) added)"})
+    form: str = field(default="linear", metadata={
+        "help": "linear (no hinge) | knee (one hinge) | interp (a hinge at each inner measured level's concurrency)"})
 
     def predict(self, num_running, context_tokens, prefill_tokens=0.0):
         """Seconds per step for arrays of batch composition (broadcasts): `step`."""
@@ -181,7 +197,9 @@ class FittedModels:
     gen: GenStepModel = field(metadata={"help": "engine step cost vs batch composition"})
     gen_overhead: GenOverheadModel = field(metadata={"help": "generation round overhead outside engine steps"})
     lengths: LengthModel = field(metadata={"help": "prompt and response length distribution"})
-    update: AffineModel = field(metadata={"help": "optimizer update seconds vs tokens trained"})
+    update: AffineModel | PiecewiseLinear = field(metadata={
+        "help": "update seconds vs tokens trained: a line (the run alone), or the calibration's forward + backward "
+                "seconds interpolated over its token levels plus the run's fixed cost"})
     prep: AffineModel = field(metadata={"help": "batch preparation (old log-probs, values) seconds vs tokens"})
     reward: AffineModel = field(metadata={"help": "reward/advantage seconds vs responses"})
     other: AffineModel = field(metadata={"help": "rest of the RL step (unaccounted) vs responses"})

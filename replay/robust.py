@@ -1,5 +1,5 @@
 """Robust fitting for timings on a shared machine: non-negative least squares that trims contaminated
-rows (least trimmed squares on log residuals), affine cost models with their fit quality.
+rows (least trimmed squares on log residuals), affine and piecewise-linear cost models with their fit quality.
 
 Timings here are contaminated one-sidedly (contention only slows things down) and in whole time
 windows; `nnls_fit` says how it copes. Imports neither torch nor SimPy.
@@ -149,6 +149,65 @@ class AffineModel:
 
     def predict(self, x):
         return self.intercept + self.slope * np.asarray(x, float)
+
+    @property
+    def array(self) -> np.ndarray:
+        """(2,) [intercept, slope]: the no-hinge case of `PiecewiseLinear.array` (`hinge_predict`)."""
+        return np.array([self.intercept, self.slope], float)
+
+
+@dataclass(frozen=True)
+class PiecewiseLinear:
+    """y = offset + g(x), g the linear interpolation of measured (knots, values), continued beyond the end knots
+    along the straight line through the two end knots on that side: the measured curve where it was measured, a
+    parametric line beyond. A cost is not negative at x = 0: where the line below the first knot would be, g runs
+    from the origin to the first knot instead. Used where an AffineModel is, through `predict` (it has no single
+    intercept or slope)."""
+
+    name: str = field(metadata={"help": "what is modelled, e.g. 'update'"})
+    x_name: str = field(metadata={"help": "the regressor, e.g. 'tokens'"})
+    knots: tuple[float, ...] = field(metadata={"help": "x of the measured levels, ascending, at least two"})
+    values: tuple[float, ...] = field(metadata={"help": "g at each knot (e.g. forward + backward seconds)"})
+    quality: FitQuality = field(metadata={"help": "fit quality on the recorded rows"})
+    offset: float = field(default=0.0, metadata={"help": "added everywhere (e.g. the per-update fixed cost: optimizer step)"})
+
+    def __post_init__(self):
+        k = np.asarray(self.knots, float)
+        if len(k) < 2 or len(k) != len(self.values) or np.any(np.diff(k) <= 0):
+            raise ValueError(f"a piecewise-linear model needs two or more ascending knots with one value each, got {self.knots}")
+
+    def predict(self, x):
+        return hinge_predict(self.array, x)
+
+    @property
+    def array(self) -> np.ndarray:
+        """(2 + 2K,) [a, b, d_1, k_1, ..., d_K, k_K]: y = a + b x + sum_j d_j max(0, x - k_j), a hinge at every knot
+        but the last (the row layout of Replicates.update)."""
+        return self.coefs(self.knots, self.values, self.offset)
+
+    @staticmethod
+    def coefs(knots, values, offset: float = 0.0) -> np.ndarray:
+        """`array` of the model through (knots, values) plus `offset`, without making one."""
+        k, v = np.asarray(knots, float), np.asarray(values, float)
+        s = np.diff(v) / np.diff(k)  # segment slopes
+        pairs = [u for j in range(1, len(k) - 1) for u in (s[j] - s[j - 1], k[j])]
+        g0 = v[0] - s[0] * k[0]  # the first segment's line at x = 0
+        # below the first knot: that line, or from the origin where it would be negative (a hinge at the first knot,
+        # of no slope change otherwise, so that every model through the same knots has one layout)
+        b = s[0] if g0 >= 0 or k[0] <= 0 else v[0] / k[0]
+        return np.array([offset + v[0] - b * k[0], b, s[0] - b, k[0]] + pairs, float)
+
+
+def hinge_predict(coefs: np.ndarray, x) -> np.ndarray:
+    """a + b x + sum_j d_j max(0, x - k_j) of coefficient rows [a, b, d_1, k_1, ...] ((2 + 2K,) or (R, 2 + 2K),
+    `PiecewiseLinear.array`, `AffineModel.array`) at x: x's shape, or (R,) + x's shape."""
+    c = np.asarray(coefs, float)
+    x = np.asarray(x, float)
+    lead = c.shape[:-1] + (1,) * x.ndim
+    y = c[..., 0].reshape(lead) + c[..., 1].reshape(lead) * x
+    for j in range(2, c.shape[-1], 2):
+        y = y + c[..., j].reshape(lead) * np.maximum(x - c[..., j + 1].reshape(lead), 0.0)
+    return y
 
 
 def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = None, groups=None) -> AffineModel:

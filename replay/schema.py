@@ -1,4 +1,4 @@
-"""The rlsim trace format, version 3: one Parquet file per run, one row per event.
+"""The rlsim trace format, version 4: one Parquet file per run, one row per event.
 
 Every row has `kind` in EVENT_KINDS and the common columns; the other columns are null where
 they do not apply to the row's kind. Times are seconds from run start on one monotonic clock.
@@ -20,13 +20,18 @@ CONFIG_DEFAULTS when missing (`placement`). In a split trace the `update` row's 
 end of the previous update's weight sync (the run's start for the first) to the end of this one's, and its
 `gen_time` is the time the trainer waited for finished responses in that interval; `sync` has one row per
 engine replica per update (docs/trace-format.md).
+
+Version 4 is additive: the drift probe (`drift_gen`, `drift_train`: a fixed engine visit and a fixed training
+pass repeated every few updates on the run's clock, so the fit can state and remove the machine's speed drift)
+and the column `threads` on calibration and drift rows (the CPU threads a row was measured at: the calibration
+also measures one device's speed, i.e. one core on CPU, for split what-ifs).
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)  # the reader accepts these; an older file lacks the newer COLUMN_SINCE columns
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)  # the reader accepts these; an older file lacks the newer COLUMN_SINCE columns
 META_KEY = b"rlsim"
 
 GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL = "gen_step", "response", "update", "sync", "eval"
@@ -45,7 +50,12 @@ CALIB_KINDS = (CALIB_GEN, CALIB_TRAIN)
 # all-reduce of one update. The fit ignores them (it fits colocated recordings only).
 IDLE, TRAIN_RANK, ALLREDUCE = "idle", "train_rank", "allreduce"
 SPLIT_KINDS = (IDLE, TRAIN_RANK, ALLREDUCE)
-EVENT_KINDS = (GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL, PHASE, STEP_STATS, CALIB_GEN, CALIB_TRAIN, IDLE, TRAIN_RANK, ALLREDUCE)
+# version 4: the drift probe, rows like calib_gen / calib_train but on the run's clock (`step`: the update
+# after which the probe ran; `calib_level`: the probe's fixed size), recorded every few updates.
+DRIFT_GEN, DRIFT_TRAIN = "drift_gen", "drift_train"
+DRIFT_KINDS = (DRIFT_GEN, DRIFT_TRAIN)
+EVENT_KINDS = (GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL, PHASE, STEP_STATS, CALIB_GEN, CALIB_TRAIN, IDLE, TRAIN_RANK, ALLREDUCE,
+               DRIFT_GEN, DRIFT_TRAIN)
 
 f64, i64 = pa.float64(), pa.int64()
 
@@ -58,13 +68,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("step", i64, EVENT_KINDS, "RL step (update index, 0-based) the event belongs to"),
     ("policy_version", i64, EVENT_KINDS, "weights version in use (number of updates applied to the engine's weights)"),
     # gen_step: one vLLM engine step
-    ("num_running", i64, (GEN_STEP, CALIB_GEN), "sequences in the step's batch"),
-    ("num_waiting", i64, (GEN_STEP, CALIB_GEN), "requests queued but not scheduled after the step"),
-    ("prefill_tokens", i64, (GEN_STEP, CALIB_GEN), "prompt tokens computed in the step"),
-    ("decode_tokens", i64, (GEN_STEP, CALIB_GEN), "new tokens sampled in the step (one per decoding sequence)"),
-    ("context_tokens", i64, (GEN_STEP, CALIB_GEN), "KV tokens attended over by the step's batch (sum of context lengths)"),
-    ("kv_usage", f64, (GEN_STEP, CALIB_GEN), "fraction of the KV cache in use after the step"),
-    ("finished", i64, (GEN_STEP, CALIB_GEN), "sequences that finished in the step"),
+    ("num_running", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "sequences in the step's batch"),
+    ("num_waiting", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "requests queued but not scheduled after the step"),
+    ("prefill_tokens", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "prompt tokens computed in the step"),
+    ("decode_tokens", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "new tokens sampled in the step (one per decoding sequence)"),
+    ("context_tokens", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "KV tokens attended over by the step's batch (sum of context lengths)"),
+    ("kv_usage", f64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "fraction of the KV cache in use after the step"),
+    ("finished", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "sequences that finished in the step"),
     # response: one finished response
     ("prompt_id", i64, (RESPONSE,), "index of the prompt in the task's training stream"),
     ("group_index", i64, (RESPONSE,), "index of the response within its prompt's group (0..G-1)"),
@@ -76,13 +86,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("t_first_token", f64, (RESPONSE,), "time of its first generated token"),
     ("t_finished", f64, (RESPONSE,), "time it finished"),
     # update: one optimizer update (plus the timing of the whole RL step it closes)
-    ("num_responses", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK), "responses in the update (B = P x G); calib_train: responses in the profiled batch; train_rank: the rank's share"),
-    ("num_tokens", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK), "tokens trained on in the update: prompt + response per sample, or each group's prompt once + all response tokens when metadata trainer.share_prompts; train_rank: the rank's share"),
+    ("num_responses", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK, DRIFT_TRAIN), "responses in the update (B = P x G); calib_train: responses in the profiled batch; train_rank: the rank's share"),
+    ("num_tokens", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK, DRIFT_TRAIN), "tokens trained on in the update: prompt + response per sample, or each group's prompt once + all response tokens when metadata trainer.share_prompts; train_rank: the rank's share"),
     ("response_tokens_total", i64, (UPDATE,), "response tokens in the update"),
     ("lr", f64, (UPDATE,), "learning rate of the update"),
     ("loss", f64, (UPDATE,), "policy loss"),
-    ("t_forward", f64, (UPDATE, CALIB_TRAIN, TRAIN_RANK), "seconds in forward passes"),
-    ("t_backward", f64, (UPDATE, CALIB_TRAIN, TRAIN_RANK), "seconds in backward passes"),
+    ("t_forward", f64, (UPDATE, CALIB_TRAIN, TRAIN_RANK, DRIFT_TRAIN), "seconds in forward passes"),
+    ("t_backward", f64, (UPDATE, CALIB_TRAIN, TRAIN_RANK, DRIFT_TRAIN), "seconds in backward passes"),
     ("t_optimizer", f64, (UPDATE,), "seconds in the optimizer step"),
     ("grad_norm", f64, (UPDATE,), "L2 norm of the full-batch policy gradient (before clipping)"),
     ("grad_norm_micro", f64, (UPDATE,), "root mean square of the micro-batch policy gradient norms"),
@@ -120,11 +130,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("score_max", f64, (STEP_STATS,), "highest training score (verl critic/score/max)"),
     ("metrics", pa.string(), (STEP_STATS,), "JSON object: every numeric metric the framework logged for the step, under its original name (unknown names kept)"),
     # calibration (v2): the profile level a calib_gen / calib_train row belongs to
-    ("calib_level", i64, (CALIB_GEN, CALIB_TRAIN), "calib_gen: sequences submitted at this rung of the concurrency ladder; calib_train: responses in the profiled batch"),
+    ("calib_level", i64, (CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN), "calib_gen / drift_gen: sequences submitted at this rung of the concurrency ladder (the probe's fixed rung); calib_train / drift_train: responses in the profiled batch"),
     # split mode (v3): which engine replica / trainer rank a row belongs to, and the version a response ended on
     ("engine_id", i64, (GEN_STEP, RESPONSE, SYNC, IDLE, EVAL), "generation engine replica (0-based); null (or 0) in colocated traces; idle: set for an engine's wait"),
     ("rank", i64, (TRAIN_RANK, ALLREDUCE, IDLE), "data-parallel training rank (0-based); idle: set for a rank's wait"),
     ("finish_version", i64, (RESPONSE,), "policy version its last token was generated under (policy_version: the one it started under); > policy_version: a partial rollout spanning a weight sync"),
+    # v4: the CPU threads (devices' cores) a calibration or drift row was measured at
+    ("threads", i64, (CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN), "CPU threads the row was measured at (the calibration also measures one core, a CPU's device unit); null: the run's"),
 )
 
 COLUMN_NAMES = tuple(c[0] for c in COLUMNS)
@@ -142,6 +154,8 @@ REQUIRED = {
     IDLE: ("t_start", "duration"),  # and exactly one of engine_id / rank (replay/validate.py)
     TRAIN_RANK: ("t_start", "duration", "rank", "num_responses", "num_tokens"),
     ALLREDUCE: ("t_start", "duration", "bytes", "rank"),
+    DRIFT_GEN: ("t_start", "duration", "num_running", "prefill_tokens", "decode_tokens", "context_tokens", "calib_level"),
+    DRIFT_TRAIN: ("t_start", "duration", "num_responses", "num_tokens", "t_forward", "t_backward", "calib_level"),
 }
 
 # The first schema version that has a column / an event kind; absent: version 1. A file of version v
@@ -150,8 +164,10 @@ _V2_COLUMNS = ("phase", "phase_role", "response_len_mean", "response_len_min", "
                "prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio", "score_mean", "score_min",
                "score_max", "metrics", "calib_level")
 _V3_COLUMNS = ("engine_id", "rank", "finish_version")
-COLUMN_SINCE: dict[str, int] = {**{c: 2 for c in _V2_COLUMNS}, **{c: 3 for c in _V3_COLUMNS}}
-KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2, IDLE: 3, TRAIN_RANK: 3, ALLREDUCE: 3}
+_V4_COLUMNS = ("threads",)
+COLUMN_SINCE: dict[str, int] = {**{c: 2 for c in _V2_COLUMNS}, **{c: 3 for c in _V3_COLUMNS}, **{c: 4 for c in _V4_COLUMNS}}
+KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2, IDLE: 3, TRAIN_RANK: 3, ALLREDUCE: 3,
+                              DRIFT_GEN: 4, DRIFT_TRAIN: 4}
 
 # The run config's placement fields (metadata `config`, schema version 3); a trace without them (older
 # ones) was recorded colocated on one device: these defaults.

@@ -18,6 +18,8 @@ import numpy as np
 from rlsim.replay.io import write_trace
 from rlsim.replay.cost import EngineStepCost
 
+CALIB_TRAIN_FACTORS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # calib_train levels, x the batch (as rlrun record)
+
 
 @dataclass(frozen=True)
 class SynthSpec:
@@ -77,6 +79,7 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
     def noisy(x: float) -> float:
         return x * (1 + spec.noise * rng.standard_normal()) if spec.noise else x
 
+    cost = true_cost(spec)
     for step in range(spec.steps):
         t_step0 = t
         plen = np.repeat(rng.integers(spec.prompt_min, spec.prompt_max + 1, size=P), G)
@@ -97,7 +100,7 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
             n = len(running)
             ctx = int(sum(int(plen[j] + done_tok[j]) for j in running))
             dec = sum(1 for j in running if done_tok[j] > 0)
-            dur = spec.c_step + spec.c_seq * n + spec.c_ctx * ctx + spec.c_prefill * pre + spec.c_knee * max(n - spec.knee, 0)
+            dur = cost.stretch(1, n, ctx, pre)
             dur = noisy(dur) + (spec.warmup_extra if step == 0 else 0.0)
             fin = []
             for j in running:
@@ -170,23 +173,26 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
     return write_trace(path, meta, rows)
 
 
+def true_cost(spec: SynthSpec) -> EngineStepCost:
+    """The generator's engine-step cost (one hinge when the spec has a knee)."""
+    hinges = ((spec.knee, spec.c_knee),) if spec.c_knee else ()
+    return EngineStepCost(spec.c_step, spec.c_seq, spec.c_ctx, spec.c_prefill, hinges=hinges)
+
+
 def true_step_seconds(spec: SynthSpec, n, ctx, pre):
     """The generator's noise-free engine-step seconds."""
-    cost = EngineStepCost(spec.c_step, spec.c_seq, spec.c_ctx, spec.c_prefill, c_knee=spec.c_knee, knee=spec.knee)
-    return cost.step(n, ctx, pre)
+    return true_cost(spec).step(n, ctx, pre)
 
 
 def calibration_rows(spec: SynthSpec) -> list[dict]:
-    """calib_gen rows at rungs 1, 2, 4, ... up to min(calib_factor x B, max_num_seqs), `calib_steps` decode
-    steps each after a prefill step, and calib_train rows at 1/8, 1 and 8 x the batch's tokens (3, 1, 1
-    passes); timed with the spec's true coefficients and noise (their own random stream)."""
+    """calib_gen rows at half-octave rungs 1, 2, 3, 4, 6, 8, 11, ... up to min(calib_factor x B, max_num_seqs)
+    (as `rlrun record` calibrates), `calib_steps` decode steps each after a prefill step, and calib_train rows
+    at CALIB_TRAIN_FACTORS x the batch's tokens (2 passes each); timed with the spec's true coefficients and
+    noise (their own random stream)."""
     rng = np.random.default_rng(spec.seed + 1_000_003)
     B = spec.prompts * spec.group
     top = min(spec.calib_factor * B, spec.max_num_seqs)
-    rungs, n = [], 1
-    while n < top:
-        rungs.append(n)
-        n *= 2
+    rungs = [n for n in np.unique(np.round(2 ** (np.arange(2 * np.log2(top) + 1) / 2))).astype(int).tolist() if n < top]
     rungs.append(top)
     rows: list[dict] = []
     t = 0.0
@@ -206,10 +212,10 @@ def calibration_rows(spec: SynthSpec) -> list[dict]:
                              calib_level=level))
             t += dur
     mean_tok = (spec.prompt_min + spec.prompt_max) / 2 + (spec.min_tokens + spec.max_tokens) / 2
-    for f, passes in ((0.125, 3), (1.0, 1), (8.0, 1)):
+    for f in CALIB_TRAIN_FACTORS:
         R = max(1, int(round(f * B)))
         tokens = int(round(R * mean_tok))
-        for _ in range(passes):
+        for _ in range(2):
             dur = noisy(spec.calib_train_a + spec.update_b * tokens)
             rows.append(dict(kind="calib_train", t_start=t, duration=dur, step=0, policy_version=0, num_responses=R,
                              num_tokens=tokens, t_forward=dur / 3, t_backward=dur - dur / 3, calib_level=R))

@@ -3,160 +3,359 @@
 Run by `rlrun record` after the warm-ups and before the first update (on by default, `--no-calibrate`
 skips it), and alone by `rlrun calibrate`. Rows are `calib_gen` / `calib_train` (replay/schema.py); the
 fit is replay/calibration.py. Weights and optimizer state are not changed (training passes compute and
-discard gradients, `Trainer.profile`); the engine's prefix cache is reset afterwards. Times are on the
-calibration's own clock (seconds from its start).
+discard gradients, `Trainer.profile`, the code path of an update without its optimizer step); the engine's
+prefix cache is reset afterwards. Times are on the calibration's own clock (seconds from its start).
 
-- engine: rungs of 1, 2, 4, ... sequences up to LADDER_FACTOR x the run's batch, capped by
-  `max_num_seqs` and by the KV cache (sequences of the longest calibration context that fit); when the
-  ladder is capped, one more rung submits min(LADDER_FACTOR x batch, 1.5 x cap) sequences, so it runs in
-  two waves (admissions with prefill beside full-batch decode steps). Each rung submits its sequences as the
-  run does (requests of n = G samples), prompts drawn from the task's own training distribution (a
-  stream seeded apart from the run's), with `ignore_eos` and max_tokens sized so that the rung has at
-  least MIN_DECODE_STEPS steps at its concurrency (more for cheap rungs, up to RUNG_SECONDS): the
-  median of a rung is then stable. Every engine step is one row: num_running, context, prefill, duration.
-- training: forward + backward of TRAIN_FACTORS x the run's responses per update (1/8 to 8), built
-  from real sampled responses (the engine warm-up's) grouped G per prompt as the run's batches are,
-  micro-batched as an update of that size would be.
-- budget: the calibration stops adding rungs once BUDGET_S is spent (the skipped rungs are listed in the
-  metadata `calibration.skipped`).
+What it measures, and why so:
+- warm state first. The trainer's first passes after start run up to 1.9x slower per token than the
+  same passes a few updates later (allocator growth, kernel caches: measured in one process, 10 updates,
+  cold 70 us/token vs warm 37 at 1x, while the calibration's synthetic batches and the run's real ones
+  differ by 7 %). A calibration taken cold needed a 0.7 correction factor; here 1x passes are repeated
+  until two in a row agree within WARM_TOL (at most WARM_PASSES) and discarded.
+- engine: half-octave rungs 1, 2, 3, 4, 6, 8, 11, 16, ... up to LADDER_FACTOR x the run's batch, capped
+  by `max_num_seqs` and by the KV cache (sequences of the longest calibration context that fit); when
+  capped, one more rung submits min(LADDER_FACTOR x batch, 1.5 x cap) sequences, so it runs in two waves.
+  Each visit of a rung submits its sequences as the run does (requests of n = G samples; prompts of the
+  task's training distribution from a stream seeded apart from the run's; `ignore_eos`), for at least
+  VISIT_STEPS decode steps. Rungs are visited in a shuffled order, round after round (randomised
+  interleaving, Abedi and Brecht 2017: drift spreads over all rungs instead of biasing the late ones),
+  until the median of each rung's decode steps has a relative standard error of at most SE_TARGET.
+- training: forward + backward of TRAIN_FACTORS x the run's responses per update (1/8 to 8), built from
+  real sampled responses grouped G per prompt as the run's batches are, micro-batched as an update of that
+  size would be; also in shuffled rounds until each level's SE_TARGET is met or the budget is spent.
+- one device: on a CPU run of more than one core, a shorter ladder at one thread (`threads` = 1 on its
+  rows): a split what-if gives each side whole devices, a core on CPU, and needs one device's speed.
+- budget: BUDGET_FRACTION of the recording it precedes (estimated from the ladder: steps x (generation of
+  one batch + one update)), within [BUDGET_MIN_S, BUDGET_S], GEN_SHARE of it for the engine. The first
+  round goes upwards, so that each level's cost is bounded by what was measured before it and the budget
+  check holds; the rounds after it are shuffled. Levels never measured for want of budget are listed in the
+  metadata `calibration.skipped`; each level's values and standard error in `gen_rungs` / `train_levels`.
 """
 from __future__ import annotations
 
 import math
+import random
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN
+import numpy as np
+
+from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN
 
 LADDER_FACTOR = 16           # engine rungs up to this multiple of the run's batch (B = P x G sequences)
-MIN_DECODE_STEPS = 6         # decode steps per rung at least ...
-MAX_DECODE_STEPS = 16        # ... and at most
-RUNG_SECONDS = 0.12          # ... aiming at this many seconds per rung
-TRAIN_FACTORS = ((0.125, 2), (1.0, 1), (8.0, 1))  # (x the run's responses per update, passes)
+VISIT_STEPS = 6              # decode steps per visit of a rung at least ...
+MAX_VISIT_STEPS = 16         # ... and at most (cheap rungs get more per visit)
+VISIT_SECONDS = 0.12         # ... aiming at this many seconds per visit
 WAVE_STEPS = 4               # decode steps per wave of the rung beyond the cap
-BUDGET_S = 60.0              # hard cap on the calibration's wall time
+SE_TARGET = 0.03             # relative standard error of each level's median to reach
+MAX_ROUNDS = 6               # rounds of the shuffled ladder at most
+TRAIN_FACTORS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # x the run's responses per update
+WARM_TOL, WARM_PASSES = 0.05, 5  # warm 1x passes until two in a row agree within WARM_TOL (at most WARM_PASSES)
+BUDGET_FRACTION = 0.10       # of the recording's estimated duration ...
+BUDGET_MIN_S, BUDGET_S = 8.0, 60.0  # ... within these (BUDGET_S alone for `rlrun calibrate`)
+GEN_SHARE = 0.4              # of the budget for the engine ladder (training passes cost more each)
+DEVICE_SHARE = 0.25          # of the budget for the one-device ladder, when there is one
+DRIFT_LEVEL = 64             # the drift probe's engine visit: this many sequences (or the batch, if fewer) ...
+DRIFT_TRAIN_FACTOR = 0.125   # ... and its training pass: this x the run's responses per update
+
+
+def half_octaves(top: int) -> list[int]:
+    """1, 1.4, 2, 2.8, 4, ... rounded and without repeats, below `top`, then `top`."""
+    out, k = [], 0
+    while True:
+        n = int(round(2 ** (k / 2)))
+        if n >= top:
+            break
+        if not out or n > out[-1]:
+            out.append(n)
+        k += 1
+    return out + [top]
 
 
 def gen_ladder(batch: int, max_num_seqs: int, kv_tokens: int, block: int, ctx: int,
                factor: int = LADDER_FACTOR) -> tuple[list[int], int | None]:
-    """(concurrency rungs, wave rung or None): 1, 2, 4, ... up to min(factor x batch, cap), where cap is
+    """(concurrency rungs, wave rung or None): half-octaves up to min(factor x batch, cap), where cap is
     max_num_seqs or the sequences of `ctx` tokens the KV cache holds; then the wave rung when capped."""
     per_seq = -(-ctx // max(block, 1)) * max(block, 1)
     cap = max(1, min(max_num_seqs, kv_tokens // max(per_seq, 1) if kv_tokens else max_num_seqs))
     top = max(1, factor * batch)
-    rungs, n = [], 1
-    while n < min(top, cap):
-        rungs.append(n)
-        n *= 2
-    rungs.append(min(top, cap))
     wave = min(top, cap + cap // 2) if top > cap and cap >= 2 else None
-    return rungs, wave
+    return half_octaves(min(top, cap)), wave
 
 
-def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: list[list[int]],
-                    log: Callable[[str], None] = lambda m: None, budget_s: float = BUDGET_S
-                    ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
-    """Profile the engine and the trainer. `prompts`: token ids of task prompts; `responses`: token ids of
-    real sampled responses (their lengths). Returns the rows (kind, fields) and the metadata section."""
-    from rlsim.runner.algo import Sample
+def median_se(x) -> float:
+    """Relative standard error of the median of x: 1.2533 x robust sigma / sqrt(n) / median (nan below 3 values)."""
+    x = np.asarray(x, float)
+    if len(x) < 3:
+        return math.nan
+    med = float(np.median(x))
+    sigma = 1.4826 * float(np.median(np.abs(x - med)))
+    return 1.2533 * sigma / math.sqrt(len(x)) / med if med > 0 else math.nan
 
-    T0 = time.perf_counter()
-    clock = lambda: time.perf_counter() - T0  # noqa: E731
-    old_clock = engine.clock
-    engine.clock = clock
-    rows: list[tuple[str, dict[str, Any]]] = []
-    skipped: list[str] = []
-    G = max(cfg.G, 1)
-    B = cfg.gen_responses
-    p_max = max(len(p) for p in prompts)
-    room = max(engine.max_model_len - p_max - 2, MIN_DECODE_STEPS)
-    rungs, wave = gen_ladder(B, engine.max_num_seqs, engine.kv_cache_tokens, engine.block_size,
-                             p_max + min(room, MAX_DECODE_STEPS + 1))
-    info: dict[str, Any] = {"gen_rungs": [], "train_levels": [], "factor": LADDER_FACTOR, "budget_s": budget_s}
-    next_prompt = 0
-    prev: tuple[int, float] | None = None  # (num_running, median step seconds) of the last rung
 
-    def rung(level: int, steps: int) -> list[float]:
-        nonlocal next_prompt
+@dataclass
+class Ladder:
+    """Measurements of one ladder: level -> values (seconds of decode steps, or of passes per token)."""
+    values: dict[int, list[float]] = field(default_factory=dict)
+    skipped: list[str] = field(default_factory=list)
+
+    def add(self, level: int, vals) -> None:
+        self.values.setdefault(level, []).extend(vals)
+
+    def open(self, levels, min_n: int) -> list[int]:
+        """Levels that still need measuring: fewer than min_n values, or a standard error above SE_TARGET."""
+        out = []
+        for lv in levels:
+            v = self.values.get(lv, [])
+            se = median_se(v)
+            if len(v) < min_n or not (se <= SE_TARGET):
+                out.append(lv)
+        return out
+
+    def median(self, level: int) -> float | None:
+        v = self.values.get(level)
+        return float(np.median(v)) if v else None
+
+    def summary(self, key: str) -> list[dict[str, Any]]:
+        return [{key: lv, "n": len(v), "median_s": float(np.median(v)), "se": median_se(v)}
+                for lv, v in sorted(self.values.items())]
+
+
+class _Calibration:
+    """One calibration's state: the clock, the rows written, the prompts handed out."""
+
+    def __init__(self, engine, trainer, cfg, prompts, responses, log, rng: random.Random):
+        self.engine, self.trainer, self.cfg, self.log, self.rng = engine, trainer, cfg, log, rng
+        self.prompts, self.responses = prompts, responses
+        self.t0 = time.perf_counter()
+        self.rows: list[tuple[str, dict[str, Any]]] = []
+        self.next_prompt = 0
+        self.threads: int | None = None  # recorded on the rows: the thread count they were measured at
+        self.kinds, self.step = (CALIB_GEN, CALIB_TRAIN), 0  # the drift probe writes its own kinds, on its step
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+    # ------------------------------------------------------------------------------------------ engine
+    def visit(self, level: int, steps: int) -> list[float]:
+        """Submit `level` sequences (requests of G) for steps + 1 tokens; one row per engine step; returns the
+        decode steps' seconds at full concurrency (the first step is the prefill, a wave's are mixed)."""
+        G = max(self.cfg.G, 1)
         reqs, left = [], level
         while left > 0:
             k = min(G, left)
-            reqs.append((None, prompts[next_prompt % len(prompts)], k))
-            next_prompt += 1
+            reqs.append((None, self.prompts[self.next_prompt % len(self.prompts)], k))
+            self.next_prompt += 1
             left -= k
-        durs: list[float] = []
+        durs: list[tuple[int, float]] = []
 
         def on_step(s):
-            durs.append(s.duration)
-            rows.append((CALIB_GEN, dict(t_start=s.t_start, duration=s.duration, step=0, policy_version=0,
-                                         num_running=s.num_running, num_waiting=s.num_waiting,
-                                         prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
-                                         context_tokens=s.context_tokens, kv_usage=s.kv_usage, finished=s.finished,
-                                         calib_level=level)))
+            durs.append((s.num_running, s.duration))
+            self.rows.append((self.kinds[0], dict(
+                t_start=s.t_start, duration=s.duration, step=self.step, policy_version=self.step, num_running=s.num_running,
+                num_waiting=s.num_waiting, prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
+                context_tokens=s.context_tokens, kv_usage=s.kv_usage, finished=s.finished, calib_level=level,
+                threads=self.threads)))
 
-        # the first token comes with the prefill step: steps + 1 tokens give `steps` decode steps
-        engine.generate(reqs, engine.sampling(steps + 1, cfg.temperature, ignore_eos=True), on_step)
-        return durs
+        self.engine.generate(reqs, self.engine.sampling(steps + 1, self.cfg.temperature, ignore_eos=True), on_step)
+        top = max((n for n, _ in durs), default=0)
+        return [d for n, d in durs[1:] if n == top]
 
-    t_gen = clock()
-    plan = [(n, False) for n in rungs] + ([(wave, True)] if wave else [])
-    for level, is_wave in plan:
-        n_run = min(level, rungs[-1])
-        # a step at n_run costs at most the last rung's median scaled by the concurrency (the fixed part scales too)
-        est = prev[1] * n_run / max(prev[0], 1) if prev else None
-        steps = MAX_DECODE_STEPS if est is None else int(min(MAX_DECODE_STEPS, max(MIN_DECODE_STEPS, math.ceil(RUNG_SECONDS / max(est, 1e-6)))))
-        steps = WAVE_STEPS if is_wave else min(steps, room)
-        waves = -(-level // rungs[-1])
-        if est is not None and clock() + waves * (steps + 1) * est > budget_s:
-            skipped.append(f"gen {level}")
-            continue
-        durs = rung(level, steps)
-        decode = sorted(durs[1:]) or durs
-        med = decode[len(decode) // 2]
-        prev = (n_run, med)
-        info["gen_rungs"].append({"level": level, "steps": len(durs), "median_s": med, "wave": is_wave})
-    info["gen_s"] = clock() - t_gen
-    engine.engine.reset_prefix_cache()
-    engine.clock = old_clock
+    def gen_ladder(self, rungs: list[int], wave: int | None, room: int, budget_end: float) -> Ladder:
+        """Round 1 upwards (each rung's cost bounds the next one's, so the budget check is sound), then shuffled
+        rounds over the rungs whose median is not yet within SE_TARGET; the wave rung once. Stops at the budget."""
+        lad = Ladder()
+        for rnd in range(MAX_ROUNDS):
+            todo = lad.open(rungs, VISIT_STEPS)
+            if rnd == 0 and wave:
+                todo.append(wave)
+            if not todo:
+                break
+            if rnd:
+                self.rng.shuffle(todo)
+            for level in todo:
+                n_run = min(level, rungs[-1])
+                est = self._step_estimate(lad, rungs, n_run)
+                steps = VISIT_STEPS if est is None else int(min(MAX_VISIT_STEPS, max(VISIT_STEPS, math.ceil(VISIT_SECONDS / est))))
+                steps = WAVE_STEPS if level == wave else min(steps, room)
+                waves = -(-level // rungs[-1])
+                if est is not None and self.clock() + waves * (steps + 1) * est > budget_end:
+                    continue
+                lad.add(level, self.visit(level, steps))
+            if self.clock() >= budget_end:
+                break
+        lad.skipped = [f"gen {lv}" for lv in rungs + ([wave] if wave else []) if lv not in lad.values]
+        return lad
 
-    # training: batches of f x B responses, G per prompt, real response lengths
-    t_train = clock()
-    per_tok = None
-    for f, passes in TRAIN_FACTORS:
-        R = max(G, int(round(f * cfg.batch / G)) * G)
-        samples = []
+    @staticmethod
+    def _step_estimate(lad: Ladder, rungs: list[int], n: int) -> float | None:
+        """Seconds of a step at n: its own median, else the nearest lower rung's scaled by n (an upper bound)."""
+        own = lad.median(n)
+        if own is not None:
+            return own
+        below = [r for r in rungs if r < n and lad.median(r) is not None]
+        return lad.median(below[-1]) * n / below[-1] if below else None
+
+    # ------------------------------------------------------------------------------------------ training
+    def batch(self, R: int):
+        """R samples, G per prompt (the run's grouping), real response lengths."""
+        from rlsim.runner.algo import Sample
+
+        G = max(self.cfg.G, 1)
+        out = []
         for i in range(R):
             j = i // G
-            resp = responses[(i * 7 + j) % len(responses)] or [trainer.pad_id]
-            samples.append(Sample(prompt_ids=prompts[j % len(prompts)], response_ids=list(resp), reward=float(i % 2),
-                                  prompt_id=j, group_index=i % G, advantage=1.0 if i % 2 else -1.0))
-        est_tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in samples)
-        if per_tok is not None and clock() + passes * per_tok * est_tokens > budget_s:
-            skipped.append(f"train {R}")
-            continue
-        for _ in range(passes):
-            t0 = clock()
-            try:
-                st = trainer.profile(samples)
-            except RuntimeError as e:  # out of memory on a device: the level is skipped, the run goes on
-                if "out of memory" not in str(e).lower():
-                    raise
-                skipped.append(f"train {R} (out of memory)")
-                _free_device_memory()
+            resp = self.responses[(i * 7 + j) % len(self.responses)] or [self.trainer.pad_id]
+            out.append(Sample(prompt_ids=self.prompts[j % len(self.prompts)], response_ids=list(resp), reward=float(i % 2),
+                              prompt_id=j, group_index=i % G, advantage=1.0 if i % 2 else -1.0))
+        return out
+
+    def train_pass(self, samples, level: int, record: bool = True) -> tuple[float, int]:
+        """One forward + backward of `samples`: (seconds, tokens); a row unless `record` is off."""
+        t0 = self.clock()
+        st = self.trainer.profile(samples)
+        dur = st.t_forward + st.t_backward
+        if record:
+            self.rows.append((self.kinds[1], dict(t_start=t0, duration=dur, step=self.step, policy_version=self.step,
+                                                num_responses=len(samples),
+                                                num_tokens=st.num_tokens, t_forward=st.t_forward, t_backward=st.t_backward,
+                                                calib_level=level, threads=self.threads)))
+        return dur, st.num_tokens
+
+    def warm(self, samples) -> float:
+        """1x passes until two in a row agree within WARM_TOL: seconds per token of the last (not recorded)."""
+        last = None
+        for _ in range(WARM_PASSES):
+            d, tok = self.train_pass(samples, 0, record=False)
+            per = d / max(tok, 1)
+            if last is not None and abs(per / last - 1) <= WARM_TOL:
+                return per
+            last = per
+        return last or math.nan
+
+    def train_ladder(self, batches: dict[int, list], per_tok: float, budget_end: float) -> Ladder:
+        """Round 1 upwards (the per-token cost seen so far bounds the next level's), then shuffled rounds over
+        the levels (responses -> samples) whose median is not yet within SE_TARGET. Stops at the budget."""
+        lad = Ladder()
+        tokens = {R: sum(len(s.prompt_ids) + len(s.response_ids) for s in b) for R, b in batches.items()}
+        for rnd in range(MAX_ROUNDS):
+            todo = lad.open(list(batches), 3)
+            if rnd:
+                self.rng.shuffle(todo)
+            for R in todo:
+                if R not in batches or self.clock() + per_tok * tokens[R] > budget_end:
+                    continue  # above a level that ran out of memory, or over budget
+                try:
+                    d, tok = self.train_pass(batches[R], R)
+                except RuntimeError as e:  # out of memory on a device: the level and those above are dropped
+                    if "out of memory" not in str(e).lower():
+                        raise
+                    lad.skipped.append(f"train {R} (out of memory)")
+                    _free_device_memory()
+                    batches = {k: v for k, v in batches.items() if k < R}
+                    continue
+                per_tok = max(per_tok, d / max(tok, 1))
+                lad.add(R, [d])
+            if not todo or self.clock() >= budget_end:
                 break
-            dur = st.t_forward + st.t_backward
-            rows.append((CALIB_TRAIN, dict(t_start=t0, duration=dur, step=0, policy_version=0, num_responses=R,
-                                           num_tokens=st.num_tokens, t_forward=st.t_forward, t_backward=st.t_backward,
-                                           calib_level=R)))
-            per_tok = max(dur / max(st.num_tokens, 1), per_tok or 0.0)
-            info["train_levels"].append({"responses": R, "tokens": st.num_tokens, "seconds": dur})
-    info["train_s"] = clock() - t_train
-    info["duration_s"] = clock()
-    info["skipped"] = skipped
-    log(f"calibration: {info['duration_s']:.1f} s (engine {info['gen_s']:.1f} s at {len(info['gen_rungs'])} rungs "
-        f"{rungs[0]}..{wave or rungs[-1]}, training {info['train_s']:.1f} s at {len(info['train_levels'])} passes)"
-        + (f"; skipped over budget: {', '.join(skipped)}" if skipped else ""))
-    return rows, info
+        lad.skipped += [f"train {R}" for R in batches if R not in lad.values]
+        return lad
+
+
+def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: list[list[int]],
+                    log: Callable[[str], None] = lambda m: None, budget_s: float | None = None,
+                    threads: int | None = None, device_threads: Callable[[], Any] | None = None
+                    ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
+    """Profile the engine and the trainer. `prompts`: token ids of task prompts; `responses`: token ids of
+    real sampled responses (their lengths). `budget_s`: fixed budget (None: BUDGET_FRACTION of the run).
+    `threads`: the CPU threads the run uses (recorded on the rows; None off CPU). `device_threads`: a context manager factory that runs its body on one device's threads (one core), or
+    None. Returns the rows (kind, fields) and the metadata section."""
+    cal = _Calibration(engine, trainer, cfg, prompts, responses, log, random.Random(cfg.seed + 7919))
+    cal.threads = threads
+    old_clock = engine.clock
+    engine.clock = cal.clock
+    G = max(cfg.G, 1)
+    p_max = max(len(p) for p in prompts)
+    room = max(engine.max_model_len - p_max - 2, VISIT_STEPS)
+    rungs, wave = gen_ladder(cfg.gen_responses, engine.max_num_seqs, engine.kv_cache_tokens, engine.block_size,
+                             p_max + min(room, MAX_VISIT_STEPS + 1))
+    batches = {max(G, int(round(f * cfg.batch / G)) * G): None for f in TRAIN_FACTORS}
+    batches = {R: cal.batch(R) for R in sorted(batches)}
+    one_x = max(G, cfg.batch // G * G)
+    per_tok = cal.warm(batches.get(one_x) or cal.batch(one_x))
+    budget = budget_s if budget_s is not None else _budget(cfg, cal, rungs, per_tok, batches)
+    share = (1 - DEVICE_SHARE) if device_threads else 1.0
+    gen = cal.gen_ladder(rungs, wave, room, cal.clock() + GEN_SHARE * share * budget)
+    t_gen = cal.clock()
+    train = cal.train_ladder(batches, per_tok, t_gen + (1 - GEN_SHARE) * share * budget)
+    t_train = cal.clock() - t_gen
+    info: dict[str, Any] = {"budget_s": budget, "factor": LADDER_FACTOR, "se_target": SE_TARGET, "gen_s": t_gen, "train_s": t_train,
+                            "gen_rungs": gen.summary("level"), "train_levels": train.summary("responses"),
+                            "skipped": gen.skipped + train.skipped}
+    if device_threads:
+        info["device"] = _device_ladder(cal, device_threads, rungs, batches, room, budget)
+    engine.engine.reset_prefix_cache()
+    engine.clock = old_clock
+    info["duration_s"] = cal.clock()
+    log(f"calibration: {info['duration_s']:.1f} s of {budget:.0f} s budget (engine {t_gen:.1f} s at {len(gen.values)} rungs "
+        f"{rungs[0]}..{wave or rungs[-1]}, training {t_train:.1f} s at {len(train.values)} levels"
+        + (f", one device {info['device']['duration_s']:.1f} s" if device_threads else "") + ")"
+        + (f"; skipped over budget: {', '.join(info['skipped'])}" if info["skipped"] else ""))
+    return cal.rows, info
+
+
+def _budget(cfg, cal: _Calibration, rungs: list[int], per_tok: float, batches: dict[int, list]) -> float:
+    """BUDGET_FRACTION of the recording: steps x (a batch's generation, priced by a quick visit at its
+    concurrency and the sampled responses' mean length, + one update at the warm per-token cost), within
+    [BUDGET_MIN_S, BUDGET_S]."""
+    n = min(cfg.gen_responses, rungs[-1])
+    step_s = float(np.median(cal.visit(n, VISIT_STEPS) or [math.nan]))
+    waves = -(-cfg.gen_responses // rungs[-1])
+    length = float(np.mean([len(r) for r in cal.responses])) + 1
+    one_x = min(batches, key=lambda R: abs(R - cfg.batch))
+    tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batches[one_x])
+    run_s = cfg.steps * (waves * length * step_s + per_tok * tokens)
+    est = BUDGET_FRACTION * run_s
+    return float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S
+
+
+def _device_ladder(cal: _Calibration, device_threads, rungs: list[int], batches: dict[int, list], room: int,
+                   budget: float) -> dict[str, Any]:
+    """The same ladders at one device's threads, shorter: octave rungs and the training levels up to 2x."""
+    t0 = cal.clock()
+    run_threads, cal.threads = cal.threads, 1
+    with device_threads():
+        per_tok = cal.warm(batches[min(batches)])
+        gen = cal.gen_ladder(sorted({r for r in rungs if r & (r - 1) == 0} | {rungs[-1]}), None, room,
+                             cal.clock() + GEN_SHARE * DEVICE_SHARE * budget)
+        small = {R: b for R, b in batches.items() if R <= 2 * cal.cfg.batch}
+        train = cal.train_ladder(small, per_tok, cal.clock() + (1 - GEN_SHARE) * DEVICE_SHARE * budget)
+    cal.threads = run_threads
+    return {"threads": 1, "gen_rungs": gen.summary("level"), "train_levels": train.summary("responses"),
+            "skipped": gen.skipped + train.skipped, "duration_s": cal.clock() - t0}
+
+
+class DriftProbe:
+    """The fixed probe `rlrun record` repeats every few updates (module doc of replay/drift.py): one engine visit
+    of min(DRIFT_LEVEL, B) sequences and one training pass of DRIFT_TRAIN_FACTOR x the batch, on the run's clock
+    (the engine's, set by the loop), as `drift_gen` / `drift_train` rows of the update after which it ran."""
+
+    def __init__(self, engine, trainer, cfg, prompts: list[list[int]], responses: list[list[int]], clock: Callable[[], float],
+                 threads: int | None = None):
+        self.cal = _Calibration(engine, trainer, cfg, prompts, responses, None, random.Random(cfg.seed))
+        self.cal.clock = clock  # the run's clock, not the calibration's own
+        self.cal.kinds, self.cal.threads = (DRIFT_GEN, DRIFT_TRAIN), threads
+        G = max(cfg.G, 1)
+        self.level = min(DRIFT_LEVEL, cfg.gen_responses)
+        self.samples = self.cal.batch(max(G, int(round(DRIFT_TRAIN_FACTOR * cfg.batch / G)) * G))
+
+    def __call__(self, step: int) -> list[tuple[str, dict[str, Any]]]:
+        """Run the probe after update `step`; its rows."""
+        self.cal.rows, self.cal.step = [], step
+        self.cal.visit(self.level, VISIT_STEPS)
+        self.cal.train_pass(self.samples, len(self.samples))
+        return self.cal.rows
 
 
 def _free_device_memory() -> None:

@@ -4,12 +4,14 @@
 raises `RlsimError` with one line saying the fix. Derived values (B = P x G, the learning rate from
 the rule, the micro-batch used for gradient diagnostics) are properties computed here and only here.
 `dataclasses.asdict(cfg)` plus `derived()` is what goes into the trace metadata under `config`.
-Each field states its default and help once: `rlrun record` and `rlrun calibrate` make their options
-from them (`rlsim.cliopts`, as `rlsim` does from its WhatIf).
+Each field states its default and help once: `rlrun record`, `rlrun calibrate` and `rlrun probe` make
+their options from them (`rlsim.cliopts`, as `rlsim` does from its WhatIf). `ProbeConfig` is `rlrun probe`'s:
+its sizes and rounds, and a RunConfig for the options its RL steps share.
 """
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +24,10 @@ LR_RULES = ("sqrt", "linear", "fixed")
 
 
 # The rlrun commands that take a field as an option (rlsim.cliopts makes the option from the field); cli=():
-# none (the optimizer's constants are the library's).
+# none (the optimizer's constants are the library's). `probe` takes what shapes its RL steps, not what only a
+# recording has (its steps, evals, calibration, split mode) nor what differs per size (P, --gen-batch).
 RECORD, BOTH = ("record",), ("record", "calibrate")
+RUN, ALL, PROBE = ("record", "probe"), ("record", "calibrate", "probe"), ("probe",)
 
 
 def _f(default, help: str, cli: tuple[str, ...] = RECORD, **kw):
@@ -34,40 +38,40 @@ def _f(default, help: str, cli: tuple[str, ...] = RECORD, **kw):
 
 @dataclass(frozen=True)
 class RunConfig:
-    algo: str = _f("grpo", "RL algorithm: grpo (group-relative advantages) or ppo (value model + GAE)", cli=BOTH)
+    algo: str = _f("grpo", "RL algorithm: grpo (group-relative advantages) or ppo (value model + GAE)", cli=ALL)
     prompts: int = _f(32, "P: prompts per optimizer update (verl data.train_batch_size)", cli=BOTH, flags=["--prompts", "-P"])
-    group: int | None = _f(None, "G: responses per prompt (GRPO default 8; PPO uses 1)", cli=BOTH, flags=["--group", "-G"])
+    group: int | None = _f(None, "G: responses per prompt (GRPO default 8; PPO uses 1)", cli=ALL, flags=["--group", "-G"])
     steps: int = _f(50, "optimizer updates (RL steps) to run")
-    lr: float = _f(3e-4, "reference learning rate (Adam), at batch --lr-ref-batch responses")
-    lr_rule: str = _f("sqrt", "how lr scales with B: sqrt (lr*sqrt(B/B_ref)), linear (lr*B/B_ref) or fixed")
-    lr_ref_batch: int = _f(1024, "B_ref: batch (responses) at which --lr applies")
-    critic_lr: float = _f(1e-3, "PPO value-model learning rate (fixed, not scaled)")
+    lr: float = _f(3e-4, "reference learning rate (Adam), at batch --lr-ref-batch responses", cli=RUN)
+    lr_rule: str = _f("sqrt", "how lr scales with B: sqrt (lr*sqrt(B/B_ref)), linear (lr*B/B_ref) or fixed", cli=RUN)
+    lr_ref_batch: int = _f(1024, "B_ref: batch (responses) at which --lr applies", cli=RUN)
+    critic_lr: float = _f(1e-3, "PPO value-model learning rate (fixed, not scaled)", cli=RUN)
     adam_beta2: float = _f(0.99, "Adam beta2", cli=())
     weight_decay: float = _f(0.0, "Adam weight decay", cli=())
     clip_grad: float = _f(1.0, "clip the full-batch gradient norm to this (0: no clipping)", cli=())
-    max_tokens: int = _f(48, "maximum new tokens per response", cli=BOTH)
-    temperature: float = _f(1.0, "sampling temperature for training rollouts and evals", cli=BOTH)
+    max_tokens: int = _f(48, "maximum new tokens per response", cli=ALL)
+    temperature: float = _f(1.0, "sampling temperature for training rollouts and evals", cli=ALL)
     eval_every: int = _f(5, "evaluate on held-out prompts every N updates (0: only before and after)")
     eval_prompts: int = _f(128, "held-out prompts per evaluation")
     eval_k: int = _f(4, "samples per held-out prompt (score is mean@k accuracy)")
-    task: str = _f("add2", "built-in task: add2, add3 or addmix (ignored with --dataset)", cli=BOTH)
-    dataset: str | None = _f(None, "JSONL or Parquet file with prompt/answer columns instead of a built-in task", cli=BOTH)
-    reward: str = _f("exact", "dataset reward: exact (whole response) or numeric (last number)", cli=BOTH)
-    model: str | None = _f(None, "local HF causal-LM folder; default: the built-in tiny Llama (built and cached)", cli=BOTH)
-    seed: int = _f(0, "random seed for prompts, sampling and torch", cli=BOTH)
+    task: str = _f("add2", "built-in task: add2, add3 or addmix (ignored with --dataset)", cli=ALL)
+    dataset: str | None = _f(None, "JSONL or Parquet file with prompt/answer columns instead of a built-in task", cli=ALL)
+    reward: str = _f("exact", "dataset reward: exact (whole response) or numeric (last number)", cli=ALL)
+    model: str | None = _f(None, "local HF causal-LM folder; default: the built-in tiny Llama (built and cached)", cli=ALL)
+    seed: int = _f(0, "random seed for prompts, sampling and torch", cli=ALL)
     # algorithm variants (GRPO as in nanochat chat_rl.py / DeepSeekMath, deviations as flags)
-    std_scale: bool = _f(True, "GRPO: divide advantages by the group's reward std (Dr. GRPO: off)")
-    loss_agg: str = _f("token", "policy-loss aggregation: token (mean over all response tokens of the batch) or seq (mean of per-sequence means)")
+    std_scale: bool = _f(True, "GRPO: divide advantages by the group's reward std (Dr. GRPO: off)", cli=RUN)
+    loss_agg: str = _f("token", "policy-loss aggregation: token (mean over all response tokens of the batch) or seq (mean of per-sequence means)", cli=RUN)
     clip_eps: float = _f(0.2, "PPO-clip epsilon on the ratio (inactive with one update per batch: the ratio is 1)", cli=())
-    gamma: float = _f(1.0, "PPO discount")
-    lam: float = _f(0.95, "PPO GAE lambda")
-    minibatches: int = _f(1, "optimizer updates per rollout batch per epoch (1: the article's clean protocol)")
-    epochs: int = _f(1, "passes over each rollout batch (1: no rollout reuse)")
-    micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto", cli=BOTH)
+    gamma: float = _f(1.0, "PPO discount", cli=RUN)
+    lam: float = _f(0.95, "PPO GAE lambda", cli=RUN)
+    minibatches: int = _f(1, "optimizer updates per rollout batch per epoch (1: the article's clean protocol)", cli=RUN)
+    epochs: int = _f(1, "passes over each rollout batch (1: no rollout reuse)", cli=RUN)
+    micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto", cli=ALL)
     train_devices: int = _f(1, "data-parallel training ranks, one device each (CPU: one core each, gloo; GPU: one GPU each, "
-                               "NCCL), started by rlrun; gradients all-reduced; must divide the batch")
+                               "NCCL), started by rlrun; gradients all-reduced; must divide the batch", cli=RUN)
     compile: bool = _f(False, "torch.compile the policy (and critic) decoder for training, dynamic shapes; compiled "
-                              "before recording starts (tens of seconds on CPU, recorded as trainer.warmup_s; needs a C++ compiler on CPU)", cli=BOTH)
+                              "before recording starts (tens of seconds on CPU, recorded as trainer.warmup_s; needs a C++ compiler on CPU)", cli=ALL)
     # placement and asynchronous rollout (split mode)
     mode: str = _f("colocated", "colocated: generate, then train, on the same devices (the synchronous reference); split: "
                                 "vLLM engine replicas in their own processes on their own devices, generating while the trainer trains")
@@ -77,24 +81,26 @@ class RunConfig:
     partial_rollout: bool = _f(False, "split mode: in-flight responses continue across a weight sync (KV kept) and record the "
                                       "versions they span; off: they finish on the old weights before the engine loads the new ones")
     off_policy: str = _f("none", "off-policy correction: none, or tis (truncated importance sampling: each token's loss "
-                                 "weighted by min(pi_train / pi_behaviour, --tis-cap), behaviour log-probs recorded by the engine)")
-    tis_cap: float = _f(2.0, "cap C of the truncated importance ratio (--off-policy tis)")
+                                 "weighted by min(pi_train / pi_behaviour, --tis-cap), behaviour log-probs recorded by the engine)", cli=RUN)
+    tis_cap: float = _f(2.0, "cap C of the truncated importance ratio (--off-policy tis)", cli=RUN)
     threads: int = _f(0, "CPU threads per process side (engine, each trainer rank); 0: colocated all cores, split the "
-                         "side's devices; calibrate with --threads to profile at a split's per-side thread count", cli=BOTH)
+                         "side's devices; calibrate with --threads to profile at a split's per-side thread count", cli=ALL)
     # engine
-    max_num_seqs: int = _f(1024, "vLLM max_num_seqs: sequences decoded concurrently (1024 holds a P=128, G=8 batch in one wave: on CPU an engine step costs mostly per-step and per-request overhead, so fewer, fuller steps are faster)", cli=BOTH)
+    max_num_seqs: int = _f(1024, "vLLM max_num_seqs: sequences decoded concurrently (1024 holds a P=128, G=8 batch in one wave: on CPU an engine step costs mostly per-step and per-request overhead, so fewer, fuller steps are faster)", cli=ALL)
     gen_batch: int = _f(0, "responses submitted to the engine per RL step (0: = train batch B; must be >= B)", cli=BOTH)
-    kv_cache_gib: float = _f(1.0, "KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE on CPU; on GPU, converted to a memory fraction)", cli=BOTH)
-    max_model_len: int = _f(256, "vLLM max_model_len", cli=BOTH)
-    dtype: str = _f("auto", "weights dtype: auto (bf16 on CUDA where supported, else float32), float32, bfloat16", cli=BOTH)
+    kv_cache_gib: float = _f(1.0, "KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE on CPU; on GPU, converted to a memory fraction)", cli=ALL)
+    max_model_len: int = _f(256, "vLLM max_model_len", cli=ALL)
+    dtype: str = _f("auto", "weights dtype: auto (bf16 on CUDA where supported, else float32), float32, bfloat16", cli=ALL)
     # recording
-    record_steps: bool = _f(True, "record one gen_step row per engine step (off: measure the tracing overhead)")
+    record_steps: bool = _f(True, "record one gen_step row per engine step (off: measure the tracing overhead)", cli=RUN)
     calibrate: bool = _f(True, "before the first update, profile engine steps at 1..16x the batch's concurrency and "
                                "forward+backward at 1/8..8x its tokens (calib_gen / calib_train rows; weights and "
                                "optimizer untouched), so predictions at other batch sizes interpolate instead of extrapolating")
+    drift_every: int = _f(4, "every N updates, repeat a small fixed probe (an engine visit and a training pass, drift_gen / "
+                             "drift_train rows) so the fit can state and remove the machine's speed drift (0: off)")
     progress: bool = _f(True, "show a progress bar")
-    out: str = _f("traces/run.parquet", "output trace path", cli=BOTH, flags=["--out", "-o"], required=True)
-    overwrite: bool = _f(False, "replace an existing trace at --out", cli=BOTH, flags=["--overwrite"])
+    out: str = _f("traces/run.parquet", "output trace path", cli=ALL, flags=["--out", "-o"], required=True)
+    overwrite: bool = _f(False, "replace an existing trace at --out", cli=ALL, flags=["--overwrite"])
 
     # ---- derived values: the one place they are computed -------------------------------------
     @property
@@ -164,7 +170,7 @@ class RunConfig:
             v = getattr(self, name)
             if v < 1:
                 bad(f"--{name.replace('_', '-')} is {v}; it must be at least 1")
-        for name in ("eval_every", "micro_batch", "gen_batch", "seed", "max_staleness", "threads"):
+        for name in ("eval_every", "micro_batch", "gen_batch", "seed", "max_staleness", "threads", "drift_every"):
             v = getattr(self, name)
             if v < 0:
                 bad(f"--{name.replace('_', '-')} is {v}; it must be 0 or more")
@@ -242,3 +248,91 @@ class RunConfig:
 
 def field_help() -> dict[str, str]:
     return {f.name: f.metadata.get("help", "") for f in fields(RunConfig)}
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """`rlrun probe`: full RL steps at several sizes in one process, each round running every size once in a
+    shuffled order, so that each size's throughput is paired with the smallest's under the same conditions."""
+    prompts: tuple[int, ...] = _f((), "P of each size to probe, two or more, as a comma list (e.g. 16,64,256); sigma "
+                                      "is each size's responses/s over the smallest's", cli=PROBE, flags=["--prompts", "-P"],
+                                  required=True)
+    rounds: int = _f(3, "rounds: each runs every size once, in an order shuffled by --seed, and pairs each size with the "
+                        "smallest; 2 or more give sigma a 90 % interval", cli=PROBE)
+    run: RunConfig = _f(RunConfig(), "the options every step shares (its prompts, steps, evals and calibration are the "
+                                     "probe's: see `at`)", cli=())
+
+    @property
+    def smallest(self) -> int:
+        return min(self.prompts)
+
+    @property
+    def steps(self) -> int:
+        """Recorded RL steps: every size once per round (the warm-up step at each size is not recorded)."""
+        return self.rounds * len(self.prompts)
+
+    def at(self, prompts: int) -> RunConfig:
+        """The run options of the steps at size P = `prompts`: no evals, no calibration, no drift probe (the pairing
+        within a round is the probe's drift control), lr by the run's rule at that size's B."""
+        return self.run.with_(prompts=prompts, steps=self.steps, eval_every=0, calibrate=False, drift_every=0)
+
+    @property
+    def reference(self) -> RunConfig:
+        """The options at the smallest size, the reference of sigma: the trace metadata's `config`."""
+        return self.at(self.smallest)
+
+    def to_meta(self) -> dict[str, Any]:
+        G = self.run.G
+        return {"sizes": list(self.prompts), "group": G, "batch": [p * G for p in self.prompts], "rounds": self.rounds,
+                "lr_effective": [self.at(p).lr_effective for p in self.prompts]}
+
+    def validate(self, check_files: bool = True) -> "ProbeConfig":
+        """Raise RlsimError (one line, with the fix) for bad sizes or rounds, or options that fail RunConfig's
+        validation at any size."""
+        ps = list(self.prompts)
+        if any(isinstance(p, bool) or not isinstance(p, int) for p in ps):
+            raise RlsimError(f"--prompts sizes must be whole numbers of prompts, got {ps}")
+        if len(ps) < 2:
+            raise RlsimError("give at least two sizes to compare, e.g. --prompts 16,64,256 (sigma is each size's "
+                             "responses/s over the smallest's)")
+        twice = [p for i, p in enumerate(ps) if p in ps[:i]]
+        if twice:
+            raise RlsimError(f"--prompts lists {twice[0]} more than once ({','.join(map(str, ps))}); give each size once")
+        if self.rounds < 1:
+            raise RlsimError(f"--rounds is {self.rounds}; it must be at least 1 (2 or more give sigma a 90 % interval)")
+        if self.run.mode != "colocated":
+            raise RlsimError("rlrun probe runs colocated (generate, then train, on the same devices); drop --mode split")
+        if self.run.gen_batch:
+            raise RlsimError("rlrun probe generates B = P x G responses at each size; drop --gen-batch")
+        self._validate_sizes()
+        if self.run.train_devices > 1:
+            self._check_micro()
+        self.reference.validate(check_files)  # the files and the output, once
+        return self
+
+    def _validate_sizes(self) -> None:
+        """RunConfig's checks at every size. A failure every size shares is a bad option and is reported as it is;
+        one that only some sizes hit names the first such size."""
+        errors = {}
+        for p in sorted(self.prompts):
+            try:
+                self.at(p).validate(check_files=False)
+            except RlsimError as e:
+                errors[p] = str(e)
+        if not errors:
+            return
+        first = next(iter(errors))
+        msg = errors[first]
+        if (len(errors) == len(self.prompts) and len(set(errors.values())) == 1) or re.search(rf"--prompts (\(P\) is )?{first}\b", msg):
+            raise RlsimError(msg)
+        raise RlsimError(f"at --prompts {first}: {msg}")
+
+    def _check_micro(self) -> None:
+        """The helper ranks of data-parallel training keep the micro-batch size they started with (RunConfig.micro
+        at the smallest size): only a --micro-batch every size uses keeps the ranks alike."""
+        ref = self.reference
+        per_update = ref.batch // (ref.minibatches * ref.train_devices)
+        if not ref.micro_batch or ref.micro_batch > per_update:
+            raise RlsimError(f"rlrun probe with --train-devices {ref.train_devices} needs --micro-batch N with N at most "
+                             f"{per_update} (the smallest size's responses per rank and minibatch), so that every size "
+                             "trains in micro-batches of N on every rank")

@@ -1,5 +1,7 @@
 """The record loop: generate -> reward -> advantages -> one update -> weight sync -> (eval), traced.
 
+The RL step itself (and the engine and trainer it runs on) is runner/rlstep.py's, shared with `rlrun probe`.
+
 Every event goes through `replay.io.TraceWriter`; rows of an RL step are added and flushed together
 when the step completes (after its sync), so a SIGKILL keeps every completed update and no half step.
 Ctrl-C finishes cleanly: the trace is closed with status "interrupted".
@@ -9,11 +11,11 @@ from __future__ import annotations
 import os
 import platform
 import sys
-import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from rlsim.replay.errors import RlsimError
 from rlsim.runner.config import RunConfig
@@ -155,10 +157,8 @@ def setup(cfg: RunConfig, log: Callable[[str], None]) -> Setup:
     return Setup(cfg, Path(model_dir), task, tok, policy, pad_id, device, eval_set, eval_ids)
 
 
-def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibration: bool = False) -> Path:
-    """Run and record one RL run as a trace at `cfg.out`; returns its path. `only_calibration` (`rlrun
-    calibrate`): set up and calibrate as a run would, write the calibration rows and metadata, stop."""
-    cfg.validate()
+def begin(cfg: RunConfig, log: Callable[[str], None]) -> Setup:
+    """What a real run does first, after validation: vLLM in this process, the seeds, `setup`."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import random
 
@@ -166,95 +166,84 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibratio
 
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    ctx = setup(cfg, log)
-    if cfg.mode == "split":
-        from rlsim.runner.split import record_split
+    return setup(cfg, log)
 
-        return Path(record_split(cfg, ctx, log))
+
+@contextmanager
+def colocated_placement(cfg: RunConfig) -> Iterator[Any]:
+    """The colocated placement of `cfg`, this process pinned to it while the run lasts."""
     from rlsim.runner.placement import pinned, place
 
     pl = place(cfg.mode, cfg.gen_devices, cfg.train_devices, threads=cfg.threads)
     # --threads (e.g. `rlrun calibrate --threads 1`: profile at a split side's threads): on that many cores
     cores = sorted(os.sched_getaffinity(0))[:cfg.threads] if cfg.threads and pl.kind == "cpu" else None
     with pinned(cores, cfg.threads or None):
+        yield pl
+
+
+def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibration: bool = False) -> Path:
+    """Run and record one RL run as a trace at `cfg.out`; returns its path. `only_calibration` (`rlrun
+    calibrate`): set up and calibrate as a run would, write the calibration rows and metadata, stop."""
+    cfg.validate()
+    ctx = begin(cfg, log)
+    if cfg.mode == "split":
+        from rlsim.runner.split import record_split
+
+        return Path(record_split(cfg, ctx, log))
+    with colocated_placement(cfg) as pl:
         return _record_colocated(cfg, ctx, pl, log, only_calibration)
 
 
 def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: bool) -> Path:
-    import torch
-
     from rlsim.replay.io import TraceWriter, recording
-    from rlsim.runner.algo import Sample, Trainer, grpo_advantages
-    from rlsim.runner.dp import DataParallel
-    from rlsim.runner.engine import Engine
+    from rlsim.runner.rlstep import start
 
-    task, tok, policy, pad_id, device, model_dir = ctx.task, ctx.tok, ctx.policy, ctx.pad_id, ctx.device, ctx.model_dir
-    gen_threads = torch.get_num_threads()
-    # colocated ranks: rank 0 generates on all its cores, then trains on its share like the other ranks
-    train_threads = pl.threads(pl.train[0], cfg.threads) if pl.kind == "cpu" and cfg.train_devices > 1 else gen_threads
-    engine = Engine(str(model_dir), max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
-                    kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype, seed=cfg.seed)
-    log(f"engine started in {engine.start_time_s:.1f} s ({engine.kv_cache_tokens} KV tokens, dtype {engine.dtype})")
-    trainer = Trainer(policy, cfg, pad_id, device)
-    sampling = engine.sampling(cfg.max_tokens, cfg.temperature, logprobs=cfg.off_policy == "tis")
-
+    run = start(cfg, ctx, pl, log)  # the engine and trainer ranks, warmed up
+    engine, trainer, pad_id, task, tok = run.engine, run.trainer, ctx.pad_id, ctx.task, ctx.tok
     encode, eval_set, eval_ids = ctx.encode, ctx.eval_set, ctx.eval_ids
-    # warm-up outside the recorded run: the first engine steps carry one-time costs
-    t_w = time.perf_counter()
-    warm = engine.generate([(None, ids, 1) for ids in eval_ids[: min(len(eval_ids), 64)]], sampling)
-    log(f"engine warm-up generate: {time.perf_counter() - t_w:.2f} s")
-    # data-parallel ranks (none beyond this process with one training device): rank r trains on pl.train[r]
-    dp = DataParallel(trainer, cfg, str(model_dir), pad_id, t0=0.0,
-                      cores=[list(c) for c in pl.train] if pl.kind == "cpu" and cfg.train_devices > 1 else None,
-                      gpus=[c[0] for c in pl.train] if pl.kind == "cuda" else None)
-    # trainer warm-up on every rank (compilation with --compile) on the warm-up responses; weights are not changed
-    try:
-        torch.set_num_threads(train_threads)
-        t_train_warm = dp.warmup([Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id],
-                                         reward=0.0, advantage=1.0) for c in warm])
-        torch.set_num_threads(gen_threads)
-    except Exception as e:  # inductor needs a working C++ compiler on CPU; nothing has been recorded yet
-        if not cfg.compile:
-            raise
-        first = (str(e).strip().splitlines() or [""])[0][:160]
-        raise RlsimError(f"--compile failed in torch.compile ({type(e).__name__}: {first}); install a C++ compiler "
-                         "(e.g. apt install g++) or record without --compile") from None
-    log(f"trainer warm-up{' (torch.compile)' if cfg.compile else ''}: {t_train_warm:.2f} s")
     calib_rows: list[tuple[str, dict[str, Any]]] = []
     calib_info = None
+    on_cpu = ctx.device.type == "cpu"
+    cal_stream = task.train_stream(cfg.seed + 104729)  # the task's prompts, not the run's stream
+    cal_prompts = [encode(next(cal_stream).prompt) for _ in range(512)]
+    cal_resp = [list(c.token_ids) for c in run.warm if c.token_ids] or [[pad_id]]
     if cfg.calibrate or only_calibration:
         # after the warm-ups, before the first update: weights and optimizer state are not changed
-        from rlsim.runner.calibrate import run_calibration
+        from rlsim.runner.calibrate import BUDGET_S, run_calibration
+        from rlsim.runner.placement import pinned
 
-        cal_stream = task.train_stream(cfg.seed + 104729)  # the task's prompts, not the run's stream
-        cal_prompts = [encode(next(cal_stream).prompt) for _ in range(512)]
-        cal_resp = [list(c.token_ids) for c in warm if c.token_ids] or [[pad_id]]
-        calib_rows, calib_info = run_calibration(engine, trainer, cfg, cal_prompts, cal_resp, log=log)
+        # one device's speed (a core on CPU) for split what-ifs, when the run holds more than one
+        one_core = ((lambda: pinned(sorted(os.sched_getaffinity(0))[:1], 1)) if on_cpu and run.gen_threads > 1 else None)
+        calib_rows, calib_info = run_calibration(engine, trainer, cfg, cal_prompts, cal_resp, log=log,
+                                                 budget_s=BUDGET_S if only_calibration else None,
+                                                 threads=run.gen_threads if on_cpu else None, device_threads=one_core)
 
-    meta = ctx.meta(engine={**engine.facts(), "warmup_excluded": True},
-                    trainer={"compile": cfg.compile, "warmup_s": t_train_warm, "row_tokens": trainer.row_tokens,
-                             "share_prompts": trainer.share_prompts})
+    meta = ctx.meta(engine={**engine.facts(), "warmup_excluded": True}, trainer=run.trainer_meta(cfg.compile))
     if calib_info is not None:  # the thread count it was profiled at: a split side may run at fewer
-        meta["calibration"] = {**calib_info, "threads": gen_threads}
+        meta["calibration"] = {**calib_info, "threads": run.gen_threads}
     if only_calibration:
         meta["kind"] = "calibration"
         with TraceWriter(cfg.out, meta, overwrite=cfg.overwrite) as w:
             for kind, r in calib_rows:
                 w.add(kind, **r)
         log(f"calibration written: {cfg.out} ({len(calib_rows)} rows)")
-        dp.close()
+        run.close()
         return Path(cfg.out)
     stream = task.train_stream(cfg.seed)
-    P, G, B = cfg.prompts, cfg.G, cfg.batch
-    lr = cfg.lr_effective
-    T0 = time.perf_counter()
-    clock = lambda: time.perf_counter() - T0  # noqa: E731
-    engine.clock = clock
+    P = cfg.prompts
+    run.start_clock()
+    clock = run.clock
     prog = _Progress(cfg.progress and sys.stderr.isatty(), cfg.steps)
     cum_resp = cum_tok = 0
     next_prompt_id = 0
     last_score = float("nan")
     writer = TraceWriter(cfg.out, meta, overwrite=cfg.overwrite)
+    sampling = run.sampling
+    drift = None
+    if cfg.drift_every:  # the machine's speed over the run (replay/drift.py), between steps, outside their times
+        from rlsim.runner.calibrate import DriftProbe
+
+        drift = DriftProbe(engine, trainer, cfg, cal_prompts, cal_resp, clock, threads=run.gen_threads if on_cpu else None)
 
     def evaluate(version: int) -> dict[str, Any]:
         t0 = clock()
@@ -275,79 +264,15 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
             writer.flush()
             log(f"step 0: eval score {last_score:.3f}")
             for step in range(cfg.steps):
-                rows: list[tuple[str, dict[str, Any]]] = []
-                t_step = clock()
-                examples = [next(stream) for _ in range(P)]
-                pids = list(range(next_prompt_id, next_prompt_id + P))
+                # generate -> reward -> advantages -> one update -> weight sync (runner/rlstep.py)
+                res = run.step(cfg, step, stream, next_prompt_id)
+                rows = res.rows
                 next_prompt_id += P
-                # one request per prompt with n = G samples; over-generation (gen_batch > B) adds samples
-                # G, G+1, ... round-robin over the prompts, and the first G of each prompt to finish are kept
-                extra = cfg.gen_responses - B
-                reqs = [(j, encode(ex.prompt), G + extra // P + (j < extra % P)) for j, ex in enumerate(examples)]
-
-                def on_step(s, _step=step):
-                    rows.append(("gen_step", dict(t_start=s.t_start, duration=s.duration, step=_step, policy_version=_step,
-                                                  num_running=s.num_running, num_waiting=s.num_waiting,
-                                                  prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
-                                                  context_tokens=s.context_tokens, kv_usage=s.kv_usage,
-                                                  finished=s.finished)))
-
-                outs = engine.generate(reqs, sampling, on_step if cfg.record_steps else None)
-                gen_time = clock() - t_step
-                t_r = clock()
-                if extra:
-                    by_prompt: dict[int, list] = {}
-                    for c in sorted(outs, key=lambda c: c.t_finished):
-                        lst = by_prompt.setdefault(c.tag, [])
-                        if len(lst) < G:
-                            lst.append(c)
-                    outs = [c for j in range(P) for c in by_prompt.get(j, [])]
-                outs.sort(key=lambda c: (c.tag, c.index))
-                samples = []
-                for k, c in enumerate(outs):
-                    j, g = c.tag, k % G  # G per prompt, in prompt order: k % G is the index within the group
-                    text = tok.decode(c.token_ids, skip_special_tokens=True)
-                    r = task.reward(text, examples[j])
-                    samples.append(Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id], reward=r,
-                                          prompt_id=pids[j], group_index=g,
-                                          behavior_logprobs=list(c.logprobs) if c.logprobs else None))
-                if cfg.algo == "grpo":
-                    for s, a in zip(samples, grpo_advantages([s.reward for s in samples], G, cfg.std_scale)):
-                        s.advantage = a
-                reward_time = clock() - t_r
-                t_u = clock()
-                torch.set_num_threads(train_threads)
-                st, rank_rows, ar_rows = dp.update(samples, lr)
-                torch.set_num_threads(gen_threads)
-                u_dur = clock() - t_u
-                if cfg.train_devices > 1:  # per-rank compute and the gradient all-reduce (run clock: minus T0)
-                    rows += [("train_rank", dict(r, t_start=r["t_start"] - T0, step=step, policy_version=step)) for r in rank_rows]
-                    rows += [("allreduce", dict(r, t_start=r["t_start"] - T0, step=step, policy_version=step)) for r in ar_rows]
-                t_s = clock()
-                nbytes = engine.sync(policy.state_dict())
-                s_dur = clock() - t_s
-                step_time = clock() - t_step
-                mean_r = sum(s.reward for s in samples) / len(samples)
-                for c, s in zip(outs, samples):
-                    rows.append(("response", dict(t_start=c.t_queued, duration=(c.t_finished or c.t_queued) - c.t_queued,
-                                                  step=step, policy_version=step, prompt_id=s.prompt_id,
-                                                  group_index=s.group_index, prompt_tokens=len(c.prompt_ids),
-                                                  response_tokens=len(c.token_ids), reward=s.reward, consumed_step=step,
-                                                  t_queued=c.t_queued, t_first_token=c.t_first_token,
-                                                  t_finished=c.t_finished)))
-                rows.append(("update", dict(t_start=t_u, duration=u_dur, step=step, policy_version=step,
-                                            num_responses=len(samples), num_tokens=st.num_tokens,
-                                            response_tokens_total=st.response_tokens, lr=lr, loss=st.loss,
-                                            reward=mean_r, t_forward=st.t_forward, t_backward=st.t_backward,
-                                            t_optimizer=st.t_optimizer, grad_norm=st.grad_norm,
-                                            grad_norm_micro=st.grad_norm_micro, micro_batch=st.micro_batch,
-                                            critic_loss=st.critic_loss, critic_grad_norm=st.critic_grad_norm,
-                                            critic_grad_norm_micro=st.critic_grad_norm_micro, step_time=step_time,
-                                            gen_time=gen_time, reward_time=reward_time, prep_time=st.prep_time)))
-                rows.append(("sync", dict(t_start=t_s, duration=s_dur, step=step, policy_version=step + 1, bytes=nbytes)))
-                cum_resp += len(samples)
-                cum_tok += st.num_tokens
+                cum_resp += res.responses
+                cum_tok += res.tokens
                 done = step + 1
+                if drift is not None and (step == 0 or done % cfg.drift_every == 0):
+                    rows += drift(step)
                 if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
                     ev = evaluate(done)
                     last_score = ev["score"]
@@ -355,12 +280,13 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
                 for kind, r in rows:
                     writer.add(kind, **r)
                 writer.flush()
-                rps = len(samples) / step_time
-                info = f"reward {mean_r:.3f}  eval {last_score:.3f}  {rps:.0f} resp/s"
+                rps = res.responses / res.step_time
+                info = f"reward {res.mean_reward:.3f}  eval {last_score:.3f}  {rps:.0f} resp/s"
                 prog.update(done, info)
                 if prog.bar is None and (done % max(1, cfg.eval_every or 10) == 0 or done == cfg.steps):
-                    log(f"step {done}/{cfg.steps}: {info}  (step {step_time:.2f} s: gen {gen_time:.2f}, train {u_dur:.2f}, sync {s_dur:.3f})")
+                    log(f"step {done}/{cfg.steps}: {info}  (step {res.step_time:.2f} s: gen {res.gen_time:.2f}, "
+                        f"train {res.update_time:.2f}, sync {res.sync_time:.3f})")
         finally:
             prog.close()
-            dp.close()
+            run.close()
     return Path(cfg.out)

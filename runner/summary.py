@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from rlsim.replay.drift import drift_of
 from rlsim.replay.io import read_trace
+from rlsim.replay.probe import is_probe, probe_sigma
 from rlsim.replay.schema import EVENT_KINDS, placement
 from rlsim.replay.split_stats import split_stats
 from rlsim.replay.steps import step_table
@@ -46,6 +48,83 @@ def split_lines(trace) -> list[str]:
             f"{s.partial_responses} responses spanned a weight sync"]
 
 
+def _ratio(x: float) -> str:
+    """A ratio to 3 decimals; a far-off one (a wide interval from few rounds) to 3 significant digits."""
+    return _f(x, ".3f" if not np.isfinite(x) or 1e-3 <= abs(x) < 1e4 else ".3g")
+
+
+def probe_lines(trace) -> list[str]:
+    """A probe trace: each size's responses/s per round and sigma over the smallest size, paired by round
+    (rlsim.replay.probe)."""
+    ps = probe_sigma(trace)
+    order = (trace.meta.get("probe") or {}).get("order") or []
+    lines = [f"probe      {ps.rounds} round{'s' if ps.rounds != 1 else ''}, every size once per round in a shuffled "
+             f"order: " + "; ".join(",".join(map(str, o)) for o in order[:ps.rounds])]
+    rounds = [f"round {r + 1}" for r in range(ps.rounds)]
+    lines.append("           " + f"{'P':>6} {'G':>4} {'B':>7}  " + "".join(f"{h:>9}" for h in rounds)
+                 + f"  {'median':>9}  sigma (90 % interval)")
+    for r in ps.rows:
+        iv = f" ({_ratio(r.sigma_lo)}..{_ratio(r.sigma_hi)})" if np.isfinite(r.sigma_lo) else ""
+        lines.append("           " + f"{r.prompts:>6} {r.group:>4} {r.responses:>7}  "
+                     + "".join(f"{_f(v, '.1f'):>9}" for v in r.per_round) + f"  {_f(r.responses_per_s, '.1f'):>9}  "
+                     + f"{_ratio(r.sigma)}x{iv}")
+    lines.append("sigma      responses/s (num_responses / step_time) of each size over the smallest's in the same round; "
+                 f"geometric mean over rounds, {ps.interval}")
+    return lines
+
+
+def _config_line(t) -> str:
+    m, c = t.meta, t.config
+    if is_probe(t):  # the options its steps share; the sizes are the probe's
+        pr = m.get("probe") or {}
+        return (f"config     {c.get('algo')} probe P={','.join(map(str, pr.get('sizes') or []))} G={c.get('group')} "
+                f"rounds={pr.get('rounds')} lr {c.get('lr_rule')} rule from {_f(c.get('lr'), '.1e')} at "
+                f"B_ref={c.get('lr_ref_batch')} task={c.get('dataset') or c.get('task')} max_tokens={c.get('max_tokens')} "
+                f"T={c.get('temperature')} seed={m.get('seed')}")
+    return (f"config     {c.get('algo')} P={c.get('prompts')} G={c.get('group')} B={c.get('batch')} "
+            f"lr={_f(c.get('lr_effective'), '.2e')} ({c.get('lr_rule')} rule from {_f(c.get('lr'), '.1e')} at B_ref={c.get('lr_ref_batch')}) "
+            f"steps={c.get('steps')} task={c.get('dataset') or c.get('task')} max_tokens={c.get('max_tokens')} "
+            f"T={c.get('temperature')} eval every {c.get('eval_every')} (k={c.get('eval_k')}, {c.get('eval_prompts')} prompts) "
+            f"seed={m.get('seed')}")
+
+
+def _levels(entries: list[dict], key: str, unit: str) -> str:
+    """'N levels LO..HI unit (median SE x %, worst y %)' of a calibration ladder's metadata entries."""
+    lv = [r.get(key) for r in entries if r.get(key) is not None]
+    se = np.array([r.get("se") for r in entries if r.get("se") is not None], float)
+    se = se[np.isfinite(se)]
+    out = f"{len(set(lv))} levels {min(lv, default=0)}..{max(lv, default=0)} {unit}"
+    return out + (f" (standard error of a level's median {100 * np.median(se):.1f} %, worst {100 * se.max():.1f} %)" if len(se) else "")
+
+
+def calibration_lines(cal: dict) -> list[str]:
+    """The calibration: what it measured, in how long, and how precisely (metadata `calibration`)."""
+    if not cal:
+        return []
+    train = cal.get("train_levels") or []
+    key = "responses" if any("responses" in r for r in train) else "tokens"  # older traces list token counts
+    budget = f" of a {_f(cal.get('budget_s'), '.0f')} s budget" if cal.get("budget_s") else ""
+    out = [f"calibrate  {_f(cal.get('duration_s'), '.1f')} s before the run{budget}: engine {_f(cal.get('gen_s'), '.1f')} s at "
+           f"{_levels(cal.get('gen_rungs') or [], 'level', 'sequences')}; training {_f(cal.get('train_s'), '.1f')} s at "
+           f"{_levels(train, key, key)}" + (f"; not measured: {', '.join(cal['skipped'])}" if cal.get("skipped") else "")]
+    dev = cal.get("device")
+    if dev:
+        out.append(f"one device {_f(dev.get('duration_s'), '.1f')} s at {dev.get('threads')} thread: engine "
+                   f"{_levels(dev.get('gen_rungs') or [], 'level', 'sequences')}; training "
+                   f"{_levels(dev.get('train_levels') or [], 'responses', 'responses')}")
+    return out
+
+
+def drift_lines(t) -> list[str]:
+    """The machine's speed over the run, from the drift probe (rlsim.replay.drift)."""
+    d = drift_of(t)
+    if d is None:
+        return []
+    (g0, g1), (t0, t1) = d.spread("gen"), d.spread("train")
+    return [f"drift      {len(d.t)} probes: engine step {g0:.2f}x..{g1:.2f}x and training pass {t0:.2f}x..{t1:.2f}x of "
+            "their median time over the run (the fit normalises the run's timings to the median)"]
+
+
 def summarize(path: str) -> str:
     t = read_trace(path)
     m, c = t.meta, t.config
@@ -55,12 +134,7 @@ def summarize(path: str) -> str:
         status += " (RECOVERED from the partial stream of a run that did not finish: every completed step is kept)"
     lines.append(f"status     {status}; schema v{m.get('schema_version')}; created {m.get('created', '?')}")
     if c:
-        lines.append(
-            f"config     {c.get('algo')} P={c.get('prompts')} G={c.get('group')} B={c.get('batch')} "
-            f"lr={_f(c.get('lr_effective'), '.2e')} ({c.get('lr_rule')} rule from {_f(c.get('lr'), '.1e')} at B_ref={c.get('lr_ref_batch')}) "
-            f"steps={c.get('steps')} task={c.get('dataset') or c.get('task')} max_tokens={c.get('max_tokens')} "
-            f"T={c.get('temperature')} eval every {c.get('eval_every')} (k={c.get('eval_k')}, {c.get('eval_prompts')} prompts) "
-            f"seed={m.get('seed')}")
+        lines.append(_config_line(t))
     hw = m.get("hardware", {})
     if hw:
         lines.append(f"hardware   {hw.get('device')} {hw.get('device_name')} x{hw.get('device_count')}; "
@@ -78,14 +152,9 @@ def summarize(path: str) -> str:
     if pk:
         lines.append("packages   " + ", ".join(f"{k} {v}" for k, v in pk.items()))
     lines.append("events     " + ", ".join(f"{k} {t.count(k)}" for k in EVENT_KINDS))
-    cal = m.get("calibration") or {}
-    if cal:
-        rungs = [r.get("level") for r in cal.get("gen_rungs") or []]
-        toks = [r.get("tokens") for r in cal.get("train_levels") or []]
-        lines.append(f"calibrate  {_f(cal.get('duration_s'), '.1f')} s before the run: engine {_f(cal.get('gen_s'), '.1f')} s at "
-                     f"{len(rungs)} concurrencies {min(rungs, default=0)}..{max(rungs, default=0)}, training "
-                     f"{_f(cal.get('train_s'), '.1f')} s at {len(set(toks))} token levels {min(toks, default=0)}..{max(toks, default=0)}"
-                     + (f"; skipped {', '.join(cal['skipped'])}" if cal.get("skipped") else ""))
+    if is_probe(t):
+        return "\n".join(lines + probe_lines(t))
+    lines += calibration_lines(m.get("calibration") or {}) + drift_lines(t)
     if placement(c)["mode"] == "split":
         lines += split_lines(t)
     sp = step_split(t)

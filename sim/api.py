@@ -31,6 +31,7 @@ from rlsim.config import WhatIf, keyword_names
 from rlsim.fidelity import replay_trace
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import Trace, read_trace
+from rlsim.replay.probe import refuse_probe
 from rlsim.replay.split_stats import split_stats as measure
 from rlsim.replay.steps import step_table
 from rlsim.study import sweep_study
@@ -81,9 +82,10 @@ def _listed(v: Any) -> list:
 
 
 def _traces(traces: Any) -> list[Trace]:
-    """A trace, a path, or a sequence of them (the first is the reference), read."""
+    """A trace, a path, or a sequence of them (the first is the reference), read to be fitted: a probe trace is
+    refused (it measures sigma, it is not a run)."""
     one = isinstance(traces, (Trace, str, os.PathLike))
-    return [_trace(t) for t in ([traces] if one else traces)]
+    return [refuse_probe(_trace(t)) for t in ([traces] if one else traces)]
 
 
 def events(trace: Trace | str | os.PathLike):
@@ -183,7 +185,7 @@ def check_fidelity(trace: Trace | str | os.PathLike, *, seed: int = 0, lengths: 
     """Recorded vs simulated step time, generation time and responses/s per update (rlsim replay)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
-    res = replay_trace(_trace(trace), seed=seed, lengths=lengths)
+    res = replay_trace(refuse_probe(_trace(trace)), seed=seed, lengths=lengths)
     return pd.DataFrame(res.to_dict()["per_update"]).set_index("step")
 
 

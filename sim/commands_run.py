@@ -14,6 +14,7 @@ from rlsim.options import StudyOptions, command
 from rlsim.rank import rank_file
 from rlsim.replay.errors import cli_errors
 from rlsim.replay.io import read_trace
+from rlsim.replay.probe import refuse_probe
 from rlsim.replay.util import dumps, fmt
 from rlsim.whatif import run
 
@@ -120,7 +121,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
         """Simulate exactly the recorded configuration; print recorded vs simulated times and errors."""
-        res = replay_trace(read_trace(trace, drop_invalid=drop_invalid), seed=seed, lengths="sampled" if sampled else "recorded")
+        res = replay_trace(refuse_probe(read_trace(trace, drop_invalid=drop_invalid)), seed=seed,
+                           lengths="sampled" if sampled else "recorded")
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))
             return

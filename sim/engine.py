@@ -8,8 +8,9 @@ Scheduling semantics (the same in both paths below):
   slot for the next step;
 - the step's cost is the fitted model of its composition (`rlsim.replay.cost.EngineStepCost`):
   num_running, context tokens (KV length after the step: prompt + tokens generated before the step),
-  prefill tokens computed; linear, or piecewise linear in num_running with a knee, whose sums need the
-  histogram of num_running over the steps (`RoundPlan.sums`), still a closed form of the schedule;
+  prefill tokens computed; linear, or piecewise linear in num_running (a knee, or interpolated over the
+  calibration's levels: hinges), whose sums need the histogram of num_running over the steps
+  (`RoundPlan.sums`), still a closed form of the schedule;
 - when a running sequence needs a KV block and none is free, the latest admitted running request is
   preempted (its blocks freed; it re-queues at the front and recomputes prompt + output on readmission).
 
@@ -55,7 +56,7 @@ class RoundPlan:
 
     def sums(self, hist: bool = False) -> StepSums:
         """(rounds,) summed engine-step features; `hist`: with the (rounds, max n + 1) histogram of num_running
-        (what a knee form needs)."""
+        (what a cost with hinges needs)."""
         return StepSums(self.steps, self.sum_running, self.sum_context, self.sum_prefill,
                         running_hist(self) if hist else None)
 
@@ -195,7 +196,7 @@ def running_hist(plan: RoundPlan, size: int = 0) -> np.ndarray:
 
 def round_cost(gen: EngineStepCost, plan: RoundPlan) -> np.ndarray:
     """(rounds,) seconds of engine steps per round: the cost of the plan's summed features."""
-    return gen.total(plan.sums(hist=bool(gen.c_knee)))
+    return gen.total(plan.sums(hist=bool(gen.hinges)))
 
 
 def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray, prefill: np.ndarray | None = None) -> dict[str, np.ndarray]:

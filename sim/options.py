@@ -32,6 +32,7 @@ from rlsim.config import WhatIf
 from rlsim.grid import parse_list
 from rlsim.replay.errors import RlsimError, cli_errors
 from rlsim.replay.io import read_trace
+from rlsim.replay.probe import refuse_probe
 
 SPELLING = {"prompts": ["--batch", "--prompts", "-b"], "group": ["--group", "-g"]}  # as verl/TRL users say P and G
 
@@ -75,10 +76,10 @@ class StudyOptions:
         return f"lr-aware:{self.bend_batch:g},{self.kappa:g}"
 
     def traces(self) -> list:
-        """The traces, read and validated."""
+        """The traces, read and validated; a probe trace is refused (it measures sigma, it is not a run to fit)."""
         if not self.trace:
             raise RlsimError("give a trace with --trace or as an argument (e.g. --trace traces/grpo_p128.parquet)")
-        return [read_trace(p, drop_invalid=self.drop_invalid) for p in self.trace]
+        return [refuse_probe(read_trace(p, drop_invalid=self.drop_invalid)) for p in self.trace]
 
     def calibrations(self) -> list:
         """The --calibration traces, read and validated."""

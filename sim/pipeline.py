@@ -189,9 +189,10 @@ class _Round:
 
 
 def _needs_hist(models: FittedModels) -> bool:
-    """Whether the summed features must keep the histogram of num_running (a knee form, fitted or replicated)."""
+    """Whether the summed features must keep the histogram of num_running (hinges: a knee or the interpolated
+    form, fitted or replicated)."""
     reps = models.replicates
-    return bool(models.gen.c_knee) or (reps is not None and bool(np.any(reps.gen[:, 4] != 0)))
+    return bool(models.gen.hinges) or (reps is not None and bool(np.any(reps.gen[:, 4::2] != 0)))
 
 
 def _fast_round(models: FittedModels, cfg: SimConfig, plan: RoundPlan, row: int, sums: StepSums, cost: float,

@@ -14,7 +14,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.models import FittedModels
+from rlsim.replay.models import FittedModels, GenStepModel
+from rlsim.replay.robust import PiecewiseLinear
 from rlsim.replay.steps import step_table
 from rlsim.replay.util import atomic_write, fmt
 from rlsim.results import read_results, trace_identity
@@ -69,16 +70,35 @@ def _dur(seconds: float) -> str:
     return f"{seconds * 1e9:.4g} ns"
 
 
+def _gen_equation(g: GenStepModel) -> str:
+    """The engine-step cost as an equation; with more than two hinges (the interpolated form), f(running) at the
+    ends of the fitted range and at each knee."""
+    lo, hi = g.concurrency_range
+    rest = f"{_dur(g.c_ctx)} &times; context tokens + {_dur(g.c_prefill)} &times; prefill tokens"
+    if len(g.hinges) > 2:
+        at = [lo] + [k for k in g.knees if lo < k < hi] + [hi]
+        f = ", ".join(f"{n:.0f}: {_dur(float(g.step(n, 0.0)))}" for n in at)
+        return (f"t_step = f(running) + {rest}; f non-decreasing, piecewise linear through {len(g.hinges) + 2} measured "
+                f"levels (straight beyond {lo}..{hi}): {f}")
+    knees = "".join(f" + {_dur(d)} &times; max(0, running &minus; {k:.0f})" for k, d in g.hinges)
+    return (f"t_step = {_dur(g.c_step)} + {_dur(g.c_seq)} &times; running + {rest}{knees}"
+            f"{' (fixed term from the roofline prior)' if g.prior else ''}; fitted on concurrency {lo}..{hi}")
+
+
+def _update_equation(u: PiecewiseLinear) -> str:
+    """The interpolated update model: its fixed cost and forward + backward seconds at each token level."""
+    at = ", ".join(f"{x:.0f}: {_dur(v)}" for x, v in zip(u.knots, u.values))
+    return (f"t_update = {_dur(u.offset)} + g(tokens); g (forward + backward) non-decreasing, piecewise linear through "
+            f"the calibration's token levels (straight beyond them): {at}")
+
+
 def models_section(fitted: FittedModels) -> str:
     g = fitted.gen
-    parts = ["<h3>Generation step cost</h3>",
-             f"<p class='eq'>t_step = {_dur(g.c_step)} + {_dur(g.c_seq)} &times; running "
-             f"+ {_dur(g.c_ctx)} &times; context tokens + {_dur(g.c_prefill)} &times; prefill tokens"
-             f"{f' + {_dur(g.c_knee)} &times; max(0, running &minus; {g.knee:.0f})' if g.c_knee else ''}"
-             f"{' (fixed term from the roofline prior)' if g.prior else ''}; fitted on concurrency "
-             f"{g.concurrency_range[0]}..{g.concurrency_range[1]}</p>"]
+    parts = ["<h3>Generation step cost</h3>", f"<p class='eq'>{_gen_equation(g)}</p>"]
+    if isinstance(fitted.update, PiecewiseLinear):
+        parts += ["<h3>Update cost</h3>", f"<p class='eq'>{_update_equation(fitted.update)}</p>"]
     aff = [(m.name, m.x_name, f"{m.intercept:.4g}", f"{m.slope:.4g}") for m in
-           (fitted.update, fitted.prep, fitted.reward, fitted.other, fitted.sync)]
+           (fitted.update, fitted.prep, fitted.reward, fitted.other, fitted.sync) if not isinstance(m, PiecewiseLinear)]
     o = fitted.gen_overhead
     parts.append("<h3>Other cost models (seconds = intercept + slope &times; x)</h3>")
     parts.append(_table(["model", "x", "intercept", "slope"], aff +

@@ -19,7 +19,7 @@ import numpy as np
 from rlsim.replay.cost import EngineStepCost, StepSums
 from rlsim.replay.devices import profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import fit_trace
+from rlsim.replay.fit import fit_trace, has_device_calibration
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import LearningCurve, NoiseScale, b_noise_replicates, fit_learning_curve, lr_scale, noise_scale
 from rlsim.replay.models import INTERVAL, FittedModels, interval
@@ -57,6 +57,8 @@ class Study:
     b_crit_reps: np.ndarray | None = field(default=None, metadata={"help": "bootstrap replicates of the reference's B_crit (over its updates), for rho intervals"})
     lr_aware: RhoModel | None = field(default=None, metadata={"help": "the lr-aware rho model (--rho lr-aware), its B_bend and kappa resolved"})
     framework: str = field(default="rlrun", metadata={"help": "what recorded the reference: rlrun, or the framework whose log was imported"})
+    device_models: FittedModels | None = field(default=None, metadata={
+        "help": "one device's cost models, from the reference's calibration at one device's threads (a core on CPU); None: not measured"})
 
     @property
     def b_ref(self) -> int:
@@ -129,27 +131,45 @@ class Study:
 
 def models_for(study: Study, cfg: WhatIf) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
     """The fitted models, engine limits and rescaling notes for the hardware `cfg` asks for (--device,
-    --gpus): the study's own when it asks for none."""
+    --gpus): the study's own when it asks for none; for a split, one device's (each engine replica and each
+    trainer rank holds one device)."""
+    if cfg.split:
+        return _one_device(study, cfg.device)
     if cfg.device is None and cfg.gpus is None:
         return study.models, study.engine, ()
     return _rescaled(study, cfg.device, cfg.gpus)
 
 
 def recorded_devices(study: Study) -> int:
-    """Devices the reference trace ran on (its hardware metadata's device_count; 1 when not stated)."""
+    """Devices the reference trace ran on: on CPU its cores (the torch threads it ran with: a CPU's device is a
+    core, as `rlrun record --gen-devices/--train-devices` count them), else its hardware metadata's
+    device_count; 1 when not stated."""
     hw = study.hardware or study.models.config.get("hardware") or {}
-    n = hw.get("device_count") or hw.get("gpus") or 1
+    n = (hw.get("torch_threads") if hw.get("device") == "cpu" else None) or hw.get("device_count") or hw.get("gpus") or 1
     return int(n) if isinstance(n, (int, float)) and n >= 1 else 1
+
+
+@functools.lru_cache(maxsize=32)
+def _one_device(study: Study, device: str | None) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
+    """One device's models: measured by the reference's calibration at one device's threads (a core on CPU)
+    when it has them; the recorded models when the reference ran on one device; else the recorded costs
+    scaled to one device (`_rescaled`)."""
+    if device is None and study.device_models is not None:
+        return study.device_models, engine_of(study.device_models), (
+            "each engine replica and trainer rank: one device's costs as the reference's calibration measured them "
+            "(one core, 1 thread)",)
+    if device is None and recorded_devices(study) == 1:
+        return study.models, study.engine, ()
+    return _rescaled(study, device, 1)
 
 
 def reference_config(study: Study, cfg: WhatIf, *, updates: int | None = None, seed: int | None = None) -> WhatIf:
     """The reference configuration (the trace's P, G and lr rule, colocated and synchronous) on the hardware
     `cfg` runs on, so that sigma compares batch sizes, not machines: the same --device and --gpus; for a split,
-    colocated on as many devices as the split holds (each replica and each trainer rank is one recorded device
-    group)."""
+    colocated on as many devices as the split holds (each replica and each trainer rank is one device)."""
     gpus = cfg.gpus
     if cfg.split:
-        gpus = (int(cfg.gen_gpus) + int(cfg.train_gpus)) * recorded_devices(study)
+        gpus = int(cfg.gen_gpus) + int(cfg.train_gpus)
         if cfg.device is None and gpus == recorded_devices(study):
             gpus = None
     return replace(study.reference, updates=cfg.updates if updates is None else updates,
@@ -162,7 +182,7 @@ def hardware_label(study: Study, cfg: WhatIf) -> str:
         return "as recorded"
     hw = study.hardware or {}
     name = cfg.device or hw.get("device_name") or hw.get("device") or "the recorded device"
-    n = (int(cfg.gen_gpus) + int(cfg.train_gpus)) * recorded_devices(study) if cfg.split else cfg.gpus or recorded_devices(study)
+    n = int(cfg.gen_gpus) + int(cfg.train_gpus) if cfg.split else cfg.gpus or recorded_devices(study)
     return f"{n} x {name}"
 
 
@@ -229,6 +249,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     # (split-mode recordings give learning curves at their staleness limit, not step costs: see fit_trace)
     pooled = [ref] + [t for t in traces[1:] if same_setup(ref, t) and placement(t.config)["mode"] == "colocated"]
     models = fit_trace(pooled if len(pooled) > 1 else ref, calibration=list(calibration))
+    device_models = fit_trace(ref, one_device=True) if has_device_calibration(ref) and not calibration else None
     reference = WhatIf(prompts=models.prompts, group=models.group, lr_rule=str(cfg.get("lr_rule") or "sqrt"))
     if not reference.prompts:
         raise RlsimError(f"{ref.path}: metadata config has no `prompts`; the trace was not written by `rlrun record`")
@@ -272,7 +293,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  rho_requested=rho_model, target=float(target), n_star_ref=float(n_star) if n_star is not None else math.nan,
                  recorded_time_to_target_s=rec_t, warnings=tuple(warnings), notes=tuple(notes), trace_names=tuple(t.name for t in traces),
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
-                 framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"))
+                 framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models)
 
 
 def _noise_scale_warning(b_crit: float, reps: np.ndarray | None) -> str:
@@ -317,8 +338,8 @@ def replicate_rates(models: FittedModels, run_: SimRun) -> np.ndarray | None:
     eng_point = models.gen.total(sums)
     eng_reps = EngineStepCost.totals(reps.gen, sums)
     tok = np.asarray(run_.tokens, float)
-    upd_point = np.maximum(models.update.intercept + models.update.slope * tok, 0.0).sum()
-    upd_reps = np.maximum(reps.update[:, :1] + reps.update[:, 1:2] * tok[None, :], 0.0).sum(axis=1)
+    upd_point = np.maximum(models.update.predict(tok), 0.0).sum()
+    upd_reps = np.maximum(reps.update_seconds(tok), 0.0).sum(axis=1)
     total = float(run_.step_time.sum()) - eng_point - upd_point + eng_reps + upd_reps
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(total > 0, float(run_.responses.sum()) / total, np.nan)

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.studies.extrapolation import speed_factors
+from bench.studies.extrapolation import table
 from rlsim.replay.evaluation import kendall_tau
 
 
@@ -17,18 +17,12 @@ def test_kendall_tau_hand_cases():
     assert math.isnan(kendall_tau([1, 1], [2, 2]))
 
 
-def test_speed_factors_recover_a_drift_per_recording():
-    # each recording ran at its own speed s; a prediction fitted on a and checked on b is off by s_a / s_b
-    s = {"a": 1.0, "b": 1.2, "c": 0.9, "d": 1.05}
-    rows = [{"fit": x, "predict": y, "rps_err": s[x] / s[y] - 1} for x in s for y in s if x != y]
-    out = speed_factors(rows)
-    assert out["residual_max_abs"] < 1e-9
-    g = np.exp(np.mean(np.log(list(s.values()))))  # the factors come out relative to their geometric mean
-    for k, v in s.items():
-        assert out["factors"][k] == pytest.approx(v / g)
-    # a model error on one pair that no speed factor explains stays in the residual
-    rows[0]["rps_err"] = (1 + rows[0]["rps_err"]) * 1.3 - 1
-    assert speed_factors(rows)["residual_max_abs"] > 0.1
+def test_paired_sigma_table_states_the_targets():
+    from rlsim.replay.evaluation import SigmaCase
+
+    out = table([SigmaCase("g8", 128, 2048, predicted=3.0, lo=2.9, hi=3.2, measured=3.3, measured_lo=3.2, measured_hi=3.4)])
+    assert "| g8 | 128 -> 2048 (16x) | 3.000 (2.900..3.200) | 3.300 (3.200..3.400) | -9.1 % | no |" in out
+    assert "1 cases: |error| median 9.1 % (target <= 3 %), max 9.1 % (target <= 8 %)" in out and "in 0 %" in out
 
 
 def test_ranking_resolution_hand_cases():

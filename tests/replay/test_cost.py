@@ -8,20 +8,23 @@ from rlsim.replay.robust import FitQuality
 from rlsim.replay.models import GenStepModel
 from rlsim.replay.fit import default_bandwidth_gbs
 
-KNEE = EngineStepCost(2e-3, 1e-4, 2e-7, 1e-6, c_knee=-4e-5, knee=37.5)
+KNEE = EngineStepCost(2e-3, 1e-4, 2e-7, 1e-6, hinges=((37.5, -4e-5),))
+# the interpolated form: a hinge per measured level, the slope rising then falling (convex, then concave)
+INTERP = EngineStepCost(2e-3, 1e-5, 2e-7, 1e-6, hinges=((2.0, 5e-6), (4.0, 2e-5), (16.0, 8e-5), (64.0, -5e-5), (256.0, -4e-5)))
 
 
 def by_hand(c: EngineStepCost, n, ctx, pre):
     n = np.asarray(n, float)
     return (c.c_step * (n > 0) + c.c_seq * n + c.c_ctx * np.asarray(ctx, float) + c.c_prefill * np.asarray(pre, float)
-            + c.c_knee * np.maximum(n - c.knee, 0.0))
+            + sum(d * np.maximum(n - k, 0.0) for k, d in c.hinges))
 
 
 def test_a_step_is_the_formula_of_its_features():
     n, ctx, pre = np.array([1, 20, 37, 38, 200]), np.array([5, 400, 900, 1000, 9000]), np.array([5, 0, 0, 30, 0])
     assert KNEE.step(n, ctx, pre) == pytest.approx(by_hand(KNEE, n, ctx, pre), rel=1e-12)
-    f = EngineStepCost.features(n, ctx, pre, KNEE.knee)
-    assert f.shape == (5, len(FEATURES)) and f @ KNEE.linear == pytest.approx(KNEE.step(n, ctx, pre), rel=1e-12)
+    f = EngineStepCost.features(n, ctx, pre, KNEE.knees)
+    assert f.shape == (5, len(FEATURES) + 1) and f @ KNEE.linear == pytest.approx(KNEE.step(n, ctx, pre), rel=1e-12)
+    assert INTERP.step(n, ctx, pre) == pytest.approx(by_hand(INTERP, n, ctx, pre), rel=1e-12)
     assert np.ndim(KNEE.step(3, 30.0)) == 0  # scalars in, a scalar out
 
 
@@ -31,12 +34,13 @@ def test_a_step_with_nothing_running_costs_nothing():
     assert KNEE.stretch(3, 0, 0.0) == 0.0
 
 
-@pytest.mark.parametrize("k,n,ctx0,pre", [(1, 5, 50.0, 50.0), (7, 40, 1234.0, 0.0), (12, 3, 9.0, 7.0)])
-def test_a_stretch_in_closed_form_is_the_sum_of_its_steps(k, n, ctx0, pre):
-    d = KNEE.stretch_steps(k, n, ctx0, pre)
-    assert d == pytest.approx(by_hand(KNEE, n, ctx0 + n * np.arange(k), np.r_[pre, np.zeros(k - 1)]), rel=1e-12)
-    assert KNEE.stretch(k, n, ctx0, pre) == pytest.approx(d.sum(), rel=1e-12)
-    assert KNEE.total(StepSums.of_stretch(k, n, ctx0, pre, hist=True)) == pytest.approx(d.sum(), rel=1e-12)
+@pytest.mark.parametrize("cost", [KNEE, INTERP])
+@pytest.mark.parametrize("k,n,ctx0,pre", [(1, 5, 50.0, 50.0), (7, 40, 1234.0, 0.0), (12, 3, 9.0, 7.0), (4, 300, 9e3, 0.0)])
+def test_a_stretch_in_closed_form_is_the_sum_of_its_steps(cost, k, n, ctx0, pre):
+    d = cost.stretch_steps(k, n, ctx0, pre)
+    assert d == pytest.approx(by_hand(cost, n, ctx0 + n * np.arange(k), np.r_[pre, np.zeros(k - 1)]), rel=1e-12)
+    assert cost.stretch(k, n, ctx0, pre) == pytest.approx(d.sum(), rel=1e-12)
+    assert cost.total(StepSums.of_stretch(k, n, ctx0, pre, hist=True)) == pytest.approx(d.sum(), rel=1e-12)
 
 
 def test_totals_price_summed_steps_under_every_replicate_row():
@@ -45,13 +49,28 @@ def test_totals_price_summed_steps_under_every_replicate_row():
     ctx, pre = n * rng.uniform(10, 50, 500), np.where(rng.random(500) < 0.1, 100.0, 0.0)
     sums = StepSums.of_steps(n, ctx, pre, hist=True)
     coefs = np.column_stack([rng.uniform(0, 1e-3, (8, 4)), rng.uniform(-1e-5, 1e-5, 8), rng.uniform(5, 60, 8)])
-    coefs[:3, 4] = 0.0  # linear rows beside knee rows
+    coefs[:3, 4] = 0.0  # linear rows (a hinge of no slope change) beside knee rows
     want = [EngineStepCost.from_array(c).step(n, ctx, pre).sum() for c in coefs]
     assert EngineStepCost.totals(coefs, sums) == pytest.approx(want, rel=1e-10)
     linear = StepSums.of_steps(n, ctx, pre)  # no histogram: only linear rows can be priced
     assert EngineStepCost.totals(coefs[:3], linear) == pytest.approx(want[:3], rel=1e-10)
     with pytest.raises(ValueError, match="histogram"):
         EngineStepCost.totals(coefs, linear)
+
+
+def test_totals_of_a_multi_hinge_cost_are_the_sum_of_its_steps():
+    # the interpolated form prices random steps, and rounds of them, from summed features and the histogram of n
+    rng = np.random.default_rng(3)
+    n = rng.integers(1, 600, (5, 300))
+    ctx, pre = n * rng.uniform(10, 50, n.shape), np.where(rng.random(n.shape) < 0.1, 100.0, 0.0)
+    m = int(n.max()) + 1
+    sums = StepSums(np.full(5, 300.0), n.sum(1).astype(float), ctx.sum(1), pre.sum(1),
+                    np.array([np.bincount(r, minlength=m) for r in n], float))
+    want = INTERP.step(n, ctx, pre).sum(axis=1)
+    assert INTERP.total(sums) == pytest.approx(want, rel=1e-10)
+    assert INTERP.total(sums.row(2)) == pytest.approx(want[2], rel=1e-10)
+    reps = np.stack([INTERP.array, EngineStepCost.scale_array(INTERP.array, 2.0)])  # replicate rows of one layout
+    assert EngineStepCost.totals(reps, sums) == pytest.approx(np.stack([want, 2 * want]), rel=1e-10)
 
 
 def test_sums_add_and_take_rows():
@@ -72,16 +91,23 @@ def test_sums_add_and_take_rows():
 def test_the_fit_parametrisation_maps_to_the_same_cost():
     rng = np.random.default_rng(1)
     n, ctx, pre = rng.integers(1, 100, 50).astype(float), rng.uniform(0, 5000, 50), rng.uniform(0, 50, 50)
-    for knee, x in ((None, np.array([1e-3, 2e-4, 1e-7, 1e-6])), (30.0, np.array([1e-3, 2e-4, 5e-5, 1e-7, 1e-6]))):
-        c = EngineStepCost.from_design(x, knee)
-        assert EngineStepCost.design(n, ctx, pre, knee) @ x == pytest.approx(c.step(n, ctx, pre), rel=1e-12)
-        assert c.design_coef() == pytest.approx(x) and EngineStepCost.from_array(c.array) == c
-    assert COEFS[-1] == "knee" and len(KNEE.array) == len(COEFS)
+    for knees, x in (((), [1e-3, 2e-4, 1e-7, 1e-6]), ((30.0,), [1e-3, 2e-4, 5e-5, 1e-7, 1e-6]),
+                     ((4.0, 8.0, 30.0), [1e-3, 1e-4, 3e-4, 0.0, 2e-4, 1e-7, 1e-6])):
+        c = EngineStepCost.from_design(np.array(x), knees)
+        assert EngineStepCost.design(n, ctx, pre, knees) @ x == pytest.approx(c.step(n, ctx, pre), rel=1e-12)
+        assert c.knees == knees and EngineStepCost.from_array(c.array) == c
+        assert len(c.array) == len(COEFS) + 2 * len(knees)
+        grid = np.arange(1.0, 100.0)
+        assert np.all(np.diff(c.step(grid, 0.0)) >= -1e-15)  # slopes >= 0: non-decreasing in n
+    # the one-hinge array is the knee form's layout: [c_step, c_seq, c_ctx, c_prefill, slope change, knee]
+    assert KNEE.array.tolist() == [2e-3, 1e-4, 2e-7, 1e-6, -4e-5, 37.5]
+    scaled = KNEE.scaled(step=2.0, seq=3.0, ctx=5.0, prefill=7.0)
+    assert scaled.array == pytest.approx([4e-3, 3e-4, 1e-6, 7e-6, -1.2e-4, 37.5])  # the knee does not move
 
 
 def test_the_fitted_model_is_the_cost_model():
     q = FitQuality(0, 0, 0, 0, 0)
-    g = GenStepModel(2e-3, 1e-4, 2e-7, 1e-6, q, c_knee=-4e-5, knee=37.5, form="knee")  # positional as before
+    g = GenStepModel(2e-3, 1e-4, 2e-7, 1e-6, q, hinges=KNEE.hinges, form="knee")  # positional as before
     assert isinstance(g, EngineStepCost) and g.quality is q and g.form == "knee"
     assert g.predict([5, 50], [100, 1000]) == pytest.approx(KNEE.step([5, 50], [100, 1000]))
     assert g.throughput(50, 20.0) == pytest.approx(50 / KNEE.step(50, 1000.0))

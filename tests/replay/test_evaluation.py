@@ -119,3 +119,15 @@ def test_noise_split_parts_the_seed_noise():
     assert r["sd_log_t"] == pytest.approx(r["sd_log_rho"]) and r["spread_cover_all"] == r["spread_cover_one"] == 0.5
     assert pooled_sd(np.zeros((1, 3))) == 0.0
     assert math.isnan(ranking_resolution(log_rho - log_sig, 0, draws=50)["seed_pair_tau"][0])  # a seed with all sizes tied
+
+
+def test_sigma_cases_error_and_coverage():
+    from rlsim.replay.evaluation import SigmaCase, sigma_summary
+
+    a = SigmaCase("g8", 128, 512, predicted=2.2, lo=2.0, hi=2.4, measured=2.0, measured_lo=1.9, measured_hi=2.1)
+    b = SigmaCase("g8", 128, 2048, predicted=3.0, lo=2.9, hi=3.2, measured=3.3, measured_lo=3.2, measured_hi=3.4)
+    assert abs(a.error - 0.1) < 1e-12 and a.covered and not b.covered
+    s = sigma_summary([a, b])
+    assert s["cases"] == 2 and abs(s["max_abs_error"] - 0.1) < 1e-12 and s["coverage"] == 0.5
+    assert abs(s["median_abs_error"] - (0.1 + 0.3 / 3.3) / 2) < 1e-12
+    assert sigma_summary([])["cases"] == 0

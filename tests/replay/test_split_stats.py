@@ -82,7 +82,7 @@ def split_path(tmp_path_factory) -> Path:
 
 
 def test_version_3_is_additive():
-    assert SCHEMA_VERSION == 3 and READABLE_VERSIONS == (1, 2, 3)
+    assert SCHEMA_VERSION >= 3 and READABLE_VERSIONS[:3] == (1, 2, 3)
     new = ("engine_id", "rank", "finish_version")
     assert all(COLUMN_SINCE[c] == 3 for c in new)
     assert not set(new) & set(columns_for_version(2)) and set(new) <= set(columns_for_version(3))
@@ -90,6 +90,14 @@ def test_version_3_is_additive():
     assert all(KIND_SINCE[k] == 3 for k in (IDLE, TRAIN_RANK, ALLREDUCE))
     assert REQUIRED[TRAIN_RANK] == ("t_start", "duration", "rank", "num_responses", "num_tokens")
     assert REQUIRED[ALLREDUCE] == ("t_start", "duration", "bytes", "rank")
+
+
+def test_version_4_is_additive():
+    from rlsim.replay.schema import DRIFT_GEN, DRIFT_TRAIN
+
+    assert SCHEMA_VERSION == 4 and READABLE_VERSIONS == (1, 2, 3, 4)
+    assert COLUMN_SINCE["threads"] == 4 and "threads" not in columns_for_version(3) and "threads" in columns_for_version(4)
+    assert KIND_SINCE[DRIFT_GEN] == KIND_SINCE[DRIFT_TRAIN] == 4 and not {DRIFT_GEN, DRIFT_TRAIN} & set(kinds_for_version(3))
 
 
 def test_placement_defaults_for_older_configs():
@@ -101,7 +109,7 @@ def test_placement_defaults_for_older_configs():
 
 def test_split_trace_round_trips(split_path):
     t = read_trace(split_path)
-    assert t.meta["schema_version"] == 3 and t.dropped == {}
+    assert t.meta["schema_version"] == SCHEMA_VERSION and t.dropped == {}
     assert t.count(IDLE) == 2 and t.count(TRAIN_RANK) == 6 and t.count(ALLREDUCE) == 6 and t.count("sync") == 8
     idle = t.rows(IDLE)
     assert np.isnan(idle["rank"][0]) and idle["engine_id"][0] == 1 and idle["rank"][1] == 1 and np.isnan(idle["engine_id"][1])

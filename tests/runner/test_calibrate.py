@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from rlsim.replay.io import read_trace
+from rlsim.runner.calibrate import VISIT_STEPS, half_octaves
 
 pytestmark = pytest.mark.engine
 
@@ -30,7 +31,7 @@ def test_calibration_rows_and_untouched_weights(tmp_path, tiny_model, small_conf
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     opt_before = {i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()} for i, s in trainer.opt.state_dict()["state"].items()}
 
-    rows, info = run_calibration(engine, trainer, cfg, prompts, [list(c.token_ids) for c in outs])
+    rows, info = run_calibration(engine, trainer, cfg, prompts, [list(c.token_ids) for c in outs], budget_s=60.0)
 
     assert all(torch.equal(before[k], v) for k, v in policy.state_dict().items())
     opt_after = trainer.opt.state_dict()["state"]
@@ -42,15 +43,19 @@ def test_calibration_rows_and_untouched_weights(tmp_path, tiny_model, small_conf
     gen = [r for k, r in rows if k == "calib_gen"]
     train = [r for k, r in rows if k == "calib_train"]
     levels = sorted({r["calib_level"] for r in gen})
-    # 1 .. min(16 x B, max_num_seqs) = 64 in doublings, then a rung of 1.5 x 64 = 96 in two waves
-    assert levels == [1, 2, 4, 8, 16, 32, 64, 96]
+    # half-octaves 1 .. min(16 x B, max_num_seqs) = 64, then a rung of 1.5 x 64 = 96 in two waves
+    assert levels == half_octaves(64) + [96]
     assert max(r["num_running"] for r in gen) == 64 and any(r["num_waiting"] > 0 for r in gen)
     for lv in levels[:-1]:
-        steps = [r for r in gen if r["calib_level"] == lv]
-        assert len(steps) >= 7 and all(r["num_running"] == lv for r in steps)
+        decode = [r for r in gen if r["calib_level"] == lv and r["prefill_tokens"] == 0]
+        assert len(decode) >= VISIT_STEPS and all(r["num_running"] == lv for r in decode)
+    by_level = {e["level"]: e for e in info["gen_rungs"]}
+    assert set(by_level) == set(levels) and all(e["n"] >= VISIT_STEPS for lv, e in by_level.items() if lv != 96)
+    # training: 1/8x .. 8x the batch (at least one group: 1/8x and 1/4x are both G here), every level at least 3 passes
     tok = sorted({r["num_tokens"] for r in train})
-    assert len(tok) >= 3 and tok[-1] / tok[0] >= 30  # 1/8x (at least one group: 1/4x here) .. 8x the responses per update
-    assert all(r["duration"] > 0 and r["t_forward"] > 0 for r in train)
+    assert sorted({r["calib_level"] for r in train}) == [4, 8, 16, 32, 64, 128] and tok[-1] / tok[0] >= 30
+    assert all(e["n"] >= 3 for e in info["train_levels"])
+    assert all(r["duration"] > 0 and r["t_forward"] > 0 and r["threads"] is None for r in train)
     assert info["duration_s"] > 0 and not info["skipped"]
 
 
@@ -66,3 +71,21 @@ def test_record_writes_calibration_rows_first(tmp_path, tiny_model, small_config
     m = fit_trace(t)
     assert m.validation.calibrated and m.gen.concurrency_range[1] == 64
     assert not any("rlrun calibrate" in w for w in m.warnings)
+
+
+def test_drift_probe_and_one_device_ladder_are_recorded(tmp_path, tiny_model, small_config):
+    import os
+
+    from rlsim.replay.drift import drift_of
+    from rlsim.runner.loop import record
+    from rlsim.runner.summary import summarize
+
+    path = record(small_config(tmp_path, prompts=4, group=4, steps=4, eval_every=0, drift_every=1))
+    t = read_trace(path)
+    d = drift_of(t)
+    assert d is not None and len(d.t) == 4 and np.all(d.gen > 0) and np.all(d.train > 0)
+    assert sorted(set(t.rows("drift_gen")["step"])) == [0, 1, 2, 3] and set(t.rows("drift_train")["calib_level"]) == {4}
+    assert "drift      4 probes" in summarize(str(path))
+    threads = t.rows("calib_gen")["threads"]
+    if len(os.sched_getaffinity(0)) > 1:  # more than one core: the calibration also measures one (the device unit)
+        assert np.any(threads == 1) and np.any(threads > 1) and t.meta["calibration"]["device"]["threads"] == 1

@@ -194,7 +194,7 @@ def test_inspect_needs_no_engine(monkeypatch):
 # ---- the options are RunConfig's fields (rlsim.cliopts, shared with rlsim) ---------------------------------------
 
 # --max-model-len: record takes it too, as its own error message ("must be below --max-model-len") says
-RECORD_FLAGS = ['--algo', '--calibrate', '--compile', '--critic-lr', '--dataset', '--dtype', '--epochs', '--eval-every',
+RECORD_FLAGS = ['--algo', '--calibrate', '--compile', '--critic-lr', '--dataset', '--drift-every', '--dtype', '--epochs', '--eval-every',
                 '--eval-k', '--eval-prompts', '--gamma', '--gen-batch', '--gen-devices', '--group', '--kv-cache-gib', '--lam',
                 '--loss-agg', '--lr', '--lr-ref-batch', '--lr-rule', '--max-model-len', '--max-num-seqs', '--max-staleness',
                 '--max-tokens',

@@ -66,13 +66,18 @@ def test_rescale_stops_fixed_update_cost_at_the_profile_floor(study):
     floor = PROFILES["h200"].update_floor_s
     assert floor > 0
     models, notes = rescale(study.models, "h200", 8, source_profile=study.hardware)
-    roofline = study.models.update.intercept * (21.3 / 4800) * (1 / 8)
+    fixed = study.models.update.offset  # the calibrated update: fixed cost + forward and backward interpolated
+    roofline = fixed * (21.3 / 4800) * (1 / 8)
     assert roofline < floor  # the roofline rule alone would give a fraction of a millisecond
-    assert models.update.intercept == pytest.approx(min(study.models.update.intercept, floor))
+    assert models.update.offset == pytest.approx(min(fixed, floor))
     assert any("floor" in n for n in notes)
+    # forward + backward is compute: its values at the token levels move by the FLOP/s ratio, the levels stay
+    fl = study.hardware and models.update.values[0] / study.models.update.values[0]
+    assert models.update.knots == study.models.update.knots and models.update.values == pytest.approx(
+        tuple(v * fl for v in study.models.update.values))
     # a cost already under the floor is not raised
-    tiny = replace(study.models, update=replace(study.models.update, intercept=floor / 10))
-    assert rescale(tiny, "h200", 8, source_profile=study.hardware)[0].update.intercept == pytest.approx(floor / 10)
+    tiny = replace(study.models, update=replace(study.models.update, offset=floor / 10))
+    assert rescale(tiny, "h200", 8, source_profile=study.hardware)[0].update.offset == pytest.approx(floor / 10)
 
 
 def test_curves_beyond_the_data_are_bounded_not_clamped():
@@ -134,12 +139,14 @@ def test_cli_prints_the_verdict_and_separates_notes(tmp_path):
                                                         "--gpus", "8", "--updates", "10", "--json"]).output)["hardware_gain"])
 
 
-def test_rescale_moves_the_knee_slope_with_the_sequence_slope(study):
-    # a knee-form fit: above the knee the per-sequence slope is c_seq + c_knee; both are per-token compute
-    knee = replace(study.models, gen=replace(study.models.gen, c_knee=2e-5, knee=64.0))
-    moved, _ = rescale(knee, "h200", 8, source_profile=study.hardware)
-    assert moved.gen.c_knee / knee.gen.c_knee == pytest.approx(moved.gen.c_seq / knee.gen.c_seq)
-    assert moved.gen.knee == 64.0
+def test_rescale_moves_the_knee_slopes_with_the_sequence_slope(study):
+    # the interpolated fit: above each knee the per-sequence slope changes by its hinge's slope change; all are
+    # per-token compute like c_seq, and the knees (measured concurrencies) stay
+    gen = study.models.gen
+    assert gen.form == "interp" and len(gen.hinges) >= 4
+    moved, _ = rescale(study.models, "h200", 8, source_profile=study.hardware)
+    f = moved.gen.c_seq / gen.c_seq
+    assert moved.gen.knees == gen.knees and moved.gen.dslopes == pytest.approx(tuple(d * f for d in gen.dslopes))
 
 
 def test_prompts_is_the_same_option_as_batch():

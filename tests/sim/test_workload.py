@@ -73,8 +73,9 @@ def test_one_config_from_fitted_models(tmp_path):
     assert sim_config(st, WhatIf(updates=7)) == config_for(st.models, updates=7, engine=st.engine)
 
 
-def test_round_and_stretch_costs_are_the_steps_summed():
-    cost = EngineStepCost(1e-3, 1e-4, 1e-7, 1e-6, c_knee=2e-5, knee=3.5)
+@pytest.mark.parametrize("hinges", [((3.5, 2e-5),), ((1.5, 3e-5), (2.5, 4e-5), (3.5, -2e-5), (4.5, -1e-5))])
+def test_round_and_stretch_costs_are_the_steps_summed(hinges):
+    cost = EngineStepCost(1e-3, 1e-4, 1e-7, 1e-6, hinges=hinges)  # a knee, and an interpolated form's hinges
     rng = np.random.default_rng(2)
     p = np.repeat(rng.integers(3, 20, size=(3, 10)), 2, axis=1)
     L = rng.integers(1, 30, size=(3, 20))

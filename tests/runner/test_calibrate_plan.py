@@ -1,0 +1,41 @@
+"""The calibration's plan without an engine: half-octave rungs, the cap and the wave rung, the standard error
+that decides when a level is measured enough."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rlsim.runner.calibrate import SE_TARGET, Ladder, gen_ladder, half_octaves, median_se
+
+
+def test_half_octaves_are_distinct_and_end_at_top():
+    h = half_octaves(100)
+    assert h == [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 91, 100]
+    assert all(b / a <= 2.0 for a, b in zip(h, h[1:])) and half_octaves(1) == [1]
+
+
+def test_ladder_capped_by_max_num_seqs_adds_a_wave_rung():
+    rungs, wave = gen_ladder(batch=64, max_num_seqs=256, kv_tokens=10**6, block=16, ctx=80)
+    assert rungs[-1] == 256 and wave == 384  # 16 x 64 = 1024 wanted, 256 fit at once: 1.5 x 256 in two waves
+    rungs, wave = gen_ladder(batch=4, max_num_seqs=256, kv_tokens=10**6, block=16, ctx=80)
+    assert rungs[-1] == 64 and wave is None  # 16 x 4 fits
+
+
+def test_ladder_capped_by_the_kv_cache():
+    rungs, wave = gen_ladder(batch=64, max_num_seqs=1024, kv_tokens=96 * 100, block=16, ctx=90)  # 96 tokens a sequence
+    assert rungs[-1] == 100 and wave == 150
+
+
+def test_median_standard_error_and_open_levels():
+    rng = np.random.default_rng(0)
+    x = 1.0 + 0.05 * rng.standard_normal(400)
+    assert abs(median_se(x) - 1.2533 * 0.05 / 20) < 0.002
+    assert math.isnan(median_se([1.0, 2.0]))
+    lad = Ladder()
+    lad.add(1, [1.0, 1.01, 0.99, 1.0, 1.0, 1.02])   # tight: done
+    lad.add(2, [1.0, 1.5, 0.6, 1.3, 0.8, 1.2])      # noisy: measure again
+    lad.add(4, [1.0, 1.0])                          # too few values
+    assert median_se(lad.values[1]) <= SE_TARGET
+    assert lad.open([1, 2, 4, 8], min_n=3) == [2, 4, 8]
+    assert [s["n"] for s in lad.summary("level")] == [6, 6, 2]
