@@ -620,6 +620,7 @@ class _Sources:
         rounds = np.asarray(gen_rows.get("round", np.zeros(len(run_keep))), float)[run_keep]
         if foreign:
             run = {k: v[:0] for k, v in run.items()}
+            rounds = rounds[:0]
             upd_ok = np.zeros_like(upd_ok)
             at = 1 if one_device else threads_of(foreign[0])
             notes.append(f"calibration at {at} thread(s) (the run: {threads_of(ref)}): engine steps and "

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rlsim.replay.calibration import calibrate
+from rlsim.replay.calibration import calibrate, device_rows
 from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.devices import profile_by_name
 from rlsim.replay.drift import Drift, drift_of
@@ -38,7 +38,7 @@ from rlsim.replay.fit_steps import fit_steps, is_step_level
 from rlsim.replay.io import Trace
 from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
 from rlsim.replay.robust import NARROW_RANGE, AffineModel, FitQuality, fit_affine, fit_quality, nnls_fit, robust_location
-from rlsim.replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE, placement
+from rlsim.replay.schema import CALIB_GEN, GEN_STEP, RESPONSE, SYNC, UPDATE, placement
 from rlsim.replay.steps import step_table
 from rlsim.replay.util import ENGINE_DEFAULTS
 
@@ -107,8 +107,9 @@ def warmup_excluded(trace: Trace) -> bool:
 
 
 def has_device_calibration(trace: Trace) -> bool:
-    """True when the trace's calibration also measured one device (a core on CPU: rows at 1 thread beside the run's)."""
-    return bool((trace.meta.get("calibration") or {}).get("device"))
+    """True when the trace's calibration also measured one device (a core on CPU: rows at 1 thread beside the run's),
+    enough engine steps for a fit of their own."""
+    return int(device_rows(trace, CALIB_GEN).sum()) >= 8
 
 
 def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Sequence[Trace] = (), *,

@@ -98,21 +98,28 @@ def probe_sigma(trace: Trace | str | os.PathLike, *, level: float = LEVEL) -> Pr
 
 
 def _per_round(t: Trace, sizes: list[int], group: int) -> np.ndarray:
-    """responses/s of each (round, size), NaN where not measured."""
+    """responses/s of each (round, size), NaN where not measured: over the steps of its visit after the first when a
+    visit ran several (`visit_steps`; the first settles the switch from the previous size)."""
     u = t.rows("update")
     steps, resp, step_time = u["step"].astype(int), u["num_responses"].astype(float), u["step_time"].astype(float)
-    k = len(sizes)
-    out = np.full((int(steps.max()) // k + 1 if len(steps) else 0, k), np.nan)
+    k, v = len(sizes), int((t.meta.get(PROBE) or {}).get("visit_steps") or 1)
+    rounds = int(steps.max()) // (k * v) + 1 if len(steps) else 0
+    b_sum, t_sum = np.zeros((rounds, k)), np.zeros((rounds, k))
     for s, b, dt in zip(steps, resp, step_time):
         p = b / group
         if p not in sizes:
             raise RlsimError(f"{t.path}: update step {s} trained {b:g} responses, not P x G of a probed size "
                              f"(P={','.join(map(str, sizes))}, G={group}); re-record it with `rlrun probe`")
-        r, i = s // k, sizes.index(int(p))
-        if np.isfinite(out[r, i]):
+        r, i = s // (k * v), sizes.index(int(p))
+        if v > 1 and s % v == 0:
+            continue  # the visit's first step: the switch of size
+        if t_sum[r, i] > 0 and v == 1:
             raise RlsimError(f"{t.path}: round {r + 1} ran P={int(p)} twice; re-record it with `rlrun probe`")
-        out[r, i] = b / dt if dt > 0 else np.nan
-    return out
+        if dt > 0:
+            b_sum[r, i] += b
+            t_sum[r, i] += dt
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(t_sum > 0, b_sum / t_sum, np.nan)
 
 
 def _size(p: int, group: int, rps: np.ndarray, log_ratio: np.ndarray, level: float) -> ProbeSize:

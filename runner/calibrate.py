@@ -11,7 +11,11 @@ What it measures, and why so:
   same passes a few updates later (allocator growth, kernel caches: measured in one process, 10 updates,
   cold 70 us/token vs warm 37 at 1x, while the calibration's synthetic batches and the run's real ones
   differ by 7 %). A calibration taken cold needed a 0.7 correction factor; here 1x passes are repeated
-  until two in a row agree within WARM_TOL (at most WARM_PASSES) and discarded.
+  until two in a row agree within WARM_TOL (at most WARM_PASSES) and discarded. Likewise the first pass at
+  a size right after another size runs slower than the next one (a 2x level measured as single passes in a
+  shuffled ladder came out 30 % slower per token than the run's own updates; the second of two passes in a
+  row matches them): each visit of a training level is two passes, the first unrecorded. The engine's
+  largest rung runs once, unrecorded, before its ladder (its memory is then held).
 - engine: half-octave rungs 1, 2, 3, 4, 6, 8, 11, 16, ... up to LADDER_FACTOR x the run's batch, capped
   by `max_num_seqs` and by the KV cache (sequences of the longest calibration context that fit); when
   capped, one more rung submits min(LADDER_FACTOR x batch, 1.5 x cap) sequences, so it runs in two waves.
@@ -22,13 +26,16 @@ What it measures, and why so:
   until the median of each rung's decode steps has a relative standard error of at most SE_TARGET.
 - training: forward + backward of TRAIN_FACTORS x the run's responses per update (1/8 to 8), built from
   real sampled responses grouped G per prompt as the run's batches are, micro-batched as an update of that
-  size would be; also in shuffled rounds until each level's SE_TARGET is met or the budget is spent.
+  size would be; also in shuffled rounds until each level's SE_TARGET is met or the budget is spent; each
+  visit is a settling pass and a recorded one.
 - one device: on a CPU run of more than one core, a shorter ladder at one thread (`threads` = 1 on its
   rows): a split what-if gives each side whole devices, a core on CPU, and needs one device's speed.
-- budget: BUDGET_FRACTION of the recording it precedes (estimated from the ladder: steps x (generation of
-  one batch + one update)), within [BUDGET_MIN_S, BUDGET_S], GEN_SHARE of it for the engine. The first
-  round goes upwards, so that each level's cost is bounded by what was measured before it and the budget
-  check holds; the rounds after it are shuffled. Levels never measured for want of budget are listed in the
+- budget: BUDGET_FRACTION of the recording it precedes (estimated as steps x (one batch generated as the run
+  does + one update at the warm per-token cost), and its evals), within [BUDGET_MIN_S, BUDGET_S], GEN_SHARE of it for the engine,
+  DEVICE_SHARE for the one-device ladder. The engine's first round goes upwards, so that each rung's cost is
+  bounded by what was measured before it and the budget check holds; the training's first round goes from
+  the largest level down (each priced at the warm per-token cost), so the budget buys range first; the
+  rounds after them are shuffled. Levels never measured for want of budget are listed in the
   metadata `calibration.skipped`; each level's values and standard error in `gen_rungs` / `train_levels`.
 """
 from __future__ import annotations
@@ -54,8 +61,8 @@ TRAIN_FACTORS = (0.125, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # x the run's responses 
 WARM_TOL, WARM_PASSES = 0.05, 5  # warm 1x passes until two in a row agree within WARM_TOL (at most WARM_PASSES)
 BUDGET_FRACTION = 0.10       # of the recording's estimated duration ...
 BUDGET_MIN_S, BUDGET_S = 8.0, 60.0  # ... within these (BUDGET_S alone for `rlrun calibrate`)
-GEN_SHARE = 0.4              # of the budget for the engine ladder (training passes cost more each)
-DEVICE_SHARE = 0.25          # of the budget for the one-device ladder, when there is one
+GEN_SHARE = 0.35             # of the budget for the engine ladder (training passes cost more each)
+DEVICE_SHARE = 0.15          # of the budget for the one-device ladder, when there is one
 DRIFT_LEVEL = 64             # the drift probe's engine visit: this many sequences (or the batch, if fewer) ...
 DRIFT_TRAIN_FACTOR = 0.125   # ... and its training pass: this x the run's responses per update
 
@@ -138,9 +145,9 @@ class _Calibration:
         return time.perf_counter() - self.t0
 
     # ------------------------------------------------------------------------------------------ engine
-    def visit(self, level: int, steps: int) -> list[float]:
-        """Submit `level` sequences (requests of G) for steps + 1 tokens; one row per engine step; returns the
-        decode steps' seconds at full concurrency (the first step is the prefill, a wave's are mixed)."""
+    def visit(self, level: int, steps: int, record: bool = True) -> list[float]:
+        """Submit `level` sequences (requests of G) for steps + 1 tokens; one row per engine step (unless `record` is
+        off); returns the decode steps' seconds at full concurrency (the first step is the prefill, a wave's are mixed)."""
         G = max(self.cfg.G, 1)
         reqs, left = [], level
         while left > 0:
@@ -152,11 +159,12 @@ class _Calibration:
 
         def on_step(s):
             durs.append((s.num_running, s.duration))
-            self.rows.append((self.kinds[0], dict(
-                t_start=s.t_start, duration=s.duration, step=self.step, policy_version=self.step, num_running=s.num_running,
-                num_waiting=s.num_waiting, prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
-                context_tokens=s.context_tokens, kv_usage=s.kv_usage, finished=s.finished, calib_level=level,
-                threads=self.threads)))
+            if record:
+                self.rows.append((self.kinds[0], dict(
+                    t_start=s.t_start, duration=s.duration, step=self.step, policy_version=self.step, num_running=s.num_running,
+                    num_waiting=s.num_waiting, prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
+                    context_tokens=s.context_tokens, kv_usage=s.kv_usage, finished=s.finished, calib_level=level,
+                    threads=self.threads)))
 
         self.engine.generate(reqs, self.engine.sampling(steps + 1, self.cfg.temperature, ignore_eos=True), on_step)
         top = max((n for n, _ in durs), default=0)
@@ -235,18 +243,22 @@ class _Calibration:
         return last or math.nan
 
     def train_ladder(self, batches: dict[int, list], per_tok: float, budget_end: float) -> Ladder:
-        """Round 1 upwards (the per-token cost seen so far bounds the next level's), then shuffled rounds over
-        the levels (responses -> samples) whose median is not yet within SE_TARGET. Stops at the budget."""
+        """Round 1 from the largest level down (range first: the levels the budget allows from the top; the warm
+        per-token cost prices each), then shuffled rounds over the levels (responses -> samples) whose median is
+        not yet within SE_TARGET. Stops at the budget."""
         lad = Ladder()
         tokens = {R: sum(len(s.prompt_ids) + len(s.response_ids) for s in b) for R, b in batches.items()}
         for rnd in range(MAX_ROUNDS):
             todo = lad.open(list(batches), 3)
             if rnd:
                 self.rng.shuffle(todo)
+            else:
+                todo.sort(reverse=True)
             for R in todo:
-                if R not in batches or self.clock() + per_tok * tokens[R] > budget_end:
+                if R not in batches or self.clock() + 2 * per_tok * tokens[R] > budget_end:
                     continue  # above a level that ran out of memory, or over budget
                 try:
+                    self.train_pass(batches[R], R, record=False)  # settles the switch from the previous size
                     d, tok = self.train_pass(batches[R], R)
                 except RuntimeError as e:  # out of memory on a device: the level and those above are dropped
                     if "out of memory" not in str(e).lower():
@@ -282,10 +294,11 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
                              p_max + min(room, MAX_VISIT_STEPS + 1))
     batches = {max(G, int(round(f * cfg.batch / G)) * G): None for f in TRAIN_FACTORS}
     batches = {R: cal.batch(R) for R in sorted(batches)}
-    one_x = max(G, cfg.batch // G * G)
-    per_tok = cal.warm(batches.get(one_x) or cal.batch(one_x))
-    budget = budget_s if budget_s is not None else _budget(cfg, cal, rungs, per_tok, batches)
+    one = batches.get(max(G, cfg.batch // G * G)) or cal.batch(max(G, cfg.batch // G * G))
+    per_tok = cal.warm(one)
+    budget = budget_s if budget_s is not None else _budget(cfg, cal, per_tok, batches)
     share = (1 - DEVICE_SHARE) if device_threads else 1.0
+    cal.visit(wave or rungs[-1], WAVE_STEPS, record=False)  # the engine's largest batch first: its memory is held
     gen = cal.gen_ladder(rungs, wave, room, cal.clock() + GEN_SHARE * share * budget)
     t_gen = cal.clock()
     train = cal.train_ladder(batches, per_tok, t_gen + (1 - GEN_SHARE) * share * budget)
@@ -305,17 +318,19 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
     return cal.rows, info
 
 
-def _budget(cfg, cal: _Calibration, rungs: list[int], per_tok: float, batches: dict[int, list]) -> float:
-    """BUDGET_FRACTION of the recording: steps x (a batch's generation, priced by a quick visit at its
-    concurrency and the sampled responses' mean length, + one update at the warm per-token cost), within
-    [BUDGET_MIN_S, BUDGET_S]."""
-    n = min(cfg.gen_responses, rungs[-1])
-    step_s = float(np.median(cal.visit(n, VISIT_STEPS) or [math.nan]))
-    waves = -(-cfg.gen_responses // rungs[-1])
-    length = float(np.mean([len(r) for r in cal.responses])) + 1
+def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) -> float:
+    """BUDGET_FRACTION of the recording: steps x (one round's generation, timed by generating one batch as the run
+    does: B sequences in requests of G, the run's sampling, unrecorded; + one update at the warm per-token cost),
+    plus its evals (eval_prompts x eval_k sequences each, priced per sequence alike), within [BUDGET_MIN_S, BUDGET_S]."""
+    G = max(cfg.G, 1)
+    reqs = [(None, cal.prompts[j % len(cal.prompts)], G) for j in range(max(1, cfg.gen_responses // G))]
+    t0 = time.perf_counter()
+    cal.engine.generate(reqs, cal.engine.sampling(cfg.max_tokens, cfg.temperature))
+    round_s = time.perf_counter() - t0
     one_x = min(batches, key=lambda R: abs(R - cfg.batch))
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batches[one_x])
-    run_s = cfg.steps * (waves * length * step_s + per_tok * tokens)
+    evals = (cfg.steps // cfg.eval_every if cfg.eval_every else 0) + 2
+    run_s = cfg.steps * (round_s + per_tok * tokens) + evals * round_s * cfg.eval_prompts * cfg.eval_k / max(cfg.gen_responses, 1)
     est = BUDGET_FRACTION * run_s
     return float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S
 
@@ -327,9 +342,9 @@ def _device_ladder(cal: _Calibration, device_threads, rungs: list[int], batches:
     run_threads, cal.threads = cal.threads, 1
     with device_threads():
         per_tok = cal.warm(batches[min(batches)])
+        small = {R: b for R, b in batches.items() if R <= 2 * cal.cfg.batch}
         gen = cal.gen_ladder(sorted({r for r in rungs if r & (r - 1) == 0} | {rungs[-1]}), None, room,
                              cal.clock() + GEN_SHARE * DEVICE_SHARE * budget)
-        small = {R: b for R, b in batches.items() if R <= 2 * cal.cfg.batch}
         train = cal.train_ladder(small, per_tok, cal.clock() + (1 - GEN_SHARE) * DEVICE_SHARE * budget)
     cal.threads = run_threads
     return {"threads": 1, "gen_rungs": gen.summary("level"), "train_levels": train.summary("responses"),

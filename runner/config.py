@@ -259,6 +259,8 @@ class ProbeConfig:
                                   required=True)
     rounds: int = _f(3, "rounds: each runs every size once, in an order shuffled by --seed, and pairs each size with the "
                         "smallest; 2 or more give sigma a 90 % interval", cli=PROBE)
+    visit_steps: int = _f(2, "RL steps at a size each time a round visits it: the first settles the switch from the previous "
+                             "size (its memory and caches) and is recorded but not counted in sigma", cli=PROBE)
     run: RunConfig = _f(RunConfig(), "the options every step shares (its prompts, steps, evals and calibration are the "
                                      "probe's: see `at`)", cli=())
 
@@ -268,8 +270,9 @@ class ProbeConfig:
 
     @property
     def steps(self) -> int:
-        """Recorded RL steps: every size once per round (the warm-up step at each size is not recorded)."""
-        return self.rounds * len(self.prompts)
+        """Recorded RL steps: every size visited once per round for `visit_steps` steps (the warm-up step at each size
+        is not recorded)."""
+        return self.rounds * len(self.prompts) * self.visit_steps
 
     def at(self, prompts: int) -> RunConfig:
         """The run options of the steps at size P = `prompts`: no evals, no calibration, no drift probe (the pairing
@@ -284,6 +287,7 @@ class ProbeConfig:
     def to_meta(self) -> dict[str, Any]:
         G = self.run.G
         return {"sizes": list(self.prompts), "group": G, "batch": [p * G for p in self.prompts], "rounds": self.rounds,
+                "visit_steps": self.visit_steps,
                 "lr_effective": [self.at(p).lr_effective for p in self.prompts]}
 
     def validate(self, check_files: bool = True) -> "ProbeConfig":
@@ -300,6 +304,9 @@ class ProbeConfig:
             raise RlsimError(f"--prompts lists {twice[0]} more than once ({','.join(map(str, ps))}); give each size once")
         if self.rounds < 1:
             raise RlsimError(f"--rounds is {self.rounds}; it must be at least 1 (2 or more give sigma a 90 % interval)")
+        if self.visit_steps < 1:
+            raise RlsimError(f"--visit-steps is {self.visit_steps}; it must be at least 1 (2, the default, settles each "
+                             "switch of size before the step that counts)")
         if self.run.mode != "colocated":
             raise RlsimError("rlrun probe runs colocated (generate, then train, on the same devices); drop --mode split")
         if self.run.gen_batch:

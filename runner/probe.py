@@ -47,9 +47,13 @@ def probe(pc: ProbeConfig, log: Callable[[str], None] = _log) -> Path:
 
 
 def orders(sizes: tuple[int, ...], rounds: int, seed: int) -> list[list[int]]:
-    """Each round's order of the sizes, shuffled by a `random.Random(seed)`."""
+    """Each round's order of the sizes: a `random.Random(seed)` shuffle, rotated by one place each round (so every
+    size takes every position equally often: a drift within rounds biases none), the rounds in shuffled order."""
     rng = random.Random(seed)
-    return [rng.sample(list(sizes), len(sizes)) for _ in range(rounds)]
+    base = rng.sample(list(sizes), len(sizes))
+    out = [base[r % len(base):] + base[:r % len(base)] for r in range(rounds)]
+    rng.shuffle(out)
+    return out
 
 
 def longest_prompt(ctx, seed: int) -> int:
@@ -83,8 +87,9 @@ def _probe(pc: ProbeConfig, ctx, run, log: Callable[[str], None]) -> Path:
     meta["probe"] = {**pc.to_meta(), "order": order, "warmup_steps": len(pc.prompts), "command": meta.get("command")}
     stream = ctx.task.train_stream(cfg.seed)
     next_prompt_id = 0
-    # one unrecorded step at each size: a size's first step carries its shapes' one-time costs
-    for p in pc.prompts:
+    # one unrecorded step at each size, the largest last: a size's first step carries its shapes' one-time costs,
+    # and the largest leaves the memory every size needs held
+    for p in sorted(pc.prompts):
         res = run.step(pc.at(p), 0, stream, next_prompt_id)
         next_prompt_id += p
         log(f"warm-up step P={p}: {res.responses / res.step_time:.0f} responses/s (not recorded)")
@@ -94,13 +99,14 @@ def _probe(pc: ProbeConfig, ctx, run, log: Callable[[str], None]) -> Path:
         step = 0
         for r, sizes in enumerate(order):
             for p in sizes:
-                res = run.step(pc.at(p), step, stream, next_prompt_id)
-                next_prompt_id += p
-                for kind, row in res.rows:
-                    writer.add(kind, **row)
-                writer.flush()
-                step += 1
-                log(_info(r, pc.rounds, p, res))
+                for _ in range(pc.visit_steps):  # the first settles the switch of size; replay/probe.py counts the rest
+                    res = run.step(pc.at(p), step, stream, next_prompt_id)
+                    next_prompt_id += p
+                    for kind, row in res.rows:
+                        writer.add(kind, **row)
+                    writer.flush()
+                    step += 1
+                    log(_info(r, pc.rounds, p, res))
     return Path(cfg.out)
 
 

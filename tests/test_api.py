@@ -17,7 +17,7 @@ def test_api_tables_equal_the_cli():
     tr = rlsim.load_trace(TRACE)
     ev = rlsim.events(tr)
     assert len(ev) == tr.table.num_rows and set(ev["kind"]) == {"gen_step", "response", "update", "sync", "eval",
-                                                                 "calib_gen", "calib_train"}
+                                                                 "calib_gen", "calib_train", "drift_gen", "drift_train"}
     st = rlsim.steps(tr)
     assert len(st) == tr.count("update") and (st["step_time"] >= st["gen_time"]).all()
     pred = rlsim.predict(rlsim.fit([tr]), prompts=64, updates=5)

@@ -43,7 +43,7 @@ CONFIGS = [
     ("ppo_add2", "ppo", "add2", 1, (64, 256, 1024)),
     ("grpo_addmix_g8", "grpo", "addmix", 8, (16, 64, 256)),
 ]
-STEPS, ROUNDS = 16, 3
+STEPS, ROUNDS = 16, 4
 TARGETS = {"median_abs_error": 0.03, "max_abs_error": 0.08, "coverage": 0.80}
 
 
@@ -52,7 +52,7 @@ def _common(algo: str, task: str, G: int) -> list[str]:
 
 
 def paths(out: Path, name: str, steps: int, rounds: int) -> tuple[Path, Path]:
-    return out / f"{name}_ref_s{steps}.parquet", out / f"{name}_probe_r{rounds}.parquet"
+    return out / f"{name}_ref_s{steps}.parquet", out / f"{name}_probe_r{rounds}v2.parquet"
 
 
 def record(out: Path, configs, steps: int, rounds: int) -> None:

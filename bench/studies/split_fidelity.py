@@ -3,18 +3,18 @@
 Records on this machine (serialised with `flock /tmp/rlsim-heavy.lock`, resumable: a trace that exists
 and reads as complete is kept):
 - `coloc`: the colocated synchronous reference (calibrated, as `rlrun record` does by default);
-- `calib_t1`: `rlrun calibrate --threads 1`, the engine and the trainer profiled at one thread, which is
-  what each side gets in a split on 2 cores (one core each);
-- split runs (`--mode split --gen-devices 1 --train-devices 1`) at `--max-staleness` 0, 1, 2 and 2 with
-  `--partial-rollout`, each at seeds 0 and 1; and a colocated run with `--train-devices 2` (data-parallel).
+- `calib_t1`: `rlrun calibrate --threads 1`, the engine and the trainer profiled at one thread in a
+  separate process (a comparison: the colocated recording's calibration measures one core already);
+- split runs (`--mode split --gen-devices 1 --train-devices 1`) at `--max-staleness` 0, 1, 2, each at seeds
+  0 and 1.
 Then predicts every split run from the colocated recording alone (in process, what `rlsim run --trace
-coloc.parquet --calibration calib_t1.parquet --gen-gpus 1 --train-gpus 1 --staleness K [--partial-rollout]` gives,
-a long simulated run, so its ratios are steady-state) and compares with what each run measured in steady state
-(`rlsim.replay.split_stats`: after the first two updates): responses/s, generator and trainer idle
-ratios, mean staleness. A second prediction without `--calibration` (the colocated run's own two-thread
-costs) shows what the per-side calibration buys. The last two columns say how much slower than that
-calibration each run's own engine steps and updates ran (medians of measured / calibrated seconds after the
-first two updates): the two sides' interference when they overlap.
+coloc.parquet --gen-gpus 1 --train-gpus 1 --staleness K` gives: each side one core, its costs from the
+recording's own one-core calibration ladder; a long simulated run, so its ratios are steady-state) and compares
+with what each run measured in steady state (`rlsim.replay.split_stats`: after the first two updates):
+responses/s, generator and trainer idle ratios, mean staleness. A second prediction with the separate
+`--calibration calib_t1.parquet` shows what that file adds. The last two columns say how much slower than the
+one-core calibration each run's own engine steps and updates ran (medians of measured / calibrated seconds
+after the first two updates): the two sides' interference when they overlap.
 
 Targets (issue "split devices and asynchronous rollout"): responses/s within 10 %, idle ratios within 0.05.
 The colocated `--train-devices 2` run is measured and shown beside the one-rank reference; the simulator's
@@ -49,12 +49,9 @@ RUNS = [
     ("split_e0", SPLIT + ["--max-staleness", "0"], 0, False),
     ("split_e1", SPLIT + ["--max-staleness", "1"], 1, False),
     ("split_e2", SPLIT + ["--max-staleness", "2"], 2, False),
-    ("split_e2_partial", SPLIT + ["--max-staleness", "2", "--partial-rollout"], 2, True),
     ("split_e1_seed1", SPLIT + ["--max-staleness", "1", "--seed", "1"], 1, False),
     ("split_e0_seed1", SPLIT + ["--max-staleness", "0", "--seed", "1"], 0, False),
     ("split_e2_seed1", SPLIT + ["--max-staleness", "2", "--seed", "1"], 2, False),
-    ("split_e2_partial_seed1", SPLIT + ["--max-staleness", "2", "--partial-rollout", "--seed", "1"], 2, True),
-    ("coloc_dp2", ["--train-devices", "2", "--no-calibrate"], None, False),
 ]
 
 
@@ -72,16 +69,17 @@ def record(out: Path, steps: int, log=print) -> None:
 
 
 @functools.lru_cache(maxsize=4)
-def _study(out: Path, calibrated: bool) -> Study:
-    """The colocated recording fitted once, with the one-thread calibration or on its own costs."""
-    cal = [read_trace(out / "calib_t1.parquet")] if calibrated else []
+def _study(out: Path, separate: bool) -> Study:
+    """The colocated recording fitted once: alone (its calibration's one-core ladder gives each side's costs), or
+    with the separate one-thread calibration file (`--calibration calib_t1.parquet`)."""
+    cal = [read_trace(out / "calib_t1.parquet")] if separate else []
     return prepare([read_trace(out / "coloc.parquet")], calibration=cal)
 
 
-def predict(out: Path, staleness: int, partial: bool, calibrated: bool, updates: int) -> Outcome:
+def predict(out: Path, staleness: int, partial: bool, separate: bool, updates: int) -> Outcome:
     """The split run predicted from the colocated recording, in process: `rlsim run`'s candidate."""
     cfg = WhatIf(prompts=P, group=G, gen_gpus=1, train_gpus=1, staleness=staleness, updates=updates, partial_rollout=partial)
-    return evaluate(_study(out, calibrated), cfg)
+    return evaluate(_study(out, separate), cfg)
 
 
 def slowdown(models, path: Path) -> tuple[float, float]:
@@ -106,9 +104,9 @@ def main(argv=None) -> int:
     if not a.no_record:
         record(out, a.steps)
     ref = split_stats(out / "coloc.parquet")
-    cal_models = fit_trace(read_trace(out / "coloc.parquet"), calibration=[read_trace(out / "calib_t1.parquet")])
+    cal_models = fit_trace(read_trace(out / "coloc.parquet"), one_device=True)
     print(f"\nreference (colocated, 2 threads, P={P} G={G}): {ref.responses_per_s:.1f} resp/s measured\n")
-    hdr = (f"{'run':22} {'resp/s meas':>11} {'pred':>7} {'err':>7} {'(2-thr)':>8} | {'gen idle':>8} {'pred':>6} | "
+    hdr = (f"{'run':22} {'resp/s meas':>11} {'pred':>7} {'err':>7} {'(t1 file)':>9} | {'gen idle':>8} {'pred':>6} | "
            f"{'train idle':>10} {'pred':>6} | {'stale':>5} {'pred':>5} | {'x cal: steps':>12} {'updates':>7}")
     print(hdr)
     print("-" * len(hdr))
@@ -122,15 +120,15 @@ def main(argv=None) -> int:
             print(f"{name:22} {m.responses_per_s:11.1f} {'-':>7} {'-':>7} {'-':>8} | {m.gen_idle_ratio:8.2f} {'-':>6} | "
                   f"{m.train_idle_ratio:10.2f} {'-':>6} | {m.staleness_mean:5.2f} {'-':>5}")
             continue
-        pc = predict(out, k, partial, True, a.updates)
-        pu = predict(out, k, partial, False, a.updates)
+        pc = predict(out, k, partial, False, a.updates)
+        pu = predict(out, k, partial, True, a.updates)
         e = pc.responses_per_s / m.responses_per_s - 1
         eu = pu.responses_per_s / m.responses_per_s - 1
         errs.append(abs(e))
         gi.append(abs(pc.gen_idle_ratio - m.gen_idle_ratio))
         ti.append(abs(pc.train_idle_ratio - m.train_idle_ratio))
         sg, su = slowdown(cal_models, path)
-        print(f"{name:22} {m.responses_per_s:11.1f} {pc.responses_per_s:7.1f} {100 * e:+6.1f}% {100 * eu:+7.1f}% | "
+        print(f"{name:22} {m.responses_per_s:11.1f} {pc.responses_per_s:7.1f} {100 * e:+6.1f}% {100 * eu:+8.1f}% | "
               f"{m.gen_idle_ratio:8.2f} {pc.gen_idle_ratio:6.2f} | {m.train_idle_ratio:10.2f} {pc.train_idle_ratio:6.2f} | "
               f"{m.staleness_mean:5.2f} {pc.staleness_mean:5.2f} | {sg:12.2f} {su:7.2f}")
     if errs:

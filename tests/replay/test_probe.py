@@ -85,6 +85,27 @@ def test_an_interrupted_probe_pairs_what_it_measured(tmp_path):
     assert ps.row(64).rounds == 3 and ps.row(64).sigma == pytest.approx(_expected(64)[0])
 
 
+def test_the_first_step_of_each_visit_is_not_counted(tmp_path):
+    """visit_steps 2: each visit's first step (the switch from the previous size) runs at a third of the speed and
+    is left out; sigma comes from the second steps alone."""
+    meta = {"kind": "probe", "seed": 0, "config": {"algo": "grpo", "prompts": 4, "group": G, "batch": 4 * G},
+            "probe": {"sizes": [4, 16], "group": G, "rounds": 2, "visit_steps": 2, "order": [[16, 4], [4, 16]]}}
+    rps = {4: 100.0, 16: 150.0}
+    with TraceWriter(tmp_path / "v.parquet", meta) as w:
+        k = 0
+        for order in meta["probe"]["order"]:
+            for p in order:
+                for first in (True, False):
+                    B = p * G
+                    dt = B / (rps[p] / (3.0 if first else 1.0))
+                    w.add("update", t_start=float(k), duration=0.1, step=k, policy_version=k, num_responses=B,
+                          num_tokens=B * 20, lr=3e-4, step_time=dt)
+                    w.flush()
+                    k += 1
+    ps = probe_sigma(tmp_path / "v.parquet")
+    assert ps.rounds == 2 and ps.row(16).sigma == pytest.approx(1.5) and ps.row(4).per_round == (100.0, 100.0)
+
+
 def test_a_recording_is_not_a_probe():
     with pytest.raises(RlsimError, match="is not an `rlrun probe` trace"):
         probe_sigma(ROOT / "traces" / "grpo_p32.parquet")

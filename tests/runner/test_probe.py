@@ -84,7 +84,7 @@ def test_cli_values_reach_the_config(probed, tmp_path):
     assert pc == ProbeConfig(prompts=(64, 16, 256), rounds=3, run=RunConfig(out=out, group=4, lr_rule="linear", max_tokens=16,
                                                                             seed=3, max_num_seqs=512, kv_cache_gib=0.5))
     ref = pc.reference
-    assert (ref.prompts, ref.steps, ref.eval_every, ref.calibrate) == (16, 9, 0, False)
+    assert (ref.prompts, ref.steps, ref.eval_every, ref.calibrate, ref.drift_every) == (16, 18, 0, False, 0)  # 3 rounds x 3 sizes x 2 steps a visit
     assert pc.at(256).lr_effective == pytest.approx(3e-4 * 1024 / 1024)  # linear rule at B = 1024 = B_ref
     assert pc.to_meta()["batch"] == [256, 64, 1024]
 
@@ -93,7 +93,7 @@ PROBE_FLAGS = ['--algo', '--compile', '--critic-lr', '--dataset', '--dtype', '--
                '--lam', '--loss-agg', '--lr', '--lr-ref-batch', '--lr-rule', '--max-model-len', '--max-num-seqs', '--max-tokens',
                '--micro-batch', '--minibatches', '--model', '--no-compile', '--no-record-steps', '--no-std-scale',
                '--off-policy', '--out', '--overwrite', '--prompts', '--record-steps', '--reward', '--rounds', '--seed',
-               '--std-scale', '--task', '--temperature', '--threads', '--tis-cap', '--train-devices', '-G', '-P', '-o']
+               '--std-scale', '--task', '--temperature', '--threads', '--tis-cap', '--train-devices', '--visit-steps', '-G', '-P', '-o']
 
 
 def test_probe_options_keep_their_spellings():
@@ -113,6 +113,9 @@ def test_orders_are_seeded_shuffles():
     a = orders((4, 16, 64), 5, seed=0)
     assert a == orders((4, 16, 64), 5, seed=0) and a != orders((4, 16, 64), 5, seed=1)
     assert all(sorted(o) == [4, 16, 64] for o in a) and len({tuple(o) for o in a}) > 1
+    # balanced: over 6 rounds every size takes every position twice
+    b = orders((4, 16, 64), 6, seed=0)
+    assert all(sorted(o[i] for o in b) == [4, 4, 16, 16, 64, 64] for i in range(3))
 
 
 def test_kv_check_names_the_size_and_the_fix(tmp_path):
@@ -159,7 +162,7 @@ def test_tiny_probe_end_to_end(tmp_path, tiny_model):
     t = read_trace(path)
     m = t.meta
     assert m["status"] == "complete" and m["kind"] == "probe" and not t.recovered
-    assert (t.config["prompts"], t.config["group"], t.config["steps"], t.config["calibrate"]) == (2, 2, 4, False)
+    assert (t.config["prompts"], t.config["group"], t.config["steps"], t.config["calibrate"]) == (2, 2, 8, False)
     pr = m["probe"]
     assert (pr["sizes"], pr["group"], pr["batch"], pr["rounds"], pr["warmup_steps"]) == ([4, 2], 2, [8, 4], 2, 2)
     assert pr["order"] == orders((4, 2), 2, seed=0) and "command" in pr
@@ -168,17 +171,19 @@ def test_tiny_probe_end_to_end(tmp_path, tiny_model):
     assert m["engine"]["warmup_excluded"] is True
     # every update a full RL step of its size, in the recorded order, at its size's lr; no evals, no calibration
     u, r, s = t.rows("update"), t.rows("response"), t.rows("sync")
-    assert list(u["step"]) == [0, 1, 2, 3] and t.count("eval") == 0 and t.count("calib_gen") == 0
-    assert list(u["num_responses"]) == [p * 2 for o in pr["order"] for p in o]
+    # two steps a visit (the first settles the switch of size): 2 rounds x 2 sizes x 2
+    assert list(u["step"]) == list(range(8)) and t.count("eval") == 0 and t.count("calib_gen") == 0
+    assert t.count("drift_gen") == 0 and pr["visit_steps"] == 2
+    assert list(u["num_responses"]) == [p * 2 for o in pr["order"] for p in o for _ in range(2)]
     lr = dict(zip(pr["batch"], pr["lr_effective"]))
     assert [float(x) for x in u["lr"]] == pytest.approx([lr[int(b)] for b in u["num_responses"]])
     assert lr[8] == pytest.approx(3e-4 * (8 / 1024) ** 0.5)
     assert np.all(u["step_time"] >= u["gen_time"] + u["duration"]) and np.all(u["gen_time"] > 0)
-    for step in range(4):
+    for step in range(8):
         assert (r["step"] == step).sum() == u["num_responses"][step]
         assert t.count("gen_step") and (t.rows("gen_step")["step"] == step).any()
-    assert list(s["policy_version"]) == [1, 2, 3, 4]
-    assert sum("warm-up step P=" in line for line in logs) == 2 and sum(line.startswith("round ") for line in logs) == 4
+    assert list(s["policy_version"]) == list(range(1, 9))
+    assert sum("warm-up step P=" in line for line in logs) == 2 and sum(line.startswith("round ") for line in logs) == 8
     ps = probe_sigma(t)
     assert [x.prompts for x in ps.rows] == [2, 4] and ps.rows[0].sigma == 1.0 and ps.rows[1].rounds == 2
     assert ps.rows[1].sigma > 0 and ps.rows[1].sigma_lo <= ps.rows[1].sigma <= ps.rows[1].sigma_hi
