@@ -418,6 +418,8 @@ def _hardware(study: Study, cfg: WhatIf, ref_cfg: WhatIf) -> tuple[list[str], li
     notes = [f"compared with the reference configuration (P={ref_cfg.prompts}, G={ref_cfg.group}, colocated) on the same "
              f"hardware, {hardware_label(study, ref_cfg)}: it runs {gain:.3g}x the recorded responses/s there, a change of "
              "hardware and not of batch size, which sigma leaves out"] + list(notes)
+    if cfg.split:  # where each side's one-device costs come from
+        notes += [n for n in models_for(study, cfg)[2] if n not in notes]
     return warnings, notes, float(gain)
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from rlsim.config import WhatIf
 from rlsim.replay.io import read_trace
-from rlsim.whatif import models_for, prepare, recorded_devices, reference_config
+from rlsim.whatif import evaluate, models_for, prepare, recorded_devices, reference_config
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet"
 SPLIT = WhatIf(gen_gpus=1, train_gpus=1, staleness=1, updates=5)
@@ -38,3 +38,5 @@ def test_each_side_gets_one_devices_costs(study):
         assert m is not study.models and m.update.predict(1e4) > study.models.update.predict(1e4)
     colocated, _, _ = models_for(study, WhatIf(updates=5))
     assert colocated is study.models
+    if study.device_models is not None:  # and the answer says so
+        assert any("one device's costs" in n for n in evaluate(study, SPLIT).notes)
