@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.io import TraceWriter, recording
+from rlsim.runner.calibrate import BUDGET_S, DriftProbe, run_calibration
 from rlsim.runner.config import RunConfig
+from rlsim.runner.placement import pinned, place
+from rlsim.runner.rlstep import start
 
 
 def _cpu_name() -> str:
@@ -172,7 +176,6 @@ def begin(cfg: RunConfig, log: Callable[[str], None]) -> Setup:
 @contextmanager
 def colocated_placement(cfg: RunConfig) -> Iterator[Any]:
     """The colocated placement of `cfg`, this process pinned to it while the run lasts."""
-    from rlsim.runner.placement import pinned, place
 
     pl = place(cfg.mode, cfg.gen_devices, cfg.train_devices, threads=cfg.threads)
     # --threads (e.g. `rlrun calibrate --threads 1`: profile at a split side's threads): on that many cores
@@ -195,9 +198,6 @@ def record(cfg: RunConfig, log: Callable[[str], None] = _log, *, only_calibratio
 
 
 def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: bool) -> Path:
-    from rlsim.replay.io import TraceWriter, recording
-    from rlsim.runner.rlstep import start
-
     run = start(cfg, ctx, pl, log)  # the engine and trainer ranks, warmed up
     engine, trainer, pad_id, task, tok = run.engine, run.trainer, ctx.pad_id, ctx.task, ctx.tok
     encode, eval_set, eval_ids = ctx.encode, ctx.eval_set, ctx.eval_ids
@@ -208,10 +208,7 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
     cal_prompts = [encode(next(cal_stream).prompt) for _ in range(512)]
     cal_resp = [list(c.token_ids) for c in run.warm if c.token_ids] or [[pad_id]]
     if cfg.calibrate or only_calibration:
-        # after the warm-ups, before the first update: weights and optimizer state are not changed
-        from rlsim.runner.calibrate import BUDGET_S, run_calibration
-        from rlsim.runner.placement import pinned
-
+        # after the warm-ups, before the first update: weights and optimizer state are not changed;
         # one device's speed (a core on CPU) for split what-ifs, when the run holds more than one
         one_core = ((lambda: pinned(sorted(os.sched_getaffinity(0))[:1], 1)) if on_cpu and run.gen_threads > 1 else None)
         calib_rows, calib_info = run_calibration(engine, trainer, cfg, cal_prompts, cal_resp, log=log,
@@ -241,7 +238,6 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
     sampling = run.sampling
     drift = None
     if cfg.drift_every:  # the machine's speed over the run (replay/drift.py), between steps, outside their times
-        from rlsim.runner.calibrate import DriftProbe
 
         drift = DriftProbe(engine, trainer, cfg, cal_prompts, cal_resp, clock, threads=run.gen_threads if on_cpu else None)
 

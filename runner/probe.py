@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.io import TraceWriter, recording
 from rlsim.runner.config import ProbeConfig
 from rlsim.runner.loop import begin, colocated_placement
 
@@ -78,7 +79,6 @@ def check_kv(pc: ProbeConfig, engine, longest: int) -> None:
 
 
 def _probe(pc: ProbeConfig, ctx, run, log: Callable[[str], None]) -> Path:
-    from rlsim.replay.io import TraceWriter, recording
 
     cfg = pc.reference
     order = orders(pc.prompts, pc.rounds, cfg.seed)
