@@ -56,6 +56,8 @@ class DeviceProfile:
                 "backward passes, the optimizer step and a gradient collective do not shrink with bandwidth (0: no floor)"})
 
     def to_dict(self) -> dict[str, Any]:
+        if self.key == "recorded":  # its figures are placeholders (every ratio to itself is 1): none is written
+            return {"device_name": self.name, "device": "cpu" if self.kind == "cpu" else "cuda", "profile_source": self.source}
         return {"profile": self.key, "device_name": self.name, "mem_bandwidth_gbs": self.mem_bandwidth_gbs,
                 "flops_tflops": self.flops_tflops, "memory_gb": self.memory_gb,
                 "interconnect_gbs": self.interconnect_gbs, "device": "cpu" if self.kind == "cpu" else "cuda",
@@ -69,7 +71,7 @@ PROFILES: dict[str, DeviceProfile] = {
 
 
 def recorded_profile(hardware: dict[str, Any] | None) -> DeviceProfile:
-    """A stand-in for a trace's device that matches no datasheet (e.g. an H20): more or fewer of the same device
+    """A stand-in for a trace's device that matches no datasheet (e.g. an Ascend 910B): more or fewer of the same device
     need only the device count, so every ratio between it and itself is 1 and its figures are placeholders."""
     hw = hardware or {}
     kind = "cpu" if str(hw.get("device") or "").lower() == "cpu" else "gpu"

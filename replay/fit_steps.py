@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -231,7 +231,7 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     d = _steps_table(traces)
     sel = ~d["warm"] if (~d["warm"]).sum() >= 2 else np.ones(len(d["B"]), bool)
     st = _standins(d, traces, G, cfg.get("max_tokens"), cfg.get("max_prompt_tokens"), M, ratio, warnings)
-    gen, base = _fit_generation(d, st.sums, sel, pri, M, warnings)
+    gen, base, gen_alt = _fit_generation(d, st.sums, sel, pri, M, warnings)
     gen_pred = base + gen.total(st.sums)
     has_gen = np.isfinite(d["gen"]) & (d["gen"] > 0)
     gen_time = np.where(has_gen, d["gen"], gen_pred)
@@ -249,7 +249,7 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
                         sync_bytes=float(pri.get("bytes") or 0.0),
                         engine=_engine(eng_meta, M, cfg.get("max_tokens"), cfg.get("max_prompt_tokens")), config=cfg,
                         recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces),
-                        shared_prompts=False)
+                        shared_prompts=False, gen_alt=gen_alt)
 
 
 def _steps_table(traces: Sequence[Trace]) -> dict[str, np.ndarray]:
@@ -305,9 +305,10 @@ def _standins(d: dict[str, np.ndarray], traces: Sequence[Trace], G: int, cap, pc
 
 
 def _fit_generation(d: dict[str, np.ndarray], sums: StepSums, sel: np.ndarray, pri: dict[str, Any], max_num_seqs: int,
-                    warnings: list[str]) -> tuple[GenStepModel, float]:
+                    warnings: list[str]) -> tuple[GenStepModel, float, GenStepModel | None]:
     """The engine-step model and the per-round base from the logged generation times (module doc), or from the
-    roofline priors when none was logged."""
+    roofline priors when none was logged; and the model at the other end of c_step's range when the log cannot
+    identify it (`_unidentified`)."""
     gen_y = d["gen"]
     fit_rows = sel & np.isfinite(gen_y) & (gen_y > 0)
     c_prefill = float(pri.get("c_token") or 0.0)
@@ -318,7 +319,9 @@ def _fit_generation(d: dict[str, np.ndarray], sums: StepSums, sel: np.ndarray, p
         base, c_step, c_seq, c_ctx, prior_used, method = _fit_gen_rows(f, y, d["B"][fit_rows], pri, warnings)
         X = np.column_stack([np.ones(len(y)), f.steps, f.running, f.context, f.prefill])
         q = fit_quality(X, gen_y[fit_rows], np.array([base, c_step, c_seq, c_ctx, c_prefill]), dropped, method)
+        alt = _unidentified(f, y, base, c_step, c_ctx, method)
     else:
+        alt = None
         base = c_step = c_seq = c_ctx = 0.0
         prior_used = False
         # no generation time logged (TRL: whole steps): generation from the priors alone
@@ -334,7 +337,26 @@ def _fit_generation(d: dict[str, np.ndarray], sums: StepSums, sel: np.ndarray, p
         q = FitQuality(0, math.nan, math.nan, math.nan, math.nan, dropped, "prior" if prior_used else "default")
     gen = GenStepModel(c_step=c_step, c_seq=c_seq, c_ctx=c_ctx, c_prefill=c_prefill, quality=q, prior=prior_used,
                        concurrency_range=(int(min(d["B"].min(), max_num_seqs)), int(min(d["B"].max(), max_num_seqs))))
-    return gen, base
+    if alt is not None:
+        alt = replace(gen, c_step=alt[0], c_seq=alt[1])
+        warnings.append(f"the log cannot tell the per-step generation cost from the per-token cost: c_step anywhere from "
+                        f"{gen.c_step * 1e3:.3g} ms to {alt.c_step * 1e3:.3g} ms (the longest response's engine steps taking "
+                        "up to 90 % of the round) fits it; predictions are made at both ends for the interval")
+    return gen, base, alt
+
+
+def _unidentified(f: StepSums, y: np.ndarray, base: float, c_step: float, c_ctx: float, method: str) -> tuple[float, float] | None:
+    """(c_step, c_seq) at the upper end of what a log at one batch size allows, or None when c_step was identified
+    (several batch sizes, or the spread of engine steps). Upper end: the cap the prior is held to, 90 % of the
+    smallest round's time per engine step; c_seq refitted (least squares through 0) to what is left."""
+    if method.startswith("nnls over") or "spread" in method:  # identified across batch sizes or by the spread
+        return None
+    hi = 0.9 * float(np.min(y / np.maximum(f.steps, 1)))
+    if not hi > 1.05 * c_step:
+        return None
+    rest = y - base - hi * f.steps - c_ctx * f.context
+    run = f.running.astype(float)
+    return hi, max(float(rest @ run / (run @ run)), 0.0) if run @ run > 0 else 0.0
 
 
 def _fit_gen_rows(f: StepSums, y: np.ndarray, B: np.ndarray, pri: dict[str, Any],

@@ -103,7 +103,16 @@ def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None) -> Sp
         return None
     bw, src = interconnect(models, hardware)
     return SplitConfig(gen_gpus=int(cfg.gen_gpus), train_gpus=int(cfg.train_gpus), staleness=int(cfg.staleness or 0),
-                       partial_rollout=bool(cfg.partial_rollout), allreduce_gbs=bw, bandwidth_source=src)
+                       partial_rollout=bool(cfg.partial_rollout), allreduce_gbs=bw, bandwidth_source=src,
+                       allreduce_fitted=data_parallel(hardware))
+
+
+def data_parallel(hardware: dict | None) -> bool:
+    """Whether the reference trained data-parallel over several GPUs, so that its fitted update holds the gradient
+    collective (a ring all-reduce costs about the same at any rank count). A CPU trace trains in one process."""
+    hw = hardware or {}
+    n = hw.get("device_count") or hw.get("gpus") or 1
+    return str(hw.get("device") or "").lower() != "cpu" and isinstance(n, (int, float)) and n > 1
 
 
 def memory_estimate(cfg: SimConfig, record_timeline: bool = False, mean_len: float = 32.0) -> float:
@@ -167,7 +176,7 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
     consumed = cfg.updates * cfg.batch
     split = {"gen_gpus": sp.gen_gpus, "train_gpus": sp.train_gpus, "staleness": sp.staleness,
              "partial_rollout": sp.partial_rollout, "allreduce_s": c.allreduce, "allreduce_gbs": sp.allreduce_gbs,
-             "bandwidth_source": sp.bandwidth_source, "grad_bytes": float(models.sync_bytes), "sync_s": c.sync}
+             "bandwidth_source": sp.bandwidth_source, "allreduce_fitted": sp.allreduce_fitted, "grad_bytes": float(models.sync_bytes), "sync_s": c.sync}
     return SimRun(batch=cfg.batch, total_time=wall, exact_engine=kv_bind, timeline=timeline, counters=counters,
                   rounds_simulated=cfg.updates, approximation="", features={},
                   gen_idle_ratio=float(1.0 - busy.mean() / wall) if wall > 0 else math.nan,
@@ -184,7 +193,10 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: dict[str, Any]) -> 
            f"max_num_seqs {e.max_num_seqs}, KV cache {e.kv_cache_tokens:,} tokens; cost per replica unchanged by their number), "
            f"one shared queue admitting by AReaL's rule with eta = {eta} (rlsim.asyncrl); the fixed per-round generation "
            "overhead has no counterpart; rewards and the rest of the step run on the trainer's critical path"]
-    if M > 1:
+    if M > 1 and split["allreduce_fitted"]:
+        out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens, balanced "
+                   "by tokens; the gradient collective is inside the fitted update (the reference trained data-parallel), not added")
+    elif M > 1:
         out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens; gradient "
                    f"all-reduce 2({M}-1)/{M} x {split['grad_bytes'] / 1e6:.4g} MB (the model's weight bytes) / "
                    f"{split['allreduce_gbs']:g} GB/s ({split['bandwidth_source']}) = {split['allreduce_s'] * 1e3:.4g} ms per update")

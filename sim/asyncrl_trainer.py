@@ -47,7 +47,8 @@ class TrainerCosts:
         M = sp.train_gpus
         return cls(reward=max(float(models.reward.predict(B)), 0.0), other=max(float(models.other.predict(B)), 0.0),
                    sync=max(float(models.sync.predict(models.sync_bytes)), 0.0),
-                   allreduce=allreduce_seconds(models.sync_bytes, M, sp.allreduce_gbs) if M > 1 else 0.0, ranks=M)
+                   allreduce=allreduce_seconds(models.sync_bytes, M, sp.allreduce_gbs) if M > 1 and not sp.allreduce_fitted
+                   else 0.0, ranks=M)
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,19 @@ class RankWork:
         return self.prep + self.update
 
 
+def balanced(seqs: np.ndarray, tokens: np.ndarray, ranks: int) -> np.ndarray:
+    """(ranks, B / ranks) shares of `seqs` with near-equal tokens, as verl's balance_batch and packing trainers
+    do: sequences by tokens, longest first, dealt out in a snake (0..M-1, M-1..0, ...); each share in id order."""
+    order = seqs[np.argsort(-tokens[seqs], kind="stable")]
+    sh = order.reshape(-1, ranks).copy()
+    sh[1::2] = sh[1::2, ::-1]
+    return np.sort(sh.T, axis=1)
+
+
 def rank_work(models: FittedModels, q: Requests, seqs: np.ndarray, ranks: int) -> RankWork:
-    """The batch `seqs` ((B,) sequence ids, completion order) split into `ranks` contiguous shares."""
+    """The batch `seqs` ((B,) sequence ids) split into `ranks` shares balanced by tokens (`balanced`)."""
     p, L, G = q.p, q.L, q.group
-    sh = seqs.reshape(ranks, -1)
+    sh = balanced(seqs, p + L, ranks) if ranks > 1 else seqs.reshape(1, -1)
     if models.shared_prompts:  # one prompt per group on each rank that trains any of its responses
         gid = sh // G
         first = np.ones(sh.shape, bool)

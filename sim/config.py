@@ -173,6 +173,8 @@ class SplitConfig:
     partial_rollout: bool = _f(False, "in-flight responses continue across a weight sync (KV recomputed) instead of finishing first")
     allreduce_gbs: float = _f(0.0, "bandwidth of the ring all-reduce of the gradients, GB/s (0: unknown; needed when train_gpus > 1)")
     bandwidth_source: str = _f("", "where allreduce_gbs comes from (trace metadata or a named device profile)")
+    allreduce_fitted: bool = _f(False, "the fitted update already holds the gradient collective (the reference trained "
+                                       "data-parallel on several GPUs), so no all-reduce is added")
 
     def validate(self, batch: int) -> None:
         if self.gen_gpus < 1 or self.train_gpus < 1:
@@ -184,7 +186,7 @@ class SplitConfig:
             raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide the training batch B = P x G = {batch} "
                              f"responses (each data-parallel rank trains B / train_gpus); pick a divisor of B"
                              f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or change {name('prompts')}")
-        if self.train_gpus > 1 and not self.allreduce_gbs > 0:
+        if self.train_gpus > 1 and not self.allreduce_fitted and not self.allreduce_gbs > 0:
             raise RlsimError(f"{name('train_gpus')} > 1 needs the interconnect bandwidth for the gradient all-reduce: the trace's "
                              f"hardware matches no device profile; pass {setting(device='NAME')} (rlsim.replay.devices)")
 

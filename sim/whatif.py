@@ -501,6 +501,15 @@ def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, 
             sig_reps = sig_reps * np.exp(np.random.default_rng(cfg.seed).normal(0.0, held_out, len(sig_reps)))
         out["sigma_lo"], out["sigma_hi"] = (1.0, 1.0) if reference else interval(sigma, sig_reps, level)
         methods.append(reps.method + (f", widened by the fits' held-out error ({100 * held_out:.1f} % RMS)" if held_out > 0 else ""))
+    alt = _unidentified_end(study, cfg, reference)
+    if alt is not None:  # what the trace cannot identify: its other end widens the interval (and sets one if none)
+        q_alt, s_alt = alt
+        out["responses_per_s_lo"] = min(out.get("responses_per_s_lo", q), q_alt)
+        out["responses_per_s_hi"] = max(out.get("responses_per_s_hi", q), q_alt)
+        if not reference:
+            out["sigma_lo"], out["sigma_hi"] = min(out.get("sigma_lo", sigma), s_alt), max(out.get("sigma_hi", sigma), s_alt)
+        methods.append(f"the per-step generation cost at both ends of what the trace allows "
+                       f"({study.models.gen.c_step * 1e3:.3g}..{study.models.gen_alt.c_step * 1e3:.3g} ms)")
     if reference:
         rho_reps, bounds, rho_note = None, None, "rho = 1"
     else:
@@ -519,9 +528,28 @@ def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, 
         out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = (
             (1.0, 1.0) if reference else interval(ratio, rr[:m] / ss[:m], level))
         methods.append(rho_note)
+    if alt is not None and not reference:  # T / T_ref across the widened sigma too
+        out["time_to_target_ratio_lo"] = min(out.get("time_to_target_ratio_lo", ratio), out.get("rho_lo", rho) / out["sigma_hi"])
+        out["time_to_target_ratio_hi"] = max(out.get("time_to_target_ratio_hi", ratio), out.get("rho_hi", rho) / out["sigma_lo"])
     if methods:
         out["interval"] = "; ".join(methods)
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _alt_study(study: Study) -> Study:
+    """The study with its engine-step model at the other end of what the trace cannot identify (`gen_alt`)."""
+    return replace(study, models=replace(study.models, gen=study.models.gen_alt, gen_alt=None))
+
+
+def _unidentified_end(study: Study, cfg: WhatIf, reference: bool) -> tuple[float, float] | None:
+    """(responses/s, sigma) of `cfg` with the alternative engine-step model, or None when the fit identified it."""
+    if study.models.gen_alt is None:
+        return None
+    alt = _alt_study(study)
+    q = (_reference_run(alt, cfg) if reference else
+         simulate(models_for(alt, cfg)[0], sim_config(alt, cfg), rng=np.random.default_rng(cfg.seed))).responses_per_s
+    return q, (1.0 if reference else q / _reference_run(alt, reference_config(alt, cfg)).responses_per_s)
 
 
 def _held_out_error(v, run_: SimRun) -> float:

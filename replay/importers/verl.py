@@ -245,8 +245,9 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
                               seconds=m.get("timing_s/testing", math.nan)))
         if g not in train:
             continue
-        phases = _phases(m)
         total = m.get("timing_s/step", m.get("perf/time_per_step", math.nan))
+        # a log (or a table) with the step time alone: one phase for the lot, as TRL's, so training takes the rest
+        phases = _phases(m) or ([Phase("step", "whole", total)] if math.isfinite(total) else [])
         if not math.isfinite(total) and not phases:
             raise RlsimError(f"{path}: step {g} has no timing (timing_s/*); verl logs it on every step, is this a verl trainer log?")
         st = Step(index=g - offset, metrics=m, phases=phases, total_time=total,

@@ -53,7 +53,7 @@ def test_profiles_have_datasheet_numbers_and_a_measured_cpu():
 
 def test_unknown_device_lists_the_known_ones():
     with pytest.raises(RlsimError, match=r"unknown device 'tpu-v5'; known devices: a100-40gb, a100-80gb, h100-sxm, h200, b200, "
-                                         r"mi300x, l40s, cpu-this-machine"):
+                                         r"mi300x, l40s, h20, h800, a800-80gb, l20, gb200, cpu-this-machine"):
         rescale(hand_model({"profile": "h100-sxm", "device_count": 8}), "tpu-v5", 8)
 
 

@@ -134,18 +134,18 @@ def test_without_partial_rollout_the_sync_waits_for_in_flight_responses():
 
 def test_data_parallel_ranks_all_reduce_and_idle_ratios_by_hand():
     # P=2, G=1, eta = 0, one replica of 2 slots, 1 s steps: prompt 0 (1 token) ends at 1, prompt 1 (2 tokens) at 2.
-    # Two ranks, one response each in completion order: update = 0.5 + 0.5 x tokens -> rank 0 (1 + 1 tokens) 1.5 s,
-    # rank 1 (1 + 2) 2.0 s; ring all-reduce of 1 GB at 1 GB/s over 2 ranks: 2 (2-1)/2 x 1 = 1.0 s; sync 0.2 s
+    # Two ranks balanced by tokens, longest first: update = 0.5 + 0.5 x tokens -> rank 0 prompt 1 (1 + 2 tokens) 2.0 s,
+    # rank 1 prompt 0 (1 + 1) 1.5 s; ring all-reduce of 1 GB at 1 GB/s over 2 ranks: 2 (2-1)/2 x 1 = 1.0 s; sync 0.2 s
     m = replace(hand_models([([1, 1], [1, 2])], c=(1.0, 0.0, 0.0, 0.0), update=(0.5, 0.5), sync=0.2, prompts=2, group=1),
                 sync_bytes=1e9)
     sp = SplitConfig(1, 2, allreduce_gbs=1.0, bandwidth_source="test")
     run = simulate(m, _cfg(m, prompts=2, updates=1, split=sp, max_num_seqs=2), rng=RNG, record_timeline=True)
-    assert _spans(run, "train.update", "train/trainer0") == pytest.approx(_flat([(2.0, 1.5)]))
-    assert _spans(run, "train.update", "train/trainer1") == pytest.approx(_flat([(2.0, 2.0)]))
+    assert _spans(run, "train.update", "train/trainer0") == pytest.approx(_flat([(2.0, 2.0)]))
+    assert _spans(run, "train.update", "train/trainer1") == pytest.approx(_flat([(2.0, 1.5)]))
     assert _spans(run, "train.allreduce") == pytest.approx(_flat([(4.0, 1.0), (4.0, 1.0)]))
     assert _spans(run, "sync.weights") == pytest.approx(_flat([(5.0, 0.2)])) and run.total_time == pytest.approx(5.2)
     assert run.train_time[0] == pytest.approx(3.0) and run.split["allreduce_s"] == pytest.approx(1.0)
-    # engine busy 2 s of 5.2; rank 0 busy 1.5 + 1 + 0.2, rank 1 2 + 1 + 0.2: idle (2.5 + 2.0) / 2 of 5.2
+    # engine busy 2 s of 5.2; rank 0 busy 2 + 1 + 0.2, rank 1 1.5 + 1 + 0.2: idle (2.5 + 2.0) / 2 of 5.2
     assert run.gen_idle_ratio == pytest.approx(3.2 / 5.2)
     assert run.train_idle_ratio == pytest.approx(2.25 / 5.2)
     lanes = {s.lane for s in run.timeline}

@@ -1,5 +1,7 @@
 """The split simulator's parts (rlsim.asyncrl_*) on their own: the admission gate, the consumption rule, the
 weight-sync barrier, and the choice between the colocated and the split loop (rlsim.simulator)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import simpy
@@ -93,3 +95,26 @@ def test_the_colocated_loop_refuses_a_split_and_simulate_picks_the_loop():
     assert simulate(m, split, rng=np.random.default_rng(0)).total_time == simulate_split(m, split, rng=np.random.default_rng(0)).total_time == 10.0
     assert simulate(m, colo, rng=np.random.default_rng(0)).step_time == pytest.approx(
         pipeline.simulate(m, colo, rng=np.random.default_rng(0)).step_time)
+
+
+def test_ranks_get_token_balanced_shares_in_id_order():
+    from rlsim.asyncrl_trainer import balanced
+    tokens = np.array([1, 9, 2, 8, 3, 7, 4, 6])
+    sh = balanced(np.arange(8), tokens, 2)
+    assert sh.shape == (2, 4) and (np.diff(sh, axis=1) > 0).all()
+    assert sorted(tokens[sh].sum(axis=1)) == [20, 20]  # snake: 9 8 / 7 6 ... -> {9, 6, 4, 1} and {8, 7, 3, 2}
+    assert sorted(np.concatenate(sh)) == list(range(8))
+
+
+def test_a_data_parallel_gpu_reference_holds_its_gradient_collective():
+    from rlsim.asyncrl import data_parallel
+    assert data_parallel({"device": "cuda", "device_name": "NVIDIA H20", "device_count": 32})
+    assert not data_parallel({"device": "cuda", "device_count": 1}) and not data_parallel({"device": "cpu", "torch_threads": 2})
+    assert not data_parallel(None)
+    sp = SplitConfig(1, 4, allreduce_fitted=True)
+    sp.validate(8)  # no interconnect needed: the fitted update already holds the collective
+    m = hand_models([([1, 1, 1, 1, 1, 1, 1, 1], [1] * 8)], c=(1.0, 0.0, 0.0, 0.0), update=(0.5, 0.5), sync=0.2, prompts=8, group=1)
+    from rlsim.asyncrl_trainer import TrainerCosts
+    cfg = SimConfig(prompts=8, group=1, updates=1, split=sp)
+    assert TrainerCosts.of(m, cfg).allreduce == 0.0
+    assert TrainerCosts.of(m, replace(cfg, split=SplitConfig(1, 4, allreduce_gbs=1.0))).allreduce > 0

@@ -159,8 +159,8 @@ def test_prompts_is_the_same_option_as_batch():
 
 
 def test_gpus_alone_scales_a_device_without_a_profile(study):
-    # an H20 has no datasheet profile: more of the same device needs only the count
-    h20 = replace(study, hardware={"device": "cuda", "device_name": "NVIDIA H20", "device_count": 8})
-    out = evaluate(h20, WhatIf(prompts=256, gpus=16, updates=5))
-    assert any("--gpus 16 without --device" in n and "NVIDIA H20" in n for n in out.notes)
-    assert out.hardware == "16 x NVIDIA H20" and out.hardware_gain > 1
+    # an Ascend 910B has no datasheet profile: more of the same device needs only the count
+    npu = replace(study, hardware={"device": "npu", "device_name": "Ascend 910B", "device_count": 8})
+    out = evaluate(npu, WhatIf(prompts=256, gpus=16, updates=5))
+    assert any("--gpus 16 without --device" in n and "Ascend 910B" in n for n in out.notes)
+    assert out.hardware == "16 x Ascend 910B" and out.hardware_gain > 1

@@ -1,0 +1,253 @@
+"""Published GPU runs as a reality check: import one row of each group, predict the others.
+
+    python -m bench.published [--group ID] [--json docs/study/published.json]
+
+The rows are in bench/published/*.toml, each transcribed from a framework's docs or a paper with its
+source (repository, path and commit, or paper and table), model, hardware and the configuration that
+differs between rows. For each group the first row is the reference: it becomes a verl console log (the
+table's mean phase times on every step line) and its Hydra config, imported by `rlsim import verl` with the
+group's device; every other row is a what-if on that trace (more GPUs, a split with its staleness, another
+device) whose predicted step time is compared with the published one.
+
+What the tables do not print is assumed, the same for every group (`ASSUMED`): the response lengths (mean a
+quarter of the cap, the longest at the cap) and prompt lengths. Those assumptions and the split of
+generation into per-step and per-token cost are what a phase-level log cannot identify; rlsim's interval
+spans the second, the table states the first.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rlsim.config import WhatIf
+from rlsim.replay.devices import get_profile
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.importers import import_log
+from rlsim.replay.io import read_trace
+from rlsim.whatif import evaluate, prepare
+
+ROWS = Path(__file__).resolve().parent / "published"
+STEPS = 8                 # step lines per synthesized log (identical: the table prints means); the fit drops the first
+UPDATES = 6               # simulated updates per prediction
+# what no published table prints, assumed alike for every group (fractions of the group's caps)
+ASSUMED = {"response_mean": 0.25, "response_min_tokens": 32, "response_clip_ratio": 0.02,
+           "prompt_mean": 0.1, "prompt_max": 0.5, "prompt_cap_tokens": 1024}
+PHASES = ("gen", "old_log_prob", "ref", "values", "update_critic", "update_actor", "update_weights")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published configuration and its measured times (seconds per step)."""
+
+    label: str = field(metadata={"help": "the row as the source names it"})
+    mode: str = field(metadata={"help": "colocate | one_step_off | fully_async"})
+    gpus: int = field(metadata={"help": "GPUs in all"})
+    step: float = field(metadata={"help": "published seconds per step"})
+    phases: dict[str, float] = field(metadata={"help": "published per-phase seconds, by the source's names"})
+    gen_gpus: int | None = field(default=None, metadata={"help": "generation GPUs of a split"})
+    train_gpus: int | None = field(default=None, metadata={"help": "training GPUs of a split"})
+    staleness: float | None = field(default=None, metadata={"help": "the source's staleness setting (verl: a fraction of a batch)"})
+    partial_rollout: bool = field(default=False, metadata={"help": "responses continue across a weight update"})
+    device: str | None = field(default=None, metadata={"help": "GPU type when it differs from the group's"})
+    tp: int | None = field(default=None, metadata={"help": "generation tensor parallel size, where the row states it"})
+    mean_response: float | None = field(default=None, metadata={"help": "published mean generated length, tokens"})
+    precision: str = field(default="bf16", metadata={"help": "bf16 | fp8"})
+
+
+@dataclass(frozen=True)
+class Group:
+    """Rows of one model and setup from one source; the first is the reference."""
+
+    id: str = field(metadata={"help": "unique name"})
+    meta: dict[str, Any] = field(metadata={"help": "the TOML group's fields (source, model, params, device, batch, caps)"})
+    rows: tuple[Row, ...] = field(metadata={"help": "the published rows, reference first"})
+
+
+def _toml(text: str) -> dict[str, Any]:
+    if sys.version_info < (3, 11):
+        raise SystemExit("bench.published reads its rows with tomllib: run it on Python 3.11 or newer")
+    import tomllib  # stdlib from 3.11 (the package itself supports 3.10)
+    return tomllib.loads(text)
+
+
+def load_groups(folder: Path = ROWS) -> list[Group]:
+    """Every group of every TOML file under `folder`, reference (its first colocated row) first. Groups of one
+    setup on other GPU types (the same `setup_key`) join the first such group as rows on their device."""
+    out: list[Group] = []
+    by_key: dict[str, int] = {}
+    for path in sorted(folder.glob("*.toml")):
+        for g in _toml(path.read_text())["group"]:
+            rows = [_row(r, g.get("device")) for r in g.pop("row")]
+            g["file"] = path.name
+            key = g.get("setup_key")
+            if key in by_key:
+                first = out[by_key[key]]
+                out[by_key[key]] = Group(first.id, first.meta, first.rows + tuple(rows))
+                continue
+            rows.sort(key=lambda r: r.mode not in ("colocate", "sync"))  # stable: the first colocated row leads
+            if key:
+                by_key[key] = len(out)
+            out.append(Group(g["id"], g, tuple(rows)))
+    return out
+
+
+def _row(r: dict[str, Any], device: str | None) -> Row:
+    phases = {k: float(v) for k, v in r.items() if k in PHASES}
+    st = r.get("staleness_threshold", r.get("staleness"))
+    return Row(label=r["label"], mode=r.get("mode", "colocate"), gpus=int(r["gpus"]), step=float(r["step"]), phases=phases,
+               gen_gpus=r.get("gen_gpus"), train_gpus=r.get("train_gpus"), staleness=None if st is None else float(st),
+               partial_rollout=bool(r.get("partial_rollout", False)), device=r.get("device", device),
+               tp=r.get("tp", r.get("gen_tp")), mean_response=r.get("gen_avg_seq_len"), precision=r.get("precision", "bf16"))
+
+
+def _caps(g: Group) -> tuple[int, int]:
+    """(max response, max prompt) tokens: the group's, else its maximum sequence length less an assumed prompt cap."""
+    m = g.meta
+    if "max_response" in m:
+        return int(m["max_response"]), int(m.get("max_prompt", ASSUMED["prompt_cap_tokens"]))
+    pcap = min(int(ASSUMED["prompt_cap_tokens"]), int(m["max_seq_len"]) // 4)
+    return int(m["max_seq_len"]) - pcap, pcap
+
+
+def known_device(name: str | None) -> str | None:
+    """`name` when rlsim has its profile, else None (the import then records the device by name only)."""
+    try:
+        return get_profile(name).key if name else None
+    except RlsimError:
+        return None
+
+
+def unusable(g: Group) -> str:
+    """Why a group cannot be imported as a log ('' when it can): the source leaves its batch or length cap unstated."""
+    missing = [k for k in ("prompts", "group") if not g.meta.get(k)]
+    if not (g.meta.get("max_response") or g.meta.get("max_seq_len")):
+        missing.append("max_response")
+    return f"the source does not state {', '.join(missing)}" if missing else ""
+
+
+def verl_log(g: Group, r: Row) -> tuple[str, str]:
+    """(console log, Hydra config) of the reference row as verl would print and save them."""
+    m = g.meta
+    cap, pcap = _caps(g)
+    stats = {"response_length/mean": r.mean_response or ASSUMED["response_mean"] * cap, "response_length/max": cap,
+             "response_length/min": ASSUMED["response_min_tokens"], "response_length/clip_ratio": ASSUMED["response_clip_ratio"],
+             "prompt_length/mean": ASSUMED["prompt_mean"] * pcap, "prompt_length/max": ASSUMED["prompt_max"] * pcap,
+             "prompt_length/min": 16, "actor/lr": 1e-6, "critic/score/mean": 0.5}
+    phases = dict(r.phases)
+    lines = []
+    for s in range(1, STEPS + 1):
+        fields = [f"step:{s}"] + [f"timing_s/{k}:{v!r}" for k, v in phases.items()] + [f"timing_s/step:{r.step!r}"]
+        fields += [f"{k}:{v!r}" for k, v in stats.items()]
+        lines.append("(TaskRunner pid=1) " + " - ".join(fields))
+    nodes, per_node = (r.gpus // 8, 8) if r.gpus % 8 == 0 else (1, r.gpus)
+    algo = "gae" if m.get("algo") == "ppo" else "grpo"
+    config = (f"data:\n  train_batch_size: {m['prompts']}\n  max_prompt_length: {pcap}\n  max_response_length: {cap}\n"
+              f"actor_rollout_ref:\n  model:\n    path: {json.dumps(m['model'])}\n  rollout:\n    n: {m['group']}\n"
+              f"    tensor_model_parallel_size: {r.tp or m.get('tp', 1)}\n  actor:\n    optim:\n      lr: 1.0e-06\n"
+              f"algorithm:\n  adv_estimator: {algo}\ntrainer:\n  n_gpus_per_node: {per_node}\n  nnodes: {nodes}\n")
+    return "\n".join(lines) + "\n", config
+
+
+def what_if(g: Group, ref: Row, r: Row) -> WhatIf:
+    """The rlsim what-if of row `r` on the reference's trace. verl's staleness_threshold (a fraction of a batch
+    the rollouter may run ahead) becomes a limit of ceil(threshold) policy versions; one-step-off is 1."""
+    device = known_device(r.device) if r.device != ref.device else None
+    if r.mode in ("colocate", "sync"):
+        return WhatIf(gpus=r.gpus, device=device, updates=UPDATES)
+    stale = 1 if r.mode == "one_step_off" else 0 if r.mode == "split_sync" else math.ceil(r.staleness or 0.0)
+    return WhatIf(gen_gpus=r.gen_gpus, train_gpus=r.train_gpus, staleness=stale, partial_rollout=r.partial_rollout,
+                  device=device, updates=UPDATES)
+
+
+def changes(ref: Row, r: Row) -> str:
+    """What differs from the reference, in words."""
+    out = []
+    stale = "" if r.staleness is None else f", staleness {r.staleness:g}" + (" +partial" if r.partial_rollout else "")
+    if r.mode != ref.mode:
+        out.append(r.mode.replace("_", "-") + (f" {r.gen_gpus}:{r.train_gpus}" if r.gen_gpus else "") + stale)
+    elif r.gen_gpus and (r.gen_gpus, r.train_gpus, r.staleness) != (ref.gen_gpus, ref.train_gpus, ref.staleness):
+        out.append(f"{r.gen_gpus}:{r.train_gpus}{stale}")
+    if r.gpus != ref.gpus:
+        out.append(f"{ref.gpus} -> {r.gpus} GPUs")
+    if r.device != ref.device:
+        out.append(f"{ref.device} -> {r.device}")
+    return ", ".join(out) or "same"
+
+
+def predict_group(g: Group, work: Path) -> list[dict[str, Any]]:
+    """Import the group's reference row, then predict every other row: one dict per row."""
+    ref, m = g.rows[0], g.meta
+    log, config = verl_log(g, ref)
+    (work / f"{g.id}.log").write_text(log)
+    (work / f"{g.id}.yaml").write_text(config)
+    trace = import_log("verl", work / f"{g.id}.log", out=work / f"{g.id}.parquet", config=str(work / f"{g.id}.yaml"),
+                       device=known_device(ref.device), model_params=str(m["params"]), overwrite=True)
+    study = prepare([read_trace(trace)])
+    out = []
+    for r in g.rows[1:]:
+        if r.precision != ref.precision:  # rlsim has no precision what-if
+            continue
+        o = evaluate(study, what_if(g, ref, r))
+        B = o.batch
+        lo = B / o.responses_per_s_hi if o.responses_per_s_hi > 0 else math.nan
+        hi = B / o.responses_per_s_lo if o.responses_per_s_lo > 0 else math.nan
+        err = o.step_time_s / r.step - 1.0
+        out.append({"group": g.id, "reference": ref.label, "row": r.label, "changes": changes(ref, r),
+                    "published_s": r.step, "predicted_s": o.step_time_s, "lo_s": lo, "hi_s": hi, "error": err,
+                    "covered": bool(lo <= r.step <= hi) if math.isfinite(lo) and math.isfinite(hi) else None,
+                    "gen_s": o.gen_s, "train_s": o.train_s, "source": m["source"]})
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and max |error| of the step time, and how often the interval held the published value."""
+    errs = [abs(r["error"]) for r in rows]
+    cov = [r["covered"] for r in rows if r["covered"] is not None]
+    return {"pairs": len(rows), "median_abs_error": statistics.median(errs) if errs else math.nan,
+            "max_abs_error": max(errs) if errs else math.nan,
+            "covered": sum(cov), "with_interval": len(cov)}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = "| group | reference -> row | what changes | published s | predicted s (interval) | error | in interval |"
+    out = [head, "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        iv = f" ({r['lo_s']:.0f}..{r['hi_s']:.0f})" if math.isfinite(r["lo_s"]) else ""
+        yes = {True: "yes", False: "no", None: "-"}[r["covered"]]
+        out.append(f"| {r['group']} | {r['reference']} -> {r['row']} | {r['changes']} | {r['published_s']:.1f} | "
+                   f"{r['predicted_s']:.1f}{iv} | {100 * r['error']:+.1f} % | {yes} |")
+    s = summary(rows)
+    out.append(f"\n{s['pairs']} pairs: step time |error| median {100 * s['median_abs_error']:.1f} %, max "
+               f"{100 * s['max_abs_error']:.1f} %; interval holds the published value in {s['covered']} of {s['with_interval']}")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--group", action="append", help="only these group ids (repeatable)")
+    ap.add_argument("--json", type=Path, help="also write the rows and the summary as JSON here")
+    args = ap.parse_args(argv)
+    groups = [g for g in load_groups() if not args.group or g.id in args.group]
+    rows: list[dict[str, Any]] = []
+    skipped = [f"{g.id}: {why}" for g in groups if (why := unusable(g))]
+    with tempfile.TemporaryDirectory() as tmp:
+        for g in groups:
+            if not unusable(g):
+                rows += predict_group(g, Path(tmp))
+    print(table(rows))
+    for line in skipped:
+        print(f"skipped {line}")
+    print(f"\nassumed for every group (no table prints them): {json.dumps(ASSUMED)}")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "summary": summary(rows), "assumed": ASSUMED}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
