@@ -35,7 +35,7 @@ from rlsim.whatif import evaluate, prepare
 
 ROWS = Path(__file__).resolve().parent / "published"
 STEPS = 8                 # step lines per synthesized log (identical: the table prints means); the fit drops the first
-UPDATES = 6               # simulated updates per prediction
+UPDATES = 20              # simulated updates per prediction (the first of a split fills its pipeline)
 # what no published table prints, assumed alike for every group (fractions of the group's caps)
 ASSUMED = {"response_mean": 0.25, "response_min_tokens": 32, "response_clip_ratio": 0.02,
            "prompt_mean": 0.1, "prompt_max": 0.5, "prompt_cap_tokens": 1024}

@@ -53,6 +53,9 @@ from rlsim.replay.schema import GEN_STEP, PHASE, STEP_STATS, SYNC, UPDATE
 
 STANDIN_SAMPLES_TOTAL = 200_000   # pooled length samples kept for the simulator's sampling
 WORKLOAD_LIMIT = 4_000_000        # per-step workloads (for `rlsim replay`) kept up to this many responses
+# The high end of generation's share of a step when a log times whole steps only: the highest share in the phase-level
+# published runs transcribed in bench/published (verl's H20 tables: 0.30-0.70 of the step, docs/results.md section 7).
+GEN_SHARE_HI = 0.7
 C_STEP_MAX_REL_SE = 0.25          # a fitted c_step is trusted when its standard error is below this fraction
 DEFAULT_SIGMA = 0.6               # log-normal shape when a log gives only the mean length
 
@@ -244,12 +247,18 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     cfg.setdefault("tp", pri["tp"])
     if len(traces) > 1 and len({int(t.config.get("group") or 1) for t in traces}) > 1:
         warnings.append("the pooled traces differ in group size G; their stand-in lengths are pooled as they are")
-    return FittedModels(gen=gen, gen_overhead=GenOverheadModel(base=base, per_response=0.0, per_step=0.0, quality=gen.quality),
-                        lengths=_standin_lengths(st, G, cfg.get("max_tokens"), ratio), **ph.models,
-                        sync_bytes=float(pri.get("bytes") or 0.0),
-                        engine=_engine(eng_meta, M, cfg.get("max_tokens"), cfg.get("max_prompt_tokens")), config=cfg,
-                        recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces),
-                        shared_prompts=False, gen_alt=gen_alt)
+    models = FittedModels(gen=gen, gen_overhead=GenOverheadModel(base=base, per_response=0.0, per_step=0.0, quality=gen.quality),
+                          lengths=_standin_lengths(st, G, cfg.get("max_tokens"), ratio), **ph.models,
+                          sync_bytes=float(pri.get("bytes") or 0.0),
+                          engine=_engine(eng_meta, M, cfg.get("max_tokens"), cfg.get("max_prompt_tokens")), config=cfg,
+                          recorded=recorded, warnings=tuple(warnings), source=",".join(t.name for t in traces),
+                          shared_prompts=False)
+    if gen_alt is not None:
+        return replace(models, alternative=replace(models, gen=gen_alt))
+    if not has_gen.any() and gen.prior:
+        return replace(models, alternative=_whole_step_alternative(models, d, st.sums, base, sel, float(pri.get("bytes") or 0.0),
+                                                                   len(traces) > 1))
+    return models
 
 
 def _steps_table(traces: Sequence[Trace]) -> dict[str, np.ndarray]:
@@ -329,7 +338,8 @@ def _fit_generation(d: dict[str, np.ndarray], sums: StepSums, sel: np.ndarray, p
             c_step, c_seq, prior_used = pri["c_step"], pri["c_token"], True
             warnings.append("the log times whole steps only (no generation phase): generation is predicted from roofline "
                             f"priors alone ({pri['c_step_text']} per engine step, 2 x parameters FLOPs per generated token "
-                            "at peak FLOP/s), a lower bound; training takes the rest of each step")
+                            "at peak FLOP/s), a lower bound; training takes the rest of each step. Predictions are also made with "
+                            f"the per-step cost raised until generation takes {GEN_SHARE_HI:.0%} of the step, for the interval")
         else:
             warnings.append("the log times whole steps only and no roofline prior is available (import with --device "
                             "NAME and --model-params): the whole step is fitted against tokens, generation costs nothing "
@@ -343,6 +353,27 @@ def _fit_generation(d: dict[str, np.ndarray], sums: StepSums, sel: np.ndarray, p
                         f"{gen.c_step * 1e3:.3g} ms to {alt.c_step * 1e3:.3g} ms (the longest response's engine steps taking "
                         "up to 90 % of the round) fits it; predictions are made at both ends for the interval")
     return gen, base, alt
+
+
+def _whole_step_alternative(models: FittedModels, d: dict[str, np.ndarray], sums: StepSums, base: float,
+                             sel: np.ndarray, model_bytes: float, pooled: bool) -> FittedModels | None:
+    """A log of whole steps leaves generation's share unidentified: the priors give its low end; at the other, the
+    per-step cost (what the roofline prior underestimates most: launches, attention, sampling, scheduling) rises
+    until the median step's generation takes GEN_SHARE_HI of it, and training is refitted to the rest."""
+    g = models.gen
+    fixed = g.c_step * sums.steps
+    per_token = base + g.total(sums) - fixed
+    work = d["step_time"] - d["sync"]
+    ok = sel & np.isfinite(work) & (fixed > 0)
+    if not ok.any():
+        return None
+    c_step = g.c_step * float(np.median((GEN_SHARE_HI * work[ok] - per_token[ok]) / fixed[ok]))
+    if not c_step > 1.05 * g.c_step:
+        return None
+    gen_hi = replace(g, c_step=c_step)
+    pred_hi = base + gen_hi.total(sums)
+    ph = _fit_phases(d, pred_hi, pred_hi, np.zeros(len(pred_hi), bool), sel, model_bytes, pooled, [])
+    return replace(models, gen=gen_hi, **ph.models)
 
 
 def _unidentified(f: StepSums, y: np.ndarray, base: float, c_step: float, c_ctx: float, method: str) -> tuple[float, float] | None:

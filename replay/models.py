@@ -218,10 +218,11 @@ class FittedModels:
         "help": "out-of-sample checks of the step-cost fits (Validation): form, R2, cross-validated error"})
     replicates: Replicates | None = field(default=None, metadata={
         "help": "bootstrap coefficient sets for intervals (Replicates), None when not estimable"})
-    gen_alt: GenStepModel | None = field(default=None, metadata={
-        "help": "the engine-step model at the far end of what the trace cannot identify (a log at one batch size: the "
-                "per-step cost c_step as large as its longest response allows, the per-token cost refitted), None when "
-                "identified; predictions are made with both for the interval"})
+    alternative: FittedModels | None = field(default=None, metadata={
+        "help": "the models at the far end of what the trace cannot identify (a log at one batch size: the per-step "
+                "generation cost as large as its longest response allows; a log of whole steps: generation's share of the "
+                "step at its high end), fitting the trace as well; None when identified. Predictions are made with both "
+                "for the interval"})
 
     @property
     def quality(self) -> dict[str, FitQuality]:

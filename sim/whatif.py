@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rlsim.replay.cost import EngineStepCost, StepSums
-from rlsim.replay.devices import profile_for_hardware, recorded_profile, rescale
+from rlsim.replay.devices import get_profile, profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit import fit_trace, has_device_calibration
 from rlsim.replay.io import Trace
@@ -501,15 +501,13 @@ def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, 
             sig_reps = sig_reps * np.exp(np.random.default_rng(cfg.seed).normal(0.0, held_out, len(sig_reps)))
         out["sigma_lo"], out["sigma_hi"] = (1.0, 1.0) if reference else interval(sigma, sig_reps, level)
         methods.append(reps.method + (f", widened by the fits' held-out error ({100 * held_out:.1f} % RMS)" if held_out > 0 else ""))
-    alt = _unidentified_end(study, cfg, reference)
-    if alt is not None:  # what the trace cannot identify: its other end widens the interval (and sets one if none)
-        q_alt, s_alt = alt
-        out["responses_per_s_lo"] = min(out.get("responses_per_s_lo", q), q_alt)
-        out["responses_per_s_hi"] = max(out.get("responses_per_s_hi", q), q_alt)
+    ends = _other_ends(study, cfg, reference)
+    for q_end, s_end, how in ends:  # what the evidence cannot decide: the other end widens the interval (or makes one)
+        out["responses_per_s_lo"] = min(out.get("responses_per_s_lo", q), q_end)
+        out["responses_per_s_hi"] = max(out.get("responses_per_s_hi", q), q_end)
         if not reference:
-            out["sigma_lo"], out["sigma_hi"] = min(out.get("sigma_lo", sigma), s_alt), max(out.get("sigma_hi", sigma), s_alt)
-        methods.append(f"the per-step generation cost at both ends of what the trace allows "
-                       f"({study.models.gen.c_step * 1e3:.3g}..{study.models.gen_alt.c_step * 1e3:.3g} ms)")
+            out["sigma_lo"], out["sigma_hi"] = min(out.get("sigma_lo", sigma), s_end), max(out.get("sigma_hi", sigma), s_end)
+        methods.append(how)
     if reference:
         rho_reps, bounds, rho_note = None, None, "rho = 1"
     else:
@@ -528,7 +526,7 @@ def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, 
         out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = (
             (1.0, 1.0) if reference else interval(ratio, rr[:m] / ss[:m], level))
         methods.append(rho_note)
-    if alt is not None and not reference:  # T / T_ref across the widened sigma too
+    if ends and not reference:  # T / T_ref across the widened sigma too
         out["time_to_target_ratio_lo"] = min(out.get("time_to_target_ratio_lo", ratio), out.get("rho_lo", rho) / out["sigma_hi"])
         out["time_to_target_ratio_hi"] = max(out.get("time_to_target_ratio_hi", ratio), out.get("rho_hi", rho) / out["sigma_lo"])
     if methods:
@@ -538,18 +536,41 @@ def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, 
 
 @functools.lru_cache(maxsize=8)
 def _alt_study(study: Study) -> Study:
-    """The study with its engine-step model at the other end of what the trace cannot identify (`gen_alt`)."""
-    return replace(study, models=replace(study.models, gen=study.models.gen_alt, gen_alt=None))
+    """The study with its models at the other end of what the trace cannot identify (`FittedModels.alternative`)."""
+    return replace(study, models=study.models.alternative)
 
 
-def _unidentified_end(study: Study, cfg: WhatIf, reference: bool) -> tuple[float, float] | None:
-    """(responses/s, sigma) of `cfg` with the alternative engine-step model, or None when the fit identified it."""
-    if study.models.gen_alt is None:
-        return None
-    alt = _alt_study(study)
-    q = (_reference_run(alt, cfg) if reference else
-         simulate(models_for(alt, cfg)[0], sim_config(alt, cfg), rng=np.random.default_rng(cfg.seed))).responses_per_s
-    return q, (1.0 if reference else q / _reference_run(alt, reference_config(alt, cfg)).responses_per_s)
+def _rate(study: Study, cfg: WhatIf, reference: bool) -> tuple[float, float]:
+    """(responses/s, sigma) of `cfg` simulated on `study` (the reference configuration when `reference`)."""
+    if reference:
+        return _reference_run(study, cfg).responses_per_s, 1.0
+    q = simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed)).responses_per_s
+    return q, q / _reference_run(study, reference_config(study, cfg)).responses_per_s
+
+
+def _other_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float, float, str]]:
+    """(responses/s, sigma, how) at the far ends of what the evidence cannot decide: the trace's unidentified terms
+    (`FittedModels.alternative`), and for another device, its datasheet gain against none (frameworks reach a
+    different share of peak on new hardware, which no datasheet states)."""
+    out = []
+    m = study.models
+    if m.alternative is not None:
+        what = (f"the per-step generation cost {m.gen.c_step * 1e3:.3g}..{m.alternative.gen.c_step * 1e3:.3g} ms"
+                if m.alternative.update is m.update else "generation's share of the logged step")
+        out.append((*_rate(_alt_study(study), cfg, reference), f"both ends of what the trace cannot identify ({what})"))
+    if cfg.device is not None and _other_device(study, cfg.device):
+        out.append((*_rate(study, replace(cfg, device=None), reference),
+                    f"{cfg.device}'s datasheet gain at one end, the recorded device's own speed at the other"))
+    return out
+
+
+def _other_device(study: Study, device: str) -> bool:
+    """Whether `device` is another GPU than the GPU the trace was recorded on (a CPU trace moved to a GPU has its
+    own warnings: its recorded speed is no end of anything)."""
+    hw = study.hardware or study.models.config.get("hardware") or {}
+    rec, dst = profile_for_hardware(hw), get_profile(device)
+    recorded_gpu = rec.kind == "gpu" if rec is not None else str(hw.get("device") or "").lower() not in ("cpu", "")
+    return recorded_gpu and dst.kind == "gpu" and (rec is None or dst.key != rec.key)
 
 
 def _held_out_error(v, run_: SimRun) -> float:

@@ -1,11 +1,14 @@
 """What a phase-level log at one batch size cannot identify (the per-step vs per-token generation cost) becomes
-an interval: the fit keeps the other end (`gen_alt`) and every prediction is made at both ends."""
+an interval: the fit keeps the other end (`FittedModels.alternative`) and every prediction is made at both ends."""
 from __future__ import annotations
+
+from dataclasses import replace
+from types import SimpleNamespace
 
 from rlsim.config import WhatIf
 from rlsim.replay.importers import import_log
 from rlsim.replay.io import read_trace
-from rlsim.whatif import evaluate, prepare, reference_outcome
+from rlsim.whatif import _other_device, evaluate, prepare, reference_outcome
 from tests.importers.fixtures import VERL_CONFIG, write_verl_log
 
 ROW = dict(gen=30.0, reward=1.0, old_log_prob=5.0, ref=5.0, adv=0.5, update_actor=12.0)
@@ -23,15 +26,16 @@ def _study(tmp_path, table):
 def test_one_batch_size_keeps_both_ends_and_predictions_span_them(tmp_path):
     study = _study(tmp_path, [ROW] * 8)
     m = study.models
-    assert m.gen_alt is not None and m.gen_alt.c_step > 2 * m.gen.c_step > 0  # prior at one end, the longest response's cap at the other
+    assert m.alternative is not None and m.alternative.gen.c_step > 2 * m.gen.c_step > 0  # prior at one end, the longest response's cap at the other
     assert any("cannot tell the per-step generation cost" in w for w in m.warnings)
+    assert m.alternative.update is m.update  # only generation is unidentified
     ref = reference_outcome(study, updates=4)
     assert ref.responses_per_s_lo < ref.responses_per_s_hi  # the reference's own throughput is uncertain once simulated
     for cfg in (WhatIf(gpus=32, updates=4), WhatIf(prompts=256, updates=4)):
         o = evaluate(study, cfg)
         assert o.responses_per_s_lo <= o.responses_per_s <= o.responses_per_s_hi
         assert o.responses_per_s_hi > 1.02 * o.responses_per_s_lo, cfg
-        assert "per-step generation cost at both ends" in o.interval
+        assert "both ends of what the trace cannot identify (the per-step generation cost" in o.interval
         assert o.time_to_target_ratio_lo <= o.time_to_target_ratio <= o.time_to_target_ratio_hi
 
 
@@ -42,3 +46,36 @@ def test_more_gpus_gain_less_at_the_per_step_end(tmp_path):
     ref = reference_outcome(study, updates=4)
     assert o.responses_per_s > ref.responses_per_s and o.responses_per_s_lo < 0.98 * o.responses_per_s
     assert o.sigma == 1.0  # a change of hardware, not of batch: sigma leaves it out, the responses/s interval carries it
+
+
+def _whole_step_study(tmp_path):
+    lines = [f"(TaskRunner pid=1) step:{s} - timing_s/step:100.0 - response_length/mean:500.0 - response_length/max:1024 - "
+             "response_length/min:20 - response_length/clip_ratio:0.01 - prompt_length/mean:100.0 - actor/lr:1e-06"
+             for s in range(1, 9)]
+    (tmp_path / "w.log").write_text("\n".join(lines) + "\n")
+    (tmp_path / "config.yaml").write_text(VERL_CONFIG)
+    out = import_log("verl", tmp_path / "w.log", out=tmp_path / "w.parquet", config=str(tmp_path / "config.yaml"),
+                     device="h100", gpus=8, overwrite=True)
+    return prepare([read_trace(out)])
+
+
+def test_a_log_of_whole_steps_spans_generations_share(tmp_path):
+    study = _whole_step_study(tmp_path)
+    m, alt = study.models, study.models.alternative
+    assert alt is not None and alt.update.slope < m.update.slope  # more generation, less training: both fit the step
+    ref, ref_alt = reference_outcome(study, updates=4), reference_outcome(replace(study, models=alt), updates=4)
+    assert abs(ref.step_time_s - 100.0) < 5 and abs(ref_alt.step_time_s - 100.0) < 5
+    assert ref_alt.gen_s > 0.6 * ref_alt.step_time_s > ref.gen_s
+    o = evaluate(study, WhatIf(gen_gpus=4, train_gpus=4, staleness=1, updates=4))
+    assert o.responses_per_s_lo < o.responses_per_s_hi and "generation's share of the logged step" in o.interval
+
+
+def test_another_gpu_spans_its_datasheet_gain_and_none(tmp_path):
+    study = _study(tmp_path, [ROW] * 8)
+    o = evaluate(study, WhatIf(device="b200", updates=4))
+    same = evaluate(study, WhatIf(gpus=8, updates=4))
+    assert o.responses_per_s_lo <= same.responses_per_s * 1.0001 and o.responses_per_s_hi >= o.responses_per_s
+    assert "datasheet gain at one end" in o.interval
+    assert "datasheet gain" not in evaluate(study, WhatIf(gpus=16, updates=4)).interval
+    cpu = SimpleNamespace(hardware={"device": "cpu", "torch_threads": 2}, models=SimpleNamespace(config={}))
+    assert not _other_device(cpu, "h100")  # a CPU trace's own speed is no end of a GPU's range
