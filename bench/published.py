@@ -156,14 +156,21 @@ def verl_log(g: Group, r: Row) -> tuple[str, str]:
 
 
 def what_if(g: Group, ref: Row, r: Row) -> WhatIf:
-    """The rlsim what-if of row `r` on the reference's trace. verl's staleness_threshold (a fraction of a batch
-    the rollouter may run ahead) becomes a limit of ceil(threshold) policy versions; one-step-off is 1."""
+    """The rlsim what-if of row `r` on the reference's trace. verl's staleness_threshold (a fraction of a batch the
+    rollouter may run ahead) is rlsim's fractional staleness as it is; one-step-off is 1."""
     device = known_device(r.device) if r.device != ref.device else None
-    if r.mode in ("colocate", "sync"):
+    if r.mode in ("colocate", "sync") or _same_split(ref, r):  # the reference's own layout, more or fewer devices
         return WhatIf(gpus=r.gpus, device=device, updates=UPDATES)
-    stale = 1 if r.mode == "one_step_off" else 0 if r.mode == "split_sync" else math.ceil(r.staleness or 0.0)
+    stale = 1 if r.mode == "one_step_off" else 0 if r.mode == "split_sync" else (r.staleness or 0.0)
     return WhatIf(gen_gpus=r.gen_gpus, train_gpus=r.train_gpus, staleness=stale, partial_rollout=r.partial_rollout,
                   device=device, updates=UPDATES)
+
+
+def _same_split(ref: Row, r: Row) -> bool:
+    """Both rows split alike (same mode and staleness, generation : training in the same proportion): the imported
+    log already holds that layout's phase times, so only the device count changes."""
+    return (r.mode == ref.mode and r.mode != "colocate" and r.staleness == ref.staleness and bool(r.gen_gpus)
+            and bool(ref.gen_gpus) and r.gen_gpus * ref.train_gpus == ref.gen_gpus * r.train_gpus)
 
 
 def changes(ref: Row, r: Row) -> str:

@@ -102,7 +102,7 @@ def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None) -> Sp
     if not cfg.split:
         return None
     bw, src = interconnect(models, hardware)
-    return SplitConfig(gen_gpus=int(cfg.gen_gpus), train_gpus=int(cfg.train_gpus), staleness=int(cfg.staleness or 0),
+    return SplitConfig(gen_gpus=int(cfg.gen_gpus), train_gpus=int(cfg.train_gpus), staleness=float(cfg.staleness or 0),
                        partial_rollout=bool(cfg.partial_rollout), allreduce_gbs=bw, bandwidth_source=src,
                        allreduce_fitted=data_parallel(hardware))
 
@@ -118,7 +118,7 @@ def data_parallel(hardware: dict | None) -> bool:
 def memory_estimate(cfg: SimConfig, record_timeline: bool = False, mean_len: float = 32.0) -> float:
     """Bytes a split simulation needs: every request it may start, and the timeline when recorded."""
     sp = cfg.split
-    seqs = (cfg.updates + sp.staleness + 1) * cfg.batch
+    seqs = math.ceil(cfg.updates + sp.staleness + 1) * cfg.batch
     tl = 0.0
     if record_timeline:
         steps = seqs * mean_len / max(min(cfg.engine.max_num_seqs, cfg.batch), 1) + seqs  # steps, and one slice per response
@@ -140,10 +140,10 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     if sp is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
     U, P, G, B = cfg.updates, cfg.prompts, cfg.group, cfg.batch
-    NP = (U + sp.staleness + 1) * P  # the gate's bound at version U: no more prompts can start before the run ends
+    NP = int((U + sp.staleness + 1) * P)  # the gate's bound at version U: no more prompts can start before the run ends
     est = memory_estimate(cfg, record_timeline, float(np.mean(models.lengths.response_tokens)))
     if est > MEMORY_LIMIT_BYTES:
-        raise RlsimError(f"a split simulation of {U} updates of B = {B:,} responses (staleness {sp.staleness}) holds every "
+        raise RlsimError(f"a split simulation of {U} updates of B = {B:,} responses (staleness {sp.staleness:g}) holds every "
                          f"request at once and needs about {est / 2**30:.1f} GB of memory, over the simulator's limit of "
                          f"{MEMORY_LIMIT_BYTES / 2**30:g} GB; pass fewer --updates or a smaller --batch")
     p, L = queue_lengths(models, cfg, rng, NP)
@@ -155,7 +155,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     sync = WeightSync(env, sp.gen_gpus)
     totals = EngineTotals()
     spec = replica_spec(models, cfg, kv_bind)
-    gate = AdmissionGate(P, sp.staleness, q.pv)
+    gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus)
     reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.gen_gpus)]
     trainer = Trainer(env, models, q, finished, sync, totals, rec, TrainerCosts.of(models, cfg), U, B)
     env.run(until=env.process(trainer.run()))
@@ -191,7 +191,7 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: dict[str, Any]) -> 
     e = cfg.engine
     out = [f"split model: {N} generation replica{'s' if N > 1 else ''}, each the recorded engine (its fitted step cost, "
            f"max_num_seqs {e.max_num_seqs}, KV cache {e.kv_cache_tokens:,} tokens; cost per replica unchanged by their number), "
-           f"one shared queue admitting by AReaL's rule with eta = {eta} (rlsim.asyncrl); the fixed per-round generation "
+           f"one shared queue admitting by AReaL's rule with eta = {eta:g} (rlsim.asyncrl); the fixed per-round generation "
            "overhead has no counterpart; rewards and the rest of the step run on the trainer's critical path"]
     if M > 1 and split["allreduce_fitted"]:
         out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens, balanced "
@@ -208,7 +208,7 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: dict[str, Any]) -> 
     return out
 
 
-def staleness_rho(study: Any, eta: int) -> tuple[float, list[str]]:
+def staleness_rho(study: Any, eta: float) -> tuple[float, list[str]]:
     """(rho multiplier at staleness limit eta, notes). From learning curves recorded at several staleness limits
     (traces at the reference batch; their config's `staleness`) when there are two or more reaching the target;
     else 1 up to eta = STALENESS_FLAT_UP_TO (AReaL, with an off-policy correction) and a warning beyond."""
@@ -227,18 +227,18 @@ def staleness_rho(study: Any, eta: int) -> tuple[float, list[str]]:
         xs = sorted(pts)
         ys = [float(np.mean(pts[k])) for k in xs]
         mult = float(np.interp(eta, xs, ys)) / float(np.mean(pts[ref_eta]))
-        notes = [f"staleness: rho x{mult:.4g} at eta = {eta} from learning curves recorded at staleness "
+        notes = [f"staleness: rho x{mult:.4g} at eta = {eta:g} from learning curves recorded at staleness "
                  f"{', '.join(map(str, xs))} (batch {study.b_ref}), linear in eta"]
         if eta < xs[0] or eta > xs[-1]:
-            notes.append(f"staleness {eta} is outside the recorded {xs[0]}..{xs[-1]}: its sample cost is clamped to the nearest")
+            notes.append(f"staleness {eta:g} is outside the recorded {xs[0]}..{xs[-1]}: its sample cost is clamped to the nearest")
         return mult, notes
     if eta == ref_eta:
         return 1.0, []
-    notes = [f"staleness: rho x1 assumed for eta = {eta}, not measured on this task: flat up to eta = {STALENESS_FLAT_UP_TO} "
+    notes = [f"staleness: rho x1 assumed for eta = {eta:g}, not measured on this task: flat up to eta = {STALENESS_FLAT_UP_TO} "
              "with an off-policy correction and rising from eta = 2 without one (plain PPO/GRPO clipping) in AReaL's "
              "staleness ablation (Fu et al. 2025, arXiv:2505.24298); record runs at this staleness (--trace, config staleness) for "
              "learning curves"]
     if eta > STALENESS_FLAT_UP_TO:
-        notes.append(f"staleness {eta} is beyond eta = {STALENESS_FLAT_UP_TO}, where that ablation's final scores fall even "
+        notes.append(f"staleness {eta:g} is beyond eta = {STALENESS_FLAT_UP_TO}, where that ablation's final scores fall even "
                      "with the correction: rho = 1 is optimistic here")
     return 1.0, notes

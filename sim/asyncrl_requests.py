@@ -74,15 +74,18 @@ class Requests:
 class AdmissionGate:
     """AReaL's staleness rule over the queue of prompts the replicas share: at policy version v a prompt starts
     only while prompts started (consumed, finished, running or waiting on a replica) < (eta + v + 1) x P, so
-    the k-th P prompts to start start no earlier than version k - eta."""
+    the k-th P prompts to start start no earlier than version k - eta. The prompts it admits are dealt out
+    evenly: one pull takes at most ceil(admitted, not yet started / replicas), as RL frameworks balance
+    requests over their engines (else the first replicas would take a whole batch and the rest idle)."""
 
     prompts: int       # P
-    staleness: int     # eta
+    staleness: float   # eta (a fraction admits that share of a batch ahead)
     pv: np.ndarray     # (NP,) Requests.pv: the gate writes each prompt's start version
     started: int = 0   # prompts started: the queue's head
+    replicas: int = 1  # engine replicas sharing the queue
 
     def bound(self, version: int) -> int:
-        return min((self.staleness + version + 1) * self.prompts, len(self.pv))
+        return min(int((self.staleness + version + 1) * self.prompts), len(self.pv))
 
     def is_open(self, version: int) -> bool:
         return self.started < self.bound(version)
@@ -90,7 +93,8 @@ class AdmissionGate:
     def pull(self, version: int, want: int) -> tuple[int, int]:
         """Start up to `want` prompts at `version`: the [lo, hi) prompt ids started."""
         lo = self.started
-        hi = min(self.bound(version), lo + want)
+        share = -(-(self.bound(version) - lo) // self.replicas)
+        hi = min(self.bound(version), lo + min(want, max(share, 1)))
         self.pv[lo:hi] = version
         self.started = hi
         return lo, hi
@@ -106,7 +110,7 @@ class FinishedGroups:
     trainer waits on `ready`, a condition event: a replica triggers it once P are finished and the trainer
     re-checks the rule."""
 
-    def __init__(self, env: simpy.Environment, prompts: int, staleness: int, left: np.ndarray, pv: np.ndarray):
+    def __init__(self, env: simpy.Environment, prompts: int, staleness: float, left: np.ndarray, pv: np.ndarray):
         self.env = env
         self.prompts = prompts
         self.staleness = staleness
@@ -125,7 +129,8 @@ class FinishedGroups:
 
     def take(self, u: int):
         """(trainer; a generator to `yield from`) The (P,) prompt ids update u consumes, in completion order."""
-        due = int(np.searchsorted(self.pv, u - self.staleness, side="right"))  # prompts [0, due) started at <= u - eta
+        # prompts [0, due) started at <= u - eta (integer versions: at <= u - ceil(eta))
+        due = int(np.searchsorted(self.pv, u - self.staleness, side="right"))
         while len(self.items) < self.prompts or not np.all(self.left[self.open_from:due] == 0):
             self.ready = self.env.event()
             yield self.ready

@@ -281,13 +281,13 @@ def split_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = ()
         eta = r.get("staleness")
         iv = interval_of(r, "time_to_target_ratio")
         pts.append({"split": label, "share": share, "devices": total, "time_to_target_ratio": float(r["time_to_target_ratio"]),
-                    "staleness": f"eta={int(float(eta)) if _finite(eta) else 0}", "series": series_label(r, series),
+                    "staleness": f"eta={float(eta) if _finite(eta) else 0.0:g}", "series": series_label(r, series),
                     "sigma": r.get("sigma"), "rho": r.get("rho"), "gen_idle_ratio": r.get("gen_idle_ratio"),
                     "train_idle_ratio": r.get("train_idle_ratio"), "regime": r.get("regime"),
                     "lo": iv[0] if iv else None, "hi": iv[1] if iv else None})
     order = [p["split"] for p in sorted(pts, key=lambda p: (p["share"], p["devices"]))]
     order = list(dict.fromkeys(order))
-    etas = sorted({p["staleness"] for p in pts}, key=lambda s: int(s.split("=")[1]))
+    etas = sorted({p["staleness"] for p in pts}, key=lambda s: float(s.split("=")[1]))
     x = alt.X("split:N", sort=order, title="generation : training devices", axis=alt.Axis(labelAngle=0))
     title = "T_new / T_ref = rho / sigma"
     yscale = alt.Scale(zero=False)

@@ -50,9 +50,10 @@ def name(field_name: str) -> str:
 
 def setting(**values) -> str:
     """`--gen-gpus 6 --train-gpus 2` in the CLI, `gen_gpus=6, train_gpus=2` in the notebook API."""
+    shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in values.items()}  # 2.0 as the user typed it: 2
     if _KEYWORDS.get():
-        return ", ".join(f"{k}={v}" for k, v in values.items())
-    return " ".join(f"{name(k)} {v}" for k, v in values.items())
+        return ", ".join(f"{k}={v}" for k, v in shown.items())
+    return " ".join(f"{name(k)} {v}" for k, v in shown.items())
 
 
 @contextmanager
@@ -86,8 +87,10 @@ class WhatIf:
                                     "pulling requests from one shared queue (None: colocated, as recorded)")
     train_gpus: int | None = _f(None, "data-parallel training devices of a split: each trains B / train_gpus responses, then a ring "
                                       "all-reduce of the gradients (None: colocated, as recorded)")
-    staleness: int | None = _f(None, "max policy versions a trained sample may lag (AReaL's eta): a request starts only while its "
-                                     "batch stays within it, in-flight requests counted; 0 = synchronous (None: 0)")
+    staleness: float | None = _f(None, "staleness limit eta (AReaL's): a prompt starts only while prompts started stay under "
+                                       "(eta + version + 1) x P, in-flight ones counted, so a trained sample lags at most "
+                                       "ceil(eta) policy versions; a fraction admits that share of a batch ahead (verl's "
+                                       "staleness_threshold); 0 = synchronous (None: 0)")
     partial_rollout: bool = _f(False, "with a split: responses in flight at a weight update continue on the new weights (KV "
                                       "recomputed) instead of finishing on the old ones while the sync waits for them")
 
@@ -115,9 +118,9 @@ class WhatIf:
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise RlsimError(f"{name(f)} must be a positive integer (devices), got {v!r}")
         s = self.staleness
-        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
-            raise RlsimError(f"{name('staleness')} must be a non-negative integer (policy versions a sample may lag; "
-                             f"0 = synchronous), got {s!r}")
+        if s is not None and (not isinstance(s, (int, float)) or isinstance(s, bool) or not 0 <= s < math.inf):
+            raise RlsimError(f"{name('staleness')} must be a non-negative number (policy versions a sample may lag, a fraction "
+                             f"admitting that share of a batch ahead; 0 = synchronous), got {s!r}")
         if not isinstance(self.partial_rollout, bool):
             raise RlsimError(f"{name('partial_rollout')} must be true or false, got {self.partial_rollout!r}")
         add_split = f"add {setting(gen_gpus='N', train_gpus='M')}"
@@ -169,7 +172,8 @@ class SplitConfig:
 
     gen_gpus: int = _f(1, "generation engine replicas (one per device, each the recorded engine)")
     train_gpus: int = _f(1, "data-parallel training ranks")
-    staleness: int = _f(0, "max policy versions a consumed sample may lag (AReaL's eta); 0 = synchronous")
+    staleness: float = _f(0.0, "staleness limit eta (AReaL's; a fraction as verl's staleness_threshold): a consumed sample lags "
+                               "at most ceil(eta) policy versions; 0 = synchronous")
     partial_rollout: bool = _f(False, "in-flight responses continue across a weight sync (KV recomputed) instead of finishing first")
     allreduce_gbs: float = _f(0.0, "bandwidth of the ring all-reduce of the gradients, GB/s (0: unknown; needed when train_gpus > 1)")
     bandwidth_source: str = _f("", "where allreduce_gbs comes from (trace metadata or a named device profile)")
@@ -180,7 +184,7 @@ class SplitConfig:
         if self.gen_gpus < 1 or self.train_gpus < 1:
             raise RlsimError(f"{name('gen_gpus')} and {name('train_gpus')} must be at least 1, got {self.gen_gpus} and {self.train_gpus}")
         if self.staleness < 0:
-            raise RlsimError(f"{name('staleness')} must be a non-negative integer, got {self.staleness}")
+            raise RlsimError(f"{name('staleness')} must be a non-negative number, got {self.staleness}")
         if batch % self.train_gpus:
             divs = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:4]
             raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide the training batch B = P x G = {batch} "

@@ -26,7 +26,7 @@ from rlsim.replay.models import INTERVAL, FittedModels, interval
 from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_ratio, noise_scale_rho,
                               parse_rho, regime)
 from rlsim.replay.schema import EVAL, placement
-from rlsim.asyncrl import split_config, staleness_rho
+from rlsim.asyncrl import data_parallel, split_config, staleness_rho
 from rlsim.config import EngineConfig, SimConfig, WhatIf
 from rlsim.outcome import Outcome, RunResult
 from rlsim.pipeline import SimRun
@@ -34,6 +34,12 @@ from rlsim.simconfig import config_for, engine_of
 from rlsim.simulator import simulate
 
 CONCURRENCY_EXTRAPOLATION = 16.0  # warn beyond this multiple of the measured concurrency
+# The far end of a split predicted from a colocated GPU run: each side up to this many times the colocated per-device
+# speed. A colocated step holds costs of sharing the devices (weight reloads, memory swaps, a smaller KV cache, the
+# long tail holding every GPU) that a split drops and one log cannot separate. Published: verl's fully-async 7B
+# trainer updated 512 prompts on 16 H20s in 314 s where the colocated update on 32 took 270 s (1.7x per device);
+# NeMo RL's Llama-3.1-8B 1-step-off on 8 + 8 GPUs beat its colocated run on 16 (docs/results.md section 7).
+SPLIT_GAIN_HI = 2.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -378,7 +384,7 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     rho_stale = 1.0
     if run_.split:  # split devices: the model's assumptions, and the staleness limit's effect on sample cost
 
-        rho_stale, stale_notes = staleness_rho(study, int(run_.split["staleness"]))
+        rho_stale, stale_notes = staleness_rho(study, float(run_.split["staleness"]))
         rho *= rho_stale
         warnings += stale_notes
         notes += list(run_.notes)
@@ -468,7 +474,7 @@ def _split_fields(run_: SimRun, rho_stale: float) -> dict[str, Any]:
         total = float(run_.step_time.sum())
         gen = float(run_.gen_time.sum()) / total if total > 0 else math.nan
         return {"mode": "colocated", "gen_idle_ratio": 1.0 - gen, "train_idle_ratio": gen}
-    mode = (f"split {sp['gen_gpus']} gen : {sp['train_gpus']} train, staleness {sp['staleness']}"
+    mode = (f"split {sp['gen_gpus']} gen : {sp['train_gpus']} train, staleness {sp['staleness']:g}"
             + (", partial rollout" if sp["partial_rollout"] else ""))
     return {"mode": mode, "gen_idle_ratio": run_.gen_idle_ratio, "train_idle_ratio": run_.train_idle_ratio,
             "staleness_mean": run_.staleness_mean, "staleness_max": int(run_.staleness_max), "rho_staleness": rho_stale,
@@ -558,10 +564,26 @@ def _other_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float,
         what = (f"the per-step generation cost {m.gen.c_step * 1e3:.3g}..{m.alternative.gen.c_step * 1e3:.3g} ms"
                 if m.alternative.update is m.update else "generation's share of the logged step")
         out.append((*_rate(_alt_study(study), cfg, reference), f"both ends of what the trace cannot identify ({what})"))
+    if cfg.split and data_parallel(study.hardware):
+        out.append((*_rate(_split_gain_study(study), cfg, reference),
+                    f"the split free of the colocated run's device-sharing costs at the other end (each side up to "
+                    f"{SPLIT_GAIN_HI:g}x the recorded speed per device)"))
     if cfg.device is not None and _other_device(study, cfg.device):
         out.append((*_rate(study, replace(cfg, device=None), reference),
                     f"{cfg.device}'s datasheet gain at one end, the recorded device's own speed at the other"))
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _split_gain_study(study: Study) -> Study:
+    """The study with every device cost SPLIT_GAIN_HI times faster (the roofline rule with both ratios at that
+    factor), for the far end of a split predicted from a colocated GPU run."""
+    hw = study.hardware or study.models.config.get("hardware") or {}
+    src = recorded_profile(hw)
+    fast = replace(src, key="split-gain", mem_bandwidth_gbs=SPLIT_GAIN_HI, flops_tflops=SPLIT_GAIN_HI)
+    n = recorded_devices(study)
+    models, _ = rescale(study.models, fast, n, source_profile=src, source_gpus=n)
+    return replace(study, models=replace(models, config=study.models.config, warnings=study.models.warnings, alternative=None))
 
 
 def _other_device(study: Study, device: str) -> bool:

@@ -36,7 +36,7 @@ def test_modes_map_to_what_ifs():
     ref = g.rows[0]
     w = what_if(g, ref, Row("x", "fully_async", 32, 1.0, {}, gen_gpus=16, train_gpus=16, staleness=0.5, partial_rollout=True,
                             device="h20"))
-    assert (w.gen_gpus, w.train_gpus, w.staleness, w.partial_rollout, w.device) == (16, 16, 1, True, None)
+    assert (w.gen_gpus, w.train_gpus, w.staleness, w.partial_rollout, w.device) == (16, 16, 0.5, True, None)
     assert what_if(g, ref, Row("x", "one_step_off", 16, 1.0, {}, gen_gpus=4, train_gpus=12, device="h20")).staleness == 1
     assert what_if(g, ref, Row("x", "colocate", 64, 1.0, {}, device="gb200")).device == "gb200"
     assert changes(ref, Row("x", "colocate", 64, 1.0, {}, device="h20")) == "32 -> 64 GPUs"
@@ -54,3 +54,11 @@ def test_a_group_predicts_its_other_rows_with_an_interval(tmp_path):
 
 def test_groups_without_a_batch_are_named_not_guessed():
     assert all(unusable(g) == "" or "does not state" in unusable(g) for g in GROUPS)
+
+
+def test_a_split_reference_scales_its_own_layout():
+    ref = Row("r", "split_sync", 8, 1.0, {}, gen_gpus=4, train_gpus=4)
+    g = next(g for g in GROUPS if g.id.startswith("areal-v02"))
+    w = what_if(g, ref, Row("x", "split_sync", 32, 1.0, {}, gen_gpus=16, train_gpus=16))
+    assert (w.gpus, w.gen_gpus) == (32, None)
+    assert what_if(g, ref, Row("x", "split_sync", 32, 1.0, {}, gen_gpus=8, train_gpus=24)).gen_gpus == 8

@@ -79,3 +79,11 @@ def test_another_gpu_spans_its_datasheet_gain_and_none(tmp_path):
     assert "datasheet gain" not in evaluate(study, WhatIf(gpus=16, updates=4)).interval
     cpu = SimpleNamespace(hardware={"device": "cpu", "torch_threads": 2}, models=SimpleNamespace(config={}))
     assert not _other_device(cpu, "h100")  # a CPU trace's own speed is no end of a GPU's range
+
+
+def test_a_split_from_a_colocated_gpu_run_spans_the_sharing_costs(tmp_path):
+    study = _study(tmp_path, [ROW] * 8)
+    o = evaluate(study, WhatIf(gen_gpus=4, train_gpus=4, staleness=1, updates=6))
+    assert "device-sharing costs" in o.interval
+    assert o.responses_per_s_hi > 1.3 * o.responses_per_s  # each side up to 2x faster per device
+    assert "device-sharing" not in evaluate(study, WhatIf(gpus=16, updates=4)).interval  # colocated: no such end

@@ -118,3 +118,19 @@ def test_a_data_parallel_gpu_reference_holds_its_gradient_collective():
     cfg = SimConfig(prompts=8, group=1, updates=1, split=sp)
     assert TrainerCosts.of(m, cfg).allreduce == 0.0
     assert TrainerCosts.of(m, replace(cfg, split=SplitConfig(1, 4, allreduce_gbs=1.0))).allreduce > 0
+
+
+def test_a_fractional_staleness_admits_that_share_of_a_batch_ahead():
+    # verl's staleness_threshold: eta = 0.5 with P = 4 lets 6 prompts start at version 0, 10 at version 1
+    gate = AdmissionGate(4, 0.5, np.full(32, np.iinfo(np.int64).max, np.int64))
+    assert (gate.bound(0), gate.bound(1)) == (6, 10)
+    assert gate.pull(0, 100) == (0, 6) and not gate.is_open(0) and gate.is_open(1)
+    assert AdmissionGate(4, 1, np.zeros(32, np.int64)).bound(0) == 8  # integer eta as before
+
+
+def test_the_gate_deals_admitted_prompts_out_evenly_over_replicas():
+    # P = 8, eta = 0, 4 replicas: a replica with room for everything still takes only its share, 2 prompts
+    gate = AdmissionGate(8, 0, np.full(32, np.iinfo(np.int64).max, np.int64), replicas=4)
+    assert gate.pull(0, 100) == (0, 2) and gate.pull(0, 100) == (2, 4)  # ceil(8 / 4), then ceil(6 / 4)
+    assert gate.pull(0, 1) == (4, 5)  # less room: what fits
+    assert AdmissionGate(8, 0, np.zeros(32, np.int64)).pull(0, 100) == (0, 8)  # one replica: all of them
