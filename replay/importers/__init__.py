@@ -60,6 +60,8 @@ def describe(path: str | Path) -> str:
              f"unknown metrics kept: {len(src.get('unknown_metrics') or [])} (step_stats.metrics)"]
     for n in src.get("notes") or []:
         lines.append(f"note: {n}")
+    for w in src.get("warnings") or []:
+        lines.append(f"warning: {w}")
     lines.append(f"next: rlsim run --trace {path} --batch {2 * int(cfg.get('prompts') or 1)}")
     return "\n".join(lines)
 

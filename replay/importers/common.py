@@ -300,6 +300,7 @@ class RunSpec:
     config: dict[str, Any] = field(default_factory=dict)   # the framework config values used
     flags: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # mismatches the import proceeds past (printed as warnings)
     metric_use: dict[str, str] = field(default_factory=dict)  # original metric name -> what rlsim used it for
 
     @property
@@ -323,7 +324,24 @@ def fill_from_steps(spec: RunSpec, steps: list[Step]) -> list[str]:
     if spec.lr is None:
         lrs = [s.lr for s in steps if math.isfinite(s.lr) and s.lr > 0]
         spec.lr = lrs[-1] if lrs else None
+    spec.warnings += phases_exceeding(steps)
     return notes
+
+
+def phases_exceeding(steps: list[Step]) -> list[str]:
+    """A warning when the summed phases exceed the logged step time by over 5 % (overlapping or nested timers),
+    naming the worst step; none otherwise."""
+    over = []
+    for s in steps:
+        summed = sum(p.seconds for p in s.phases if p.role not in ("nested", "whole"))
+        if math.isfinite(s.total_time) and s.total_time > 0 and summed > 1.05 * s.total_time:
+            over.append((summed / s.total_time, s.index + 1, summed, s.total_time))
+    if not over:
+        return []
+    r, step, summed, total = max(over)
+    return [f"the phases add up to more than the step time in {len(over)} of {len(steps)} steps (step {step}: "
+            f"{summed:.4g} s of phases in a {total:.4g} s step): overlapping or nested timers; the simulator runs the "
+            "phases one after the other, so its reference step is their sum"]
 
 
 def write_step_trace(out: str | Path, spec: RunSpec, steps: list[Step], evals: list[Eval], *, overwrite: bool = False) -> Path:
@@ -506,7 +524,7 @@ def _source_meta(spec: RunSpec, steps: list[Step], evals: list[Eval]) -> dict[st
     return {"framework": spec.framework, "version": spec.version, "file": spec.file.name, "format": spec.fmt,
             "config_file": spec.config_file, "flags": {k: v for k, v in spec.flags.items() if v is not None},
             "metric_names": {k: spec.metric_use[k] for k in sorted(known & seen)},
-            "unknown_metrics": sorted(seen - known), "notes": spec.notes, "steps": len(steps),
+            "unknown_metrics": sorted(seen - known), "notes": spec.notes, "warnings": spec.warnings, "steps": len(steps),
             "first_step": steps[0].index + 1, "last_step": steps[-1].index + 1}
 
 

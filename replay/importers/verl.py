@@ -268,7 +268,8 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
             spec.gpus = max(int(round(med)), 1)
             notes.append(f"GPUs {spec.gpus} from perf/throughput = tokens / (step time x GPUs) (no --gpus or config)")
         elif abs(med - spec.gpus) > 0.1 * spec.gpus:
-            notes.append(f"perf/throughput implies {med:.3g} GPUs, the config/flags say {spec.gpus}")
+            spec.warnings.append(f"perf/throughput (tokens / (step time x GPUs)) implies {med:.3g} GPUs, the config/flags "
+                                 f"say {spec.gpus}: the costs are scaled by {spec.gpus}; pass --gpus if the config is wrong")
     if async_run:
         notes.append("fully-async run (trainer/idle_ratio, rollouter/idle_ratio logged): generation and training overlapped")
         spec.fully_async = True

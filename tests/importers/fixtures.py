@@ -265,3 +265,8 @@ advantage_estimator:
 actor_learning_rate:
   value: 5.0e-07
 """
+
+
+def write_step_lines(path: Path, body: str, steps=range(1, 7), tag: str = "") -> None:
+    """A console log of identical step lines `step:N - <body>` (a table's means, say)."""
+    path.write_text("\n".join(f"{tag}step:{s} - {body}" for s in steps) + "\n")

@@ -9,7 +9,7 @@ from rlsim.config import WhatIf
 from rlsim.replay.importers import import_log
 from rlsim.replay.io import read_trace
 from rlsim.whatif import _other_device, evaluate, prepare, reference_outcome
-from tests.importers.fixtures import VERL_CONFIG, write_verl_log
+from tests.importers.fixtures import VERL_CONFIG, write_step_lines, write_verl_log
 
 ROW = dict(gen=30.0, reward=1.0, old_log_prob=5.0, ref=5.0, adv=0.5, update_actor=12.0)
 
@@ -49,10 +49,9 @@ def test_more_gpus_gain_less_at_the_per_step_end(tmp_path):
 
 
 def _whole_step_study(tmp_path):
-    lines = [f"(TaskRunner pid=1) step:{s} - timing_s/step:100.0 - response_length/mean:500.0 - response_length/max:1024 - "
-             "response_length/min:20 - response_length/clip_ratio:0.01 - prompt_length/mean:100.0 - actor/lr:1e-06"
-             for s in range(1, 9)]
-    (tmp_path / "w.log").write_text("\n".join(lines) + "\n")
+    write_step_lines(tmp_path / "w.log", "timing_s/step:100.0 - response_length/mean:500.0 - response_length/max:1024 - "
+                     "response_length/min:20 - response_length/clip_ratio:0.01 - prompt_length/mean:100.0 - actor/lr:1e-06",
+                     steps=range(1, 9), tag="(TaskRunner pid=1) ")
     (tmp_path / "config.yaml").write_text(VERL_CONFIG)
     out = import_log("verl", tmp_path / "w.log", out=tmp_path / "w.parquet", config=str(tmp_path / "config.yaml"),
                      device="h100", gpus=8, overwrite=True)

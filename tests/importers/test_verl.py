@@ -17,7 +17,7 @@ from rlsim.replay.io import read_trace
 from rlsim.replay.schema import EVAL, PHASE, STEP_STATS, UPDATE
 from tests.importers.fixtures import (VERL_1208_STEP2, VERL_2060_STEP0, VERL_2060_STEP1_CUT, VERL_316_STEP5_CUT,
                                       VERL_7412_STEP34_CUT, VERL_CONFIG, VERL_NP_FRAGMENTS, verl_line, verl_phase_table,
-                                      write_verl_log)
+                                      write_step_lines, write_verl_log)
 
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
 
@@ -212,3 +212,17 @@ def test_existing_output_needs_overwrite(tmp_path):
         import_log("verl", tmp_path / "nope.log", prompts=64, group=4, out=tmp_path / "x.parquet")
     with pytest.raises(RlsimError, match="unknown framework 'deepspeed'"):
         import_log("deepspeed", log, out=tmp_path / "x.parquet")
+
+
+def test_mismatches_the_import_proceeds_past_are_warnings(tmp_path):
+    # phases 30 + 20 s in a 40 s step, and a throughput implying 4 GPUs where the config says 8
+    write_step_lines(tmp_path / "x.log", "timing_s/gen:30.0 - timing_s/update_actor:20.0 - timing_s/step:40.0 - "
+                     "perf/total_num_tokens:100000 - perf/throughput:625.0 - response_length/mean:300 - response_length/max:900 - "
+                     "response_length/min:20 - actor/lr:1e-06")
+    (tmp_path / "c.yaml").write_text(VERL_CONFIG)
+    out = import_log("verl", tmp_path / "x.log", out=tmp_path / "x.parquet", config=str(tmp_path / "c.yaml"), gpus=8)
+    w = read_trace(out).meta["source"]["warnings"]
+    assert any("phases add up to more than the step time in 6 of 6 steps (step 6: 50 s of phases in a 40 s step)" in x for x in w)
+    assert any("implies 4 GPUs, the config/flags say 8" in x for x in w)
+    from rlsim.replay.importers import describe
+    assert "warning: the phases add up to more" in describe(out)
