@@ -347,6 +347,7 @@ def _fit_generation(d: dict[str, np.ndarray], sums: StepSums, sel: np.ndarray, p
         q = FitQuality(0, math.nan, math.nan, math.nan, math.nan, dropped, "prior" if prior_used else "default")
     gen = GenStepModel(c_step=c_step, c_seq=c_seq, c_ctx=c_ctx, c_prefill=c_prefill, quality=q, prior=prior_used,
                        concurrency_range=(int(min(d["B"].min(), max_num_seqs)), int(min(d["B"].max(), max_num_seqs))))
+    warnings.append(_provenance(pri, prior_used, c_prefill > 0, fit_rows.sum() >= 3))
     if alt is not None:
         alt = replace(gen, c_step=alt[0], c_seq=alt[1])
         warnings.append(f"the log cannot tell the per-step generation cost from the per-token cost: c_step anywhere from "
@@ -374,6 +375,18 @@ def _whole_step_alternative(models: FittedModels, d: dict[str, np.ndarray], sums
     pred_hi = base + gen_hi.total(sums)
     ph = _fit_phases(d, pred_hi, pred_hi, np.zeros(len(pred_hi), bool), sel, model_bytes, pooled, [])
     return replace(models, gen=gen_hi, **ph.models)
+
+
+def _provenance(pri: dict[str, Any], step_prior: bool, prefill_prior: bool, gen_logged: bool) -> str:
+    """One line: which terms the datasheet gave and which the log."""
+    sheet = [t for t, used in (("the per-step generation cost (roofline)", step_prior),
+                               ("the prefill cost per prompt token", prefill_prior),
+                               ("the decode cost per token", step_prior and not gen_logged)) if used]
+    name = pri["profile"].name if pri.get("profile") is not None else "no"
+    logged = ("generation's per-token cost" if gen_logged else "") + (", " if gen_logged else "") + \
+        "training, batch preparation, rewards, weight sync and the rest of the step"
+    return (f"terms from the {name} datasheet: {', '.join(sheet)}; from the log: {logged}" if sheet else
+            f"every term from the log ({logged}); no datasheet term")
 
 
 def _unidentified(f: StepSums, y: np.ndarray, base: float, c_step: float, c_ctx: float, method: str) -> tuple[float, float] | None:

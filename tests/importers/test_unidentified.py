@@ -28,6 +28,8 @@ def test_one_batch_size_keeps_both_ends_and_predictions_span_them(tmp_path):
     m = study.models
     assert m.alternative is not None and m.alternative.gen.c_step > 2 * m.gen.c_step > 0  # prior at one end, the longest response's cap at the other
     assert any("cannot tell the per-step generation cost" in w for w in m.warnings)
+    assert any(w.startswith("terms from the NVIDIA H100 SXM 80GB datasheet: the per-step generation cost (roofline), the "
+                            "prefill cost per prompt token; from the log: generation's per-token cost, training") for w in m.warnings)
     assert m.alternative.update is m.update  # only generation is unidentified
     ref = reference_outcome(study, updates=4)
     assert ref.responses_per_s_lo < ref.responses_per_s_hi  # the reference's own throughput is uncertain once simulated
@@ -62,6 +64,7 @@ def test_a_log_of_whole_steps_spans_generations_share(tmp_path):
     study = _whole_step_study(tmp_path)
     m, alt = study.models, study.models.alternative
     assert alt is not None and alt.update.slope < m.update.slope  # more generation, less training: both fit the step
+    assert any("the decode cost per token; from the log: training" in w for w in m.warnings)
     ref, ref_alt = reference_outcome(study, updates=4), reference_outcome(replace(study, models=alt), updates=4)
     assert abs(ref.step_time_s - 100.0) < 5 and abs(ref_alt.step_time_s - 100.0) < 5
     assert ref_alt.gen_s > 0.6 * ref_alt.step_time_s > ref.gen_s
