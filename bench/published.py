@@ -77,13 +77,27 @@ def _toml(text: str) -> dict[str, Any]:
     return tomllib.loads(text)
 
 
+def _groups(path: Path) -> list[dict[str, Any]]:
+    """The `[[group]]` tables of one rows file, each with its rows checked for the fields every row needs."""
+    try:
+        groups = _toml(path.read_text())["group"]
+        for g in groups:
+            for r in g["row"]:
+                missing = [k for k in ("label", "gpus", "step") if k not in r]
+                if missing:
+                    raise ValueError(f"group {g.get('id')!r} has a row without {', '.join(missing)}")
+        return groups
+    except (ValueError, KeyError, TypeError) as e:  # tomllib.TOMLDecodeError is a ValueError
+        raise SystemExit(f"bench.published: {path} is not a rows file ({type(e).__name__}: {e}); see bench/published/verl.toml")
+
+
 def load_groups(folder: Path = ROWS) -> list[Group]:
     """Every group of every TOML file under `folder`, reference (its first colocated row) first. Groups of one
     setup on other GPU types (the same `setup_key`) join the first such group as rows on their device."""
     out: list[Group] = []
     by_key: dict[str, int] = {}
     for path in sorted(folder.glob("*.toml")):
-        for g in _toml(path.read_text())["group"]:
+        for g in _groups(path):
             rows = [_row(r, g.get("device")) for r in g.pop("row")]
             g["file"] = path.name
             key = g.get("setup_key")

@@ -255,10 +255,13 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
                           shared_prompts=False)
     if gen_alt is not None:
         return replace(models, alternative=replace(models, gen=gen_alt))
-    if not has_gen.any() and gen.prior:
-        return replace(models, alternative=_whole_step_alternative(models, d, st.sums, base, sel, float(pri.get("bytes") or 0.0),
-                                                                   len(traces) > 1))
-    return models
+    alt = _whole_step_alternative(models, d, st.sums, base, sel, float(pri.get("bytes") or 0.0), len(traces) > 1) \
+        if not has_gen.any() and gen.prior else None
+    if alt is None:
+        return models
+    return replace(models, alternative=alt, warnings=models.warnings + (
+        f"a log of whole steps cannot tell generation's share of the step: predictions are also made with the per-step "
+        f"generation cost raised until generation takes {GEN_SHARE_HI:.0%} of it, training the rest, for the interval",))
 
 
 def _steps_table(traces: Sequence[Trace]) -> dict[str, np.ndarray]:
@@ -338,8 +341,7 @@ def _fit_generation(d: dict[str, np.ndarray], sums: StepSums, sel: np.ndarray, p
             c_step, c_seq, prior_used = pri["c_step"], pri["c_token"], True
             warnings.append("the log times whole steps only (no generation phase): generation is predicted from roofline "
                             f"priors alone ({pri['c_step_text']} per engine step, 2 x parameters FLOPs per generated token "
-                            "at peak FLOP/s), a lower bound; training takes the rest of each step. Predictions are also made with "
-                            f"the per-step cost raised until generation takes {GEN_SHARE_HI:.0%} of the step, for the interval")
+                            "at peak FLOP/s), a lower bound; training takes the rest of each step")
         else:
             warnings.append("the log times whole steps only and no roofline prior is available (import with --device "
                             "NAME and --model-params): the whole step is fitted against tokens, generation costs nothing "
@@ -382,11 +384,11 @@ def _provenance(pri: dict[str, Any], step_prior: bool, prefill_prior: bool, gen_
     sheet = [t for t, used in (("the per-step generation cost (roofline)", step_prior),
                                ("the prefill cost per prompt token", prefill_prior),
                                ("the decode cost per token", step_prior and not gen_logged)) if used]
-    name = pri["profile"].name if pri.get("profile") is not None else "no"
-    logged = ("generation's per-token cost" if gen_logged else "") + (", " if gen_logged else "") + \
-        "training, batch preparation, rewards, weight sync and the rest of the step"
-    return (f"terms from the {name} datasheet: {', '.join(sheet)}; from the log: {logged}" if sheet else
-            f"every term from the log ({logged}); no datasheet term")
+    logged = (["generation's per-token cost"] if gen_logged else []) + [
+        "training, batch preparation, rewards, weight sync and the rest of the step"]
+    if not sheet:
+        return f"every term from the log ({', '.join(logged)}); no datasheet term"
+    return f"terms from the {pri['profile'].name} datasheet: {', '.join(sheet)}; from the log: {', '.join(logged)}"
 
 
 def _unidentified(f: StepSums, y: np.ndarray, base: float, c_step: float, c_ctx: float, method: str) -> tuple[float, float] | None:

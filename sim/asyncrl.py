@@ -66,7 +66,7 @@ import numpy as np
 import simpy
 
 from rlsim.asyncrl_replica import EngineTotals, Replica, ReplicaSpec
-from rlsim.asyncrl_requests import AdmissionGate, FinishedGroups, Requests, queue_lengths
+from rlsim.asyncrl_requests import AdmissionGate, FinishedGroups, Requests, admitted, queue_lengths
 from rlsim.asyncrl_sync import WeightSync
 from rlsim.asyncrl_timeline import Recorder
 from rlsim.asyncrl_trainer import Trainer, TrainerCosts
@@ -140,7 +140,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     if sp is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
     U, P, G, B = cfg.updates, cfg.prompts, cfg.group, cfg.batch
-    NP = int((U + sp.staleness + 1) * P)  # the gate's bound at version U: no more prompts can start before the run ends
+    NP = admitted(sp.staleness, U, P)  # the gate's bound at version U: no more prompts can start before the run ends
     est = memory_estimate(cfg, record_timeline, float(np.mean(models.lengths.response_tokens)))
     if est > MEMORY_LIMIT_BYTES:
         raise RlsimError(f"a split simulation of {U} updates of B = {B:,} responses (staleness {sp.staleness:g}) holds every "

@@ -8,6 +8,8 @@ replicas, consumed by the trainer.
 """
 from __future__ import annotations
 
+import math
+
 from collections import deque
 from dataclasses import dataclass
 
@@ -70,6 +72,12 @@ class Requests:
                    pv=np.full(NP, np.iinfo(np.int64).max, np.int64))
 
 
+def admitted(eta: float, version: int, prompts: int) -> int:
+    """Prompts the gate lets start by `version`: floor((eta + version + 1) x P); the small tolerance keeps a product
+    such as (0.3 + 1 + 1) x 100 = 229.99999... at 230."""
+    return int(math.floor((eta + version + 1) * prompts + 1e-9))
+
+
 @dataclass(eq=False)
 class AdmissionGate:
     """AReaL's staleness rule over the queue of prompts the replicas share: at policy version v a prompt starts
@@ -85,7 +93,7 @@ class AdmissionGate:
     replicas: int = 1  # engine replicas sharing the queue
 
     def bound(self, version: int) -> int:
-        return min(int((self.staleness + version + 1) * self.prompts), len(self.pv))
+        return min(admitted(self.staleness, version, self.prompts), len(self.pv))
 
     def is_open(self, version: int) -> bool:
         return self.started < self.bound(version)

@@ -99,7 +99,10 @@ def varying(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> list[str]
 def describe(row: Mapping[str, Any], axes: Sequence[str], labels: Mapping[str, str] | None = None) -> str:
     """'--batch 64 --group 8': a config by the options that were swept."""
     labels = labels or {}
-    return " ".join(f"{labels.get(a, a)} {row.get(a)}" for a in axes) or f"B={row.get('batch')}"
+    def shown(v: Any) -> Any:
+        return f"{v:g}" if isinstance(v, float) else v  # 1.0 as typed: 1
+
+    return " ".join(f"{labels.get(a, a)} {shown(row.get(a))}" for a in axes) or f"B={row.get('batch')}"
 
 
 def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None, *,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import re
 
+import pytest
+
 from bench.published import Row, changes, load_groups, predict_group, summary, unusable, verl_log, what_if
 from rlsim.replay.importers.verl import parse_console
 
@@ -53,7 +55,18 @@ def test_a_group_predicts_its_other_rows_with_an_interval(tmp_path):
 
 
 def test_groups_without_a_batch_are_named_not_guessed():
-    assert all(unusable(g) == "" or "does not state" in unusable(g) for g in GROUPS)
+    why = {g.id: unusable(g) for g in GROUPS}
+    assert why["areal-v03-r1-distill-qwen-7b-sync-vs-async"] == "the source does not state prompts, group, max_response"
+    assert why["verl-7b-h20-gpus"] == "" and why["nemo-rl-v04-llama3.1-8b-grpo-h100"] == ""
+
+
+def test_a_broken_rows_file_is_one_line(tmp_path):
+    (tmp_path / "x.toml").write_text('[[group]]\nid = "g"\n[[group.row]]\nlabel = "r"\n')
+    with pytest.raises(SystemExit, match=r"x.toml is not a rows file .*row without gpus, step"):
+        load_groups(tmp_path)
+    (tmp_path / "x.toml").write_text("[[group]\n")
+    with pytest.raises(SystemExit, match="is not a rows file"):
+        load_groups(tmp_path)
 
 
 def test_a_split_reference_scales_its_own_layout():

@@ -134,3 +134,11 @@ def test_the_gate_deals_admitted_prompts_out_evenly_over_replicas():
     assert gate.pull(0, 100) == (0, 2) and gate.pull(0, 100) == (2, 4)  # ceil(8 / 4), then ceil(6 / 4)
     assert gate.pull(0, 1) == (4, 5)  # less room: what fits
     assert AdmissionGate(8, 0, np.zeros(32, np.int64)).pull(0, 100) == (0, 8)  # one replica: all of them
+
+
+def test_the_gate_floors_its_bound_as_written_not_as_rounded():
+    from rlsim.asyncrl_requests import admitted
+    assert admitted(0.3, 1, 100) == 230 and admitted(0.1, 3, 30) == 123  # 229.99999..., 122.99999... in floats
+    assert admitted(0.55, 0, 10) == 15
+    from rlsim.tables import describe
+    assert describe({"staleness": 1.0, "prompts": 64}, ["staleness", "prompts"]) == "staleness 1 prompts 64"
