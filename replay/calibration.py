@@ -64,6 +64,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from rlsim.replay.cost import EngineStepCost
+from rlsim.replay.device_speed import device_phase
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import isotonic
@@ -494,21 +495,12 @@ def check_compatible(ref: Trace, cal: Trace) -> None:
                          "`rlrun calibrate --out calib.parquet`")
 
 
-def device_rows(t: Trace, kind: str) -> np.ndarray:
-    """(rows,) True for the calibration rows of `kind` measured on one device at 1 thread (schema v4 `threads`) beside
-    a run on more: the one-device ladder (`rlrun record` on a CPU of more cores), not the run's own calibration."""
-    r = t.rows(kind)
-    if "threads" not in r or not (t.meta.get("calibration") or {}).get("device"):
-        return np.zeros(len(r["kind"]), bool)
-    return np.asarray(r["threads"], float) == 1
-
-
-def _rows(traces: Sequence[Trace], kind: str, cols: Sequence[str], one_device: bool = False) -> dict[str, np.ndarray]:
-    """Calibration rows of `kind` over the traces: the run's own ladder, or (`one_device`) its one-device ladder."""
+def _rows(traces: Sequence[Trace], kind: str, cols: Sequence[str]) -> dict[str, np.ndarray]:
+    """Calibration rows of `kind` over the traces at the run's threads (one device's rows are `device_speed`'s)."""
     out = {c: [] for c in cols}
     for t in traces:
         r = t.rows(kind)
-        keep = device_rows(t, kind) == one_device
+        keep = ~device_phase(t, kind)
         for c in cols:
             out[c].append(np.asarray(r[c], float)[keep])
     return {c: (np.concatenate(v) if v else np.zeros(0)) for c, v in out.items()}
@@ -561,18 +553,17 @@ def run_level(coef: np.ndarray, run: dict[str, np.ndarray], min_rows: int = 20) 
 def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str, np.ndarray], *, upd_proper: np.ndarray,
               n_tok: np.ndarray, t_opt: np.ndarray, sel: np.ndarray, t_fb: np.ndarray | None = None,
               calibration: Sequence[Trace] = (), reps: int = REPLICATES, seed: int = 0,
-              ref_rows: np.ndarray | None = None, one_device: bool = False) -> FittedModels:
+              ref_rows: np.ndarray | None = None) -> FittedModels:
     """`models` (FittedModels of `fit_trace`) with calibrated engine-step and update models when calibration
     rows exist (in the first trace or in `calibration`), and with validation and replicates in every case.
     `ref_rows` (bool per update row): the reference trace's; a calibrated update model is anchored to those
-    alone, since traces recorded at other times ran at another machine speed. `one_device`: from the first
-    trace's one-device ladder (`device_rows`), as measured, like a calibration at another thread count."""
+    alone, since traces recorded at other times ran at another machine speed."""
     ref = traces[0]
     for c in calibration:
         check_compatible(ref, c)
     rng = np.random.default_rng(seed)
     warnings, notes = list(models.warnings), []
-    src = _Sources.of(ref, calibration, gen_rows, sel & np.isfinite(upd_proper) & np.isfinite(n_tok), notes, one_device)
+    src = _Sources.of(ref, calibration, gen_rows, sel & np.isfinite(upd_proper) & np.isfinite(n_tok), notes)
     if len(src.cal_gen["duration"]) >= 8:
         gen = _gen_calibrated(ref, src, reps, rng, warnings, notes)
     else:
@@ -604,16 +595,13 @@ class _Sources:
 
     @classmethod
     def of(cls, ref: Trace, calibration: Sequence[Trace], gen_rows: dict[str, np.ndarray], upd_ok: np.ndarray,
-           notes: list[str], one_device: bool = False) -> _Sources:
+           notes: list[str]) -> _Sources:
         sources = [ref] + list(calibration)
-        # a calibration at another thread count (`rlrun calibrate --threads`, for a split side's cores, or the
-        # one-device ladder of `rlrun record`) stands for that device as measured: its rows alone, not anchored to
-        # the run's clock (the run ran on more threads)
+        # a calibration at another thread count (`rlrun calibrate --threads`, for a split side's cores) stands for
+        # that device as measured: its rows alone, not anchored to the run's clock (the run ran on more threads)
         foreign = [c for c in calibration if threads_of(c) and threads_of(ref) and threads_of(c) != threads_of(ref)]
         if foreign:
             sources = foreign
-        elif one_device:
-            foreign = [ref]
         run_keep = (gen_rows["step"] != 0) if np.any(gen_rows["step"] != 0) else np.ones(len(gen_rows["step"]), bool)
         run_keep &= np.isfinite(gen_rows["duration"]) & (gen_rows["num_running"] > 0)
         run = {k: np.asarray(gen_rows[k], float)[run_keep] for k in GEN_COLUMNS}
@@ -622,11 +610,10 @@ class _Sources:
             run = {k: v[:0] for k, v in run.items()}
             rounds = rounds[:0]
             upd_ok = np.zeros_like(upd_ok)
-            at = 1 if one_device else threads_of(foreign[0])
-            notes.append(f"calibration at {at} thread(s) (the run: {threads_of(ref)}): engine steps and "
+            notes.append(f"calibration at {threads_of(foreign[0])} thread(s) (the run: {threads_of(ref)}): engine steps and "
                          "training passes as measured there, not rescaled to the run; the optimizer step from the run")
-        return cls(cal_gen=_rows(sources, CALIB_GEN, GEN_COLUMNS, one_device),
-                   cal_train=_rows(sources, CALIB_TRAIN, ("duration", "num_tokens", "calib_level"), one_device),
+        return cls(cal_gen=_rows(sources, CALIB_GEN, GEN_COLUMNS),
+                   cal_train=_rows(sources, CALIB_TRAIN, ("duration", "num_tokens", "calib_level")),
                    run=run, rounds=rounds, upd_ok=upd_ok)
 
 

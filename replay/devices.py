@@ -31,6 +31,9 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
+from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.device_data import DEVICES, UPDATE_FLOOR_S
 from rlsim.replay.measured_hosts import HOSTS
 from rlsim.replay.errors import RlsimError
@@ -225,6 +228,22 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
     out = replace(models, gen=gen, update=update, prep=prep, sync=sync, engine=engine, config=config,
                   warnings=tuple(models.warnings) + (warning,))
     return out, notes
+
+
+def per_device(models: FittedModels, gen: float, train: float, note: str) -> FittedModels:
+    """`models` on one device measured against the run's: engine-step times (every term, not the knees) x `gen`,
+    training (update and prep: per-token and fixed parts) x `train`, their replicates alike; the engine's limits,
+    the host side and the sync unchanged. `note` says where the ratios came from (kept in config["one_device"])."""
+    reps = models.replicates
+    if reps is not None:
+        upd = np.array(reps.update, float)
+        upd[:, :2] *= train
+        upd[:, 2::2] *= train
+        reps = replace(reps, gen=EngineStepCost.scale_array(reps.gen, gen), update=upd)
+    g = models.gen
+    return replace(models, gen=g.scaled(step=gen, seq=gen, ctx=gen, prefill=gen), update=_train(models.update, train, train, 0.0),
+                   prep=_train(models.prep, train, train, 0.0), replicates=reps,
+                   config={**models.config, "one_device": {"gen": gen, "train": train, "note": note}})
 
 
 def _fixed(m: AffineModel | PiecewiseLinear) -> float:

@@ -29,16 +29,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rlsim.replay.calibration import calibrate, device_rows
+from rlsim.replay.calibration import calibrate
 from rlsim.replay.cost import EngineStepCost
-from rlsim.replay.devices import profile_by_name
+from rlsim.replay.device_speed import device_ratios
+from rlsim.replay.devices import per_device, profile_by_name
 from rlsim.replay.drift import Drift, drift_of
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit_steps import fit_steps, is_step_level
 from rlsim.replay.io import Trace
 from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
 from rlsim.replay.robust import NARROW_RANGE, AffineModel, FitQuality, fit_affine, fit_quality, nnls_fit, robust_location
-from rlsim.replay.schema import CALIB_GEN, GEN_STEP, RESPONSE, SYNC, UPDATE, placement
+from rlsim.replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE, placement
 from rlsim.replay.steps import step_table
 from rlsim.replay.util import ENGINE_DEFAULTS
 
@@ -106,12 +107,6 @@ def warmup_excluded(trace: Trace) -> bool:
     return bool((trace.meta.get("engine") or {}).get("warmup_excluded"))
 
 
-def has_device_calibration(trace: Trace) -> bool:
-    """True when the trace's calibration also measured one device (a core on CPU: rows at 1 thread beside the run's),
-    enough engine steps for a fit of their own."""
-    return int(device_rows(trace, CALIB_GEN).sum()) >= 8
-
-
 def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Sequence[Trace] = (), *,
               one_device: bool = False) -> FittedModels:
     """Fit every cost model to one trace, or to several traces of the same setup: then the step
@@ -120,8 +115,8 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     engine, the config and the recorded timings come from the first. Calibration rows (in the first
     trace, or in `calibration` traces from `rlrun calibrate`) refit the engine-step and update models
     over the calibrated range (replay/calibration.py); every fit gets its validation and replicates.
-    `one_device`: the engine-step and training models of one device instead, from the first trace's calibration
-    rows at one device's threads (`has_device_calibration`), as measured (not rescaled to the run)."""
+    `one_device`: the models of one device instead: the fitted ones with engine-step and training times scaled by
+    one device's speed over the run's, from the first trace's calibration (replay/device_speed.py)."""
     traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
     ref = traces[0]
     _check_colocated(traces)
@@ -148,9 +143,15 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
                           source=",".join(t.name for t in traces), shared_prompts=shared[0])
     # calibration rows, validation, replicates (replay/calibration.py)
     models = calibrate(models, traces, gen_rows, upd_proper=costs.upd_proper, n_tok=st.num_tokens, t_opt=st.t_optimizer,
-                       sel=costs.sel, t_fb=st.t_fb, calibration=list(calibration), ref_rows=st.is_ref, one_device=one_device)
+                       sel=costs.sel, t_fb=st.t_fb, calibration=list(calibration), ref_rows=st.is_ref)
     if drift is not None and models.validation is not None:
         models = replace(models, validation=replace(models.validation, notes=models.validation.notes + (drift.describe(),)))
+    if one_device:
+        r = device_ratios(ref)
+        if r is None:
+            raise RlsimError(f"{ref.path} has no one-device calibration (paired visits at 1 thread); record it with "
+                             "`rlrun record` on more than one core, calibration on")
+        models = per_device(models, r.gen, r.train, r.describe())
     return models
 
 

@@ -342,13 +342,13 @@ class Trainer:
             return min(cfg.micro_batch, per_update)
         return max(min(per_update, 4), per_update // 4)
 
-    def profile(self, samples: list[Sample]) -> UpdateStats:
+    def profile(self, samples: list[Sample], micro: int | None = None) -> UpdateStats:
         """Time the forward and backward passes of one update on `samples` for calibration: micro-batches
-        as `update` packs them (at this batch's micro-batch size), gradients accumulated and normed as
-        `update` does, then discarded. No optimizer step, no clipping: weights and optimizer state are
-        untouched (gradients are left None). `st.duration`-like total: t_forward + t_backward."""
+        as `update` packs them (at this batch's micro-batch size, or `micro` responses), gradients accumulated
+        and normed as `update` does, then discarded. No optimizer step, no clipping: weights and optimizer state
+        are untouched (gradients are left None). `st.duration`-like total: t_forward + t_backward."""
         st = UpdateStats()
-        m = self.micro_for(len(samples))
+        m = micro or self.micro_for(len(samples))
         st.micro_batch = m
         micro_samples = [samples[i:i + m] for i in range(0, len(samples), m)]
         micros = [pack(s, self.row_tokens, self.pad_id, self.device, self.share_prompts) for s in micro_samples]

@@ -28,14 +28,18 @@ What it measures, and why so:
   real sampled responses grouped G per prompt as the run's batches are, micro-batched as an update of that
   size would be; also in shuffled rounds until each level's SE_TARGET is met or the budget is spent; each
   visit is a settling pass and a recorded one.
-- one device: on a CPU run of more than one core, a shorter ladder at one thread (`threads` = 1 on its
-  rows): a split what-if gives each side whole devices, a core on CPU, and needs one device's speed.
+- one device: on a CPU run of more than one core, paired visits at the run's threads and at one thread
+  (`threads` = 1 on its rows), at the run's concurrency and one micro-batch of its update: a split what-if gives
+  each side whole devices, a core on CPU, and needs one device's speed relative to the run's. Pairs, because a
+  ladder of its own at one thread does not reach the run's concurrency within its share of the budget, and
+  extrapolating one from small rungs misses the split's operating point by 2x.
 - budget: BUDGET_FRACTION of the recording it precedes (estimated as steps x (one batch generated as the run
   does + one update at the warm per-token cost), and its evals), within [BUDGET_MIN_S, BUDGET_S], GEN_SHARE of it for the engine,
-  DEVICE_SHARE for the one-device ladder. The engine's first round goes upwards, so that each rung's cost is
+  DEVICE_SHARE for the one-device pairs. The engine's first round goes upwards, so that each rung's cost is
   bounded by what was measured before it and the budget check holds; the training's first round goes from
-  the largest level down (each priced at the warm per-token cost), so the budget buys range first; the
-  rounds after them are shuffled. Levels never measured for want of budget are listed in the
+  the smallest level up (each priced at the warm per-token cost), so the budget buys the levels a curve needs
+  before range (a short recording affords 1/8x..2x, five levels, where 8x alone costs more); the rounds after
+  them are shuffled. Levels never measured for want of budget are listed in the
   metadata `calibration.skipped`; each level's values and standard error in `gen_rungs` / `train_levels`.
 """
 from __future__ import annotations
@@ -62,7 +66,8 @@ WARM_TOL, WARM_PASSES = 0.05, 5  # warm 1x passes until two in a row agree withi
 BUDGET_FRACTION = 0.10       # of the recording's estimated duration ...
 BUDGET_MIN_S, BUDGET_S = 8.0, 60.0  # ... within these (BUDGET_S alone for `rlrun calibrate`)
 GEN_SHARE = 0.35             # of the budget for the engine ladder (training passes cost more each)
-DEVICE_SHARE = 0.15          # of the budget for the one-device ladder, when there is one
+DEVICE_SHARE = 0.2           # of the budget for the one-device pairs, when there are more devices than one ...
+DEVICE_PAIRS = (2, 6)        # ... at least and at most this many pairs per side (engine, training)
 DRIFT_LEVEL = 64             # the drift probe's engine visit: this many sequences (or the batch, if fewer) ...
 DRIFT_TRAIN_FACTOR = 0.125   # ... and its training pass: this x the run's responses per update
 
@@ -219,10 +224,11 @@ class _Calibration:
                               prompt_id=j, group_index=i % G, advantage=1.0 if i % 2 else -1.0))
         return out
 
-    def train_pass(self, samples, level: int, record: bool = True) -> tuple[float, int]:
-        """One forward + backward of `samples`: (seconds, tokens); a row unless `record` is off."""
+    def train_pass(self, samples, level: int, record: bool = True, micro: int | None = None) -> tuple[float, int]:
+        """One forward + backward of `samples` (micro-batches of `micro` responses, None: as an update of their
+        size): (seconds, tokens); a row unless `record` is off."""
         t0 = self.clock()
-        st = self.trainer.profile(samples)
+        st = self.trainer.profile(samples, micro)
         dur = st.t_forward + st.t_backward
         if record:
             self.rows.append((self.kinds[1], dict(t_start=t0, duration=dur, step=self.step, policy_version=self.step,
@@ -243,9 +249,10 @@ class _Calibration:
         return last or math.nan
 
     def train_ladder(self, batches: dict[int, list], per_tok: float, budget_end: float) -> Ladder:
-        """Round 1 from the largest level down (range first: the levels the budget allows from the top; the warm
-        per-token cost prices each), then shuffled rounds over the levels (responses -> samples) whose median is
-        not yet within SE_TARGET. Stops at the budget."""
+        """Round 1 from the smallest level up (levels first: a level's visit costs twice its passes, so the cheap ones
+        buy the count a curve needs, and the budget then buys range; the warm per-token cost prices each), then
+        shuffled rounds over the levels (responses -> samples) whose median is not yet within SE_TARGET. Stops at
+        the budget."""
         lad = Ladder()
         tokens = {R: sum(len(s.prompt_ids) + len(s.response_ids) for s in b) for R, b in batches.items()}
         for rnd in range(MAX_ROUNDS):
@@ -253,7 +260,7 @@ class _Calibration:
             if rnd:
                 self.rng.shuffle(todo)
             else:
-                todo.sort(reverse=True)
+                todo.sort()
             for R in todo:
                 if R not in batches or self.clock() + 2 * per_tok * tokens[R] > budget_end:
                     continue  # above a level that ran out of memory, or over budget
@@ -307,13 +314,15 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
                             "gen_rungs": gen.summary("level"), "train_levels": train.summary("responses"),
                             "skipped": gen.skipped + train.skipped}
     if device_threads:
-        info["device"] = _device_ladder(cal, device_threads, rungs, batches, room, budget)
+        micro = one[:trainer.micro_for(len(one))]
+        info["device"] = _device_ladder(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro, DEVICE_SHARE * budget)
     engine.engine.reset_prefix_cache()
     engine.clock = old_clock
     info["duration_s"] = cal.clock()
     log(f"calibration: {info['duration_s']:.1f} s of {budget:.0f} s budget (engine {t_gen:.1f} s at {len(gen.values)} rungs "
         f"{rungs[0]}..{wave or rungs[-1]}, training {t_train:.1f} s at {len(train.values)} levels"
-        + (f", one device {info['device']['duration_s']:.1f} s" if device_threads else "") + ")"
+        + (f", one device {info['device']['duration_s']:.1f} s: engine x{np.median(info['device']['gen_ratios']):.2f}, "
+           f"training x{np.median(info['device']['train_ratios']):.2f}" if device_threads else "") + ")"
         + (f"; skipped over budget: {', '.join(info['skipped'])}" if info["skipped"] else ""))
     return cal.rows, info
 
@@ -335,20 +344,46 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
     return float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S
 
 
-def _device_ladder(cal: _Calibration, device_threads, rungs: list[int], batches: dict[int, list], room: int,
-                   budget: float) -> dict[str, Any]:
-    """The same ladders at one device's threads, shorter: octave rungs and the training levels up to 2x."""
-    t0 = cal.clock()
-    run_threads, cal.threads = cal.threads, 1
-    with device_threads():
-        per_tok = cal.warm(batches[min(batches)])
-        small = {R: b for R, b in batches.items() if R <= 2 * cal.cfg.batch}
-        gen = cal.gen_ladder(sorted({r for r in rungs if r & (r - 1) == 0} | {rungs[-1]}), None, room,
-                             cal.clock() + GEN_SHARE * DEVICE_SHARE * budget)
-        train = cal.train_ladder(small, per_tok, cal.clock() + (1 - GEN_SHARE) * DEVICE_SHARE * budget)
-    cal.threads = run_threads
-    return {"threads": 1, "gen_rungs": gen.summary("level"), "train_levels": train.summary("responses"),
-            "skipped": gen.skipped + train.skipped, "duration_s": cal.clock() - t0}
+def _device_ladder(cal: _Calibration, device_threads, level: int, samples: list, budget: float) -> dict[str, Any]:
+    """One device's speed beside the run's, paired: engine visits of `level` sequences (the run's concurrency), then
+    forward + backward passes of `samples` (one micro-batch of the run's update, at its shape: threads speed up
+    large operations more, so the ratio is taken at the run's), each at the run's threads and at one device's
+    (`device_threads`) in ABBA order (a drift within two pairs cancels), until the ratios' standard error is
+    within SE_TARGET or the share is spent (DEVICE_PAIRS). The fit scales the run's models by them
+    (replay/device_speed.py); this phase's rows (from `t0` on the calibration's clock) stay out of the ladders' fits."""
+    t0, run_threads = cal.clock(), cal.threads
+    R = len(samples)
+
+    def at(one: bool, fn):
+        if not one:
+            return fn()
+        cal.threads = 1
+        try:
+            with device_threads():
+                return fn()
+        finally:
+            cal.threads = run_threads
+
+    def paired(measure, end: float) -> list[float]:
+        ratios: list[float] = []
+        for k in range(DEVICE_PAIRS[1]):
+            if k >= DEVICE_PAIRS[0] and (cal.clock() >= end or median_se(ratios) <= SE_TARGET):
+                break
+            got = {one: at(one, measure) for one in ((False, True) if k % 2 == 0 else (True, False))}
+            ratios.append(got[True] / got[False])
+        return ratios
+
+    def engine_visit() -> float:
+        return float(np.median(cal.visit(level, VISIT_STEPS)))
+
+    def train_visit() -> float:
+        cal.train_pass(samples, R, record=False, micro=R)  # settles the switch of size or threads
+        return cal.train_pass(samples, R, micro=R)[0]
+
+    gen = paired(engine_visit, t0 + budget / 2)
+    train = paired(train_visit, t0 + budget)
+    return {"threads": 1, "t0": t0, "gen_level": level, "gen_ratios": gen, "train_level": R, "train_ratios": train,
+            "duration_s": cal.clock() - t0}
 
 
 class DriftProbe:

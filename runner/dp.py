@@ -54,6 +54,7 @@ import torch
 from rlsim.replay.errors import RlsimError
 from rlsim.runner.algo import Sample, Trainer, UpdateStats
 from rlsim.runner.config import RunConfig
+from rlsim.runner.placement import set_threads
 
 _STARTUP_TIMEOUT_S = 600.0  # helper import + model load
 _COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)  # one update may take long; a dead peer errors at once
@@ -168,7 +169,7 @@ def _rank_device(gpu: int | None) -> torch.device:
 def _pin(cores: list[int] | None) -> None:
     if cores:
         os.sched_setaffinity(0, cores)
-        torch.set_num_threads(len(cores))
+        set_threads(len(cores))
 
 
 def _helper_main(rank: int, world: int, port: int, model_dir: str, cfg: RunConfig, pad_id: int, t0: float,
@@ -181,7 +182,7 @@ def _helper_main(rank: int, world: int, port: int, model_dir: str, cfg: RunConfi
         _pin(cores)
         cuda = gpu is not None
         if not cores and cfg.threads and not cuda:
-            torch.set_num_threads(cfg.threads)
+            set_threads(cfg.threads)
         import torch.distributed as dist
         from transformers import AutoModelForCausalLM
 
@@ -246,7 +247,7 @@ class DataParallel:
     Trainer with the same cfg and seed and joins a private gloo (CPU) / NCCL (CUDA: rank r on cuda:gpus[r], default
     cuda:r) group;
     their start state is checked against rank 0's. `cores[r]`: the CPU cores of rank r (r >= 1 pinned with
-    sched_setaffinity and torch.set_num_threads(len(cores[r])); rank 0's affinity is the caller's business);
+    sched_setaffinity and set_threads(len(cores[r])); rank 0's affinity is the caller's business);
     None: left as is, except that a CPU helper takes cfg.threads intra-op threads when that is set. (On CPU,
     ranks whose thread pools together exceed the cores run many times slower: pin them.) Minibatches/epochs
     > 1 are supported (DDP semantics, see the module docstring). `warmup(samples)`: Trainer.warmup on all

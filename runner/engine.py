@@ -24,6 +24,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from rlsim.runner.placement import set_threads
+
 GiB = 1 << 30
 
 
@@ -85,7 +87,7 @@ class Engine:
             kv_cache_memory_bytes=int(kv_cache_gib * GiB), enable_prefix_caching=True,
         )
         self.start_time_s = time.perf_counter() - t0
-        torch.set_num_threads(threads)  # the CPU backend may re-pin OpenMP threads; keep the trainer's
+        set_threads(threads)  # the CPU backend re-binds OpenMP threads; keep the count the process had
         self.clock = clock
         self.engine = self.llm.llm_engine
         self.core = self.engine.engine_core.engine_core  # in-process EngineCore

@@ -82,6 +82,16 @@ def place(mode: str, gen_devices: int, train_devices: int, have: tuple[str, list
     return Placement(kind, (), train, n, visible)
 
 
+def set_threads(n: int) -> None:
+    """torch's intra-op threads = n. vLLM's CPU worker replaces `torch.set_num_threads` with a no-op that logs a
+    warning once it has bound its OpenMP threads to cores (vllm/v1/worker/cpu_worker.py), so after an engine
+    starts in this process every later call would be silently ignored (a one-core calibration then ran on both
+    cores). The builtin stays in torch._C; its pool's threads keep the cores vLLM bound them to."""
+    import torch  # function-level: the runner's heavy dependency, imported when threads are set
+
+    torch._C.set_num_threads(int(n))
+
+
 @contextmanager
 def pinned(cores, threads: int | None):
     """This process on `cores` (None: as it is) with `threads` torch threads, restored afterwards (a library
@@ -93,8 +103,8 @@ def pinned(cores, threads: int | None):
         if cores is not None:
             os.sched_setaffinity(0, set(cores))
         if threads:
-            torch.set_num_threads(threads)
+            set_threads(threads)
         yield
     finally:
         os.sched_setaffinity(0, before)
-        torch.set_num_threads(before_threads)
+        set_threads(before_threads)

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 from rlsim.replay.errors import RlsimError
 from rlsim.runner.config import RunConfig
+from rlsim.runner.placement import set_threads
 
 Rows = list[tuple[str, dict[str, Any]]]
 
@@ -87,9 +88,9 @@ class Colocated:
         samples = self._samples(cfg, outs, examples, pids)
         reward_time = clock() - t_r
         t_u = clock()
-        torch.set_num_threads(self.train_threads)
+        set_threads(self.train_threads)
         st, rank_rows, ar_rows = self.dp.update(samples, cfg.lr_effective)
-        torch.set_num_threads(self.gen_threads)
+        set_threads(self.gen_threads)
         u_dur = clock() - t_u
         if cfg.train_devices > 1:  # per-rank compute and the gradient all-reduce (run clock: minus T0)
             rows += [("train_rank", dict(r, t_start=r["t_start"] - self.T0, step=step, policy_version=step)) for r in rank_rows]
@@ -187,10 +188,10 @@ def start(cfg: RunConfig, ctx, pl, log: Callable[[str], None]) -> Colocated:
                       gpus=[c[0] for c in pl.train] if pl.kind == "cuda" else None)
     # trainer warm-up on every rank (compilation with --compile) on the warm-up responses; weights are not changed
     try:
-        torch.set_num_threads(train_threads)
+        set_threads(train_threads)
         t_train_warm = dp.warmup([Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids) or [pad_id],
                                          reward=0.0, advantage=1.0) for c in warm])
-        torch.set_num_threads(gen_threads)
+        set_threads(gen_threads)
     except Exception as e:  # inductor needs a working C++ compiler on CPU; nothing has been recorded yet
         if not cfg.compile:
             raise

@@ -49,6 +49,7 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 from rlsim.replay.errors import RlsimError
+from rlsim.runner.placement import set_threads
 
 ENGINE_TIMEOUT_S = 600.0  # a replica that sends nothing for this long while the trainer waits is taken as hung
 
@@ -77,7 +78,7 @@ def engine_main(idx: int, args: dict[str, Any], inq, outq) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         import torch
 
-        torch.set_num_threads(args["threads"])
+        set_threads(args["threads"])
         from rlsim.runner.engine import Engine
 
         eng = Engine(args["model_dir"], max_num_seqs=args["max_num_seqs"], max_model_len=args["max_model_len"],

@@ -17,9 +17,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from rlsim.replay.cost import EngineStepCost, StepSums
-from rlsim.replay.devices import get_profile, profile_for_hardware, recorded_profile, rescale
+from rlsim.replay.device_speed import device_ratios
+from rlsim.replay.devices import get_profile, per_device, profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.fit import fit_trace, has_device_calibration
+from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import LearningCurve, NoiseScale, b_noise_replicates, fit_learning_curve, lr_scale, noise_scale
 from rlsim.replay.models import INTERVAL, FittedModels, interval
@@ -162,8 +163,7 @@ def _one_device(study: Study, device: str | None) -> tuple[FittedModels, EngineC
     scaled to one device (`_rescaled`)."""
     if device is None and study.device_models is not None:
         return study.device_models, engine_of(study.device_models), (
-            "each engine replica and trainer rank: one device's costs as the reference's calibration measured them "
-            "(one core, 1 thread)",)
+            f"each engine replica and trainer rank: {study.device_models.config['one_device']['note']}",)
     if device is None and recorded_devices(study) == 1:
         return study.models, study.engine, ()
     return _rescaled(study, device, 1)
@@ -255,7 +255,8 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     # (split-mode recordings give learning curves at their staleness limit, not step costs: see fit_trace)
     pooled = [ref] + [t for t in traces[1:] if same_setup(ref, t) and placement(t.config)["mode"] == "colocated"]
     models = fit_trace(pooled if len(pooled) > 1 else ref, calibration=list(calibration))
-    device_models = fit_trace(ref, one_device=True) if has_device_calibration(ref) and not calibration else None
+    ratios = None if calibration else device_ratios(ref)  # one device's speed (a core on CPU), for splits
+    device_models = per_device(models, ratios.gen, ratios.train, ratios.describe()) if ratios else None
     reference = WhatIf(prompts=models.prompts, group=models.group, lr_rule=str(cfg.get("lr_rule") or "sqrt"))
     if not reference.prompts:
         raise RlsimError(f"{ref.path}: metadata config has no `prompts`; the trace was not written by `rlrun record`")

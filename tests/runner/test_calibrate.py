@@ -88,4 +88,23 @@ def test_drift_probe_and_one_device_ladder_are_recorded(tmp_path, tiny_model, sm
     assert "drift      4 probes" in summarize(str(path))
     threads = t.rows("calib_gen")["threads"]
     if len(os.sched_getaffinity(0)) > 1:  # more than one core: the calibration also measures one (the device unit)
-        assert np.any(threads == 1) and np.any(threads > 1) and t.meta["calibration"]["device"]["threads"] == 1
+        dev = t.meta["calibration"]["device"]
+        assert np.any(threads == 1) and np.any(threads > 1) and dev["threads"] == 1
+        # paired: at least two ratios each, at the run's concurrency and one micro-batch of its update
+        assert len(dev["gen_ratios"]) >= 2 and len(dev["train_ratios"]) >= 2 and dev["gen_level"] == 16
+        assert set(t.rows("calib_train")["calib_level"][t.rows("calib_train")["threads"] == 1]) == {dev["train_level"]}
+
+
+def test_threads_can_be_set_after_an_engine_starts(tiny_model):
+    # vLLM's CPU worker replaces torch.set_num_threads with a no-op once it binds its threads; the one-device
+    # calibration and the trainer's thread count must still take effect
+    import torch
+
+    from rlsim.runner.engine import Engine
+    from rlsim.runner.placement import pinned
+
+    Engine(str(tiny_model), max_num_seqs=8, max_model_len=64, kv_cache_gib=0.05, dtype="float32")
+    before = torch.get_num_threads()
+    with pinned(None, 1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before

@@ -1,0 +1,86 @@
+"""One device's speed relative to the run's, from the calibration's paired visits (a CPU's device is a core).
+
+A split what-if gives each engine replica and each trainer rank whole devices; a colocated CPU recording ran on
+all its cores. `rlrun record` on more than one core therefore ends its calibration with a paired phase
+(runner/calibrate.py `_device_ladder`): engine visits at the run's concurrency and passes of one micro-batch of
+its update, alternately at the run's threads and at one thread (rows at one thread carry `threads` = 1; the
+phase starts at the metadata's `calibration.device.t0`). One device's models are the run's fitted models (their
+shape from the full ladders, their level anchored to the run) with engine-step times x `gen` and training times x
+`train`, the ratios of one thread's seconds over the run threads' within the phase (`device_ratios`). Why paired
+and at the run's shapes: on this project's 2-core host two threads sped a pass of 32 responses up by 1.0x and an
+update of 256 by 1.6x, and a one-thread ladder of its own, within its share of the budget, reached engine rungs
+1-8 and missed the split's steps at 256 sequences by 2.5x.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rlsim.replay.io import Trace
+from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN
+
+
+def device_phase(t: Trace, kind: str) -> np.ndarray:
+    """(rows,) True for the calibration rows of `kind` that measured one device: the paired phase (from the metadata's
+    `calibration.device.t0` on, at both thread counts), or, in a trace without it, the rows at 1 thread (schema v4
+    `threads`) beside a run on more. The ladders' fits leave them out."""
+    r = t.rows(kind)
+    dev = (t.meta.get("calibration") or {}).get("device")
+    if "threads" not in r or not dev:
+        return np.zeros(len(r["kind"]), bool)
+    if "t0" in dev:
+        return np.asarray(r["t_start"], float) >= float(dev["t0"])
+    return np.asarray(r["threads"], float) == 1
+
+
+@dataclass(frozen=True)
+class DeviceRatios:
+    """One device's seconds over the run's threads' seconds, each at one measured level."""
+
+    gen: float = field(metadata={"help": "engine-step seconds at one thread / at the run's threads"})
+    gen_level: int = field(metadata={"help": "the concurrency (sequences) the engine ratio was measured at"})
+    train: float = field(metadata={"help": "forward + backward seconds at one thread / at the run's threads"})
+    train_level: int = field(metadata={"help": "the training level (responses) the training ratio was measured at"})
+    threads: int = field(metadata={"help": "the run's threads (the devices it ran on)"})
+
+    def describe(self) -> str:
+        return (f"one device's costs: the run's fitted costs with engine steps x{self.gen:.2f} (measured at "
+                f"{self.gen_level} sequences) and training x{self.train:.2f} (at {self.train_level} responses), "
+                f"one core at 1 thread against the run's {self.threads}, paired in its calibration")
+
+
+def _ratio(t: Trace, kind: str, target: float) -> tuple[float, int] | None:
+    """(median seconds at 1 thread / median at the run's threads, level): within the paired phase, else at the level
+    both thread counts measured nearest `target` in log terms; engine rows: decode steps at their level's full
+    concurrency."""
+    r = t.rows(kind)
+    if not len(r["kind"]):
+        return None
+    phase = device_phase(t, kind)
+    one = phase & (np.asarray(r["threads"], float) == 1) if "threads" in r else phase
+    run = ~one if "t0" not in ((t.meta.get("calibration") or {}).get("device") or {}) else phase & ~one
+    level = np.asarray(r["calib_level"], float)
+    dur = np.asarray(r["duration"], float)
+    ok = np.isfinite(level) & (level > 0) & np.isfinite(dur)
+    if kind == CALIB_GEN:  # the visit's decode steps at full concurrency (its first step is the prefill)
+        ok &= (np.asarray(r["prefill_tokens"], float) == 0) & (np.asarray(r["num_running"], float) == level)
+    common = sorted(set(level[ok & one]) & set(level[ok & run]))
+    if not common:
+        return None
+    lv = min(common, key=lambda x: abs(math.log(x / max(target, 1e-9))))
+    at = ok & (level == lv)
+    return float(np.median(dur[at & one]) / np.median(dur[at & run])), int(lv)
+
+
+def device_ratios(t: Trace) -> DeviceRatios | None:
+    """One device's speed from `t`'s calibration (module doc); None unless both the engine and the training were
+    measured at one thread and at the run's threads at a common level."""
+    cfg = t.config
+    batch = float(cfg.get("prompts") or 1) * float(cfg.get("group") or 1)
+    g, tr = _ratio(t, CALIB_GEN, batch), _ratio(t, CALIB_TRAIN, batch)
+    if g is None or tr is None:
+        return None
+    threads = int((t.meta.get("calibration") or {}).get("threads") or (t.meta.get("hardware") or {}).get("torch_threads") or 1)
+    return DeviceRatios(gen=g[0], gen_level=g[1], train=tr[0], train_level=tr[1], threads=threads)

@@ -1,0 +1,81 @@
+"""One device's speed from the calibration's paired visits: ratios within the paired phase (or, in a trace of the
+earlier one-thread ladder, at a common level), the run's models scaled by them, the phase kept out of the fits."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlsim.replay.device_speed import device_ratios
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.fit import fit_trace
+from rlsim.replay.io import read_trace, write_trace
+from rlsim.replay.synthetic import SynthSpec, synthetic_trace
+
+SPEC = SynthSpec(prompts=16, group=4, steps=8, max_num_seqs=1024, calibrate=True, noise=0.01)
+N = np.array([1.0, 64, 512])
+
+
+def _run(tmp_path):
+    t = read_trace(synthetic_trace(tmp_path / "run.parquet", SPEC, meta_overrides={"calibration": {"threads": 2}}))
+    rows = t.table.to_pylist()
+    for r in rows:
+        if r["kind"] in ("calib_gen", "calib_train"):
+            r["threads"] = 2
+    return t, rows
+
+
+def _paired(tmp_path, gen: float, train: float, drift: float = 3.0):
+    """The run plus a paired phase after its calibration: engine visits at 64 sequences and passes at 16 responses
+    (copies of its rows), at 2 threads `drift` x slower than the ladder (the machine slowed down) and at 1 thread
+    `gen` / `train` x slower again, as `rlrun record` on two cores writes them."""
+    t, rows = _run(tmp_path)
+    t0 = max(r["t_start"] + r["duration"] for r in rows if r["kind"] in ("calib_gen", "calib_train")) + 1.0
+    phase = []
+    for kind, level, f in (("calib_gen", 64, gen), ("calib_train", 16, train)):
+        src = [r for r in rows if r["kind"] == kind and r["calib_level"] == level]
+        for k in range(2):
+            for one in ((False, True) if k == 0 else (True, False)):
+                for r in src:
+                    phase.append({**r, "t_start": t0 + len(phase), "threads": 1 if one else 2,
+                                  "duration": r["duration"] * drift * (f if one else 1.0)})
+    meta = {**t.meta, "calibration": {**t.meta["calibration"], "device": {"threads": 1, "t0": t0}}}
+    return read_trace(write_trace(tmp_path / "dev.parquet", meta, rows + phase))
+
+
+def test_ratios_from_the_paired_phase_alone(tmp_path):
+    r = device_ratios(_paired(tmp_path, gen=1.4, train=1.8))
+    assert r is not None and (r.gen_level, r.train_level, r.threads) == (64, 16, 2)
+    # the phase's own 2-thread visits are the baseline, not the ladder's (3x faster): a drift between them cancels
+    assert r.gen == pytest.approx(1.4, rel=1e-6) and r.train == pytest.approx(1.8, rel=1e-6)
+    assert "x1.40" in r.describe() and "x1.80" in r.describe()
+
+
+def test_one_device_models_are_the_runs_scaled_and_the_phase_stays_out(tmp_path):
+    t = _paired(tmp_path, gen=1.5, train=2.0)
+    run, dev = fit_trace(t), fit_trace(t, one_device=True)
+    assert dev.gen.predict(N, 20 * N) == pytest.approx(1.5 * run.gen.predict(N, 20 * N), rel=1e-9)
+    assert dev.update.predict([1e3, 1e4]) == pytest.approx(2.0 * run.update.predict([1e3, 1e4]), rel=1e-9)
+    assert dev.prep.predict(1e4) == pytest.approx(2.0 * run.prep.predict(1e4), rel=1e-9)
+    assert dev.replicates.update_seconds([1e4]) == pytest.approx(2.0 * run.replicates.update_seconds([1e4]), rel=1e-9)
+    # the ladders' fits never see the phase (its 2-thread rows ran 3x slower)
+    alone = fit_trace(read_trace(tmp_path / "run.parquet"))
+    assert run.gen.predict(N, 20 * N) == pytest.approx(alone.gen.predict(N, 20 * N), rel=1e-9)
+    assert run.update.predict(1e4) == pytest.approx(alone.update.predict(1e4), rel=1e-9)
+
+
+def test_a_one_thread_ladder_without_a_phase_compares_at_a_common_level(tmp_path):
+    t, rows = _run(tmp_path)
+    extra = [{**r, "threads": 1, "duration": r["duration"] * (1.3 if r["kind"] == "calib_gen" else 1.7)}
+             for r in rows if r["kind"] in ("calib_gen", "calib_train") and r["calib_level"] in (8, 32)]
+    meta = {**t.meta, "calibration": {**t.meta["calibration"], "device": {"threads": 1}}}
+    r = device_ratios(read_trace(write_trace(tmp_path / "old.parquet", meta, rows + extra)))
+    # levels nearest the run's batch (64 responses) that both thread counts measured
+    assert (r.gen_level, r.train_level) == (32, 32)
+    assert r.gen == pytest.approx(1.3, rel=1e-6) and r.train == pytest.approx(1.7, rel=1e-6)
+
+
+def test_no_pairs_no_device_models(tmp_path):
+    t = read_trace(synthetic_trace(tmp_path / "run.parquet", SPEC))
+    assert device_ratios(t) is None
+    with pytest.raises(RlsimError, match="no one-device calibration"):
+        fit_trace(t, one_device=True)
