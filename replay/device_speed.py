@@ -7,9 +7,9 @@ its update, alternately at the run's threads and at one thread (rows at one thre
 phase starts at the metadata's `calibration.device.t0`). One device's models are the run's fitted models (their
 shape from the full ladders, their level anchored to the run) with engine-step times x `gen` and training times x
 `train`, the ratios of one thread's seconds over the run threads' within the phase (`device_ratios`). Why paired
-and at the run's shapes: on this project's 2-core host two threads sped a pass of 32 responses up by 1.0x and an
-update of 256 by 1.6x, and a one-thread ladder of its own, within its share of the budget, reached engine rungs
-1-8 and missed the split's steps at 256 sequences by 2.5x.
+and at the run's shapes: a speed-up from threads depends on the operations' sizes, a drift between two
+measurements cancels only within a pair, and a one-thread ladder of its own, within its share of the budget,
+reached engine rungs 1-8 on this project's 2-core host and missed the split's steps at 256 sequences by 2.5x.
 """
 from __future__ import annotations
 

@@ -346,8 +346,8 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
 
 def _device_ladder(cal: _Calibration, device_threads, level: int, samples: list, budget: float) -> dict[str, Any]:
     """One device's speed beside the run's, paired: engine visits of `level` sequences (the run's concurrency), then
-    forward + backward passes of `samples` (one micro-batch of the run's update, at its shape: threads speed up
-    large operations more, so the ratio is taken at the run's), each at the run's threads and at one device's
+    forward + backward passes of `samples` (one micro-batch of the run's update, at its shape: a speed-up from
+    threads depends on the operations' sizes), each at the run's threads and at one device's
     (`device_threads`) in ABBA order (a drift within two pairs cancels), until the ratios' standard error is
     within SE_TARGET or the share is spent (DEVICE_PAIRS). The fit scales the run's models by them
     (replay/device_speed.py); this phase's rows (from `t0` on the calibration's clock) stay out of the ladders' fits."""

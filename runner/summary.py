@@ -108,7 +108,13 @@ def calibration_lines(cal: dict) -> list[str]:
            f"{_levels(cal.get('gen_rungs') or [], 'level', 'sequences')}; training {_f(cal.get('train_s'), '.1f')} s at "
            f"{_levels(train, key, key)}" + (f"; not measured: {', '.join(cal['skipped'])}" if cal.get("skipped") else "")]
     dev = cal.get("device")
-    if dev:
+    if dev and "gen_ratios" in dev:
+        def pairs(r):
+            return f"x{np.median(r):.2f} ({len(r)} pairs: {', '.join(f'{x:.2f}' for x in r)})" if r else "not measured"
+        out.append(f"one device {_f(dev.get('duration_s'), '.1f')} s, one core against the run's threads, paired: engine "
+                   f"steps {pairs(dev['gen_ratios'])} at {dev.get('gen_level')} sequences; training "
+                   f"{pairs(dev.get('train_ratios') or [])} at one micro-batch of {dev.get('train_level')} responses")
+    elif dev:
         out.append(f"one device {_f(dev.get('duration_s'), '.1f')} s at {dev.get('threads')} thread: engine "
                    f"{_levels(dev.get('gen_rungs') or [], 'level', 'sequences')}; training "
                    f"{_levels(dev.get('train_levels') or [], 'responses', 'responses')}")

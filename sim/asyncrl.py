@@ -24,8 +24,8 @@ Model
   oldest admitted of the other finished ones (ties: completion order); it waits until those are finished,
   so a consumed sample's staleness never exceeds eta (`rlrun record --mode split` does the same). Then
   rewards (host), then on each of the `train_gpus` = M data-parallel ranks the fitted prep and update models
-  at that rank's tokens (B / M responses each, in completion order: a + b·tokens_r, the trace's one-device
-  fit), then a ring all-reduce of the gradients once the slowest rank is done:
+  at that rank's tokens (B / M responses each, token-balanced as verl's balance_batch: a + b·tokens_r, the
+  trace's one-device fit), then a ring all-reduce of the gradients once the slowest rank is done:
       2 (M - 1) / M · gradient bytes / bandwidth,
   gradient bytes = the model's weight bytes (the trace's sync bytes), bandwidth = the interconnect of the
   trace's hardware metadata or its device profile (`rlsim.replay.devices`: profile_for_hardware,

@@ -39,3 +39,14 @@ def test_median_standard_error_and_open_levels():
     assert median_se(lad.values[1]) <= SE_TARGET
     assert lad.open([1, 2, 4, 8], min_n=3) == [2, 4, 8]
     assert [s["n"] for s in lad.summary("level")] == [6, 6, 2]
+
+
+def test_inspect_shows_the_paired_one_device_phase():
+    from rlsim.runner.summary import calibration_lines
+
+    cal = {"duration_s": 9.0, "budget_s": 8.0, "gen_s": 3.0, "train_s": 4.0, "gen_rungs": [], "train_levels": [],
+           "device": {"threads": 1, "t0": 7.0, "gen_level": 256, "gen_ratios": [1.63, 1.24], "train_level": 64,
+                      "train_ratios": [1.73, 1.79, 1.75], "duration_s": 2.7}}
+    line = calibration_lines(cal)[1]
+    assert "engine steps x1.44 (2 pairs: 1.63, 1.24) at 256 sequences" in line
+    assert "training x1.75 (3 pairs: 1.73, 1.79, 1.75) at one micro-batch of 64 responses" in line
