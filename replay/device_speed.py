@@ -2,7 +2,7 @@
 
 A split what-if gives each engine replica and each trainer rank whole devices; a colocated CPU recording ran on
 all its cores. `rlrun record` on more than one core therefore ends its calibration with a paired phase
-(runner/calibrate.py `_device_ladder`): engine visits at the run's concurrency and passes of one micro-batch of
+(runner/calibrate.py `_device_pairs`): engine visits at the run's concurrency and passes of one micro-batch of
 its update, alternately at the run's threads and at one thread (rows at one thread carry `threads` = 1; the
 phase starts at the metadata's `calibration.device.t0`). One device's models are the run's fitted models (their
 shape from the full ladders, their level anchored to the run) with engine-step times x `gen` and training times x
@@ -59,8 +59,11 @@ def _ratio(t: Trace, kind: str, target: float) -> tuple[float, int] | None:
     if not len(r["kind"]):
         return None
     phase = device_phase(t, kind)
-    one = phase & (np.asarray(r["threads"], float) == 1) if "threads" in r else phase
-    run = ~one if "t0" not in ((t.meta.get("calibration") or {}).get("device") or {}) else phase & ~one
+    if not phase.any():
+        return None
+    one = phase & (np.asarray(r["threads"], float) == 1)
+    paired = "t0" in (t.meta.get("calibration") or {}).get("device", {})
+    run = phase & ~one if paired else ~one
     level = np.asarray(r["calib_level"], float)
     dur = np.asarray(r["duration"], float)
     ok = np.isfinite(level) & (level > 0) & np.isfinite(dur)
@@ -75,12 +78,16 @@ def _ratio(t: Trace, kind: str, target: float) -> tuple[float, int] | None:
 
 
 def device_ratios(t: Trace) -> DeviceRatios | None:
-    """One device's speed from `t`'s calibration (module doc); None unless both the engine and the training were
-    measured at one thread and at the run's threads at a common level."""
+    """One device's speed from `t`'s calibration (module doc): the median of the pairs' ratios the recording wrote,
+    else the ratio of the rows' medians; None unless both the engine and the training were measured at one thread
+    and at the run's threads at a common level."""
     cfg = t.config
     batch = float(cfg.get("prompts") or 1) * float(cfg.get("group") or 1)
     g, tr = _ratio(t, CALIB_GEN, batch), _ratio(t, CALIB_TRAIN, batch)
     if g is None or tr is None:
         return None
+    dev = (t.meta.get("calibration") or {}).get("device") or {}
+    if dev.get("gen_ratios") and dev.get("train_ratios"):  # the pairs' own ratios: a drift between pairs cancels
+        g, tr = (float(np.median(dev["gen_ratios"])), g[1]), (float(np.median(dev["train_ratios"])), tr[1])
     threads = int((t.meta.get("calibration") or {}).get("threads") or (t.meta.get("hardware") or {}).get("torch_threads") or 1)
     return DeviceRatios(gen=g[0], gen_level=g[1], train=tr[0], train_level=tr[1], threads=threads)

@@ -315,7 +315,7 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
                             "skipped": gen.skipped + train.skipped}
     if device_threads:
         micro = one[:trainer.micro_for(len(one))]
-        info["device"] = _device_ladder(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro, DEVICE_SHARE * budget)
+        info["device"] = _device_pairs(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro, DEVICE_SHARE * budget)
     engine.engine.reset_prefix_cache()
     engine.clock = old_clock
     info["duration_s"] = cal.clock()
@@ -344,7 +344,7 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
     return float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S
 
 
-def _device_ladder(cal: _Calibration, device_threads, level: int, samples: list, budget: float) -> dict[str, Any]:
+def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, budget: float) -> dict[str, Any]:
     """One device's speed beside the run's, paired: engine visits of `level` sequences (the run's concurrency), then
     forward + backward passes of `samples` (one micro-batch of the run's update, at its shape: a speed-up from
     threads depends on the operations' sizes), each at the run's threads and at one device's

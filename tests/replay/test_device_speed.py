@@ -79,3 +79,11 @@ def test_no_pairs_no_device_models(tmp_path):
     assert device_ratios(t) is None
     with pytest.raises(RlsimError, match="no one-device calibration"):
         fit_trace(t, one_device=True)
+
+
+def test_the_pairs_own_ratios_when_the_recording_wrote_them(tmp_path):
+    t = _paired(tmp_path, gen=1.4, train=1.8)
+    meta = {**t.meta, "calibration": {**t.meta["calibration"], "device": {
+        **t.meta["calibration"]["device"], "gen_ratios": [1.2, 1.3, 1.5], "train_ratios": [1.7, 1.9]}}}
+    r = device_ratios(read_trace(write_trace(tmp_path / "pairs.parquet", meta, t.table.to_pylist())))
+    assert (r.gen, r.train) == pytest.approx((1.3, 1.8)) and (r.gen_level, r.train_level) == (64, 16)

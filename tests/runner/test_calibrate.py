@@ -73,7 +73,7 @@ def test_record_writes_calibration_rows_first(tmp_path, tiny_model, small_config
     assert not any("rlrun calibrate" in w for w in m.warnings)
 
 
-def test_drift_probe_and_one_device_ladder_are_recorded(tmp_path, tiny_model, small_config):
+def test_drift_probe_and_one_device_pairs_are_recorded(tmp_path, tiny_model, small_config):
     import os
 
     from rlsim.replay.drift import drift_of
