@@ -50,3 +50,28 @@ def test_inspect_shows_the_paired_one_device_phase():
     line = calibration_lines(cal)[1]
     assert "engine steps x1.44 (2 pairs: 1.63, 1.24) at 256 sequences" in line
     assert "training x1.75 (3 pairs: 1.73, 1.79, 1.75) at one micro-batch of 64 responses" in line
+
+
+def test_training_ladder_buys_levels_before_range():
+    # a fake trainer whose pass costs 1 ms per response on a fake clock: the budget affords the five smallest levels
+    # (a visit is two passes), where the largest-first order would have bought 256 and left little else
+    import random
+    from types import SimpleNamespace
+
+    from rlsim.runner.calibrate import _Calibration
+
+    now = [0.0]
+
+    def profile(samples, micro=None):
+        d = 1e-3 * len(samples)
+        now[0] += d
+        return SimpleNamespace(t_forward=d / 3, t_backward=2 * d / 3, num_tokens=10 * len(samples))
+
+    cal = _Calibration(None, SimpleNamespace(profile=profile), SimpleNamespace(G=8, seed=0), [], [], None, random.Random(0))
+    cal.clock = lambda: now[0]
+    sample = SimpleNamespace(prompt_ids=[1] * 4, response_ids=[2] * 6)
+    batches = {R: [sample] * R for R in (8, 16, 32, 64, 128, 256, 512)}
+    lad = cal.train_ladder(batches, 1e-4, budget_end=0.6)
+    first = [f["calib_level"] for _, f in cal.rows][:5]
+    assert first == [8, 16, 32, 64, 128] and set(lad.values) == {8, 16, 32, 64, 128}
+    assert {"train 256", "train 512"} <= set(lad.skipped)
