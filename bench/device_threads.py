@@ -12,6 +12,7 @@ one micro-batch of it, and an engine visit at 256 sequences, once with `torch.se
 from __future__ import annotations
 
 import os
+import random
 import statistics as st
 from contextlib import contextmanager
 
@@ -43,8 +44,6 @@ def one_core(setter):
 
 
 def main() -> None:
-    import random
-
     cfg = RunConfig(out="/tmp/rlsim-device-threads.parquet", prompts=32, group=8, steps=1).validate()
     ctx = setup(cfg, print)
     engine = Engine(str(ctx.model_dir), max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,

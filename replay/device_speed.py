@@ -18,8 +18,26 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import Trace
 from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN
+
+
+def _device_meta(t: Trace) -> dict:
+    """The metadata's `calibration.device` section ({} when absent), its numbers checked: one line naming a corrupt one."""
+    dev = (t.meta.get("calibration") or {}).get("device") or {}
+    if not isinstance(dev, dict):
+        raise RlsimError(f"{t.path}: metadata calibration.device is {dev!r}, not a section; re-record the trace with rlrun record")
+    for key in ("gen_ratios", "train_ratios"):
+        v = dev.get(key)
+        if v is not None and not (isinstance(v, list) and all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in v)):
+            raise RlsimError(f"{t.path}: metadata calibration.device.{key} is {v!r}, not a list of positive ratios; "
+                             "re-record the trace with rlrun record")
+    t0 = dev.get("t0")
+    if t0 is not None and not (isinstance(t0, (int, float)) and math.isfinite(t0)):
+        raise RlsimError(f"{t.path}: metadata calibration.device.t0 is {t0!r}, not a time in seconds; "
+                         "re-record the trace with rlrun record")
+    return dev
 
 
 def device_phase(t: Trace, kind: str) -> np.ndarray:
@@ -27,7 +45,7 @@ def device_phase(t: Trace, kind: str) -> np.ndarray:
     `calibration.device.t0` on, at both thread counts), or, in a trace without it, the rows at 1 thread (schema v4
     `threads`) beside a run on more. The ladders' fits leave them out."""
     r = t.rows(kind)
-    dev = (t.meta.get("calibration") or {}).get("device")
+    dev = _device_meta(t)
     if "threads" not in r or not dev:
         return np.zeros(len(r["kind"]), bool)
     if "t0" in dev:
@@ -62,7 +80,7 @@ def _ratio(t: Trace, kind: str, target: float) -> tuple[float, int] | None:
     if not phase.any():
         return None
     one = phase & (np.asarray(r["threads"], float) == 1)
-    paired = "t0" in (t.meta.get("calibration") or {}).get("device", {})
+    paired = "t0" in _device_meta(t)
     run = phase & ~one if paired else ~one
     level = np.asarray(r["calib_level"], float)
     dur = np.asarray(r["duration"], float)
@@ -86,8 +104,11 @@ def device_ratios(t: Trace) -> DeviceRatios | None:
     g, tr = _ratio(t, CALIB_GEN, batch), _ratio(t, CALIB_TRAIN, batch)
     if g is None or tr is None:
         return None
-    dev = (t.meta.get("calibration") or {}).get("device") or {}
+    dev = _device_meta(t)
     if dev.get("gen_ratios") and dev.get("train_ratios"):  # the pairs' own ratios: a drift between pairs cancels
         g, tr = (float(np.median(dev["gen_ratios"])), g[1]), (float(np.median(dev["train_ratios"])), tr[1])
-    threads = int((t.meta.get("calibration") or {}).get("threads") or (t.meta.get("hardware") or {}).get("torch_threads") or 1)
+    if not (g[0] > 0 and tr[0] > 0 and math.isfinite(g[0] * tr[0])):  # rows of zero seconds: nothing to scale by
+        return None
+    threads = (t.meta.get("calibration") or {}).get("threads") or (t.meta.get("hardware") or {}).get("torch_threads") or 1
+    threads = int(threads) if isinstance(threads, (int, float)) and threads >= 1 else 1
     return DeviceRatios(gen=g[0], gen_level=g[1], train=tr[0], train_level=tr[1], threads=threads)

@@ -87,3 +87,15 @@ def test_the_pairs_own_ratios_when_the_recording_wrote_them(tmp_path):
         **t.meta["calibration"]["device"], "gen_ratios": [1.2, 1.3, 1.5], "train_ratios": [1.7, 1.9]}}}
     r = device_ratios(read_trace(write_trace(tmp_path / "pairs.parquet", meta, t.table.to_pylist())))
     assert (r.gen, r.train) == pytest.approx((1.3, 1.8)) and (r.gen_level, r.train_level) == (64, 16)
+
+
+@pytest.mark.parametrize("device, what", [({"threads": 1, "t0": "soon"}, "t0"),
+                                          ({"threads": 1, "t0": 5.0, "gen_ratios": [1.2, -1], "train_ratios": [1.5]}, "gen_ratios"),
+                                          ("broken", "calibration.device is")])
+def test_a_corrupt_device_section_is_one_line(tmp_path, device, what):
+    t = _paired(tmp_path, gen=1.4, train=1.8)
+    meta = {**t.meta, "calibration": {**t.meta["calibration"], "device": device}}
+    bad = read_trace(write_trace(tmp_path / "bad.parquet", meta, t.table.to_pylist()))
+    with pytest.raises(RlsimError, match=what) as e:
+        device_ratios(bad)
+    assert "\n" not in str(e.value) and "rlrun record" in str(e.value)

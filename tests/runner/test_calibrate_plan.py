@@ -3,10 +3,13 @@ that decides when a level is measured enough."""
 from __future__ import annotations
 
 import math
+import random
+from types import SimpleNamespace
 
 import numpy as np
 
-from rlsim.runner.calibrate import SE_TARGET, Ladder, gen_ladder, half_octaves, median_se
+from rlsim.runner.calibrate import SE_TARGET, Ladder, _Calibration, gen_ladder, half_octaves, median_se
+from rlsim.runner.summary import calibration_lines
 
 
 def test_half_octaves_are_distinct_and_end_at_top():
@@ -42,8 +45,6 @@ def test_median_standard_error_and_open_levels():
 
 
 def test_inspect_shows_the_paired_one_device_phase():
-    from rlsim.runner.summary import calibration_lines
-
     cal = {"duration_s": 9.0, "budget_s": 8.0, "gen_s": 3.0, "train_s": 4.0, "gen_rungs": [], "train_levels": [],
            "device": {"threads": 1, "t0": 7.0, "gen_level": 256, "gen_ratios": [1.63, 1.24], "train_level": 64,
                       "train_ratios": [1.73, 1.79, 1.75], "duration_s": 2.7}}
@@ -55,11 +56,6 @@ def test_inspect_shows_the_paired_one_device_phase():
 def test_training_ladder_buys_levels_before_range():
     # a fake trainer whose pass costs 1 ms per response on a fake clock: the budget affords the five smallest levels
     # (a visit is two passes), where the largest-first order would have bought 256 and left little else
-    import random
-    from types import SimpleNamespace
-
-    from rlsim.runner.calibrate import _Calibration
-
     now = [0.0]
 
     def profile(samples, micro=None):
