@@ -12,7 +12,6 @@ one micro-batch of it, and an engine visit at 256 sequences, once with `torch.se
 from __future__ import annotations
 
 import os
-import random
 import statistics as st
 from contextlib import contextmanager
 
@@ -21,11 +20,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 import torch  # noqa: E402
 
-from rlsim.runner.algo import Trainer  # noqa: E402
-from rlsim.runner.calibrate import _Calibration  # noqa: E402
-from rlsim.runner.config import RunConfig  # noqa: E402
-from rlsim.runner.engine import Engine  # noqa: E402
-from rlsim.runner.loop import setup  # noqa: E402
+from bench.calib_rig import rig  # noqa: E402
 from rlsim.runner.placement import set_threads  # noqa: E402
 
 PAIRS = 6
@@ -44,15 +39,7 @@ def one_core(setter):
 
 
 def main() -> None:
-    cfg = RunConfig(out="/tmp/rlsim-device-threads.parquet", prompts=32, group=8, steps=1).validate()
-    ctx = setup(cfg, print)
-    engine = Engine(str(ctx.model_dir), max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
-                    kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype, seed=0)
-    trainer = Trainer(ctx.policy, cfg, ctx.pad_id, ctx.device)
-    warm = engine.generate([(None, ids, 1) for ids in ctx.eval_ids[:64]], engine.sampling(cfg.max_tokens, cfg.temperature))
-    stream = ctx.task.train_stream(123)
-    cal = _Calibration(engine, trainer, cfg, [ctx.encode(next(stream).prompt) for _ in range(512)],
-                       [list(c.token_ids) for c in warm if c.token_ids], None, random.Random(0))
+    cfg, trainer, cal = rig("/tmp/rlsim-device-threads.parquet")
     full = cal.batch(cfg.batch)
     m = trainer.micro_for(len(full))
     cal.warm(full)

@@ -34,8 +34,13 @@ What it measures, and why so:
   ladder of its own at one thread does not reach the run's concurrency within its share of the budget, and
   extrapolating one from small rungs misses the split's operating point by 2x.
 - budget: BUDGET_FRACTION of the recording it precedes (estimated as steps x (one batch generated as the run
-  does + one update at the warm per-token cost), and its evals), within [BUDGET_MIN_S, BUDGET_S], GEN_SHARE of it for the engine,
-  DEVICE_SHARE for the one-device pairs. The engine's first round goes upwards, so that each rung's cost is
+  does + one update at the warm per-token cost), and its evals), within [BUDGET_MIN_S, BUDGET_S], GEN_SHARE of it
+  for the engine, DEVICE_SHARE for the one-device pairs (a pair starts only if one like the last ends within it,
+  beyond DEVICE_PAIRS' minimum). The setup before the ladders is not in it and is recorded apart (`setup`: the warm
+  passes, that timing batch, the held-memory visit; 2.6 s at the default recording on a 2-core host, a third of
+  its 8 s budget: counted in, the engine ladder stopped at rung 64, below the run's 256). The warm-up's last 1x
+  pass followed a 1x pass, as a visit's recorded pass follows its settling one: it is the 1x level's first value.
+  The engine's first round goes upwards, so that each rung's cost is
   bounded by what was measured before it and the budget check holds; the training's first round goes from
   the smallest level up (each priced at the warm per-token cost), so the budget buys the levels a curve needs
   before range (a short recording affords 1/8x..2x, five levels, where 8x alone costs more); the rounds after
@@ -229,31 +234,40 @@ class _Calibration:
         size): (seconds, tokens); a row unless `record` is off."""
         t0 = self.clock()
         st = self.trainer.profile(samples, micro)
-        dur = st.t_forward + st.t_backward
         if record:
-            self.rows.append((self.kinds[1], dict(t_start=t0, duration=dur, step=self.step, policy_version=self.step,
-                                                num_responses=len(samples),
-                                                num_tokens=st.num_tokens, t_forward=st.t_forward, t_backward=st.t_backward,
-                                                calib_level=level, threads=self.threads)))
-        return dur, st.num_tokens
+            self.train_row(t0, st, len(samples), level)
+        return st.t_forward + st.t_backward, st.num_tokens
 
-    def warm(self, samples) -> float:
-        """1x passes until two in a row agree within WARM_TOL: seconds per token of the last (not recorded)."""
+    def train_row(self, t0: float, st, responses: int, level: int) -> None:
+        self.rows.append((self.kinds[1], dict(t_start=t0, duration=st.t_forward + st.t_backward, step=self.step,
+                                            policy_version=self.step, num_responses=responses, num_tokens=st.num_tokens,
+                                            t_forward=st.t_forward, t_backward=st.t_backward, calib_level=level,
+                                            threads=self.threads)))
+
+    def warm(self, samples, lad: Ladder | None = None) -> float:
+        """Passes of `samples` until two in a row agree within WARM_TOL: seconds per token of the last. That pass
+        followed one of its own size, as a ladder visit's recorded pass does, so it is recorded into `lad` (at
+        level len(samples)) when the two agreed."""
         last = None
         for _ in range(WARM_PASSES):
-            d, tok = self.train_pass(samples, 0, record=False)
-            per = d / max(tok, 1)
+            t0 = self.clock()
+            st = self.trainer.profile(samples, None)
+            d = st.t_forward + st.t_backward
+            per = d / max(st.num_tokens, 1)
             if last is not None and abs(per / last - 1) <= WARM_TOL:
+                if lad is not None:
+                    self.train_row(t0, st, len(samples), len(samples))
+                    lad.add(len(samples), [d])
                 return per
             last = per
         return last or math.nan
 
-    def train_ladder(self, batches: dict[int, list], per_tok: float, budget_end: float) -> Ladder:
+    def train_ladder(self, batches: dict[int, list], per_tok: float, budget_end: float, lad: Ladder | None = None) -> Ladder:
         """Round 1 from the smallest level up (levels first: a level's visit costs twice its passes, so the cheap ones
         buy the count a curve needs, and the budget then buys range; the warm per-token cost prices each), then
         shuffled rounds over the levels (responses -> samples) whose median is not yet within SE_TARGET. Stops at
-        the budget."""
-        lad = Ladder()
+        the budget. `lad`: values measured before (the warm-up's settled 1x pass)."""
+        lad = lad or Ladder()
         tokens = {R: sum(len(s.prompt_ids) + len(s.response_ids) for s in b) for R, b in batches.items()}
         for rnd in range(MAX_ROUNDS):
             todo = lad.open(list(batches), 3)
@@ -302,24 +316,29 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
     batches = {max(G, int(round(f * cfg.batch / G)) * G): None for f in TRAIN_FACTORS}
     batches = {R: cal.batch(R) for R in sorted(batches)}
     one = batches.get(max(G, cfg.batch // G * G)) or cal.batch(max(G, cfg.batch // G * G))
-    per_tok = cal.warm(one)
+    train0 = Ladder()
+    per_tok = cal.warm(one, train0 if batches.get(len(one)) is one else None)
+    t_warm = cal.clock()
     budget = budget_s if budget_s is not None else _budget(cfg, cal, per_tok, batches)
-    share = (1 - DEVICE_SHARE) if device_threads else 1.0
+    t_timing = cal.clock()
     cal.visit(wave or rungs[-1], WAVE_STEPS, record=False)  # the engine's largest batch first: its memory is held
-    gen = cal.gen_ladder(rungs, wave, room, cal.clock() + GEN_SHARE * share * budget)
+    setup_s = cal.clock()
+    share = (1 - DEVICE_SHARE) if device_threads else 1.0
+    gen = cal.gen_ladder(rungs, wave, room, setup_s + GEN_SHARE * share * budget)
     t_gen = cal.clock()
-    train = cal.train_ladder(batches, per_tok, t_gen + (1 - GEN_SHARE) * share * budget)
+    train = cal.train_ladder(batches, per_tok, t_gen + (1 - GEN_SHARE) * share * budget, train0)
     t_train = cal.clock() - t_gen
-    info: dict[str, Any] = {"budget_s": budget, "factor": LADDER_FACTOR, "se_target": SE_TARGET, "gen_s": t_gen, "train_s": t_train,
-                            "gen_rungs": gen.summary("level"), "train_levels": train.summary("responses"),
-                            "skipped": gen.skipped + train.skipped}
+    info: dict[str, Any] = {"budget_s": budget, "factor": LADDER_FACTOR, "se_target": SE_TARGET,
+                            "setup": {"warm_s": t_warm, "timing_s": t_timing - t_warm, "held_s": setup_s - t_timing},
+                            "gen_s": t_gen - setup_s, "train_s": t_train, "gen_rungs": gen.summary("level"),
+                            "train_levels": train.summary("responses"), "skipped": gen.skipped + train.skipped}
     if device_threads:
         micro = one[:trainer.micro_for(len(one))]
-        info["device"] = _device_pairs(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro, DEVICE_SHARE * budget)
+        info["device"] = _device_pairs(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro, cal.clock() + DEVICE_SHARE * budget)
     engine.engine.reset_prefix_cache()
     engine.clock = old_clock
     info["duration_s"] = cal.clock()
-    log(f"calibration: {info['duration_s']:.1f} s of {budget:.0f} s budget (engine {t_gen:.1f} s at {len(gen.values)} rungs "
+    log(f"calibration: {info['duration_s']:.1f} s of {budget:.0f} s budget (setup {setup_s:.1f} s, engine {t_gen - setup_s:.1f} s at {len(gen.values)} rungs "
         f"{rungs[0]}..{wave or rungs[-1]}, training {t_train:.1f} s at {len(train.values)} levels"
         + (f", one device {info['device']['duration_s']:.1f} s: engine x{np.median(info['device']['gen_ratios']):.2f}, "
            f"training x{np.median(info['device']['train_ratios']):.2f}" if device_threads else "") + ")"
@@ -344,12 +363,12 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
     return float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S
 
 
-def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, budget: float) -> dict[str, Any]:
+def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, end: float) -> dict[str, Any]:
     """One device's speed beside the run's, paired: engine visits of `level` sequences (the run's concurrency), then
     forward + backward passes of `samples` (one micro-batch of the run's update, at its shape: a speed-up from
     threads depends on the operations' sizes), each at the run's threads and at one device's
     (`device_threads`) in ABBA order (a drift within two pairs cancels), until the ratios' standard error is
-    within SE_TARGET or the share is spent (DEVICE_PAIRS). The fit scales the run's models by them
+    within SE_TARGET or the calibration's clock reaches `end` (DEVICE_PAIRS: at least, at most). The fit scales the run's models by them
     (replay/device_speed.py); this phase's rows (from `t0` on the calibration's clock) stay out of the ladders' fits."""
     t0, run_threads = cal.clock(), cal.threads
     R = len(samples)
@@ -366,11 +385,14 @@ def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, 
 
     def paired(measure, end: float) -> list[float]:
         ratios: list[float] = []
+        last = 0.0  # seconds of the last pair: the next one starts only if one like it ends by `end`
         for k in range(DEVICE_PAIRS[1]):
-            if k >= DEVICE_PAIRS[0] and (cal.clock() >= end or median_se(ratios) <= SE_TARGET):
+            if k >= DEVICE_PAIRS[0] and (cal.clock() + last > end or median_se(ratios) <= SE_TARGET):
                 break
+            t = cal.clock()
             got = {one: at(one, measure) for one in ((False, True) if k % 2 == 0 else (True, False))}
             ratios.append(got[True] / got[False])
+            last = cal.clock() - t
         return ratios
 
     def engine_visit() -> float:
@@ -380,8 +402,8 @@ def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, 
         cal.train_pass(samples, R, record=False, micro=R)  # settles the switch of size or threads
         return cal.train_pass(samples, R, micro=R)[0]
 
-    gen = paired(engine_visit, t0 + budget / 2)
-    train = paired(train_visit, t0 + budget)
+    gen = paired(engine_visit, t0 + max(0.0, end - t0) / 2)
+    train = paired(train_visit, end)
     return {"threads": 1, "t0": t0, "gen_level": level, "gen_ratios": gen, "train_level": R, "train_ratios": train,
             "duration_s": cal.clock() - t0}
 

@@ -71,3 +71,75 @@ def test_training_ladder_buys_levels_before_range():
     first = [f["calib_level"] for _, f in cal.rows][:5]
     assert first == [8, 16, 32, 64, 128] and set(lad.values) == {8, 16, 32, 64, 128}
     assert {"train 256", "train 512"} <= set(lad.skipped)
+
+
+class _FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _fake_run(monkeypatch, budget_s: float, device: bool):
+    """run_calibration over a fake engine and trainer on a fake clock: an engine step costs 1 ms + 10 us a sequence,
+    a training pass 1 ms a response (x2 inside the one-device block)."""
+    from contextlib import contextmanager
+
+    import rlsim.runner.calibrate as calib
+
+    clock, slow = _FakeClock(), [1.0]
+
+    class Engine:
+        max_model_len, max_num_seqs, kv_cache_tokens, block_size = 64, 256, 10**6, 16
+        engine = SimpleNamespace(reset_prefix_cache=lambda: None)
+        clock = None
+
+        def sampling(self, n, temperature, ignore_eos=False):
+            return n
+
+        def generate(self, reqs, n_tokens, on_step=None):
+            running = sum(k for _, _, k in reqs)
+            for _ in range(n_tokens):
+                d = slow[0] * (1e-3 + 1e-5 * min(running, self.max_num_seqs))
+                t = clock.now
+                clock.now += d
+                if on_step:
+                    on_step(SimpleNamespace(t_start=t, duration=d, num_running=min(running, self.max_num_seqs),
+                                            num_waiting=0, prefill_tokens=0, decode_tokens=running, context_tokens=0,
+                                            kv_usage=0.0, finished=0))
+
+    def profile(samples, micro=None):
+        d = slow[0] * 1e-3 * len(samples)
+        clock.now += d
+        return SimpleNamespace(t_forward=d / 3, t_backward=2 * d / 3, num_tokens=10 * len(samples))
+
+    @contextmanager
+    def one_core():
+        slow[0] = 2.0
+        try:
+            yield
+        finally:
+            slow[0] = 1.0
+
+    trainer = SimpleNamespace(profile=profile, micro_for=lambda R: max(1, R // 4), pad_id=0)
+    cfg = SimpleNamespace(G=8, seed=0, gen_responses=64, batch=64, temperature=1.0)
+    monkeypatch.setattr(calib.time, "perf_counter", clock)
+    return calib.run_calibration(Engine(), trainer, cfg, [[1] * 8] * 16, [[2] * 6] * 16, budget_s=budget_s,
+                                 threads=2 if device else None, device_threads=one_core if device else None)
+
+
+def test_the_ladders_and_pairs_keep_to_the_budget_and_the_setup_is_recorded_apart(monkeypatch):
+    # a one-device pair that would end past the budget is not started (beyond the minimum of two)
+    for budget in (1.5, 3.0):
+        for device in (False, True):
+            rows, info = _fake_run(monkeypatch, budget, device)
+            setup = sum(info["setup"].values())
+            assert setup > 0.1 and info["duration_s"] <= setup + budget + 0.01, info
+            assert info["gen_s"] > 0 and info["train_s"] > 0 and (("device" in info) == device)
+            if device:
+                assert len(info["device"]["gen_ratios"]) >= 2 and len(info["device"]["train_ratios"]) >= 2
+            train = [f for k, f in rows if k == "calib_train"]
+            # the warm-up's settled 1x pass is the 1x level's first value, recorded before the ladders
+            assert train[0]["calib_level"] == 64 and train[0]["t_start"] < setup
+            assert any(lv["responses"] == 64 and lv["n"] >= 1 for lv in info["train_levels"])
