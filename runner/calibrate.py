@@ -239,6 +239,7 @@ class _Calibration:
         return st.t_forward + st.t_backward, st.num_tokens
 
     def train_row(self, t0: float, st, responses: int, level: int) -> None:
+        """A `calib_train` row (or the drift probe's kind) for a pass that started at `t0` with stats `st`."""
         self.rows.append((self.kinds[1], dict(t_start=t0, duration=st.t_forward + st.t_backward, step=self.step,
                                             policy_version=self.step, num_responses=responses, num_tokens=st.num_tokens,
                                             t_forward=st.t_forward, t_backward=st.t_backward, calib_level=level,

@@ -104,7 +104,9 @@ def calibration_lines(cal: dict) -> list[str]:
     train = cal.get("train_levels") or []
     key = "responses" if any("responses" in r for r in train) else "tokens"  # older traces list token counts
     budget = f" of a {_f(cal.get('budget_s'), '.0f')} s budget" if cal.get("budget_s") else ""
-    setup = f"setup {_f(sum((cal.get('setup') or {}).values()), '.1f')} s; " if cal.get("setup") else ""
+    parts = cal.get("setup")  # seconds before the ladders, outside the budget: warm passes, timing batch, held visit
+    setup = f"setup {_f(sum(parts.values()), '.1f')} s; " if isinstance(parts, dict) and parts and all(
+        isinstance(v, (int, float)) for v in parts.values()) else ""
     out = [f"calibrate  {_f(cal.get('duration_s'), '.1f')} s before the run{budget}: {setup}engine {_f(cal.get('gen_s'), '.1f')} s at "
            f"{_levels(cal.get('gen_rungs') or [], 'level', 'sequences')}; training {_f(cal.get('train_s'), '.1f')} s at "
            f"{_levels(train, key, key)}" + (f"; not measured: {', '.join(cal['skipped'])}" if cal.get("skipped") else "")]

@@ -5,8 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.calibration_cost import calibration_cost
 from bench.studies.extrapolation import table
 from rlsim.replay.evaluation import kendall_tau
+from rlsim.replay.io import read_trace
 
 
 def test_kendall_tau_hand_cases():
@@ -175,3 +177,11 @@ def test_batch_study_predict_from_the_references_alone(tmp_path):
     # half the batch: fewer or equal samples, lower throughput, by the noise-scale form and the kappa = 0 form
     assert 0 < small["noise_scale"]["rho"] <= 1 and 0 < small["noise_scale"]["sigma"] < 1
     assert 0 < small["kappa0"]["rho"] <= 1 and "lr_aware" not in small
+
+
+def test_calibration_cost_of_a_shipped_trace():
+    r = calibration_cost("traces/ppo_b256.parquet")
+    cal = read_trace("traces/ppo_b256.parquet").meta["calibration"]
+    assert r["calibration_s"] == cal["duration_s"] and r["run_s"] > r["calibration_s"]
+    assert r["share"] == r["calibration_s"] / (r["calibration_s"] + r["run_s"]) and 0 < r["share"] < 0.5
+    assert [n for _, n in r["train_levels"]] == [lv["n"] for lv in cal["train_levels"]] and r["setup_s"] is None

@@ -143,3 +143,11 @@ def test_the_ladders_and_pairs_keep_to_the_budget_and_the_setup_is_recorded_apar
             # the warm-up's settled 1x pass is the 1x level's first value, recorded before the ladders
             assert train[0]["calib_level"] == 64 and train[0]["t_start"] < setup
             assert any(lv["responses"] == 64 and lv["n"] >= 1 for lv in info["train_levels"])
+
+
+def test_inspect_shows_the_setup_and_skips_a_corrupt_one():
+    cal = {"duration_s": 10.4, "budget_s": 8.0, "gen_s": 2.2, "train_s": 3.9, "gen_rungs": [], "train_levels": [],
+           "setup": {"warm_s": 0.9, "timing_s": 0.65, "held_s": 0.95}}
+    assert "8 s budget: setup 2.5 s; engine 2.2 s" in calibration_lines(cal)[0]
+    for bad in ("soon", {"warm_s": "x"}, {}):
+        assert "setup" not in calibration_lines({**cal, "setup": bad})[0]
