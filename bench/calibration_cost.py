@@ -1,6 +1,7 @@
-"""What the calibration cost each recording: its budget, its seconds, its share of the recording, its setup, and what it
-measured. No recording: it reads traces (default: the shipped ones). docs/results.md section 6 and the README's row
-quote it; share = calibration / (calibration + the run's end, its last update or eval).
+"""What the calibration cost each recording: its budget, its seconds, its share of the recording, its setup, what it
+measured, and how well the fits made from it predict a level they did not see (leave-one-level-out RMS and max, as
+`rlsim run` prints them). No recording: it reads traces (default: the shipped ones). docs/results.md section 6 and
+the README's rows quote it; share = calibration / (calibration + the run's end, its last update or eval).
 
     python -m bench.calibration_cost [TRACE ...]
 """
@@ -11,6 +12,7 @@ import glob
 
 import numpy as np
 
+from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import read_trace
 
 
@@ -29,16 +31,26 @@ def calibration_cost(path: str) -> dict:
             "train_levels": [(lv.get("responses"), lv.get("n")) for lv in levels]}
 
 
+def lolo(path: str) -> dict:
+    """The calibrated fits' leave-one-level-out errors: engine form, RMS and max; training RMS and max, levels."""
+    v = fit_trace(read_trace(path)).validation
+    return {"gen_form": v.gen_form, "gen_cv": v.gen_cv, "gen_cv_max": v.gen_cv_max, "train_cv": v.train_cv,
+            "train_cv_max": v.train_cv_max, "train_levels": len(v.train_levels)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces", nargs="*", help="trace files (default: traces/*.parquet)")
     paths = ap.parse_args().traces or sorted(glob.glob("traces/*.parquet"))
-    print(f"{'trace':40} {'budget s':>8} {'calib s':>8} {'run s':>7} {'share':>7} {'setup s':>7} {'rungs (top)':>12}  training levels (n)")
+    print(f"{'trace':40} {'budget s':>8} {'calib s':>8} {'run s':>7} {'share':>7} {'setup s':>7} {'rungs (top)':>12} "
+          f"{'engine LOLO % (max)':>22} {'training LOLO % (max)':>22}  training levels (n)")
     for p in paths:
-        r = calibration_cost(p)
+        r, v = calibration_cost(p), lolo(p)
         setup = "-" if r["setup_s"] is None else f"{r['setup_s']:.1f}"
         print(f"{p:40} {r['budget_s'] or 0:>8.1f} {r['calibration_s']:>8.1f} {r['run_s']:>7.1f} {100 * r['share']:>6.1f}% {setup:>7} "
-              f"{r['rungs']:>5} ({r['top_rung']})  {', '.join(f'{a} ({b})' for a, b in r['train_levels'])}")
+              f"{r['rungs']:>5} ({r['top_rung']}) {v['gen_form']:>7} {100 * v['gen_cv']:5.1f} ({100 * v['gen_cv_max']:4.1f}) "
+              f"{100 * v['train_cv']:14.1f} ({100 * v['train_cv_max']:4.1f})  "
+              f"{', '.join(f'{a} ({b})' for a, b in r['train_levels'])}")
 
 
 if __name__ == "__main__":

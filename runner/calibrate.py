@@ -320,7 +320,7 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
     train0 = Ladder()
     per_tok = cal.warm(one, train0 if batches.get(len(one)) is one else None)
     t_warm = cal.clock()
-    budget = budget_s if budget_s is not None else _budget(cfg, cal, per_tok, batches)
+    budget, est = (budget_s, None) if budget_s is not None else _budget(cfg, cal, per_tok, batches)
     t_timing = cal.clock()
     cal.visit(wave or rungs[-1], WAVE_STEPS, record=False)  # the engine's largest batch first: its memory is held
     setup_s = cal.clock()
@@ -339,18 +339,21 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
     engine.engine.reset_prefix_cache()
     engine.clock = old_clock
     info["duration_s"] = cal.clock()
+    floor = (f"; the budget is its floor: {100 * BUDGET_FRACTION:.0f} % of this recording would be {est:.1f} s"
+             if est is not None and est < budget else "")
     log(f"calibration: {info['duration_s']:.1f} s of {budget:.0f} s budget (setup {setup_s:.1f} s, engine {t_gen - setup_s:.1f} s at {len(gen.values)} rungs "
         f"{rungs[0]}..{wave or rungs[-1]}, training {t_train:.1f} s at {len(train.values)} levels"
         + (f", one device {info['device']['duration_s']:.1f} s: engine x{np.median(info['device']['gen_ratios']):.2f}, "
            f"training x{np.median(info['device']['train_ratios']):.2f}" if device_threads else "") + ")"
-        + (f"; skipped over budget: {', '.join(info['skipped'])}" if info["skipped"] else ""))
+        + floor + (f"; skipped over budget: {', '.join(info['skipped'])}" if info["skipped"] else ""))
     return cal.rows, info
 
 
-def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) -> float:
-    """BUDGET_FRACTION of the recording: steps x (one round's generation, timed by generating one batch as the run
-    does: B sequences in requests of G, the run's sampling, unrecorded; + one update at the warm per-token cost),
-    plus its evals (eval_prompts x eval_k sequences each, priced per sequence alike), within [BUDGET_MIN_S, BUDGET_S]."""
+def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) -> tuple[float, float]:
+    """(budget, estimate): BUDGET_FRACTION of the recording: steps x (one round's generation, timed by generating one
+    batch as the run does: B sequences in requests of G, the run's sampling, unrecorded; + one update at the warm
+    per-token cost), plus its evals (eval_prompts x eval_k sequences each, priced per sequence alike), within
+    [BUDGET_MIN_S, BUDGET_S]; the estimate before those bounds."""
     G = max(cfg.G, 1)
     reqs = [(None, cal.prompts[j % len(cal.prompts)], G) for j in range(max(1, cfg.gen_responses // G))]
     t0 = time.perf_counter()
@@ -361,7 +364,7 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
     evals = (cfg.steps // cfg.eval_every if cfg.eval_every else 0) + 2
     run_s = cfg.steps * (round_s + per_tok * tokens) + evals * round_s * cfg.eval_prompts * cfg.eval_k / max(cfg.gen_responses, 1)
     est = BUDGET_FRACTION * run_s
-    return float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S
+    return (float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S), float(est)
 
 
 def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, end: float) -> dict[str, Any]:

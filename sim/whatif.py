@@ -403,7 +403,7 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     if not reference and lo_t < 1 < hi_t and not (lo_t >= 1 - REGIME_BAND and hi_t <= 1 + REGIME_BAND):
         reg = "undecided"
         warnings.append(f"T / T_ref interval {lo_t:.3g}..{hi_t:.3g} spans 1: whether time to target falls or rises is "
-                        f"undecided at this confidence ({iv.get('interval', '')}); {_decider(iv, P, G, study)}")
+                        f"undecided at this confidence ({iv.get('interval', '')}); {_decider(iv, P, G, study, cfg)}")
     return Outcome(prompts=P, group=G, batch=B, lr_rule=rule, responses_per_s=q, step_time_s=step, gen_s=gen, train_s=train,
                    sync_s=syn, other_s=oth, idle_s=max(step - gen - train - syn, 0.0), sigma=sigma, rho=rho, rho_model=kind,
                    time_to_target_ratio=ratio, time_to_target_s=t_abs, regime=reg, **iv,
@@ -447,8 +447,11 @@ def _extrapolation_warnings(study: Study, cfg: WhatIf, run_: SimRun, B: int, ref
     return out
 
 
-def _decider(iv: dict[str, Any], P: int, G: int, study: Study) -> str:
-    """The cheapest measurement that would decide an undecided verdict: whichever of rho and sigma is less sure."""
+def _decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> str:
+    """The cheapest measurement that would decide an undecided verdict: whichever of rho and sigma is less sure.
+    Throughput at another P on the recorded hardware: `rlrun probe` of both sizes in one process, paired (two
+    recordings made apart differ by the machine's drift, 5-10 % between processes on a shared host, as much as
+    the gain in question; docs/results.md section 6)."""
     def width(key: str) -> float:
         lo, hi = iv.get(key + "_lo", math.nan), iv.get(key + "_hi", math.nan)
         return math.log(hi / lo) if lo > 0 and math.isfinite(hi) and hi >= lo else 0.0
@@ -457,6 +460,12 @@ def _decider(iv: dict[str, Any], P: int, G: int, study: Study) -> str:
     what = "to the target" if rho_side else "for a few updates"
     if study.framework == "rlrun":
         group = "" if study.algo == "ppo" else f" --group {G}"
+        as_recorded = not cfg.split and cfg.device is None and cfg.gpus is None and cfg.gen_batch is None and \
+            cfg.max_num_seqs is None and cfg.kv_cache_tokens is None  # what a probe runs: the recorded setup, P varied
+        if not rho_side and as_recorded and G == study.reference.group and P != study.reference.prompts:
+            sizes = ",".join(map(str, sorted((study.reference.prompts, P))))
+            return (f"the throughput decides it: measure both sizes in one process (rlrun probe --algo {study.algo} "
+                    f"--prompts {sizes}{group}), paired, so the machine's drift cancels")
         run = f"rlrun record --algo {study.algo} --prompts {P}{group} " + ("..." if rho_side else "--steps 5")
         how = f"record a run at this size {what} ({run})"
     else:

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.calibration_cost import calibration_cost
+from bench.calibration_cost import calibration_cost, lolo
 from bench.studies.extrapolation import table
 from rlsim.replay.evaluation import kendall_tau
 from rlsim.replay.io import read_trace
@@ -184,4 +184,8 @@ def test_calibration_cost_of_a_shipped_trace():
     cal = read_trace("traces/ppo_b256.parquet").meta["calibration"]
     assert r["calibration_s"] == cal["duration_s"] and r["run_s"] > r["calibration_s"]
     assert r["share"] == r["calibration_s"] / (r["calibration_s"] + r["run_s"]) and 0 < r["share"] < 0.5
-    assert [n for _, n in r["train_levels"]] == [lv["n"] for lv in cal["train_levels"]] and r["setup_s"] is None
+    assert [n for _, n in r["train_levels"]] == [lv["n"] for lv in cal["train_levels"]]
+    assert r["setup_s"] == pytest.approx(sum(cal["setup"].values()))
+    v = lolo("traces/ppo_b256.parquet")  # one held-out error per measured level, as rlsim run prints them
+    assert v["gen_form"] in ("linear", "knee", "interp") and v["train_levels"] == len(cal["train_levels"])
+    assert 0 < v["gen_cv"] <= v["gen_cv_max"] and 0 < v["train_cv"] <= v["train_cv_max"]

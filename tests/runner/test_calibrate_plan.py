@@ -81,7 +81,7 @@ class _FakeClock:
         return self.now
 
 
-def _fake_run(monkeypatch, budget_s: float, device: bool):
+def _fake_run(monkeypatch, budget_s: float | None, device: bool, log=lambda m: None):
     """run_calibration over a fake engine and trainer on a fake clock: an engine step costs 1 ms + 10 us a sequence,
     a training pass 1 ms a response (x2 inside the one-device block)."""
     from contextlib import contextmanager
@@ -123,10 +123,25 @@ def _fake_run(monkeypatch, budget_s: float, device: bool):
             slow[0] = 1.0
 
     trainer = SimpleNamespace(profile=profile, micro_for=lambda R: max(1, R // 4), pad_id=0)
-    cfg = SimpleNamespace(G=8, seed=0, gen_responses=64, batch=64, temperature=1.0)
+    cfg = SimpleNamespace(G=8, seed=0, gen_responses=64, batch=64, temperature=1.0, max_tokens=8, steps=10, eval_every=0,
+                          eval_prompts=16, eval_k=1)
     monkeypatch.setattr(calib.time, "perf_counter", clock)
     return calib.run_calibration(Engine(), trainer, cfg, [[1] * 8] * 16, [[2] * 6] * 16, budget_s=budget_s,
-                                 threads=2 if device else None, device_threads=one_core if device else None)
+                                 threads=2 if device else None, device_threads=one_core if device else None, log=log)
+
+
+def test_a_budget_at_its_floor_says_what_the_fraction_would_have_been(monkeypatch):
+    import rlsim.runner.calibrate as calib
+
+    lines: list[str] = []
+    _, info = _fake_run(monkeypatch, None, False, lines.append)  # a recording of a few fake milliseconds
+    assert info["budget_s"] == calib.BUDGET_MIN_S
+    line = lines[-1]
+    assert f"of {calib.BUDGET_MIN_S:.0f} s budget (setup" in line and "; the budget is its floor: 10 % of this recording would be " in line
+    assert float(line.split("would be ")[1].split(" s")[0]) < 1.0
+    lines.clear()
+    _fake_run(monkeypatch, 1.5, False, lines.append)  # a budget given (rlrun calibrate): no estimate to compare
+    assert "of 2 s budget (setup" in lines[-1] and "floor" not in lines[-1]
 
 
 def test_the_ladders_and_pairs_keep_to_the_budget_and_the_setup_is_recorded_apart(monkeypatch):

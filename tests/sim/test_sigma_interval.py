@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from rlsim.config import WhatIf
 from rlsim.replay.io import read_trace
-from rlsim.whatif import _held_out_error, evaluate, prepare, timeline
+from rlsim.whatif import _decider, _held_out_error, evaluate, prepare, timeline
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet"
 
@@ -33,3 +34,16 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
     near = evaluate(study, WhatIf(prompts=45, updates=10))
     part = math.log2(45 / 32) * _held_out_error(v, timeline(study, WhatIf(prompts=45, updates=10)))
     assert f"({100 * part:.1f} % RMS)" in near.interval
+
+
+def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
+    study = SimpleNamespace(framework="rlrun", algo="grpo", reference=WhatIf(prompts=128, group=8))
+    iv = {"rho_lo": 0.99, "rho_hi": 1.01, "sigma_lo": 0.7, "sigma_hi": 1.4}  # sigma the less sure
+    probe = _decider(iv, 32, 8, study, WhatIf(prompts=32))
+    assert "throughput decides it" in probe and "rlrun probe --algo grpo --prompts 32,128 --group 8" in probe
+    # another group, a split, other hardware or engine limits: not the recorded setup a probe varies P in
+    for cfg, G in ((WhatIf(prompts=512, group=16), 16), (WhatIf(prompts=512, gen_gpus=1, train_gpus=1), 8),
+                   (WhatIf(prompts=512, device="h200"), 8), (WhatIf(prompts=512, max_num_seqs=64), 8)):
+        assert "rlrun record --algo grpo --prompts 512" in _decider(iv, 512, G, study, cfg)
+    # rho the less sure: a recording to the target, added with --trace
+    assert "sample cost decides it" in _decider({**iv, "rho_lo": 0.5, "rho_hi": 3.0}, 512, 8, study, WhatIf(prompts=512))
