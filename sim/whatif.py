@@ -66,6 +66,7 @@ class Study:
     framework: str = field(default="rlrun", metadata={"help": "what recorded the reference: rlrun, or the framework whose log was imported"})
     device_models: FittedModels | None = field(default=None, metadata={
         "help": "one device's cost models, from the reference's calibration at one device's threads (a core on CPU); None: not measured"})
+    task: str = field(default="", metadata={"help": "the reference's task (its config's `task`; '' when not recorded), for the runs a verdict names"})
 
     @property
     def b_ref(self) -> int:
@@ -300,7 +301,8 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  rho_requested=rho_model, target=float(target), n_star_ref=float(n_star) if n_star is not None else math.nan,
                  recorded_time_to_target_s=rec_t, warnings=tuple(warnings), notes=tuple(notes), trace_names=tuple(t.name for t in traces),
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
-                 framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models)
+                 framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models,
+                 task=str(ref.config.get("task") or ""))
 
 
 def _noise_scale_warning(b_crit: float, reps: np.ndarray | None) -> str:
@@ -459,7 +461,7 @@ def _decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> s
     rho_side = width("rho") >= width("sigma")
     what = "to the target" if rho_side else "for a few updates"
     if study.framework == "rlrun":
-        group = "" if study.algo == "ppo" else f" --group {G}"
+        group = ("" if study.algo == "ppo" else f" --group {G}") + (f" --task {study.task}" if study.task else "")
         as_recorded = not cfg.split and cfg.device is None and cfg.gpus is None and cfg.gen_batch is None and \
             cfg.max_num_seqs is None and cfg.kv_cache_tokens is None  # what a probe runs: the recorded setup, P varied
         if not rho_side and as_recorded and G == study.reference.group and P != study.reference.prompts:

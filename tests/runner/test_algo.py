@@ -53,7 +53,9 @@ def test_packed_logprobs_equal_unpacked(policy, share):
         packed = token_logprobs(policy, b)
         ref = _reference_logprobs(policy, ss)
     assert b["input_ids"].shape[0] > 1 and packed.shape[0] == sum(len(s.response_ids) for s in ss)
-    assert torch.allclose(packed, ref, atol=1e-4)
+    # 5e-3: on an Intel host with AMX the two layouts' fp32 kernels differed by up to 1.5e-3 in 2 of 8 test runs
+    # (5.7e-6 otherwise); a plain causal mask in place of the packed one moves these log-probs by 10
+    assert torch.allclose(packed, ref, atol=5e-3)
     per_sample = sum(len(s.prompt_ids) + len(s.response_ids) for s in ss)
     per_group = sum(len(s.prompt_ids) for s in ss[::4]) + sum(len(s.response_ids) for s in ss)
     if share:  # groups longer than a 64-token row repeat their prompt in the next row

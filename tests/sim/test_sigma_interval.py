@@ -37,13 +37,14 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
 
 
 def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
-    study = SimpleNamespace(framework="rlrun", algo="grpo", reference=WhatIf(prompts=128, group=8))
+    study = SimpleNamespace(framework="rlrun", algo="grpo", reference=WhatIf(prompts=128, group=8), task="addmix")
     iv = {"rho_lo": 0.99, "rho_hi": 1.01, "sigma_lo": 0.7, "sigma_hi": 1.4}  # sigma the less sure
     probe = _decider(iv, 32, 8, study, WhatIf(prompts=32))
-    assert "throughput decides it" in probe and "rlrun probe --algo grpo --prompts 32,128 --group 8" in probe
+    assert "throughput decides it" in probe and "rlrun probe --algo grpo --prompts 32,128 --group 8 --task addmix" in probe
     # another group, a split, other hardware or engine limits: not the recorded setup a probe varies P in
     for cfg, G in ((WhatIf(prompts=512, group=16), 16), (WhatIf(prompts=512, gen_gpus=1, train_gpus=1), 8),
                    (WhatIf(prompts=512, device="h200"), 8), (WhatIf(prompts=512, max_num_seqs=64), 8)):
         assert "rlrun record --algo grpo --prompts 512" in _decider(iv, 512, G, study, cfg)
+    assert prepare([read_trace(TRACE)]).task == "add2"  # from the trace's config
     # rho the less sure: a recording to the target, added with --trace
     assert "sample cost decides it" in _decider({**iv, "rho_lo": 0.5, "rho_hi": 3.0}, 512, 8, study, WhatIf(prompts=512))
