@@ -44,7 +44,10 @@ Definitions (window = the measurement window, see below; seconds):
 
 Window: from the end of update `skip - 1` (the end of its last `sync` row, else of the update row) to the
 end of the last update's sync; from 0 (the run's start) when skip = 0 or the trace has no more than `skip`
-updates. The evals inside it (`eval` rows: [t_start - duration, t_start)) are taken out of it, and with
+updates. A split run's window ends earlier, at the end of its engines' last step outside the evals: after it
+the engines have generated all the run trains on and only wait while the trainer finishes its last updates
+(one or two 0.3 s waits in a 30-update recording at staleness 1 and 2, 3-4 % of its window), a tail the
+steady state does not have (skip = 0 keeps it). The evals inside it (`eval` rows: [t_start - duration, t_start)) are taken out of it, and with
 them any row's seconds during an eval: the simulator has no evals, and `step_time` leaves them out of a
 colocated step. `window` is the (start, end) pair; the ratios divide by its length less the evals.
 
@@ -168,6 +171,17 @@ def _ids(rows: dict[str, np.ndarray], col: str) -> np.ndarray:
     return np.where(np.isfinite(v), v, 0.0).astype(np.int64)
 
 
+def _drain_start(g: dict[str, np.ndarray], e_lo: np.ndarray, e_hi: np.ndarray, hi: float) -> float:
+    """The end of the engines' last step outside the evals: after it the engines only wait for the trainer to finish
+    what they generated (up to the staleness limit's updates), a tail a steady state does not have. `hi` when the
+    trace has no such step."""
+    t = _f(g, "t_start")
+    end = t + _f(g, "duration")
+    in_eval = ((t[:, None] >= e_lo[None, :]) & (t[:, None] < e_hi[None, :])).any(axis=1) if len(e_lo) else np.zeros(len(t), bool)
+    end = end[~in_eval & np.isfinite(end)]
+    return float(end.max()) if len(end) else hi
+
+
 def split_stats(trace: Any, skip: int = SKIP_UPDATES) -> SplitStats:
     """Measure a trace (a `Trace` or a path): see the module doc for every definition."""
     if isinstance(trace, (str, os.PathLike)):
@@ -192,6 +206,8 @@ def split_stats(trace: Any, skip: int = SKIP_UPDATES) -> SplitStats:
     hi = end_of(n - 1) if n else 0.0
     ev = trace.rows(EVAL)  # an eval's t_start is when its score was taken: it ran over [t_start - duration, t_start)
     e_d = np.nan_to_num(_f(ev, "duration"))
+    if pl["mode"] == "split" and k:
+        hi = min(hi, _drain_start(g, _f(ev, "t_start") - e_d, _f(ev, "t_start"), hi))
     win = _minus([(lo, hi)] if hi > lo else [], _union(_f(ev, "t_start") - e_d, e_d))
     W = _length(win)
 

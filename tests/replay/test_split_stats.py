@@ -123,28 +123,30 @@ def test_split_stats_by_hand(split_path):
     s = split_stats(read_trace(split_path))
     assert isinstance(s, SplitStats)
     assert (s.mode, s.gen_devices, s.train_devices, s.max_staleness, s.partial_rollout) == ("split", 2, 2, 1, True)
-    assert s.window == (4.0, 10.0)  # end of update 1's sync .. end of update 3's; the eval's 0.5 s leave W = 5.5
+    # end of update 1's sync .. the end of the engines' last step outside the eval (engine 1's [9.0, 9.5); after it
+    # they only wait for the trainer's last update), not update 3's sync at 10.0; the eval's 0.5 s leave W = 5.0
+    assert s.window == (4.0, 9.5)
     assert s.responses_per_s == pytest.approx(1.5)  # median(4 / 4, 4 / 2) over updates 2, 3
-    # the trace has idle rows, so those define idleness: engine 0 only loads weights in the window, [7.6, 7.9) and
-    # [9.8, 10.0): 0.5; engine 1 waits [7.0, 8.2) (its load [7.7, 8.0) inside it) and loads [9.8, 10.0): 1.4
-    assert s.gen_idle_ratio == pytest.approx((0.5 / 5.5 + 1.4 / 5.5) / 2)
+    # the trace has idle rows, so those define idleness: engine 0 only loads weights in the window, [7.6, 7.9): 0.3;
+    # engine 1 waits [7.0, 8.2) (its load [7.7, 8.0) inside it): 1.2
+    assert s.gen_idle_ratio == pytest.approx((0.3 / 5.0 + 1.2 / 5.0) / 2)
     # rank 1 waited [6.0, 6.5); rank 0 never
-    assert s.train_idle_ratio == pytest.approx((0.0 + 0.5 / 5.5) / 2)
+    assert s.train_idle_ratio == pytest.approx((0.0 + 0.5 / 5.0) / 2)
     # without idle rows, the busy intervals: engine 0: [4.0, 4.5) of the step at 3.5, 1.0, and [8.2, 8.5) (the eval
     # took 8.5..9.0): 1.8; engine 1: 1.0 + 0.5
     busy_only = read_trace(write(split_path.with_name("no_idle.parquet"), [r for r in split_rows() if r[0] != "idle"]))
     b = split_stats(busy_only)
-    assert b.gen_idle_ratio == pytest.approx(((1 - 1.8 / 5.5) + (1 - 1.5 / 5.5)) / 2)
-    # syncs in the window: union [7.6, 8.0) + [9.8, 10.0) = 0.6; host: rewards 0.2 + prep 0.05 + optimizer 0.1 = 0.35
-    # rank 0: 2.0 + 0.4 (its 8.6..9.4 less the eval) + all-reduces 0.5 + 0.2; rank 1: 1.5 + 0.2 + 0.5 + 0.2
-    busy0, busy1 = 2.0 + 0.4 + 0.7 + 0.6 + 0.35, 1.5 + 0.2 + 0.7 + 0.6 + 0.35
-    assert b.train_idle_ratio == pytest.approx(((1 - busy0 / 5.5) + (1 - busy1 / 5.5)) / 2)
+    assert b.gen_idle_ratio == pytest.approx(((1 - 1.8 / 5.0) + (1 - 1.5 / 5.0)) / 2)
+    # syncs in the window: [7.6, 8.0) = 0.4; host: rewards 0.2 + prep 0.05 + optimizer 0.1 = 0.35
+    # rank 0: 2.0 + 0.4 (its 8.6..9.4 less the eval) + all-reduces 0.5 + 0.1 (9.4..9.5); rank 1: 1.5 + 0.2 + 0.5 + 0.1
+    busy0, busy1 = 2.0 + 0.4 + 0.6 + 0.4 + 0.35, 1.5 + 0.2 + 0.6 + 0.4 + 0.35
+    assert b.train_idle_ratio == pytest.approx(((1 - busy0 / 5.0) + (1 - busy1 / 5.0)) / 2)
     assert s.staleness_mean == pytest.approx(7 / 16) and s.staleness_max == 2  # lags 0 x4, 1 1 0 0, 1 1 0 0, 2 1 0 0
     assert s.partial_responses == 3
     # engine steps [4.0, 5.5) [6.0, 7.0) [8.2, 8.5) [9.0, 9.5) x rank compute [4.5, 6.5) [9.0, 9.4)
     assert s.overlap_s == pytest.approx(1.0 + 0.5 + 0.4)
     d = s.to_dict()
-    assert d["window"] == [4.0, 10.0] and set(d) == set(SplitStats.__dataclass_fields__)
+    assert d["window"] == [4.0, 9.5] and set(d) == set(SplitStats.__dataclass_fields__)
     assert all(f.metadata.get("help") for f in SplitStats.__dataclass_fields__.values())
 
 
@@ -263,7 +265,7 @@ def test_notebook_api_and_inspect(split_path):
     from rlsim.runner.summary import summarize
 
     d = rlsim.split_stats(split_path)
-    assert d["mode"] == "split" and d["staleness_max"] == 2 and d["window"] == [4.0, 10.0]
+    assert d["mode"] == "split" and d["staleness_max"] == 2 and d["window"] == [4.0, 9.5]
     out = summarize(str(split_path))
     assert "2 generation engines : 2 trainer ranks, max staleness 1, partial rollout on, off-policy tis" in out
     assert "staleness  mean 0.44, max 2 policy versions; 3 responses spanned a weight sync" in out
