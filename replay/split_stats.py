@@ -46,9 +46,9 @@ Window: from the end of update `skip - 1` (the end of its last `sync` row, else 
 end of the last update's sync; from 0 (the run's start) when skip = 0 or the trace has no more than `skip`
 updates. A split run's window ends earlier, at the end of its engines' last step outside the evals: after it
 the engines have generated all the run trains on and only wait while the trainer finishes its last updates
-(one or two 0.3 s waits in a 30-update recording at staleness 1 and 2, 3-4 % of its window), a tail the
-steady state does not have (skip = 0 keeps it). The evals inside it (`eval` rows: [t_start - duration, t_start)) are taken out of it, and with
-them any row's seconds during an eval: the simulator has no evals, and `step_time` leaves them out of a
+(one or two 0.3 s waits in a 30-update recording at staleness 1 and 2, 3-6 % of its window), a tail the
+steady state does not have (skip = 0 keeps it). The evals inside it (`eval` rows: [t_start - duration,
+t_start)) are taken out of it, and with them any row's seconds during an eval: the simulator has no evals, and `step_time` leaves them out of a
 colocated step. `window` is the (start, end) pair; the ratios divide by its length less the evals.
 
 Differences from the simulator that measuring cannot remove:
