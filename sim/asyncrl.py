@@ -66,12 +66,14 @@ import numpy as np
 import simpy
 
 from rlsim.asyncrl_replica import EngineTotals, Replica, ReplicaSpec
-from rlsim.asyncrl_requests import AdmissionGate, FinishedGroups, Requests, admitted, queue_lengths
+from rlsim.asyncrl_requests import AdmissionGate, FinishedGroups, Requests, queue_lengths
 from rlsim.asyncrl_sync import WeightSync
 from rlsim.asyncrl_timeline import Recorder
 from rlsim.asyncrl_trainer import Trainer, TrainerCosts
 from rlsim.config import SimConfig, SplitConfig, WhatIf
+from rlsim.engine import KvCache
 from rlsim.pipeline import BYTES_PER_TIMELINE_STEP, MEMORY_LIMIT_BYTES, SimRun
+from rlsim.replay.admission import admitted
 from rlsim.replay.devices import profile_for_hardware
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
@@ -129,7 +131,7 @@ def memory_estimate(cfg: SimConfig, record_timeline: bool = False, mean_len: flo
 def replica_spec(models: FittedModels, cfg: SimConfig, kv_bind: bool) -> ReplicaSpec:
     eng, ov = cfg.engine, models.gen_overhead
     return ReplicaSpec(cost=models.gen, gap=ov.per_step, per_response=ov.per_response, max_seqs=eng.max_num_seqs,
-                       block_size=eng.block_size, kv_blocks=eng.kv_blocks, kv_cache_tokens=eng.kv_cache_tokens,
+                       kv=KvCache(eng.block_size, eng.kv_blocks), kv_cache_tokens=eng.kv_cache_tokens,
                        kv_bind=kv_bind, partial=cfg.split.partial_rollout)
 
 
@@ -151,7 +153,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     kv_bind = cfg.exact_engine or cfg.engine.kv_can_bind(int((p + L).max()) if len(p) else 0)
     env = simpy.Environment()
     rec = Recorder(record_timeline)
-    finished = FinishedGroups(env, P, sp.staleness, q.left, q.pv)
+    finished = FinishedGroups(env, P, sp.staleness, q.pv)
     sync = WeightSync(env, sp.gen_gpus)
     totals = EngineTotals()
     spec = replica_spec(models, cfg, kv_bind)

@@ -18,12 +18,8 @@ import simpy
 from rlsim.asyncrl_requests import AdmissionGate, FinishedGroups, Requests
 from rlsim.asyncrl_sync import WeightSync
 from rlsim.asyncrl_timeline import Recorder, lane_gen
-from rlsim.engine import Stretch
+from rlsim.engine import KvCache, Stretch
 from rlsim.replay.cost import EngineStepCost
-from rlsim.replay.errors import RlsimError
-
-KV_LOOKAHEAD_ELEMENTS = 1 << 20  # sequences x steps of context checked at once when looking for a KV overflow
-
 
 @dataclass(frozen=True)
 class ReplicaSpec:
@@ -33,8 +29,7 @@ class ReplicaSpec:
     gap: float             # fitted seconds between engine steps
     per_response: float    # fitted host seconds per admitted response
     max_seqs: int
-    block_size: int
-    kv_blocks: int
+    kv: KvCache            # the KV-cache policy (blocks, preemption)
     kv_cache_tokens: int
     kv_bind: bool          # KV accounting on: the cache can bind (or the exact engine is asked for)
     partial: bool          # partial rollout: join a sync at the next step boundary
@@ -146,24 +141,19 @@ class Replica:
 
     def preempt(self) -> tuple[int, int]:
         """(KV blocks this step needs, sequences preempted): the latest admitted go back to the queue's front
-        until the running set fits."""
+        until the running set fits (rlsim.engine.KvCache)."""
         b, q, sp = self.b, self.q, self.spec
         if not (sp.kv_bind and len(b.run)):
             return 0, 0
-        blocks = -(-(q.p[b.run] + (b.s - q.a[b.run])) // sp.block_size)
-        used = int(blocks.sum())
-        preempted = 0
-        while used > sp.kv_blocks and len(b.run):
-            victim = int(b.run[-1])
-            b.run, b.last = b.run[:-1], b.last[:-1]
-            used -= int(blocks[-1])
-            blocks = blocks[:-1]
+        keep, used = sp.kv.preempt(sp.kv.need(q.p[b.run] + (b.s - q.a[b.run])))
+        for victim in b.run[keep:][::-1].tolist():
             q.done[victim] = b.s - q.a[victim]
             b.sum_p -= int(q.p[victim])
             b.sum_a -= int(q.a[victim])
             b.wait.appendleft((victim, victim + 1))
-            b.nwait += 1
-            preempted += 1
+        preempted = len(b.run) - keep
+        b.run, b.last = b.run[:keep], b.last[:keep]
+        b.nwait += preempted
         self.totals.preemptions += preempted
         return used, preempted
 
@@ -186,20 +176,9 @@ class Replica:
 
     def fit_kv(self, m: int, used: int) -> tuple[int, int]:
         """How many of the first m waiting sequences get KV blocks, one by one in queue order; blocks then used."""
-        q, bs, cap = self.q, self.spec.block_size, self.spec.kv_blocks
-        got = 0
-        for i in itertools.chain.from_iterable(range(lo, hi) for lo, hi in self.b.wait):
-            if got == m:
-                break
-            nb = -(-int(q.p[i] + q.done[i]) // bs)
-            if used + nb > cap:
-                if not len(self.b.run) and not got:
-                    raise RlsimError(f"a request of {int(q.p[i] + q.done[i])} context tokens does not fit the "
-                                     f"KV cache of {cap * bs} tokens; pass a larger --kv-cache-tokens")
-                break
-            used += nb
-            got += 1
-        return got, used
+        q = self.q
+        waiting = itertools.islice(itertools.chain.from_iterable(range(lo, hi) for lo, hi in self.b.wait), m)
+        return self.spec.kv.admit((int(q.p[i] + q.done[i]) for i in waiting), used, len(self.b.run))
 
     def start(self, m: int, pre: float) -> tuple[float, float]:
         """Admit the first m waiting sequences at step s: (prefill tokens, host seconds of their admission)."""
@@ -239,30 +218,17 @@ class Replica:
         k = int(b.last.min()) - b.s + 1
         if sp.kv_bind:
             if k > 1:
-                k = self.kv_horizon(k)
-            if used * sp.block_size > st.peak_kv:
-                st.peak_kv = float(used * sp.block_size)
+                k = sp.kv.horizon(self.q.p[b.run] + (b.s - self.q.a[b.run]), k)
+            if used * sp.kv.block_size > st.peak_kv:
+                st.peak_kv = float(used * sp.kv.block_size)
         elif b.sum_p + n * (b.s + k) - b.sum_a > st.peak_kv:
             st.peak_kv = float(b.sum_p + n * (b.s + k) - b.sum_a)
         if n > st.peak_running:
             st.peak_running = n
         ends = b.last == b.s + k - 1
         x = Stretch(step=b.s, steps=k, num_running=n, context0=float(b.context()), prefill=float(pre),
-                    finished=int(np.count_nonzero(ends)), kv_tokens=used * sp.block_size)
+                    finished=int(np.count_nonzero(ends)), kv_tokens=used * sp.kv.block_size)
         return x, ends
-
-    def kv_horizon(self, k: int) -> int:
-        """Steps (1..k) before the running set's KV blocks overflow the cache."""
-        b, q, bs, cap = self.b, self.q, self.spec.block_size, self.spec.kv_blocks
-        ctx = q.p[b.run] + (b.s - q.a[b.run])
-        chunk = max(KV_LOOKAHEAD_ELEMENTS // len(b.run), 1)
-        for j0 in range(0, k, chunk):
-            jj = np.arange(j0, min(j0 + chunk, k))
-            need = (-(-(ctx[:, None] + jj[None, :]) // bs)).sum(axis=0)  # (steps,) blocks per step
-            over = np.nonzero(need > cap)[0]
-            if len(over):
-                return max(j0 + int(over[0]), 1)
-        return k
 
     def run_stretch(self, x: Stretch, host: float):
         """(a generator) Wait out stretch x after `host` seconds of admission; with partial rollout a sync request

@@ -3,12 +3,10 @@ replicas, consumed by the trainer.
 
 - `queue_lengths`: prompt and response lengths of every sequence the run may start, in queue order.
 - `Requests`: their per-sequence and per-prompt state, numpy arrays indexed by sequence / prompt id.
-- `AdmissionGate`: AReaL's staleness rule over the queue of prompts the replicas share.
+- `AdmissionGate`: AReaL's staleness rule (rlsim.replay.admission) over the queue of prompts the replicas share.
 - `FinishedGroups`: finished prompts not yet consumed, and the trainer's consumption rule.
 """
 from __future__ import annotations
-
-import math
 
 from collections import deque
 from dataclasses import dataclass
@@ -17,6 +15,7 @@ import numpy as np
 import simpy
 
 from rlsim.config import SimConfig
+from rlsim.replay.admission import admitted, consumed
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
 from rlsim.workload import Workload
@@ -72,12 +71,6 @@ class Requests:
                    pv=np.full(NP, np.iinfo(np.int64).max, np.int64))
 
 
-def admitted(eta: float, version: int, prompts: int) -> int:
-    """Prompts the gate lets start by `version`: floor((eta + version + 1) x P); the small tolerance keeps a product
-    such as (0.3 + 1 + 1) x 100 = 229.99999... at 230."""
-    return int(math.floor((eta + version + 1) * prompts + 1e-9))
-
-
 @dataclass(eq=False)
 class AdmissionGate:
     """AReaL's staleness rule over the queue of prompts the replicas share: at policy version v a prompt starts
@@ -109,24 +102,23 @@ class AdmissionGate:
 
 
 class FinishedGroups:
-    """Finished prompts (whole groups) not yet consumed, in completion order, and the consumption rule: update u
-    takes P of them, first every prompt started at a version <= u - eta (consumed later it would exceed the
-    limit; the gate keeps them within one batch), then the oldest started of the others, ties in completion
-    order; it waits until all of those have finished.
+    """Finished prompts (whole groups) not yet consumed, in completion order, and the consumption rule
+    (rlsim.replay.admission.consumed): update u takes the P oldest started of them once that keeps every open
+    prompt within the staleness limit, else it waits for more to finish.
 
     The rule picks P at once from everything finished, where a SimPy Store hands out one item per get, so the
     trainer waits on `ready`, a condition event: a replica triggers it once P are finished and the trainer
     re-checks the rule."""
 
-    def __init__(self, env: simpy.Environment, prompts: int, staleness: float, left: np.ndarray, pv: np.ndarray):
+    def __init__(self, env: simpy.Environment, prompts: int, staleness: float, pv: np.ndarray):
         self.env = env
         self.prompts = prompts
         self.staleness = staleness
-        self.left = left                   # (NP,) Requests.left
-        self.pv = pv                       # (NP,) Requests.pv
+        self.pv = pv                       # (NP,) Requests.pv: start versions, not started = int64 max
         self.items: deque[int] = deque()   # prompt ids, completion order
         self.ready: simpy.Event | None = None
-        self.open_from = 0                 # prompts below it have all finished (a lower bound)
+        self.taken = np.zeros(len(pv), bool)
+        self.open_from = 0                 # prompts below it have all been consumed
 
     def put(self, prompts: np.ndarray) -> None:
         """(replica) Prompts whose last sequence just finished."""
@@ -135,20 +127,25 @@ class FinishedGroups:
         if ev is not None and len(self.items) >= self.prompts and not ev.triggered:
             ev.succeed()
 
+    def _pick(self, u: int) -> tuple[np.ndarray, np.ndarray | None]:
+        rg = np.fromiter(self.items, np.int64, len(self.items))
+        started = int(np.searchsorted(self.pv, np.iinfo(np.int64).max, side="left"))
+        window = np.arange(self.open_from, started)
+        open_ = self.pv[window[~self.taken[window]]]
+        return rg, consumed(self.pv[rg], open_, u, self.staleness, self.prompts)
+
     def take(self, u: int):
         """(trainer; a generator to `yield from`) The (P,) prompt ids update u consumes, in completion order."""
-        # prompts [0, due) started at <= u - eta (integer versions: at <= u - ceil(eta))
-        due = int(np.searchsorted(self.pv, u - self.staleness, side="right"))
-        while len(self.items) < self.prompts or not np.all(self.left[self.open_from:due] == 0):
+        rg, pick = self._pick(u)
+        while pick is None:
             self.ready = self.env.event()
             yield self.ready
             self.ready = None
-        rg = np.fromiter(self.items, np.int64, len(self.items))
-        order = np.lexsort((np.arange(len(rg)), self.pv[rg], rg >= due))  # due first, then oldest started, then finish
-        pick = np.sort(order[:self.prompts])
+            rg, pick = self._pick(u)
         keep = np.ones(len(rg), bool)
         keep[pick] = False
         self.items = deque(rg[keep].tolist())
-        while self.open_from < len(self.left) and self.left[self.open_from] == 0:
+        self.taken[rg[pick]] = True
+        while self.open_from < len(self.taken) and self.taken[self.open_from]:
             self.open_from += 1
         return rg[pick]

@@ -28,6 +28,7 @@ Per-sequence state lives in numpy arrays; there is no process per request.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,9 +37,60 @@ from rlsim.config import EngineConfig
 from rlsim.replay.cost import EngineStepCost, StepSums
 from rlsim.replay.errors import RlsimError
 
-# `run_round_steps` checks the KV cache ahead of a stretch in chunks of at most this many (sequence, step)
-# pairs (8 MB of float64), so that its memory does not grow with max_num_seqs x response length
+# the KV look-ahead checks at most this many (sequence, step) pairs at once (8 MB of int64), so that its memory
+# does not grow with max_num_seqs x response length
 KV_CHECK_ELEMENTS = 1 << 20
+
+
+@dataclass(frozen=True)
+class KvCache:
+    """vLLM's KV-cache policy, one place for both simulators (`run_round_steps` here, the split replicas in
+    rlsim.asyncrl_replica): a sequence of c context tokens holds ceil(c / block_size) blocks; admission is FIFO
+    while blocks are free; when the running set outgrows the cache the latest admitted is preempted."""
+
+    block_size: int = field(metadata={"help": "tokens per KV block"})
+    blocks: int = field(metadata={"help": "KV blocks in the cache"})
+
+    def need(self, context: np.ndarray) -> np.ndarray:
+        """(n,) blocks each sequence of `context` tokens holds."""
+        return -(-np.asarray(context, np.int64) // self.block_size)
+
+    def preempt(self, blocks: np.ndarray) -> tuple[int, int]:
+        """Running sequences in admission order holding `blocks`: (how many stay, blocks they use). The latest
+        admitted leave first until the rest fit."""
+        used, keep = int(blocks.sum()), len(blocks)
+        while used > self.blocks and keep:
+            keep -= 1
+            used -= int(blocks[keep])
+        return keep, used
+
+    def admit(self, contexts: Iterable[int], used: int, running: int) -> tuple[int, int]:
+        """Waiting sequences of `contexts` tokens, queue order, admitted one by one while their blocks fit:
+        (how many, blocks then used). A first sequence that cannot fit even an empty cache is an error."""
+        got = 0
+        for c in contexts:
+            nb = -(-int(c) // self.block_size)
+            if used + nb > self.blocks:
+                if not running and not got:
+                    raise RlsimError(f"a request of {int(c)} context tokens does not fit the KV cache of "
+                                     f"{self.blocks * self.block_size} tokens; pass a larger --kv-cache-tokens "
+                                     f"(at least {nb * self.block_size})")
+                break
+            used += nb
+            got += 1
+        return got, used
+
+    def horizon(self, context: np.ndarray, k: int) -> int:
+        """Steps (1..k) the running set of (n,) `context` tokens, one more each step, runs before it overflows."""
+        chunk = max(KV_CHECK_ELEMENTS // max(len(context), 1), 1)
+        for j0 in range(0, k, chunk):
+            j = np.arange(j0, min(j0 + chunk, k))
+            need = (-(-(context[:, None] + j[None, :]) // self.block_size)).sum(axis=0)  # (steps,) blocks per step
+            over = np.nonzero(need > self.blocks)[0]
+            if len(over):
+                return max(j0 + int(over[0]), 1)
+        return k
+
 
 @dataclass(frozen=True, eq=False)
 class RoundPlan:
@@ -254,8 +306,7 @@ def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig
     p = np.asarray(prompt, np.int64)
     L = np.asarray(length, np.int64)
     B = len(L)
-    bs = engine.block_size
-    cap = engine.kv_blocks
+    kv = KvCache(engine.block_size, engine.kv_blocks)
     gen_done = np.zeros(B, np.int64)      # tokens generated so far
     nxt = 0                               # the next request never admitted (queue order)
     requeued: list[int] = []              # preempted requests, a stack in front of the queue: pop() gives the head
@@ -263,37 +314,24 @@ def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig
     s = 0
     while len(running) or requeued or nxt < B:
         # 1. blocks the running set needs for this step; preempt the latest admitted until it fits
-        preempted_now = 0
-        ctx_run = p[running] + gen_done[running]
-        blocks = np.ceil(ctx_run / bs).astype(np.int64)
-        used = int(blocks.sum())
-        while used > cap and len(running):
-            victim = running[-1]
-            running = running[:-1]
-            used -= int(blocks[-1])
-            blocks = blocks[:-1]
-            requeued.append(int(victim))
-            preempted_now += 1
+        keep, used = kv.preempt(kv.need(p[running] + gen_done[running]))
+        requeued.extend(int(v) for v in running[keep:][::-1])
+        preempted_now = len(running) - keep
+        running = running[:keep]
         # 2. admit while slots and blocks allow (not in a step that preempted)
         pre_tok = 0.0
-        admitted = []
+        admitted: list[int] = []
         if not preempted_now:
-            while (requeued or nxt < B) and len(running) + len(admitted) < engine.max_num_seqs:
-                j = requeued[-1] if requeued else nxt
-                c = int(p[j] + gen_done[j])  # a preempted request recomputes prompt + output
-                nb = -(-c // bs)
-                if used + nb > cap:
-                    if not len(running) and not admitted:
-                        raise RlsimError(f"a request of {c} context tokens does not fit the KV cache of {cap * bs} tokens; "
-                                         f"pass a larger --kv-cache-tokens (at least {nb * bs})")
-                    break
+            slots = engine.max_num_seqs - len(running)
+            queue = (requeued[::-1] + list(range(nxt, min(B, nxt + slots))))[:slots]
+            m, used = kv.admit((int(p[j] + gen_done[j]) for j in queue), used, len(running))  # prompt + output
+            for j in queue[:m]:
                 if requeued:
                     requeued.pop()
                 else:
                     nxt += 1
                 admitted.append(j)
-                used += nb
-                pre_tok += p[j] * prefill_ratio if gen_done[j] == 0 else c
+                pre_tok += p[j] * prefill_ratio if gen_done[j] == 0 else int(p[j] + gen_done[j])
         if admitted:
             running = np.concatenate([running, np.asarray(admitted, np.int64)])
         n = len(running)
@@ -302,22 +340,14 @@ def run_round_steps(prompt: np.ndarray, length: np.ndarray, engine: EngineConfig
         ctx = p[running] + gen_done[running]
         remaining = L[running] - gen_done[running]
         k = int(remaining.min())
-        # 3. KV overflow inside the stretch: blocks needed at step j = sum ceil((ctx + j) / bs)
-        if k > 1:  # in chunks of steps, so that the look-ahead holds at most KV_CHECK_ELEMENTS numbers
-            chunk = max(KV_CHECK_ELEMENTS // n, 1)
-            for j0 in range(0, k, chunk):
-                j = np.arange(j0, min(j0 + chunk, k))
-                need = np.ceil((ctx[:, None] + j[None, :]) / bs).sum(axis=0)
-                over = np.nonzero(need > cap)[0]
-                if len(over):
-                    k = max(j0 + int(over[0]), 1)
-                    break
+        if k > 1:  # 3. KV overflow inside the stretch
+            k = kv.horizon(ctx, k)
         gen_done[running] += k
         fin = gen_done[running] >= L[running]
         if finish is not None:
             finish[running[fin]] = s + k - 1
         yield Stretch(step=s, steps=k, num_running=n, context0=float(ctx.sum()), prefill=float(pre_tok),
-                      finished=int(fin.sum()), kv_tokens=used * bs), preempted_now
+                      finished=int(fin.sum()), kv_tokens=used * kv.block_size), preempted_now
         running = running[~fin]
         s += k
 

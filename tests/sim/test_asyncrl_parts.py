@@ -34,15 +34,13 @@ def _take(env, groups, u, out):
 def test_consumption_takes_due_prompts_first_and_waits_for_them():
     env = simpy.Environment()
     pv = np.array([0, 0, 1, 1], np.int64)
-    left = np.array([0, 1, 0, 0], np.int64)  # prompt 1 still running
-    groups = FinishedGroups(env, prompts=2, staleness=1, left=left, pv=pv)
+    groups = FinishedGroups(env, prompts=2, staleness=1, pv=pv)  # prompt 1 still running
     groups.put(np.array([2, 0, 3]))
     out = []
     env.process(_take(env, groups, 1, out))  # update 1, eta 1: prompts started at version 0 (0 and 1) are due
 
     def finish_prompt_1():
         yield env.timeout(2.0)
-        left[1] = 0
         groups.put(np.array([1]))
 
     env.process(finish_prompt_1())
@@ -52,7 +50,7 @@ def test_consumption_takes_due_prompts_first_and_waits_for_them():
 
 def test_consumption_takes_the_oldest_started_then_completion_order():
     env = simpy.Environment()
-    groups = FinishedGroups(env, prompts=2, staleness=1, left=np.zeros(4, np.int64), pv=np.array([0, 0, 1, 1], np.int64))
+    groups = FinishedGroups(env, prompts=2, staleness=1, pv=np.array([0, 0, 1, 1], np.int64))
     groups.put(np.array([3, 2, 0]))
     out = []
     env.process(_take(env, groups, 0, out))  # nothing due at update 0: prompt 0 (version 0), then 3 (finished before 2)
