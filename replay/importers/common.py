@@ -81,6 +81,21 @@ def params_from_name(name: str | None) -> float | None:
     return n * int(m.group(1)) if m.group(1) else n
 
 
+def model_params_of(flag: str | float | None, model_name: str | None) -> tuple[float | None, str]:
+    """The model's parameter count and where it came from: --model-params, else the size in the model path."""
+    if flag is not None:
+        return parse_params(flag), "--model-params"
+    n = params_from_name(model_name)
+    return n, (f"parsed from the model path {model_name!r} (pass --model-params to override)" if n else "")
+
+
+def config_subset(cfg: dict[str, Any], keys: Iterable[str], *, dotted: bool = False) -> dict[str, Any]:
+    """The config values an imported trace keeps in its metadata: `keys` as given (dotted paths with `dotted`)."""
+    if dotted:
+        return {k: dig(cfg, k) for k in keys if dig(cfg, k) is not None}
+    return {k: cfg[k] for k in keys if k in cfg}
+
+
 def unwrap(cfg: Any) -> Any:
     """A W&B config export ({key: {desc, value}}) as plain values; anything else as it is."""
     if isinstance(cfg, dict):

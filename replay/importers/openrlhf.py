@@ -22,8 +22,8 @@ from pathlib import Path
 
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, fill_from_steps, load_config, numeric, params_from_name, parse_params,
-                                           pick, positive_int, read_csv, read_jsonl)
+from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, config_subset, fill_from_steps, load_config,
+                                           model_params_of, numeric, pick, positive_int, read_csv, read_jsonl)
 
 PERF = {"perf/experience_maker/generate_time": ("generate", "gen"),
         "perf/experience_maker/actor_value_rm_time": ("actor_value_rm", "prep"),
@@ -44,10 +44,32 @@ def _get(m: dict[str, float], *names: str) -> float:
     return math.nan
 
 
+CONFIG_KEYS = ("rollout_batch_size", "n_samples_per_prompt", "train_batch_size", "micro_rollout_batch_size",
+               "actor_num_nodes", "actor_num_gpus_per_node", "vllm_num_engines", "vllm_tensor_parallel_size",
+               "pretrain", "prompt_max_len", "generate_max_len", "advantage_estimator", "actor_learning_rate",
+               "colocate_all_models", "max_epochs")
+
+
 def load(path: str | Path, *, config: str | Path | None = None, prompts: int | None = None, group: int | None = None,
          gpus: int | None = None, device: str | None = None, model_params: str | float | None = None, tp: int | None = None,
          eval_metric: str | None = None) -> tuple[RunSpec, list[Step], list[Eval]]:
+    """Parse an OpenRLHF W&B history export (.csv or .jsonl) and its config into (spec, steps, evals)."""
     path = Path(path)
+    fmt, rows = _read(path)
+    train = [r for r in rows if "train/global_step" in r or "global_step" in r]
+    if not train:
+        raise RlsimError(f"{path}: no OpenRLHF training steps (rows with train/global_step); export the run's W&B history")
+    spec = _spec(path, fmt, config, prompts=prompts, group=group, gpus=gpus, device=device,
+                 model_params=model_params, tp=tp)
+    spec.flags = {"prompts": prompts, "group": group, "gpus": gpus, "device": device, "model_params": model_params,
+                  "tp": tp, "eval_metric": eval_metric}
+    steps = _steps(path, train, spec)
+    evals = _evals(rows, spec, eval_metric)
+    fill_from_steps(spec, steps)
+    return spec, steps, evals
+
+
+def _read(path: Path) -> tuple[str, list[dict[str, float]]]:
     if not path.is_file():
         raise RlsimError(f"log not found: {path}")
     if path.suffix.lower() == ".jsonl":
@@ -56,30 +78,29 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
         fmt, rows = "wandb-csv", read_csv(path)
     else:
         raise RlsimError(f"{path}: pass OpenRLHF's W&B history export as .csv or .jsonl (train/* metrics per step)")
-    rows = [numeric(r) for r in rows]
-    train = [r for r in rows if "train/global_step" in r or "global_step" in r]
-    if not train:
-        raise RlsimError(f"{path}: no OpenRLHF training steps (rows with train/global_step); export the run's W&B history")
+    return fmt, [numeric(r) for r in rows]
+
+
+def _spec(path: Path, fmt: str, config: str | Path | None, *, prompts, group, gpus, device, model_params,
+          tp) -> RunSpec:
+    """The run's batch, devices and model from the flags and the saved config (a flag that disagrees with the config
+    is an error)."""
     cfg = load_config(config)
     cfile = Path(config).name if config else None
     P = positive_int(pick(prompts, cfg.get("rollout_batch_size"), "--prompts", "rollout_batch_size", cfile), "--prompts")
     G = positive_int(pick(group, cfg.get("n_samples_per_prompt"), "--group", "n_samples_per_prompt", cfile), "--group")
     if P is None or G is None:
-        raise RlsimError(f"{path}: the export does not state the batch; pass the run's config (--config, with rollout_batch_size "
-                         "and n_samples_per_prompt) or --prompts P --group G")
+        raise RlsimError(f"{path}: the export does not state the batch; pass the run's config (--config, with "
+                         "rollout_batch_size and n_samples_per_prompt) or --prompts P --group G")
     cfg_gpus = None
     if cfg.get("actor_num_gpus_per_node") is not None:
         cfg_gpus = int(cfg["actor_num_gpus_per_node"]) * int(cfg.get("actor_num_nodes") or 1)
     n_gpus = positive_int(pick(gpus, cfg_gpus, "--gpus", "actor_num_nodes x actor_num_gpus_per_node", cfile), "--gpus")
-    tp_v = positive_int(pick(tp, cfg.get("vllm_tensor_parallel_size"), "--tp", "vllm_tensor_parallel_size", cfile), "--tp") or 1
+    tp_v = positive_int(pick(tp, cfg.get("vllm_tensor_parallel_size"), "--tp", "vllm_tensor_parallel_size", cfile),
+                        "--tp") or 1
     model_name = cfg.get("pretrain")
-    if model_params is not None:
-        n_params, psrc = parse_params(model_params), "--model-params"
-    else:
-        n_params = params_from_name(model_name)
-        psrc = f"parsed from the model path {model_name!r} (pass --model-params to override)" if n_params else ""
+    n_params, psrc = model_params_of(model_params, model_name)
     adv = cfg.get("advantage_estimator")
-    notes: list[str] = []
     spec = RunSpec(framework="openrlhf", file=path, fmt=fmt, prompts=P, group=G, gpus=n_gpus, tp=tp_v,
                    engines=positive_int(cfg.get("vllm_num_engines"), "vllm_num_engines"), model_name=model_name,
                    model_params=n_params, model_params_source=psrc,
@@ -87,22 +108,22 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
                    max_response_len=positive_int(cfg.get("generate_max_len"), "generate_max_len"),
                    algo="ppo" if adv == "gae" or G == 1 else "grpo", adv_estimator=adv,
                    lr=float(cfg["actor_learning_rate"]) if cfg.get("actor_learning_rate") is not None else None,
-                   prefill_ratio=1.0, config_file=cfile, notes=notes, metric_use=dict(USE))
+                   prefill_ratio=1.0, config_file=cfile, notes=[], metric_use=dict(USE))
     if device:
         spec.device = get_profile(device).key
-    spec.config = {k: cfg[k] for k in ("rollout_batch_size", "n_samples_per_prompt", "train_batch_size", "micro_rollout_batch_size",
-                                       "actor_num_nodes", "actor_num_gpus_per_node", "vllm_num_engines",
-                                       "vllm_tensor_parallel_size", "pretrain", "prompt_max_len", "generate_max_len",
-                                       "advantage_estimator", "actor_learning_rate", "colocate_all_models", "max_epochs")
-                   if k in cfg}
-    spec.flags = {"prompts": prompts, "group": group, "gpus": gpus, "device": device, "model_params": model_params, "tp": tp,
-                  "eval_metric": eval_metric}
-    B = P * G
+    spec.config = config_subset(cfg, CONFIG_KEYS)
+    return spec
+
+
+def _steps(path: Path, train: list[dict[str, float]], spec: RunSpec) -> list[Step]:
+    """One Step per W&B row with a positive wall time since the previous one (the clock: _runtime or _timestamp)."""
+    B = spec.prompts * spec.group
     train.sort(key=lambda r: _get(r, "train/global_step", "global_step"))
-    clock = "_runtime" if all("_runtime" in r for r in train) else "_timestamp" if all("_timestamp" in r for r in train) else None
+    clock = ("_runtime" if all("_runtime" in r for r in train)
+             else "_timestamp" if all("_timestamp" in r for r in train) else None)
     if clock is None:
-        raise RlsimError(f"{path}: no per-step wall time (W&B's _runtime or _timestamp on every row); export the history with "
-                         "its system columns")
+        raise RlsimError(f"{path}: no per-step wall time (W&B's _runtime or _timestamp on every row); export the "
+                         "history with its system columns")
     steps: list[Step] = []
     prev = None
     for r in train:
@@ -111,35 +132,45 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
         if prev is None:
             total = now if clock == "_runtime" else math.nan
             if clock == "_runtime":
-                notes.append(f"step {g}'s time is _runtime since the run started (startup included); the fit skips it as warm-up")
+                spec.notes.append(f"step {g}'s time is _runtime since the run started (startup included); the fit "
+                                  "skips it as warm-up")
         else:
             total = now - prev
         prev = now
-        if not math.isfinite(total) or total <= 0:
-            continue
-        phases = [Phase(name, role, r[k]) for k, (name, role) in PERF.items() if k in r]
-        if phases:
-            rest = max(total - sum(p.seconds for p in phases), 0.0)
-            phases.append(Phase("train_rest", "update", rest))
-        else:
-            phases = [Phase("step", "whole", total)]
-        resp = _get(r, "train/response_length", "rollout/response_length")
-        tot = _get(r, "train/total_length", "rollout/total_length")
-        steps.append(Step(index=g - 1, metrics=r, phases=phases, total_time=total,
-                          num_tokens=B * tot if math.isfinite(tot) else math.nan, responses=B,
-                          response=(resp, math.nan, math.nan, math.nan),
-                          prompt=((tot - resp) if math.isfinite(tot) and math.isfinite(resp) else math.nan, math.nan, math.nan, math.nan),
-                          score=(_get(r, "train/reward", "rollout/reward"), math.nan, math.nan), lr=_get(r, "train/actor_lr"),
-                          loss=_get(r, "train/policy_loss"), critic_loss=_get(r, "train/critic_loss")))
+        if math.isfinite(total) and total > 0:
+            steps.append(_step(r, g, total, B))
     if not steps:
-        raise RlsimError(f"{path}: no step with a positive wall time; the export's _runtime/_timestamp columns look corrupt")
+        raise RlsimError(f"{path}: no step with a positive wall time; the export's _runtime/_timestamp columns look "
+                         "corrupt")
     if not any(p.role == "gen" for s in steps for p in s.phases):
-        notes.append("no perf/experience_maker/* times (OpenRLHF --perf off): steps are not split into phases")
+        spec.notes.append("no perf/experience_maker/* times (OpenRLHF --perf off): steps are not split into phases")
+    return steps
+
+
+def _step(r: dict[str, float], g: int, total: float, B: int) -> Step:
+    phases = [Phase(name, role, r[k]) for k, (name, role) in PERF.items() if k in r]
+    if phases:
+        phases.append(Phase("train_rest", "update", max(total - sum(p.seconds for p in phases), 0.0)))
+    else:
+        phases = [Phase("step", "whole", total)]
+    resp = _get(r, "train/response_length", "rollout/response_length")
+    tot = _get(r, "train/total_length", "rollout/total_length")
+    prompt = (tot - resp) if math.isfinite(tot) and math.isfinite(resp) else math.nan
+    return Step(index=g - 1, metrics=r, phases=phases, total_time=total,
+                num_tokens=B * tot if math.isfinite(tot) else math.nan, responses=B,
+                response=(resp, math.nan, math.nan, math.nan), prompt=(prompt, math.nan, math.nan, math.nan),
+                score=(_get(r, "train/reward", "rollout/reward"), math.nan, math.nan), lr=_get(r, "train/actor_lr"),
+                loss=_get(r, "train/policy_loss"), critic_loss=_get(r, "train/critic_loss"))
+
+
+def _evals(rows: list[dict[str, float]], spec: RunSpec, eval_metric: str | None) -> list[Eval]:
     evals = []
     last = 0
+    skip = ("eval/global_step", "eval/epoch", "eval/train_step", "eval/episode")
     for r in rows:
-        last = int(_get(r, "train/global_step", "global_step")) if math.isfinite(_get(r, "train/global_step", "global_step")) else last
-        keys = [k for k in r if k.startswith("eval/") and k not in ("eval/global_step", "eval/epoch", "eval/train_step", "eval/episode")]
+        step = _get(r, "train/global_step", "global_step")
+        last = int(step) if math.isfinite(step) else last
+        keys = [k for k in r if k.startswith("eval/") and k not in skip]
         if not keys:
             continue
         key = eval_metric if eval_metric else sorted(keys)[0]
@@ -147,5 +178,4 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
             spec.metric_use[key] = "eval score"
             upd = _get(r, "eval/train_step", "eval/global_step")
             evals.append(Eval(updates=int(upd) if math.isfinite(upd) else last, score=r[key], k=None, metric=key))
-    fill_from_steps(spec, steps)
-    return spec, steps, evals
+    return evals

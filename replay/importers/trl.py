@@ -22,8 +22,8 @@ from typing import Any
 
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, fill_from_steps, load_config, numeric, params_from_name, parse_params,
-                                           pick, positive_int)
+from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, config_subset, fill_from_steps, load_config,
+                                           model_params_of, numeric, pick, positive_int)
 
 USE = {
     "step": "step index (0-based in the trace: step - 1)", "step_time": "step time (whole optimizer step, generation included)",
@@ -63,23 +63,44 @@ def _entries(path: Path) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
     return entries, "console", {}
 
 
+CONFIG_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations", "max_completion_length",
+               "max_prompt_length", "learning_rate", "use_vllm", "vllm_mode", "steps_per_generation",
+               "generation_batch_size", "logging_steps")
+
+
 def load(path: str | Path, *, config: str | Path | None = None, prompts: int | None = None, group: int | None = None,
          gpus: int | None = None, device: str | None = None, model_params: str | float | None = None,
          eval_metric: str | None = None, tp: int | None = None) -> tuple[RunSpec, list[Step], list[Eval]]:
+    """Parse a TRL GRPOTrainer log (trainer_state.json, a JSONL of its entries, or the console dicts) and its
+    GRPOConfig into (spec, steps, evals)."""
     path = Path(path)
     if not path.is_file():
         raise RlsimError(f"log not found: {path}")
     entries, fmt, state = _entries(path)
     cfg = load_config(config)
-    cfile = Path(config).name if config else None
-    notes: list[str] = []
     train = [e for e in entries if not any(str(k).startswith("eval_") for k in e) and "train_runtime" not in e
              and any(k in e for k in ("loss", "reward", "step_time", "grad_norm"))]
     if not train:
-        raise RlsimError(f"{path}: no training log entries (loss, reward, step_time per logging step); is this a TRL GRPOTrainer log?")
+        raise RlsimError(f"{path}: no training log entries (loss, reward, step_time per logging step); is this a TRL "
+                         "GRPOTrainer log?")
+    spec = _spec(path, fmt, cfg, Path(config).name if config else None, state, prompts=prompts, group=group,
+                 gpus=gpus, device=device, model_params=model_params)
+    spec.flags = {"prompts": prompts, "group": group, "gpus": gpus, "device": device, "model_params": model_params,
+                  "eval_metric": eval_metric}
+    steps = _steps(path, fmt, entries, train, state, cfg, spec)
+    evals = _evals(entries, spec, eval_metric)
+    fill_from_steps(spec, steps)
+    steps.sort(key=lambda s: s.index)
+    return spec, steps, evals
+
+
+def _spec(path: Path, fmt: str, cfg: dict[str, Any], cfile: str | None, state: dict[str, Any], *, prompts, group,
+          gpus, device, model_params) -> RunSpec:
+    """The batch from GRPOConfig's per-device batch x processes x accumulation / num_generations (or the flags)."""
     G = positive_int(pick(group, cfg.get("num_generations"), "--group", "num_generations", cfile), "--group")
     if G is None:
-        raise RlsimError(f"{path}: the log does not state the group size; pass the GRPOConfig (--config) or --group G (num_generations)")
+        raise RlsimError(f"{path}: the log does not state the group size; pass the GRPOConfig (--config) or --group G "
+                         "(num_generations)")
     per_dev = cfg.get("per_device_train_batch_size") or state.get("train_batch_size")
     ga = cfg.get("gradient_accumulation_steps") or 1
     n_gpus = positive_int(gpus if gpus is not None else cfg.get("num_processes"), "--gpus")
@@ -87,73 +108,83 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
     if per_dev and n_gpus:
         b = int(per_dev) * n_gpus * int(ga)
         if b % G:
-            raise RlsimError(f"per_device_train_batch_size {per_dev} x {n_gpus} processes x gradient_accumulation_steps {ga} = {b} "
-                             f"completions is not a multiple of num_generations {G}")
+            raise RlsimError(f"per_device_train_batch_size {per_dev} x {n_gpus} processes x gradient_accumulation_steps "
+                             f"{ga} = {b} completions is not a multiple of num_generations {G}")
         derived = b // G
-    P = positive_int(pick(prompts, derived, "--prompts", "per_device_train_batch_size x GPUs x gradient_accumulation_steps / num_generations",
-                          cfile or "trainer_state.json"), "--prompts")
+    P = positive_int(pick(prompts, derived, "--prompts", "per_device_train_batch_size x GPUs x "
+                          "gradient_accumulation_steps / num_generations", cfile or "trainer_state.json"), "--prompts")
     if P is None:
-        raise RlsimError(f"{path}: cannot work out prompts per step; pass --gpus (training processes) with the GRPOConfig "
-                         "(--config), or --prompts P")
+        raise RlsimError(f"{path}: cannot work out prompts per step; pass --gpus (training processes) with the "
+                         "GRPOConfig (--config), or --prompts P")
     model_name = cfg.get("model_name_or_path") or cfg.get("model")
-    if model_params is not None:
-        n_params, psrc = parse_params(model_params), "--model-params"
-    else:
-        n_params = params_from_name(model_name)
-        psrc = f"parsed from the model path {model_name!r} (pass --model-params to override)" if n_params else ""
+    n_params, psrc = model_params_of(model_params, model_name)
     spec = RunSpec(framework="trl", file=path, fmt=fmt, prompts=P, group=G, gpus=n_gpus, tp=1, model_name=model_name,
                    model_params=n_params, model_params_source=psrc,
                    max_prompt_len=positive_int(cfg.get("max_prompt_length"), "max_prompt_length"),
                    max_response_len=positive_int(cfg.get("max_completion_length"), "max_completion_length"),
                    algo="grpo" if G > 1 else "ppo", adv_estimator=cfg.get("loss_type"),
                    lr=float(cfg["learning_rate"]) if cfg.get("learning_rate") is not None else None,
-                   max_num_seqs_per_engine=max(P * G, 256), prefill_ratio=1.0, config_file=cfile, notes=notes,
+                   max_num_seqs_per_engine=max(P * G, 256), prefill_ratio=1.0, config_file=cfile, notes=[],
                    metric_use=dict(USE))
     if device:
         spec.device = get_profile(device).key
-    spec.config = {k: cfg[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
-                                       "max_completion_length", "max_prompt_length", "learning_rate", "use_vllm",
-                                       "vllm_mode", "steps_per_generation", "generation_batch_size", "logging_steps")
-                   if k in cfg}
-    spec.flags = {"prompts": prompts, "group": group, "gpus": gpus, "device": device, "model_params": model_params,
-                  "eval_metric": eval_metric}
+    spec.config = config_subset(cfg, CONFIG_KEYS)
+    return spec
+
+
+def _mean_step(path: Path, entries: list[dict[str, Any]], train: list[dict[str, Any]], state: dict[str, Any],
+               spec: RunSpec) -> float | None:
+    """An older TRL logs no step_time: every step then takes the run's mean, train_runtime / global_step."""
+    if any("step_time" in e for e in train):
+        return None
     final = next((e for e in entries if "train_runtime" in e), None)
-    mean_step = None
-    if not any("step_time" in e for e in train):
-        gs = state.get("global_step") or (final or {}).get("step")
-        if final and gs:
-            mean_step = float(final["train_runtime"]) / float(gs)
-            notes.append(f"no step_time logged (older TRL): every step takes the run's mean, train_runtime / global_step = "
-                         f"{mean_step:.4g} s (startup included)")
-        else:
-            raise RlsimError(f"{path}: no step times (step_time, or train_runtime at the end); recent TRL versions log step_time "
-                             "per step: import a log that has it")
-    B = P * G
+    gs = state.get("global_step") or (final or {}).get("step")
+    if not (final and gs):
+        raise RlsimError(f"{path}: no step times (step_time, or train_runtime at the end); recent TRL versions log "
+                         "step_time per step: import a log that has it")
+    mean_step = float(final["train_runtime"]) / float(gs)
+    spec.notes.append(f"no step_time logged (older TRL): every step takes the run's mean, train_runtime / global_step "
+                      f"= {mean_step:.4g} s (startup included)")
+    return mean_step
+
+
+def _steps(path: Path, fmt: str, entries: list[dict[str, Any]], train: list[dict[str, Any]], state: dict[str, Any],
+           cfg: dict[str, Any], spec: RunSpec) -> list[Step]:
+    mean_step = _mean_step(path, entries, train, state, spec)
+    B = spec.prompts * spec.group
     steps: list[Step] = []
     prev_tok, prev_step = 0.0, 0
     for i, e in enumerate(train):
         m = numeric(e)
         s = int(m.get("step", (i + 1) * int(cfg.get("logging_steps") or 1)))
         if fmt == "console" and "step" not in m and i == 0:
-            notes.append("console dicts carry no step: step = entry number x logging_steps")
+            spec.notes.append("console dicts carry no step: step = entry number x logging_steps")
         t = m.get("step_time", mean_step if mean_step is not None else math.nan)
         tokens = math.nan
-        if "num_tokens" in m:
-            d_steps = max(s - prev_step, 1)
-            tokens = (m["num_tokens"] - prev_tok) / d_steps
+        if "num_tokens" in m:  # cumulative: this entry's share per step since the last entry
+            tokens = (m["num_tokens"] - prev_tok) / max(s - prev_step, 1)
             prev_tok = m["num_tokens"]
         prev_step = s
-        rmean = m.get("completions/mean_length", m.get("completion_length", math.nan))
-        pmean = (tokens / B - rmean) if math.isfinite(tokens) and math.isfinite(rmean) else math.nan
-        steps.append(Step(index=s - 1, metrics=m, phases=[Phase("step", "whole", t)] if math.isfinite(t) else [], total_time=t,
-                          num_tokens=tokens, responses=B,
-                          response=(rmean, m.get("completions/min_length", math.nan), m.get("completions/max_length", math.nan),
-                                    m.get("completions/clipped_ratio", math.nan)),
-                          prompt=(pmean if math.isfinite(pmean) and pmean > 0 else math.nan, math.nan, math.nan, math.nan),
-                          score=(m.get("reward", math.nan), math.nan, math.nan), lr=m.get("learning_rate", math.nan),
-                          loss=m.get("loss", math.nan), grad_norm=m.get("grad_norm", math.nan)))
+        steps.append(_step(m, s, t, tokens, B))
     if any(not math.isfinite(s.total_time) for s in steps):
-        raise RlsimError(f"{path}: some training entries have no step_time (a truncated log?); import a complete trainer_state.json")
+        raise RlsimError(f"{path}: some training entries have no step_time (a truncated log?); import a complete "
+                         "trainer_state.json")
+    return steps
+
+
+def _step(m: dict[str, float], s: int, t: float, tokens: float, B: int) -> Step:
+    rmean = m.get("completions/mean_length", m.get("completion_length", math.nan))
+    pmean = (tokens / B - rmean) if math.isfinite(tokens) and math.isfinite(rmean) else math.nan
+    return Step(index=s - 1, metrics=m, phases=[Phase("step", "whole", t)] if math.isfinite(t) else [], total_time=t,
+                num_tokens=tokens, responses=B,
+                response=(rmean, m.get("completions/min_length", math.nan), m.get("completions/max_length", math.nan),
+                          m.get("completions/clipped_ratio", math.nan)),
+                prompt=(pmean if math.isfinite(pmean) and pmean > 0 else math.nan, math.nan, math.nan, math.nan),
+                score=(m.get("reward", math.nan), math.nan, math.nan), lr=m.get("learning_rate", math.nan),
+                loss=m.get("loss", math.nan), grad_norm=m.get("grad_norm", math.nan))
+
+
+def _evals(entries: list[dict[str, Any]], spec: RunSpec, eval_metric: str | None) -> list[Eval]:
     evals = []
     for e in entries:
         m = numeric(e)
@@ -163,7 +194,6 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
         key = eval_metric if eval_metric else ("eval_reward" if "eval_reward" in keys else sorted(keys)[0])
         if key in m:
             spec.metric_use[key] = "eval score"
-            evals.append(Eval(updates=int(m.get("step", 0)), score=m[key], k=None, metric=key, seconds=m.get("eval_runtime", math.nan)))
-    fill_from_steps(spec, steps)
-    steps.sort(key=lambda s: s.index)
-    return spec, steps, evals
+            evals.append(Eval(updates=int(m.get("step", 0)), score=m[key], k=None, metric=key,
+                              seconds=m.get("eval_runtime", math.nan)))
+    return evals

@@ -25,8 +25,9 @@ from typing import Any
 
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, dig, fill_from_steps, load_config, numeric, params_from_name,
-                                           parse_number, parse_params, pick, positive_int, read_csv, read_jsonl)
+from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, config_subset, dig, fill_from_steps, load_config,
+                                           model_params_of, numeric, parse_number, pick, positive_int, read_csv,
+                                           read_jsonl)
 
 ROLES = {"gen": "gen", "gen_max": "gen", "reward": "reward", "adv": "reward", "old_log_prob": "prep", "ref": "prep",
          "values": "prep", "update_critic": "update", "update_actor": "update", "update_weights": "sync",
@@ -163,74 +164,100 @@ def _stat(m: dict[str, float], prefix: str, names=("mean", "min", "max", "clip_r
     return tuple(m.get(f"{prefix}/{n}", math.nan) for n in names)
 
 
+CONFIG_KEYS = ("data.train_batch_size", "actor_rollout_ref.rollout.n", "trainer.n_gpus_per_node", "trainer.nnodes",
+               "actor_rollout_ref.model.path", "data.max_prompt_length", "data.max_response_length",
+               "algorithm.adv_estimator", "actor_rollout_ref.actor.optim.lr",
+               "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.name",
+               "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.actor.ppo_mini_batch_size",
+               "trainer.test_freq", "data.gen_batch_size")
+
+
 def load(path: str | Path, *, config: str | Path | None = None, prompts: int | None = None, group: int | None = None,
          gpus: int | None = None, device: str | None = None, model_params: str | float | None = None,
-         tp: int | None = None, eval_metric: str | None = None, drop_truncated: bool = False) -> tuple[RunSpec, list[Step], list[Eval]]:
+         tp: int | None = None, eval_metric: str | None = None,
+         drop_truncated: bool = False) -> tuple[RunSpec, list[Step], list[Eval]]:
     """Parse a verl log (console, .jsonl or .csv) and its config into (spec, steps, evals)."""
     path = Path(path)
+    fmt, raw, notes = _read(path, drop_truncated)
+    train = {s: m for s, m in raw.items() if not _eval_only(m)}
+    if not train:
+        raise RlsimError(f"{path}: no verl training steps found (lines `step:N - key:value - ...` with timing_s/* "
+                         "metrics); pass the trainer's console log (trainer.logger includes 'console') or its JSONL / "
+                         "W&B CSV export")
+    spec = _spec(path, fmt, config, notes, prompts=prompts, group=group, gpus=gpus, device=device,
+                 model_params=model_params, tp=tp)
+    spec.flags = {"prompts": prompts, "group": group, "gpus": gpus, "device": device, "model_params": model_params,
+                  "tp": tp, "eval_metric": eval_metric, "drop_truncated": drop_truncated or None}
+    steps, evals = _steps(path, raw, train, spec, eval_metric)
+    spec.notes += fill_from_steps(spec, steps)
+    return spec, steps, evals
+
+
+def _read(path: Path, drop_truncated: bool) -> tuple[str, dict[int, dict[str, float]], list[str]]:
+    """(format, metrics per logged step, notes) of a console log, a .jsonl or a W&B .csv export."""
     if not path.is_file():
         raise RlsimError(f"log not found: {path}")
     suffix = path.suffix.lower()
-    notes: list[str] = []
     if suffix == ".jsonl":
-        fmt, raw = "jsonl", parse_table(path, read_jsonl(path))
-    elif suffix == ".csv":
-        fmt, raw = "wandb-csv", parse_table(path, read_csv(path))
-    else:
-        fmt = "console"
-        raw, notes = parse_console(path, drop_truncated=drop_truncated)
-    train = {s: m for s, m in raw.items() if not _eval_only(m)}
-    if not train:
-        raise RlsimError(f"{path}: no verl training steps found (lines `step:N - key:value - ...` with timing_s/* metrics); "
-                         "pass the trainer's console log (trainer.logger includes 'console') or its JSONL / W&B CSV export")
+        return "jsonl", parse_table(path, read_jsonl(path)), []
+    if suffix == ".csv":
+        return "wandb-csv", parse_table(path, read_csv(path)), []
+    raw, notes = parse_console(path, drop_truncated=drop_truncated)
+    return "console", raw, notes
+
+
+def _spec(path: Path, fmt: str, config: str | Path | None, notes: list[str], *, prompts, group, gpus, device,
+          model_params, tp) -> RunSpec:
+    """The run's batch, devices and model from the flags and the saved Hydra config (a flag that disagrees with
+    the config is an error)."""
     cfg = load_config(config)
     cfile = Path(config).name if config else None
-    P = positive_int(pick(prompts, dig(cfg, "data.train_batch_size"), "--prompts", "data.train_batch_size", cfile), "--prompts")
-    G = positive_int(pick(group, dig(cfg, "actor_rollout_ref.rollout.n"), "--group", "actor_rollout_ref.rollout.n", cfile), "--group")
+
+    def setting(flag, key: str, name: str, what: str | None = None):
+        return positive_int(pick(flag, dig(cfg, key), name, what or key, cfile), name)
+
+    P = setting(prompts, "data.train_batch_size", "--prompts")
+    G = setting(group, "actor_rollout_ref.rollout.n", "--group")
     cfg_gpus = None
     if dig(cfg, "trainer.n_gpus_per_node") is not None:
         cfg_gpus = int(dig(cfg, "trainer.n_gpus_per_node")) * int(dig(cfg, "trainer.nnodes") or 1)
     n_gpus = positive_int(pick(gpus, cfg_gpus, "--gpus", "trainer.n_gpus_per_node x trainer.nnodes", cfile), "--gpus")
     if P is None or G is None:
         raise RlsimError(f"{path}: the log does not state the batch; pass the run's saved Hydra config (--config "
-                         ".hydra/config.yaml) or --prompts P --group G (verl data.train_batch_size, actor_rollout_ref.rollout.n)")
-    tp_v = positive_int(pick(tp, dig(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size"), "--tp",
-                             "actor_rollout_ref.rollout.tensor_model_parallel_size", cfile), "--tp") or 1
+                         ".hydra/config.yaml) or --prompts P --group G (verl data.train_batch_size, "
+                         "actor_rollout_ref.rollout.n)")
     model_name = dig(cfg, "actor_rollout_ref.model.path")
-    if model_params is not None:
-        n_params, psrc = parse_params(model_params), "--model-params"
-    else:
-        n_params = params_from_name(model_name)
-        psrc = f"parsed from the model path {model_name!r} (pass --model-params to override)" if n_params else ""
-    adv = dig(cfg, "algorithm.adv_estimator")
-    spec = RunSpec(framework="verl", file=path, fmt=fmt, prompts=P, group=G, gpus=n_gpus, device=None, tp=tp_v,
+    n_params, psrc = model_params_of(model_params, model_name)
+    adv, lr = dig(cfg, "algorithm.adv_estimator"), dig(cfg, "actor_rollout_ref.actor.optim.lr")
+    spec = RunSpec(framework="verl", file=path, fmt=fmt, prompts=P, group=G, gpus=n_gpus, device=None,
+                   tp=setting(tp, "actor_rollout_ref.rollout.tensor_model_parallel_size", "--tp") or 1,
                    model_name=model_name, model_params=n_params, model_params_source=psrc,
                    max_prompt_len=positive_int(dig(cfg, "data.max_prompt_length"), "data.max_prompt_length"),
                    max_response_len=positive_int(dig(cfg, "data.max_response_length"), "data.max_response_length"),
                    algo="ppo" if adv == "gae" or G == 1 else "grpo", adv_estimator=adv,
-                   lr=float(dig(cfg, "actor_rollout_ref.actor.optim.lr")) if dig(cfg, "actor_rollout_ref.actor.optim.lr") is not None else None,
-                   max_num_seqs_per_engine=positive_int(dig(cfg, "actor_rollout_ref.rollout.max_num_seqs"), "max_num_seqs") or 1024,
+                   lr=float(lr) if lr is not None else None,
+                   max_num_seqs_per_engine=positive_int(dig(cfg, "actor_rollout_ref.rollout.max_num_seqs"),
+                                                        "max_num_seqs") or 1024,
                    prefill_ratio=1.0 / G, config_file=cfile, notes=notes, metric_use=dict(USE))
     if device:
         spec.device = get_profile(device).key
     gb = dig(cfg, "data.gen_batch_size")
     if gb and dig(cfg, "algorithm.filter_groups.enable") and int(gb) > P:
         spec.gen_responses = int(gb) * G
-        notes.append(f"data.gen_batch_size {gb} > train_batch_size {P} with filter_groups: {int(gb) * G} responses generated per step")
+        notes.append(f"data.gen_batch_size {gb} > train_batch_size {P} with filter_groups: {int(gb) * G} responses "
+                     "generated per step")
     files = dig(cfg, "data.train_files")
     if files:
         f = files[0] if isinstance(files, list) else str(files)
         spec.task = Path(str(f)).parent.name or Path(str(f)).stem
-    spec.config = {k: dig(cfg, k) for k in ("data.train_batch_size", "actor_rollout_ref.rollout.n", "trainer.n_gpus_per_node",
-                                              "trainer.nnodes", "actor_rollout_ref.model.path", "data.max_prompt_length",
-                                              "data.max_response_length", "algorithm.adv_estimator",
-                                              "actor_rollout_ref.actor.optim.lr", "actor_rollout_ref.rollout.tensor_model_parallel_size",
-                                              "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.max_num_seqs",
-                                              "actor_rollout_ref.actor.ppo_mini_batch_size", "trainer.test_freq",
-                                              "data.gen_batch_size") if dig(cfg, k) is not None}
-    spec.flags = {"prompts": prompts, "group": group, "gpus": gpus, "device": device, "model_params": model_params, "tp": tp,
-                  "eval_metric": eval_metric, "drop_truncated": drop_truncated or None}
+    spec.config = config_subset(cfg, CONFIG_KEYS, dotted=True)
+    return spec
 
+
+def _steps(path: Path, raw: dict[int, dict[str, float]], train: dict[int, dict[str, float]], spec: RunSpec,
+           eval_metric: str | None) -> tuple[list[Step], list[Eval]]:
+    """The training steps and the evals of the logged steps; the GPU count from perf/throughput where no flag or
+    config gave it (and a warning where it disputes them)."""
     offset = 1 if min(train) >= 1 else 0
     steps: list[Step] = []
     evals: list[Eval] = []
@@ -245,33 +272,44 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
                               seconds=m.get("timing_s/testing", math.nan)))
         if g not in train:
             continue
-        total = m.get("timing_s/step", m.get("perf/time_per_step", math.nan))
-        # a log (or a table) with the step time alone: one phase for the lot, as TRL's, so training takes the rest
-        phases = _phases(m) or ([Phase("step", "whole", total)] if math.isfinite(total) else [])
-        if not math.isfinite(total) and not phases:
-            raise RlsimError(f"{path}: step {g} has no timing (timing_s/*); verl logs it on every step, is this a verl trainer log?")
-        st = Step(index=g - offset, metrics=m, phases=phases, total_time=total,
-                  num_tokens=m.get("perf/total_num_tokens", math.nan), responses=P * G,
-                  response=_stat(m, "response_length"), prompt=_stat(m, "prompt_length"),
-                  score=_stat(m, "critic/score", ("mean", "min", "max")) if "critic/score/mean" in m
-                  else _stat(m, "critic/rewards", ("mean", "min", "max")),
-                  lr=m.get("actor/lr", math.nan), loss=m.get("actor/pg_loss", m.get("actor/loss", math.nan)),
-                  grad_norm=m.get("actor/grad_norm", math.nan), critic_loss=m.get("critic/vf_loss", math.nan),
-                  critic_grad_norm=m.get("critic/grad_norm", math.nan))
+        st = _step(path, g - offset, g, m, spec.prompts * spec.group)
         steps.append(st)
-        if "perf/throughput" in m and math.isfinite(total) and total > 0 and m["perf/throughput"] > 0 and math.isfinite(st.num_tokens):
-            implied.append(st.num_tokens / (total * m["perf/throughput"]))
+        total, thr = st.total_time, m.get("perf/throughput", 0.0)
+        if math.isfinite(total) and total > 0 and thr > 0 and math.isfinite(st.num_tokens):
+            implied.append(st.num_tokens / (total * thr))
         async_run |= any(k in m for k in ASYNC_KEYS)
     if implied:
-        med = sorted(implied)[len(implied) // 2]
-        if spec.gpus is None:
-            spec.gpus = max(int(round(med)), 1)
-            notes.append(f"GPUs {spec.gpus} from perf/throughput = tokens / (step time x GPUs) (no --gpus or config)")
-        elif abs(med - spec.gpus) > 0.1 * spec.gpus:
-            spec.warnings.append(f"perf/throughput (tokens / (step time x GPUs)) implies {med:.3g} GPUs, the config/flags "
-                                 f"say {spec.gpus}: the costs are scaled by {spec.gpus}; pass --gpus if the config is wrong")
+        _gpus_from_throughput(spec, sorted(implied)[len(implied) // 2])
     if async_run:
-        notes.append("fully-async run (trainer/idle_ratio, rollouter/idle_ratio logged): generation and training overlapped")
+        spec.notes.append("fully-async run (trainer/idle_ratio, rollouter/idle_ratio logged): generation and training "
+                          "overlapped")
         spec.fully_async = True
-    notes += fill_from_steps(spec, steps)
-    return spec, steps, evals
+    return steps, evals
+
+
+def _step(path: Path, index: int, g: int, m: dict[str, float], B: int) -> Step:
+    total = m.get("timing_s/step", m.get("perf/time_per_step", math.nan))
+    # a log (or a table) with the step time alone: one phase for the lot, as TRL's, so training takes the rest
+    phases = _phases(m) or ([Phase("step", "whole", total)] if math.isfinite(total) else [])
+    if not math.isfinite(total) and not phases:
+        raise RlsimError(f"{path}: step {g} has no timing (timing_s/*); verl logs it on every step, is this a verl "
+                         "trainer log?")
+    score = (_stat(m, "critic/score", ("mean", "min", "max")) if "critic/score/mean" in m
+             else _stat(m, "critic/rewards", ("mean", "min", "max")))
+    return Step(index=index, metrics=m, phases=phases, total_time=total,
+                num_tokens=m.get("perf/total_num_tokens", math.nan), responses=B,
+                response=_stat(m, "response_length"), prompt=_stat(m, "prompt_length"), score=score,
+                lr=m.get("actor/lr", math.nan), loss=m.get("actor/pg_loss", m.get("actor/loss", math.nan)),
+                grad_norm=m.get("actor/grad_norm", math.nan), critic_loss=m.get("critic/vf_loss", math.nan),
+                critic_grad_norm=m.get("critic/grad_norm", math.nan))
+
+
+def _gpus_from_throughput(spec: RunSpec, implied: float) -> None:
+    """perf/throughput = tokens / (step time x GPUs): the GPU count it implies, where none was given, or a warning."""
+    if spec.gpus is None:
+        spec.gpus = max(int(round(implied)), 1)
+        spec.notes.append(f"GPUs {spec.gpus} from perf/throughput = tokens / (step time x GPUs) (no --gpus or config)")
+    elif abs(implied - spec.gpus) > 0.1 * spec.gpus:
+        spec.warnings.append(f"perf/throughput (tokens / (step time x GPUs)) implies {implied:.3g} GPUs, the "
+                             f"config/flags say {spec.gpus}: the costs are scaled by {spec.gpus}; pass --gpus if the "
+                             "config is wrong")
