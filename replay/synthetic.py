@@ -72,105 +72,122 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
     P, G, B = spec.prompts, spec.group, spec.prompts * spec.group
     rows: list[dict] = []
     t = 0.0
-    cum = 0
-    cum_tok = 0
-    pid = 0
+    cum = cum_tok = 0
+    cost = true_cost(spec)
 
     def noisy(x: float) -> float:
         return x * (1 + spec.noise * rng.standard_normal()) if spec.noise else x
 
-    cost = true_cost(spec)
     for step in range(spec.steps):
         t_step0 = t
         plen = np.repeat(rng.integers(spec.prompt_min, spec.prompt_max + 1, size=P), G)
         rlen = rng.integers(spec.min_tokens, spec.max_tokens + 1, size=B)
         t += spec.round_base + spec.per_response * B
-        waiting = deque(range(B))
-        running: list[int] = []
-        done_tok = np.zeros(B, np.int64)
-        t_first = np.full(B, np.nan)
-        t_fin = np.full(B, np.nan)
-        t_q = np.full(B, t_step0)
-        while waiting or running:
-            pre = 0
-            while waiting and len(running) < spec.max_num_seqs:
-                j = waiting.popleft()
-                running.append(j)
-                pre += int(plen[j])
-            n = len(running)
-            ctx = int(sum(int(plen[j] + done_tok[j]) for j in running))
-            dec = sum(1 for j in running if done_tok[j] > 0)
-            dur = cost.stretch(1, n, ctx, pre)
-            dur = noisy(dur) + (spec.warmup_extra if step == 0 else 0.0)
-            fin = []
-            for j in running:
-                done_tok[j] += 1
-                if done_tok[j] == 1:
-                    t_first[j] = t + dur
-                if done_tok[j] >= rlen[j]:
-                    fin.append(j)
-                    t_fin[j] = t + dur
-            rows.append(dict(kind="gen_step", t_start=t, duration=dur, step=step, policy_version=step, num_running=n,
-                             num_waiting=len(waiting), prefill_tokens=pre, decode_tokens=dec, context_tokens=ctx,
-                             kv_usage=min(ctx / spec.kv_cache_tokens, 1.0), finished=len(fin)))
-            fs = set(fin)
-            running = [j for j in running if j not in fs]
-            t += dur + spec.step_gap
+        t, t_first, t_fin = _generate(spec, cost, noisy, step, t, plen, rlen, rows)
         gen_time = t - t_step0
         for j in range(B):
-            rows.append(dict(kind="response", t_start=t_q[j], duration=t_fin[j] - t_q[j], step=step, policy_version=step,
-                             prompt_id=pid + j // G, group_index=j % G, prompt_tokens=int(plen[j]), response_tokens=int(rlen[j]),
-                             reward=float(rng.random() < 0.5), consumed_step=step, t_queued=t_q[j], t_first_token=t_first[j],
-                             t_finished=t_fin[j]))
-        pid += P
+            rows.append(dict(kind="response", t_start=t_step0, duration=t_fin[j] - t_step0, step=step,
+                             policy_version=step, prompt_id=step * P + j // G, group_index=j % G,
+                             prompt_tokens=int(plen[j]), response_tokens=int(rlen[j]), reward=float(rng.random() < 0.5),
+                             consumed_step=step, t_queued=t_step0, t_first_token=t_first[j], t_finished=t_fin[j]))
         tokens = int(plen.sum() + rlen.sum())
-        reward_t = noisy(spec.reward_b * B)
-        prep_t = noisy(spec.prep_b * tokens)
-        upd = noisy(spec.update_a + spec.update_b * tokens)
-        t += reward_t + prep_t
-        t_upd = t
-        t += upd
-        other = noisy(spec.other_s)  # the rest of the step, before the sync: step_time ends with the sync (format)
-        t += other
-        t_sync = t
-        sync = noisy(spec.sync_s)
-        t += sync
-        b_small = min(spec.micro_batch, B - 1) if B > 1 else 1
-        gb = math.sqrt(spec.g2 + spec.tr_sigma / B)
-        gs = math.sqrt(spec.g2 + spec.tr_sigma / b_small)
-        if spec.calibrate:  # forward + backward as the calibration times them, the optimizer the rest
-            fb = upd - spec.update_a + spec.calib_train_a
-            t_fwd, t_bwd, t_opt = fb / 3, fb - fb / 3, spec.update_a - spec.calib_train_a
-        else:
-            t_fwd, t_bwd, t_opt = upd * 0.3, (upd - spec.update_a) * 0.7, spec.update_a
-        rows.append(dict(kind="update", t_start=t_upd, duration=upd, step=step, policy_version=step, num_responses=B,
-                         num_tokens=tokens, response_tokens_total=int(rlen.sum()), lr=3e-4, loss=0.0, reward=0.5,
-                         t_forward=t_fwd, t_backward=t_bwd, t_optimizer=t_opt,
-                         grad_norm=gb, grad_norm_micro=gs, micro_batch=b_small,
-                         critic_grad_norm=gb if spec.algo == "ppo" else None,
-                         critic_grad_norm_micro=gs if spec.algo == "ppo" else None,
-                         step_time=t - t_step0, gen_time=gen_time, reward_time=reward_t, prep_time=prep_t))
-        rows.append(dict(kind="sync", t_start=t_sync, duration=sync, step=step, policy_version=step + 1, bytes=spec.model_bytes))
+        t = _train(spec, noisy, step, t, t_step0, gen_time, tokens, int(rlen.sum()), rows)
         cum += B
         cum_tok += tokens
         if (step + 1) % spec.eval_every == 0:
-            rows.append(dict(kind="eval", t_start=t, duration=0.01, step=step, policy_version=step + 1, cum_responses=cum,
-                             cum_tokens=cum_tok, score=1 - math.exp(-cum / spec.score_scale), eval_k=4, eval_prompts=16))
+            rows.append(dict(kind="eval", t_start=t, duration=0.01, step=step, policy_version=step + 1,
+                             cum_responses=cum, cum_tokens=cum_tok, score=1 - math.exp(-cum / spec.score_scale),
+                             eval_k=4, eval_prompts=16))
     if spec.calibrate:
         rows += calibration_rows(spec)
+    return write_trace(path, _meta(spec, meta_overrides), rows)
+
+
+def _generate(spec: SynthSpec, cost: EngineStepCost, noisy, step: int, t: float, plen: np.ndarray, rlen: np.ndarray,
+              rows: list[dict]) -> tuple[float, np.ndarray, np.ndarray]:
+    """One round of continuous batching, a gen_step row per engine step: (time after it, (B,) first-token and
+    finish times)."""
+    B = len(rlen)
+    waiting = deque(range(B))
+    running: list[int] = []
+    done_tok = np.zeros(B, np.int64)
+    t_first = np.full(B, np.nan)
+    t_fin = np.full(B, np.nan)
+    while waiting or running:
+        pre = 0
+        while waiting and len(running) < spec.max_num_seqs:
+            j = waiting.popleft()
+            running.append(j)
+            pre += int(plen[j])
+        n = len(running)
+        ctx = int(sum(int(plen[j] + done_tok[j]) for j in running))
+        dec = sum(1 for j in running if done_tok[j] > 0)
+        dur = noisy(cost.stretch(1, n, ctx, pre)) + (spec.warmup_extra if step == 0 else 0.0)
+        fin = []
+        for j in running:
+            done_tok[j] += 1
+            if done_tok[j] == 1:
+                t_first[j] = t + dur
+            if done_tok[j] >= rlen[j]:
+                fin.append(j)
+                t_fin[j] = t + dur
+        rows.append(dict(kind="gen_step", t_start=t, duration=dur, step=step, policy_version=step, num_running=n,
+                         num_waiting=len(waiting), prefill_tokens=pre, decode_tokens=dec, context_tokens=ctx,
+                         kv_usage=min(ctx / spec.kv_cache_tokens, 1.0), finished=len(fin)))
+        fs = set(fin)
+        running = [j for j in running if j not in fs]
+        t += dur + spec.step_gap
+    return t, t_first, t_fin
+
+
+def _train(spec: SynthSpec, noisy, step: int, t: float, t_step0: float, gen_time: float, tokens: int,
+           response_tokens: int, rows: list[dict]) -> float:
+    """Rewards, preparation, the update, the rest of the step and the sync: their rows; the time after them."""
+    B = spec.prompts * spec.group
+    reward_t = noisy(spec.reward_b * B)
+    prep_t = noisy(spec.prep_b * tokens)
+    upd = noisy(spec.update_a + spec.update_b * tokens)
+    t += reward_t + prep_t
+    t_upd = t
+    t += upd
+    t += noisy(spec.other_s)  # the rest of the step, before the sync: step_time ends with the sync (format)
+    t_sync = t
+    sync = noisy(spec.sync_s)
+    t += sync
+    b_small = min(spec.micro_batch, B - 1) if B > 1 else 1
+    gb = math.sqrt(spec.g2 + spec.tr_sigma / B)
+    gs = math.sqrt(spec.g2 + spec.tr_sigma / b_small)
+    if spec.calibrate:  # forward + backward as the calibration times them, the optimizer the rest
+        fb = upd - spec.update_a + spec.calib_train_a
+        t_fwd, t_bwd, t_opt = fb / 3, fb - fb / 3, spec.update_a - spec.calib_train_a
+    else:
+        t_fwd, t_bwd, t_opt = upd * 0.3, (upd - spec.update_a) * 0.7, spec.update_a
+    ppo = spec.algo == "ppo"
+    rows.append(dict(kind="update", t_start=t_upd, duration=upd, step=step, policy_version=step, num_responses=B,
+                     num_tokens=tokens, response_tokens_total=response_tokens, lr=3e-4, loss=0.0, reward=0.5,
+                     t_forward=t_fwd, t_backward=t_bwd, t_optimizer=t_opt, grad_norm=gb, grad_norm_micro=gs,
+                     micro_batch=b_small, critic_grad_norm=gb if ppo else None,
+                     critic_grad_norm_micro=gs if ppo else None, step_time=t - t_step0, gen_time=gen_time,
+                     reward_time=reward_t, prep_time=prep_t))
+    rows.append(dict(kind="sync", t_start=t_sync, duration=sync, step=step, policy_version=step + 1,
+                     bytes=spec.model_bytes))
+    return t
+
+
+def _meta(spec: SynthSpec, overrides: dict | None) -> dict:
     meta = {
         "seed": spec.seed,
-        "config": {"algo": spec.algo, "prompts": P, "group": G, "lr": 3e-4, "lr_rule": spec.lr_rule, "lr_ref_batch": 256,
-                   "max_tokens": spec.max_tokens, "steps": spec.steps, "max_num_seqs": spec.max_num_seqs},
+        "config": {"algo": spec.algo, "prompts": spec.prompts, "group": spec.group, "lr": 3e-4, "lr_rule": spec.lr_rule,
+                   "lr_ref_batch": 256, "max_tokens": spec.max_tokens, "steps": spec.steps,
+                   "max_num_seqs": spec.max_num_seqs},
         "engine": {"name": "synthetic", "max_num_seqs": spec.max_num_seqs, "kv_cache_tokens": spec.kv_cache_tokens,
                    "block_size": spec.block_size, "max_model_len": 256},
         "hardware": {"device": "cpu", "device_name": "synthetic", "mem_bandwidth_gbs": None},
         "model": {"name": "synthetic", "bytes": spec.model_bytes, "parameters": spec.model_bytes // 4},
     }
-    if meta_overrides:
-        for k, v in meta_overrides.items():
-            meta[k] = {**meta.get(k, {}), **v} if isinstance(v, dict) and isinstance(meta.get(k), dict) else v
-    return write_trace(path, meta, rows)
+    for k, v in (overrides or {}).items():
+        meta[k] = {**meta.get(k, {}), **v} if isinstance(v, dict) and isinstance(meta.get(k), dict) else v
+    return meta
 
 
 def true_cost(spec: SynthSpec) -> EngineStepCost:
