@@ -17,7 +17,7 @@ from rlsim.options import StudyOptions, command, labels
 from rlsim.replay.errors import RlsimError
 from rlsim.report import build_report
 from rlsim.study import export_simulated, sweep_study
-from rlsim.tables import plan_lines, describe, own, ranking_table, sweep_verdict, varying
+from rlsim.tables import config_warning_items, describe, own, plan_lines, ranking_table, sweep_verdict, varying
 
 MAX_NOTES = 8  # notes printed under a sweep's verdict; the rest are in results.csv and the report
 EXPORT_UPDATES = 5  # updates in a simulated timeline export unless --updates is given (a timeline, not a throughput estimate)
@@ -34,6 +34,8 @@ def print_verdict(console: Any, rows: list, meta: dict, axes: list, names: dict)
         console.print(line)
     for w in v["warnings"]:
         console.print(Text.assemble(("warning: ", "yellow"), w))
+    for configs, w in config_warning_items(v):  # each config named once, a warning shared by several said once
+        console.print(Text.assemble(("warning", "yellow"), f" ({configs}): ", w))
     if any(own(r, "warnings", meta) for r in rows if r is not v["best"] and all(r is not t for t in v["tied"])):
         console.print(Text("other configs have warnings of their own (! after the rank; column `warnings` of results.csv)",
                            style="yellow"))
