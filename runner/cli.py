@@ -85,8 +85,8 @@ def _probe_options() -> Group:
     """ProbeConfig's options; --prompts is text here, a comma list of sizes that `_sizes` parses."""
     names = [f.name for f in fields(ProbeConfig) if "probe" in f.metadata["cli"]]
     group = [replace(s, type=str) if s.field == "prompts" else s for s in specs(ProbeConfig, names=names)]
-    return Group([param(s, "pc_", defaults=True, metavar=placeholder(int, as_list=True) if s.field == "prompts" else None)
-                  for s in group],
+    sizes = placeholder(int, as_list=True)  # parsed by `_sizes`, a comma list of ints
+    return Group([param(s, "pc_", defaults=True, metavar=sizes if s.field == "prompts" else None) for s in group],
                  lambda kw: values(group, kw, "pc_"))
 
 
@@ -108,7 +108,8 @@ def probe(own: dict[str, Any], given: dict[str, Any]) -> None:
 
 @app.command()
 @cli_errors
-def inspect(trace: str = typer.Argument(..., metavar="TRACE", help="trace file (.parquet, or a .partial.arrow left by a killed run)")):
+def inspect(trace: str = typer.Argument(..., metavar="TRACE",
+                                        help="trace file (.parquet, or a .partial.arrow left by a killed run)")):
     """Print a human summary of a trace: config, hardware, events, step-time split, throughput, evals."""
     from rlsim.runner.summary import summarize
 

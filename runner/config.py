@@ -40,7 +40,8 @@ def _f(default, help: str, cli: tuple[str, ...] = RECORD, **kw):
 class RunConfig:
     algo: str = _f("grpo", "RL algorithm: grpo (group-relative advantages) or ppo (value model + GAE)", cli=ALL)
     prompts: int = _f(32, "P: prompts per optimizer update (verl data.train_batch_size)", cli=BOTH, flags=["--prompts", "-P"])
-    group: int | None = _f(None, "G: responses per prompt, 1 for PPO (None: 8 for GRPO)", cli=ALL, flags=["--group", "-G"])
+    group: int | None = _f(None, "G: responses per prompt, 1 for PPO (None: 8 for GRPO)", cli=ALL,
+                           flags=["--group", "-G"])
     steps: int = _f(50, "optimizer updates (RL steps) to run")
     lr: float = _f(3e-4, "reference learning rate (Adam), at batch --lr-ref-batch responses", cli=RUN)
     lr_rule: str = _f("sqrt", "how lr scales with B: sqrt (lr*sqrt(B/B_ref)), linear (lr*B/B_ref) or fixed", cli=RUN)

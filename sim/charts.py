@@ -220,8 +220,8 @@ def time_to_target_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[
     if reference_batch:
         marks.append({"key": "reference", "batch": float(reference_batch),
                       "label": f"{MARK_STYLES['reference'][0]} B={float(reference_batch):.0f}"})
-    xs = [v for v in [p["batch"] for p in pts] + [m["batch"] for m in marks] + [b[k] for b in bands for k in ("x0", "x1")]
-          if v > 0]
+    xs = [p["batch"] for p in pts] + [m["batch"] for m in marks] + [b[k] for b in bands for k in ("x0", "x1")]
+    xs = [v for v in xs if v > 0]
     extent = (min(xs), max(xs)) if xs else None
     xscale = alt.Scale(type="log", base=2, **({"domain": list(extent), "nice": False} if extent else {}))
     x = alt.X("batch:Q", scale=xscale, title="batch B = P x G (responses per update)")

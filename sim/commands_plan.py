@@ -49,8 +49,8 @@ def register(app: typer.Typer) -> None:
              study_help={"trace": "Recorded trace: the first is the reference; repeat to add the pilot runs' traces "
                                   "(other batch sizes, each run to the target), which measure rho there."})
     def plan_cmd(axes: dict, so: StudyOptions,
-                 budget: Optional[float] = typer.Option(None, "--budget", help=default_text("Responses the pilots may spend in all.",
-                                                                                   "one reference run's")),
+                 budget: Optional[float] = typer.Option(None, "--budget", help=default_text(
+                     "Responses the pilots may spend in all.", "one reference run's")),
                  as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
         extra = sorted(set(axes) - {"prompts", "group"})
         if extra:

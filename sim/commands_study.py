@@ -52,9 +52,11 @@ def register(app: typer.Typer) -> None:
              help="Evaluate the cartesian grid of comma-listed run options and rank it by time-to-target.")
     def sweep(axes: dict, so: StudyOptions,
               out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (must not exist unless --overwrite)."),
-              workers: Optional[int] = typer.Option(None, "--workers", "-j", help=default_text("Local worker processes.", "all cores")),
+              workers: Optional[int] = typer.Option(None, "--workers", "-j",
+                                                    help=default_text("Local worker processes.", "all cores")),
               ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Run as Ray tasks on this cluster (`auto`, `ray://host:10001`, `local`). Needs the ray extra."),
-              chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help=default_text("Configs per task.", "about 8 tasks per worker")),
+              chunk_size: Optional[int] = typer.Option(
+                  None, "--chunk-size", help=default_text("Configs per task.", "about 8 tasks per worker")),
               top: int = typer.Option(10, "--top", help="Rows of the ranking shown in the terminal."),
               no_charts: bool = typer.Option(False, "--no-charts", help="Skip the HTML/PNG charts."),
               overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results in an existing output folder.")) -> None:

@@ -77,8 +77,8 @@ class WhatIf:
     seed: int = _f(0, "seed of the numpy Generator that samples response lengths")
     max_num_seqs: int | None = _f(None, "engine max_num_seqs: sequences decoded concurrently (None: the trace's)")
     kv_cache_tokens: int | None = _f(None, "engine KV-cache capacity in tokens (None: the trace's)")
-    device: str | None = _f(None, "named device profile to predict for, e.g. h200 (rlsim.replay.devices); costs move by the "
-                                   "roofline rule and the notes say which (None: the trace's own hardware)")
+    device: str | None = _f(None, "named device profile to predict for, e.g. h200 (rlsim.replay.devices); costs move "
+                                   "by the roofline rule and the notes say which (None: the trace's own hardware)")
     gpus: int | None = _f(None, "devices of that profile (None: as many as recorded)")
     gen_batch: int | None = _f(None, "responses generated per update, B_gen >= B = P x G; the first G of each prompt to "
                                      "finish are trained on (None: the trace's over-generation ratio B_gen / B)")

@@ -44,7 +44,8 @@ class StudyOptions:
         "help": "Recorded trace (first = reference); repeat for learning curves at other batch sizes.",
         "flags": ["--trace", "-t"]})
     rho_model: Optional[str] = field(default=None, metadata={
-        "help": "Sample-cost model: invariant | noise-scale | curves | lr-aware | auto (None: auto; `report`: the sweep's)",
+        "help": "Sample-cost model: invariant | noise-scale | curves | lr-aware | auto "
+                "(None: auto; `report`: the sweep's)",
         "flags": ["--rho", "--rho-model"]})
     bend_batch: Optional[float] = field(default=None, metadata={
         "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they are "

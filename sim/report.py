@@ -173,10 +173,12 @@ def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) 
     warns = [html.escape(w) for w in v["warnings"]]
     warns += [f"<b>{html.escape(configs)}</b>: {html.escape(w)}" for configs, w in config_warning_items(v)]
     if others:
-        warns.append(html.escape(f"{_count(len(others), 'other config')} {'have' if len(others) > 1 else 'has'} warnings "
-                                 f"of {'their' if len(others) > 1 else 'its'} own: see the caveats column of the ranking"))
+        many = len(others) > 1
+        warns.append(html.escape(f"{_count(len(others), 'other config')} {'have' if many else 'has'} warnings of "
+                                 f"{'their' if many else 'its'} own: see the caveats column of the ranking"))
     if warns:
-        parts.append(f"<div class='warnbox'><b>Caveats ({len(warns)})</b><ul>{''.join(f'<li>{w}</li>' for w in warns)}</ul></div>")
+        items = "".join(f"<li>{w}</li>" for w in warns)  # escaped above
+        parts.append(f"<div class='warnbox'><b>Caveats ({len(warns)})</b><ul>{items}</ul></div>")
     if v["notes"]:
         parts.append(f"<details class='notes'><summary>How these numbers were made ({_count(len(v['notes']), 'note')})</summary>"
                      f"<ul>{_items_html(v['notes'])}</ul></details>")

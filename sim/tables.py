@@ -171,7 +171,8 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
         out["kind"] = "clear"
         out["title"] = (f"Best of {len(rows)} configs: {name(best)}" if regime == "time falls" else
                         f"No config beats the reference by more than {REGIME_BAND:.0%}; the best is {name(best)}"
-                        if regime == "flat" else f"No config beats the reference; the best is the reference itself, {name(best)}"
+                        if regime == "flat" else
+                        f"No config beats the reference; the best is the reference itself, {name(best)}"
                         if regime == "reference" else f"No config beats the reference; the closest is {name(best)}")
         runner = ranked[1] if len(ranked) > 1 else None
         out["text"] = f"T / T_ref = {tv(best)}, {regime or 'regime unknown'}"

@@ -400,7 +400,7 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     gen, train, syn, oth = (float(run_.gen_time.mean()), float(run_.train_time.mean()), float(run_.sync_time.mean()),
                             float(run_.other_time.mean()))
     iv = _intervals(study, cfg, run_, q, sigma, rho, ratio, B, kind, reference, model, rho_stale)
-    own = reference or replace(cfg, prompts=P, group=G, lr_rule=rule) == ref_cfg  # a candidate may be the reference itself
+    own = reference or replace(cfg, prompts=P, group=G, lr_rule=rule) == ref_cfg  # a candidate may be the reference
     reg = "reference" if own else regime(ratio)
     lo_t, hi_t = iv.get("time_to_target_ratio_lo", math.nan), iv.get("time_to_target_ratio_hi", math.nan)
     if not own and lo_t < 1 < hi_t and not (lo_t >= 1 - REGIME_BAND and hi_t <= 1 + REGIME_BAND):

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 RUNS = {
     "colocated": ["-t", "traces/grpo_p64.parquet", "--batch", "128"],
     "ppo": ["-t", "traces/ppo_b256.parquet", "--batch", "512"],
-    "split": ["-t", "traces/grpo_p64.parquet", "--batch", "128", "--gen-gpus", "1", "--train-gpus", "2", "--staleness", "1"],
+    "split": ["-t", "traces/grpo_p64.parquet", "--batch", "128", "--gen-gpus", "1", "--train-gpus", "2",
+              "--staleness", "1"],
     "device": ["-t", "traces/grpo_p128.parquet", "--batch", "256", "--device", "h200", "--gpus", "8"],
 }
 
@@ -67,6 +68,7 @@ def test_every_line_run_prints_is_in_the_readme_table(printed):
 def test_the_settings_print_their_own_lines(printed):
     """Each setting above adds lines the others lack (so the check sees them all)."""
     assert "gradient noise scale" in printed["ppo"] - printed["colocated"]
-    assert {"devices", "waiting for generation", "generator idle", "all-reduce / update", "hardware"} <= printed["split"]
+    assert {"devices", "waiting for generation", "generator idle", "all-reduce / update",
+            "hardware"} <= printed["split"]
     assert "hardware" in printed["device"] - printed["colocated"]
     assert {"prompts P", "sigma", "verdict", "warning", "intervals", "fit"} <= printed["colocated"]

@@ -148,7 +148,8 @@ def test_verdict_names_each_config_once_and_a_shared_warning_once():
 
     spans = "the T / T_ref interval spans 1: undecided"
     rows = _ranked([_row(4, 0.90, 0.80, 1.10, "undecided", warnings=f"rho is a guess; {spans}; probe 4,8"),
-                    _row(16, 0.95, 0.85, 1.08, "undecided", warnings=f"rho is a guess; {spans}; probe 8,16; KV cache full"),
+                    _row(16, 0.95, 0.85, 1.08, "undecided",
+                         warnings=f"rho is a guess; {spans}; probe 8,16; KV cache full"),
                     _row(8, 1.0, 1.0, 1.0, "reference", warnings="rho is a guess")])
     v = sweep_verdict(rows, _meta(warnings=["rho is a guess"]), describe_row=lambda r: f"--batch {r['prompts']}")
     assert v["kind"] == "undecided" and [r["prompts"] for r in v["tied"]] == [16, 8]
