@@ -14,12 +14,12 @@ from typing import Any, Callable
 
 import typer
 
-from rlsim.cliopts import Group, generated, options, param, specs, values
+from rlsim.cliopts import App, Group, generated, options, param, placeholder, specs, values
 from rlsim.grid import parse_value
 from rlsim.replay.errors import RlsimError, cli_errors
 from rlsim.runner.config import ProbeConfig, RunConfig, field_help
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = App(add_completion=False, no_args_is_help=True,
                   help="Record real GRPO/PPO runs (vLLM generates, torch trains) as rlsim traces.")
 ENGINE = ("torch", "vllm", "transformers")  # what `record` and `calibrate` import: the cpu or gpu extra
 
@@ -85,7 +85,8 @@ def _probe_options() -> Group:
     """ProbeConfig's options; --prompts is text here, a comma list of sizes that `_sizes` parses."""
     names = [f.name for f in fields(ProbeConfig) if "probe" in f.metadata["cli"]]
     group = [replace(s, type=str) if s.field == "prompts" else s for s in specs(ProbeConfig, names=names)]
-    return Group([param(s, "pc_", defaults=True, metavar="P1,P2,..." if s.field == "prompts" else None) for s in group],
+    sizes = placeholder(int, as_list=True)  # parsed by `_sizes`, a comma list of ints
+    return Group([param(s, "pc_", defaults=True, metavar=sizes if s.field == "prompts" else None) for s in group],
                  lambda kw: values(group, kw, "pc_"))
 
 
@@ -107,7 +108,8 @@ def probe(own: dict[str, Any], given: dict[str, Any]) -> None:
 
 @app.command()
 @cli_errors
-def inspect(trace: str = typer.Argument(..., help="trace file (.parquet, or a .partial.arrow left by a killed run)")):
+def inspect(trace: str = typer.Argument(..., metavar="TRACE",
+                                        help="trace file (.parquet, or a .partial.arrow left by a killed run)")):
     """Print a human summary of a trace: config, hardware, events, step-time split, throughput, evals."""
     from rlsim.runner.summary import summarize
 

@@ -40,7 +40,8 @@ def _f(default, help: str, cli: tuple[str, ...] = RECORD, **kw):
 class RunConfig:
     algo: str = _f("grpo", "RL algorithm: grpo (group-relative advantages) or ppo (value model + GAE)", cli=ALL)
     prompts: int = _f(32, "P: prompts per optimizer update (verl data.train_batch_size)", cli=BOTH, flags=["--prompts", "-P"])
-    group: int | None = _f(None, "G: responses per prompt (GRPO default 8; PPO uses 1)", cli=ALL, flags=["--group", "-G"])
+    group: int | None = _f(None, "G: responses per prompt, 1 for PPO (None: 8 for GRPO)", cli=ALL,
+                           flags=["--group", "-G"])
     steps: int = _f(50, "optimizer updates (RL steps) to run")
     lr: float = _f(3e-4, "reference learning rate (Adam), at batch --lr-ref-batch responses", cli=RUN)
     lr_rule: str = _f("sqrt", "how lr scales with B: sqrt (lr*sqrt(B/B_ref)), linear (lr*B/B_ref) or fixed", cli=RUN)
@@ -57,7 +58,7 @@ class RunConfig:
     task: str = _f("add2", "built-in task: add2, add3 or addmix (ignored with --dataset)", cli=ALL)
     dataset: str | None = _f(None, "JSONL or Parquet file with prompt/answer columns instead of a built-in task", cli=ALL)
     reward: str = _f("exact", "dataset reward: exact (whole response) or numeric (last number)", cli=ALL)
-    model: str | None = _f(None, "local HF causal-LM folder; default: the built-in tiny Llama (built and cached)", cli=ALL)
+    model: str | None = _f(None, "local HF causal-LM folder (None: the built-in tiny Llama, built and cached)", cli=ALL)
     seed: int = _f(0, "random seed for prompts, sampling and torch", cli=ALL)
     # algorithm variants (GRPO as in nanochat chat_rl.py / DeepSeekMath, deviations as flags)
     std_scale: bool = _f(True, "GRPO: divide advantages by the group's reward std (Dr. GRPO: off)", cli=RUN)

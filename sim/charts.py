@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import altair as alt
 import numpy as np
 
-from rlsim.replay.rho import regime_key
+from rlsim.replay.rho import regime, regime_key
 from rlsim.replay.timeline import lane_key
 from rlsim.replay.util import json_safe
 
@@ -132,9 +132,22 @@ def varying_keys(rows: Sequence[Mapping[str, Any]], axes: Iterable[str], exclude
     return out
 
 
+def shade_key(label: Any, ratio: Any = None) -> str | None:
+    """The band a point is shaded in: its regime's key (falls / flat / rises / undecided); the reference's own
+    config is flat (T / T_ref = 1); a label that names no regime, the T ratio's regime."""
+    if str(label) == "reference":
+        return "flat"
+    return regime_key(label) or (regime_key(regime(float(ratio))) if _finite(ratio) else None)
+
+
 def regime_bands(points: Sequence[tuple[float, str]]) -> list[dict]:
-    """Contiguous batch ranges with one regime, split at the geometric midpoint between neighbours."""
-    pts = sorted((b, regime_key(r)) for b, r in points if b > 0 and regime_key(r) is not None)
+    """Contiguous batch ranges with one regime, split at the geometric midpoint between neighbours and reaching a
+    factor sqrt(2) past the end points. A batch given twice keeps its first regime."""
+    first: dict[float, str] = {}
+    for b, r in points:
+        if b > 0 and shade_key(r) is not None:
+            first.setdefault(float(b), shade_key(r))
+    pts = sorted(first.items())
     if not pts:
         return []
     bands: list[dict] = []
@@ -184,8 +197,9 @@ def primary_series(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], prefe
 def time_to_target_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = (),
                          critical: Mapping[str, float | None] | None = None,
                          prefer: Mapping[str, Any] | None = None, reference_batch: float | None = None) -> alt.LayerChart:
-    """T / T_ref vs batch, with the intervals as error bars, undecided points ringed, the regimes of the
-    primary series shaded and the critical batches and the reference as rules, each labelled on its own line."""
+    """T / T_ref vs batch, with the intervals as error bars, undecided points ringed, the regimes shaded under every
+    point (the primary series' where it has a point) and the critical batches and the reference as rules, each
+    labelled on its own line. The x axis spans the shading and the rules, no wider."""
     series = list(series)
     pts = []
     for r in rows:
@@ -195,9 +209,22 @@ def time_to_target_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[
         pts.append(dict(r, batch=batch_of(r), series=series_label(r, series), lo=iv[0] if iv else None,
                         hi=iv[1] if iv else None))
     primary = primary_series(pts, series, prefer)
-    bands = regime_bands([(r["batch"], r.get("regime")) for r in primary])
+    # every plotted batch is shaded: by the primary series' regime where it has a point, else by the point's own
+    bands = regime_bands([(r["batch"], shade_key(r.get("regime"), r["time_to_target_ratio"])) for r in primary]
+                         + [(r["batch"], shade_key(r.get("regime"), r["time_to_target_ratio"])) for r in pts])
     crit = dict(critical or critical_batches(primary))
-    x = alt.X("batch:Q", scale=alt.Scale(type="log", base=2), title="batch B = P x G (responses per update)")
+    marks = []
+    for key in ("critical_gen_batch", "critical_train_batch"):
+        if _finite(v := crit.get(key)):
+            marks.append({"key": key, "batch": float(v), "label": f"{MARK_STYLES[key][0]} B\u2248{float(v):.0f}"})
+    if reference_batch:
+        marks.append({"key": "reference", "batch": float(reference_batch),
+                      "label": f"{MARK_STYLES['reference'][0]} B={float(reference_batch):.0f}"})
+    xs = [p["batch"] for p in pts] + [m["batch"] for m in marks] + [b[k] for b in bands for k in ("x0", "x1")]
+    xs = [v for v in xs if v > 0]
+    extent = (min(xs), max(xs)) if xs else None
+    xscale = alt.Scale(type="log", base=2, **({"domain": list(extent), "nice": False} if extent else {}))
+    x = alt.X("batch:Q", scale=xscale, title="batch B = P x G (responses per update)")
     title = "T_new / T_ref = rho / sigma"
     yscale = alt.Scale(zero=False)
     y = alt.Y("time_to_target_ratio:Q", title=title, scale=yscale)
@@ -205,7 +232,7 @@ def time_to_target_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[
     if bands:
         present = [k for k in REGIME_COLORS if any(b["regime"] == k for b in bands)]
         layers.append(alt.Chart(_data(bands)).mark_rect(opacity=0.55).encode(
-            x=alt.X("x0:Q", scale=alt.Scale(type="log", base=2)), x2="x1:Q",
+            x=alt.X("x0:Q", scale=xscale), x2="x1:Q",
             color=alt.Color("regime:N", scale=alt.Scale(domain=present, range=[REGIME_COLORS[k] for k in present]),
                             title="regime (time to target)")))
     layers.append(alt.Chart(_data([{"y": 1.0}])).mark_rule(color="#555", strokeDash=[2, 2]).encode(y="y:Q"))
@@ -215,18 +242,9 @@ def time_to_target_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[
                                    alt.Tooltip("lo:Q", format=".3f", title="interval low"),
                                    alt.Tooltip("hi:Q", format=".3f", title="interval high"), alt.Tooltip("sigma:Q", format=".3f"),
                                    alt.Tooltip("rho:Q", format=".3f"), alt.Tooltip("regime:N")]))
-    marks = []
-    for key in ("critical_gen_batch", "critical_train_batch"):
-        if _finite(v := crit.get(key)):
-            marks.append({"key": key, "batch": float(v), "label": f"{MARK_STYLES[key][0]} B\u2248{float(v):.0f}"})
-    if reference_batch:
-        marks.append({"key": "reference", "batch": float(reference_batch),
-                      "label": f"{MARK_STYLES['reference'][0]} B={float(reference_batch):.0f}"})
     if marks:
-        xs = [p["batch"] for p in pts] + [m["batch"] for m in marks] + [b[k] for b in bands for k in ("x0", "x1")]
-        xs = [v for v in xs if v > 0]
-        xr = alt.X("batch:Q", scale=alt.Scale(type="log", base=2))
-        for m in mark_labels(marks, (min(xs), max(xs))):
+        xr = alt.X("batch:Q", scale=xscale)
+        for m in mark_labels(marks, extent):
             _, color, dash = MARK_STYLES[m["key"]]
             layers.append(alt.Chart(_data([m])).mark_rule(strokeWidth=2, color=color, strokeDash=dash).encode(
                 x=xr, tooltip=["label:N"]))

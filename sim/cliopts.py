@@ -11,6 +11,10 @@ option is a field of a config dataclass, its default and help stated once, on th
   (`--compile/--no-compile`), or the one flag its `flags` name (`--overwrite`); a tuple is a repeatable option.
 - `generated(*groups)(fn)`: a typer command calling `fn(got_1, ..., **own)`: typer sees fn's own parameters
   plus every group's options; each group pops and parses its options from the call into what fn gets.
+- `App`: the typer app of both CLIs. Its help reads one way everywhere: a value's placeholder is its type
+  (`<int>`, `<float>`, `<str>`, `<path>`; a comma list `<int,...>`), as typer writes its own; a usage line
+  names arguments `TRACE`, `[TRACE]` (optional) and `[TRACE]...` (repeatable); a default is `[default: X]`,
+  typer's own or, for a default the library decides (a field's help ending in "(None: X)"), `default_text`'s.
 
 Only typer and rlsim.grid (no SimPy, numpy, torch): `rlrun --help` and its bad-input errors stay fast.
 """
@@ -18,11 +22,15 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
+from rich.markup import escape
+from typer.core import TyperArgument, TyperCommand
 
 from rlsim.grid import base_type, parse_list, parse_value, whatif_type_hints
 from rlsim.replay.errors import RlsimError
@@ -69,15 +77,59 @@ def specs(cls: type, *, names: Any = None, spelling: dict | None = None, help: d
     return out
 
 
+UNSET = re.compile(r"\s*\(None: (.*)\)(\.?)$")  # a field's help ends "(None: what an unset value means)"
+
+
+def split_default(help: str) -> tuple[str, str | None]:
+    """('P: prompts per update', "the trace's") from "P: prompts per update (None: the trace's)"; (help, None)
+    where the help states no such default."""
+    m = UNSET.search(help)
+    return (help[:m.start()] + m.group(2), m.group(1)) if m else (help, None)
+
+
+def default_text(help: str, shown: str) -> str:
+    """The help with its default as typer writes its own: 'help [default: shown]' (escaped: not rich markup)."""
+    return f"{help} {escape(f'[default: {shown}]')}"
+
+
+def placeholder(tp: Any, as_list: bool = False) -> str | None:
+    """The value's placeholder in --help, as typer writes its own: `<int>`, `<float>`, `<str>`, `<path>`; a comma
+    list `<int,...>`; None for a flag (no value)."""
+    base = base_type(tp)[0]
+    if typing.get_origin(base) is typing.Literal:
+        name = "|".join(map(str, typing.get_args(base)))
+    else:
+        name = "path" if base is Path else getattr(base, "__name__", "str")
+    if base is bool and not as_list:
+        return None
+    return f"<{name},...>" if as_list else f"<{name}>"
+
+
+def _shown_default(spec: Spec, as_list: bool) -> str | None:
+    """The field's default as --help names it (None: none to show: missing, empty, a flag that is off)."""
+    v = spec.default
+    if v in (None, dataclasses.MISSING, ()) or (spec.base is bool and not spec.pair and not as_list):
+        return None
+    if spec.base is bool:
+        return str(v).lower() if as_list else ("" if v else "no-") + spec.label[2:]
+    return str(v)
+
+
 def param(spec: Spec, prefix: str, *, as_list: bool = False, defaults: bool = False, help: str | None = None,
           metavar: str | None = None, panel: str | None = None) -> inspect.Parameter:
     """The typer option of `spec`, as a keyword parameter `prefix + field`. as_list: a comma list (a bool too).
-    defaults: the option's default is the field's, shown in --help (else None: given or not)."""
-    opt: dict[str, Any] = {"help": spec.help if help is None else help, "rich_help_panel": panel}
+    defaults: the option's default is the field's, which typer shows in --help (else None: given or not, and the
+    help states the default itself). A help ending in "(None: X)" shows X as the default. metavar: the placeholder
+    of an option whose text another parser reads (else `placeholder`'s)."""
+    text, unset = split_default(spec.help if help is None else help)
+    shown_by_typer = defaults and spec.default not in (None, dataclasses.MISSING)
+    shown = unset or (None if shown_by_typer or spec.required else _shown_default(spec, as_list))
+    opt: dict[str, Any] = {"help": default_text(text, shown) if shown else text, "rich_help_panel": panel,
+                           "metavar": metavar or placeholder(spec.type, as_list)}
     decls = list(spec.flags)
     if spec.repeated:
         ann, default = typing.List[typing.get_args(spec.type)[0]], []
-        opt["metavar"] = metavar
+        opt["metavar"] = metavar or placeholder(typing.get_args(spec.type)[0])
     elif spec.base is bool and not as_list:
         if spec.pair:
             decls = [f"{spec.label}/--no-{spec.label[2:]}"]
@@ -93,8 +145,6 @@ def param(spec: Spec, prefix: str, *, as_list: bool = False, defaults: bool = Fa
             default = str(spec.default)  # shown as [default: ...] and parsed back like a given value
         else:
             default = None
-        named = spec.base.__name__ if spec.base in (int, float) else None
-        opt["metavar"] = metavar or (f"<{named}>" if named else None)
     return inspect.Parameter(prefix + spec.field, inspect.Parameter.KEYWORD_ONLY, annotation=ann,
                              default=typer.Option(default, *decls, **opt))
 
@@ -162,3 +212,34 @@ def generated(*groups: Group) -> Callable:
         return command
 
     return deco
+
+
+class Command(TyperCommand):
+    """A command whose usage line names its arguments as its help does: TRACE (required), [TRACE] (optional),
+    [TRACE]... (repeatable), where typer writes {trace} and [[TRACE]]."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for p in self.params:
+            if isinstance(p, TyperArgument):
+                p.metavar = (p.metavar or p.name or "").strip("[]").upper()
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        out = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if isinstance(p, TyperArgument):
+                out.append((p.metavar if p.required else f"[{p.metavar}]") + ("..." if p.nargs != 1 else ""))
+            else:
+                out.extend(p.get_usage_pieces(ctx))
+        return out
+
+
+class App(typer.Typer):
+    """The typer app of `rlsim` and `rlrun` (and their command groups): every command a `Command`, help text
+    read as rich markup (so an escaped `[default: X]` prints as typer prints its own)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**{"rich_markup_mode": "rich", **kwargs})
+
+    def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Callable:
+        return super().command(*args, cls=cls or Command, **kwargs)

@@ -10,14 +10,15 @@ from typing import Optional
 
 import typer
 
+from rlsim.cliopts import App, default_text
 from rlsim.replay.errors import cli_errors
 from rlsim.replay.importers import describe, import_log
 
 _OUT = typer.Option(..., "--out", "-o", help="the step-level trace to write (.parquet)")
 _CONFIG = "the run's saved config (YAML or JSON) for batch sizes, GPUs, model and caps"
 _DEVICE = "the GPU the run used (a device profile: a100-40gb, a100-80gb, h100-sxm, h200, b200, mi300x, l40s, cpu-this-machine); enables the roofline priors and --device rescaling"
-_PARAMS = "model parameters, e.g. 7B, 0.5B, 1.5e9 (default: read from the model path in the config)"
-_EVAL = "the validation metric to use as the eval score (default: chosen per framework, see docs/importing.md)"
+_PARAMS = default_text("model parameters, e.g. 7B, 0.5B, 1.5e9", "read from the model path in the config")
+_EVAL = default_text("the validation metric to use as the eval score", "chosen per framework, see docs/importing.md")
 
 
 def _run(framework: str, log: Path, out: Path, overwrite: bool, **flags) -> None:
@@ -26,7 +27,7 @@ def _run(framework: str, log: Path, out: Path, overwrite: bool, **flags) -> None
 
 
 def register(app: typer.Typer) -> None:
-    imp = typer.Typer(no_args_is_help=True, add_completion=False,
+    imp = App(no_args_is_help=True, add_completion=False,
                       help="Import a verl, OpenRLHF or TRL run's log as a step-level trace for `rlsim run --trace`.")
     app.add_typer(imp, name="import")
 

@@ -7,6 +7,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rlsim.cliopts import default_text
 from rlsim.options import StudyOptions, command
 from rlsim.plan import Plan, PlanConfig, plan
 from rlsim.replay.errors import RlsimError
@@ -44,10 +45,12 @@ def _print(p: Plan) -> None:
 
 def register(app: typer.Typer) -> None:
     @command(app, "plan", whatif="grid",
-             help="Which batch size to run, or which pilot runs would decide it most cheaply (by expected regret).")
+             help="Which batch size to run, or which pilot runs would decide it most cheaply (by expected regret).",
+             study_help={"trace": "Recorded trace: the first is the reference; repeat to add the pilot runs' traces "
+                                  "(other batch sizes, each run to the target), which measure rho there."})
     def plan_cmd(axes: dict, so: StudyOptions,
-                 budget: Optional[float] = typer.Option(None, "--budget", help="Responses the pilots may spend in all "
-                                                        "(default: one reference run's)."),
+                 budget: Optional[float] = typer.Option(None, "--budget", help=default_text(
+                     "Responses the pilots may spend in all.", "one reference run's")),
                  as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
         extra = sorted(set(axes) - {"prompts", "group"})
         if extra:

@@ -13,11 +13,12 @@ from rich.text import Text
 from rlsim import perfetto as pf
 from rlsim.config import WhatIf
 from rlsim.grid import build_grid
+from rlsim.cliopts import App, default_text
 from rlsim.options import StudyOptions, command, labels
 from rlsim.replay.errors import RlsimError
 from rlsim.report import build_report
 from rlsim.study import export_simulated, sweep_study
-from rlsim.tables import plan_lines, describe, own, ranking_table, sweep_verdict, varying
+from rlsim.tables import config_warning_items, describe, own, plan_lines, ranking_table, sweep_verdict, varying
 
 MAX_NOTES = 8  # notes printed under a sweep's verdict; the rest are in results.csv and the report
 EXPORT_UPDATES = 5  # updates in a simulated timeline export unless --updates is given (a timeline, not a throughput estimate)
@@ -34,6 +35,8 @@ def print_verdict(console: Any, rows: list, meta: dict, axes: list, names: dict)
         console.print(line)
     for w in v["warnings"]:
         console.print(Text.assemble(("warning: ", "yellow"), w))
+    for configs, w in config_warning_items(v):  # each config named once, a warning shared by several said once
+        console.print(Text.assemble(("warning", "yellow"), f" ({configs}): ", w))
     if any(own(r, "warnings", meta) for r in rows if r is not v["best"] and all(r is not t for t in v["tied"])):
         console.print(Text("other configs have warnings of their own (! after the rank; column `warnings` of results.csv)",
                            style="yellow"))
@@ -49,9 +52,11 @@ def register(app: typer.Typer) -> None:
              help="Evaluate the cartesian grid of comma-listed run options and rank it by time-to-target.")
     def sweep(axes: dict, so: StudyOptions,
               out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (must not exist unless --overwrite)."),
-              workers: Optional[int] = typer.Option(None, "--workers", "-j", help="Local worker processes (default: all cores)."),
+              workers: Optional[int] = typer.Option(None, "--workers", "-j",
+                                                    help=default_text("Local worker processes.", "all cores")),
               ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Run as Ray tasks on this cluster (`auto`, `ray://host:10001`, `local`). Needs the ray extra."),
-              chunk_size: Optional[int] = typer.Option(None, "--chunk-size", help="Configs per task (default: about 8 tasks per worker)."),
+              chunk_size: Optional[int] = typer.Option(
+                  None, "--chunk-size", help=default_text("Configs per task.", "about 8 tasks per worker")),
               top: int = typer.Option(10, "--top", help="Rows of the ranking shown in the terminal."),
               no_charts: bool = typer.Option(False, "--no-charts", help="Skip the HTML/PNG charts."),
               overwrite: bool = typer.Option(False, "--overwrite", help="Replace the results in an existing output folder.")) -> None:
@@ -101,13 +106,13 @@ def register(app: typer.Typer) -> None:
                             calibration=so.calibrations())
         typer.echo(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB, opens offline)")
 
-    export = typer.Typer(no_args_is_help=True, help="Export timelines.")
+    export = App(no_args_is_help=True, help="Export timelines.")
     app.add_typer(export, name="export")
 
     @command(export, "perfetto",
              help="Chrome trace JSON (Perfetto UI) of a recorded trace, or of a simulated run with --simulate.")
     def perfetto(fixed: dict, so: StudyOptions,
-                 trace_arg: Optional[Path] = typer.Argument(None, metavar="[TRACE]", help="Recorded trace to export."),
+                 trace_arg: Optional[Path] = typer.Argument(None, metavar="TRACE", help="Recorded trace to export."),
                  out: Optional[Path] = typer.Option(None, "--out", "-o", help="Chrome trace JSON to write."),
                  simulate: bool = typer.Option(False, "--simulate", help="Export a simulated run of the given config instead."),
                  overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output file.")) -> None:

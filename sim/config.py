@@ -71,14 +71,14 @@ class WhatIf:
     """One candidate configuration; None fields take the reference trace's value."""
 
     prompts: int | None = _f(None, "P: prompts per optimizer update (None: the trace's)")
-    group: int | None = _f(None, "G: responses per prompt (None: the trace's; PPO uses 1)")
+    group: int | None = _f(None, "G: responses per prompt, 1 for PPO (None: the trace's)")
     lr_rule: str | None = _f(None, "learning-rate rule: sqrt | linear | fixed (None: the trace's)")
     updates: int = _f(100, "optimizer updates to simulate (steady-state throughput is their mean)")
     seed: int = _f(0, "seed of the numpy Generator that samples response lengths")
     max_num_seqs: int | None = _f(None, "engine max_num_seqs: sequences decoded concurrently (None: the trace's)")
     kv_cache_tokens: int | None = _f(None, "engine KV-cache capacity in tokens (None: the trace's)")
-    device: str | None = _f(None, "named device profile to predict for, e.g. h200 (rlsim.replay.devices; None: the trace's "
-                                   "own hardware); costs move by the roofline rule and the notes say which")
+    device: str | None = _f(None, "named device profile to predict for, e.g. h200 (rlsim.replay.devices); costs move "
+                                   "by the roofline rule and the notes say which (None: the trace's own hardware)")
     gpus: int | None = _f(None, "devices of that profile (None: as many as recorded)")
     gen_batch: int | None = _f(None, "responses generated per update, B_gen >= B = P x G; the first G of each prompt to "
                                      "finish are trained on (None: the trace's over-generation ratio B_gen / B)")

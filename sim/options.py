@@ -17,7 +17,6 @@ shares (its options are `rlsim.runner.config.RunConfig`'s fields).
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import typing
 from dataclasses import dataclass, field
@@ -45,7 +44,8 @@ class StudyOptions:
         "help": "Recorded trace (first = reference); repeat for learning curves at other batch sizes.",
         "flags": ["--trace", "-t"]})
     rho_model: Optional[str] = field(default=None, metadata={
-        "help": "Sample-cost model: invariant | noise-scale | curves | lr-aware | auto (default: auto; `report`: the sweep's).",
+        "help": "Sample-cost model: invariant | noise-scale | curves | lr-aware | auto "
+                "(None: auto; `report`: the sweep's)",
         "flags": ["--rho", "--rho-model"]})
     bend_batch: Optional[float] = field(default=None, metadata={
         "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they are "
@@ -54,8 +54,8 @@ class StudyOptions:
         "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with --bend-batch).",
         "flags": ["--kappa"]})
     target: Optional[float] = field(default=None, metadata={
-        "help": "Eval score that defines time-to-target (default: the best the reference reached; with several "
-                "traces, the best all reached).", "flags": ["--target"]})
+        "help": "Eval score that defines time-to-target (None: the best the reference reached; with several "
+                "traces, the best all reached)", "flags": ["--target"]})
     calibration: tuple[Path, ...] = field(default=(), metadata={
         "help": "Calibration trace from `rlrun calibrate` (same model and device) for a trace recorded without one; "
                 "its engine-step and training profiles refit the step costs over the calibrated range. Repeatable.",
@@ -104,16 +104,17 @@ def labels() -> dict[str, str]:
 def _whatif_params(as_list: bool) -> list[inspect.Parameter]:
     params = []
     for s in whatif_specs():
-        dflt = "" if s.default in (dataclasses.MISSING, None) else f" (default: {s.default})"
-        text = s.help[:1].upper() + s.help[1:] + "." + (f" Comma list of values to sweep{dflt}." if as_list else dflt)
+        text, unset = cliopts.split_default(s.help)
+        text = text[:1].upper() + text[1:] + "." + (" Comma list of values to sweep." if as_list else "")
+        if unset:
+            text += f" (None: {unset})"  # shown as the default, after the sentence
         # `run` takes one value (a bool a flag: --partial-rollout), `sweep` a comma list (true,false)
-        params.append(cliopts.param(s, "wi_", as_list=as_list, help=text, metavar="V1,V2,..." if as_list else "VALUE",
-                                    panel="Grid" if as_list else "Config"))
+        params.append(cliopts.param(s, "wi_", as_list=as_list, help=text, panel="Grid" if as_list else "Config"))
     return params
 
 
-def _study_params() -> list[inspect.Parameter]:
-    return [cliopts.param(s, "so_", metavar="PATH" if s.repeated else None, panel="Traces") for s in study_specs()]
+def _study_params(help: dict | None = None) -> list[inspect.Parameter]:
+    return [cliopts.param(s, "so_", panel="Traces") for s in cliopts.specs(StudyOptions, help=help)]
 
 
 def _trace_args() -> inspect.Parameter:
@@ -146,16 +147,18 @@ def parse_whatif(kw: dict[str, Any], *, as_list: bool) -> dict[str, Any]:
     return out
 
 
-def command(app: typer.Typer, name: str, *, help: str, whatif: str | None = "one", study: bool = True) -> Callable:
+def command(app: typer.Typer, name: str, *, help: str, whatif: str | None = "one", study: bool = True,
+            study_help: dict | None = None) -> Callable:
     """Register `fn(cfg, study_options, **own)` as `rlsim NAME`. whatif: 'one' (fn gets a WhatIf, or a
-    dict of the fields given when the command fits nothing), 'grid' (a dict field -> values) or None."""
+    dict of the fields given when the command fits nothing), 'grid' (a dict field -> values) or None.
+    study_help: StudyOptions field -> this command's help text for it."""
     def deco(fn: Callable) -> Callable:
         own = list(inspect.signature(fn).parameters.values())[2:]
         grid = whatif == "grid"
         wi = Group(_whatif_params(grid) if whatif else [], lambda kw: parse_whatif(kw, as_list=grid) if whatif else {})
         so = Group([], lambda kw: None)
         if study:
-            params = _study_params()
+            params = _study_params(study_help)
             if not any(isinstance(p.default, typer.models.ArgumentInfo) for p in own):
                 params.append(_trace_args())
             so = Group(params, _study_options)

@@ -31,7 +31,8 @@ class Outcome:
     rho_model: str = field(metadata={"help": "rho model used: invariant | noise-scale | curves | lr-aware"})
     time_to_target_ratio: float = field(metadata={"help": "T / T_ref = rho / sigma"})
     time_to_target_s: float = field(metadata={"help": "predicted training seconds to the target (nan without evals reaching it)"})
-    regime: str = field(metadata={"help": "time falls | flat | time rises (vs the reference, 5% band)"})
+    regime: str = field(metadata={"help": "time falls | flat | time rises (vs the reference, 5% band) | undecided "
+                                             "(its T interval spans 1) | reference (the reference config itself)"})
     updates: int = field(metadata={"help": "updates simulated"})
     gen_steps: float = field(metadata={"help": "mean engine steps per generation round"})
     peak_running: int = field(metadata={"help": "most concurrent sequences in the simulation"})

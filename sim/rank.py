@@ -26,7 +26,7 @@ class Ranked:
     sigma: float = field(metadata={"help": "throughput gain vs the reference"})
     rho: float = field(metadata={"help": "sample cost vs the reference"})
     time_to_target_ratio: float = field(metadata={"help": "rho / sigma"})
-    regime: str = field(metadata={"help": "time falls | flat | time rises"})
+    regime: str = field(metadata={"help": "time falls | flat | time rises | reference (the reference row)"})
 
     def to_dict(self) -> dict:
         return {"config": self.config, "sigma": self.sigma, "rho": self.rho,

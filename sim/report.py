@@ -19,7 +19,8 @@ from rlsim.replay.robust import PiecewiseLinear
 from rlsim.replay.steps import step_table
 from rlsim.replay.util import atomic_write, fmt
 from rlsim.results import read_results, trace_identity
-from rlsim.tables import RANGED, plan_lines, describe, interval, own, sweep_verdict, varying, with_interval
+from rlsim.tables import (RANGED, config_warning_items, describe, interval, own, plan_lines, sweep_verdict, varying,
+                          with_interval)
 from rlsim.views import CHARTS, OPTIONAL_CHARTS, axes_of, build_charts
 from rlsim.whatif import prepare
 
@@ -169,12 +170,15 @@ def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) 
                     f"G={ref.get('group')})" if ref else "") + ".</p></div>")
     parts += [f"<p class='plan'>{html.escape(line)}</p>" for line in plan_lines(meta)]
     others = [r for r in rows if r is not best and all(r is not t for t in v["tied"]) and own(r, "warnings", meta)]
-    warns = list(v["warnings"])
+    warns = [html.escape(w) for w in v["warnings"]]
+    warns += [f"<b>{html.escape(configs)}</b>: {html.escape(w)}" for configs, w in config_warning_items(v)]
     if others:
-        warns.append(f"{_count(len(others), 'other config')} {'have' if len(others) > 1 else 'has'} warnings of "
-                     f"{'their' if len(others) > 1 else 'its'} own: see the caveats column of the ranking")
+        many = len(others) > 1
+        warns.append(html.escape(f"{_count(len(others), 'other config')} {'have' if many else 'has'} warnings of "
+                                 f"{'their' if many else 'its'} own: see the caveats column of the ranking"))
     if warns:
-        parts.append(f"<div class='warnbox'><b>Caveats ({len(warns)})</b><ul>{_items_html(warns)}</ul></div>")
+        items = "".join(f"<li>{w}</li>" for w in warns)  # escaped above
+        parts.append(f"<div class='warnbox'><b>Caveats ({len(warns)})</b><ul>{items}</ul></div>")
     if v["notes"]:
         parts.append(f"<details class='notes'><summary>How these numbers were made ({_count(len(v['notes']), 'note')})</summary>"
                      f"<ul>{_items_html(v['notes'])}</ul></details>")
@@ -206,7 +210,8 @@ def ranking_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], 
                      for a, vals in (grid.get("axes") or {}).items())
     head = (f"<p>{len(rows)} configs ({html.escape(desc)}); ranked by T_new / T_ref = rho / sigma, smallest first. "
             "Intervals under the values (where the fit has them); highlighted: the config(s) the headline names. "
-            "A config whose T interval spans 1 is <span class='undecided'>undecided</span>.")
+            "A config whose T interval spans 1 is <span class='undecided'>undecided</span>; `reference` is the trace's "
+            "own config (T / T_ref = 1).")
     if len(rows) > limit:
         head += f" The best {limit} are shown; all are in results.csv."
     head += "</p>"

@@ -113,12 +113,14 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
     interval reaches it; the title says "Best" only when time falls), `tied` (other configs' T intervals overlap
     the best's; without intervals, T ratios within 5%), `undecided` (the best's T interval spans 1: it may not
     beat the reference; it can also be tied), `none` (no config has a time to target). `title` and `text` say it
-    in words; `tied` lists the rows the best is not told apart from; `warnings` and `notes` are the study's and
-    those rows', each once."""
+    in words; `tied` lists the rows the best is not told apart from; `warnings` are the study's (and a missing
+    interval's), `config_warnings` those rows' own, grouped by config (`config_warnings`); `notes` are the study's
+    and those rows', each once."""
     meta = meta or {}
     name = describe_row or (lambda r: describe(r, [k for k in ("prompts", "group", "lr_rule") if k in r]))
     out: dict[str, Any] = {"kind": "none", "best": rows[0] if rows else None, "tied": [], "title": "", "text": "",
-                           "warnings": unique(items(meta.get("warnings"))), "notes": unique(items(meta.get("notes")))}
+                           "warnings": unique(items(meta.get("warnings"))), "config_warnings": [],
+                           "notes": unique(items(meta.get("notes")))}
     ranked = [r for r in rows if num(r.get("time_to_target_ratio")) is not None]
     if not ranked:
         out.update(title="No verdict", text="no config has a predicted time to target")
@@ -159,7 +161,7 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
         group = [best] + tied
         out["title"] = f"Undecided between {_names(group, name)}"
         vals = ", ".join(tv(r) for r in group[:3]) + (", ..." if len(group) > 3 else "")
-        why = ("the intervals overlap" if iv is not None else
+        why = ("the intervals overlap" if any(interval(r, "time_to_target_ratio") for r in group) else
                f"they lie within {REGIME_BAND:.0%} of each other and have no intervals")
         out["text"] = f"T / T_ref {vals}: {why}, so which is fastest is undecided at this confidence"
         regimes = {str(r.get("regime")) for r in group}
@@ -169,7 +171,9 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
         out["kind"] = "clear"
         out["title"] = (f"Best of {len(rows)} configs: {name(best)}" if regime == "time falls" else
                         f"No config beats the reference by more than {REGIME_BAND:.0%}; the best is {name(best)}"
-                        if regime == "flat" else f"No config beats the reference; the closest is {name(best)}")
+                        if regime == "flat" else
+                        f"No config beats the reference; the best is the reference itself, {name(best)}"
+                        if regime == "reference" else f"No config beats the reference; the closest is {name(best)}")
         runner = ranked[1] if len(ranked) > 1 else None
         out["text"] = f"T / T_ref = {tv(best)}, {regime or 'regime unknown'}"
         if runner is not None:
@@ -177,13 +181,36 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
                             + (", their intervals do not overlap" if iv is not None else ""))
     if iv is None and not (t == 1.0 and num(best.get("time_to_target_ratio_lo")) == 1.0):  # not the reference itself
         out["warnings"].append(NO_INTERVAL)
+    out["config_warnings"] = config_warnings([best] + tied, meta, name)
     for r in [best] + tied:
-        out["warnings"] += [w for w in own(r, "warnings", meta) if w not in out["warnings"]]
         out["notes"] += [n for n in own(r, "notes", meta) if n not in out["notes"]]
     method = next((r.get("interval") for r in [best] + ranked if r.get("interval")), None)
     if method:
         out["notes"].append(f"intervals: {method}")
     return out
+
+
+def config_warnings(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None,
+                    name: Callable[[Mapping[str, Any]], str]) -> list[dict[str, list[str]]]:
+    """The rows' own warnings (beyond the study's), each said once with the configs it applies to, and the
+    warnings of the same configs together: [{"configs": ["--batch 64", ...], "warnings": [text, ...]}], in the
+    rows' order."""
+    applies: dict[str, list[str]] = {}
+    for r in rows:
+        for w in own(r, "warnings", meta):
+            names = applies.setdefault(w, [])
+            if name(r) not in names:
+                names.append(name(r))
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for w, names in applies.items():
+        groups.setdefault(tuple(names), []).append(w)
+    return [{"configs": list(k), "warnings": ws} for k, ws in groups.items()]
+
+
+def config_warning_items(v: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A verdict's config warnings as (the configs, in words, the warnings): ('--batch 64 and --batch 32', 'a; b')."""
+    return [(_names(g["configs"], str, most=len(g["configs"])), "; ".join(g["warnings"]))
+            for g in v.get("config_warnings", ())]
 
 
 def _names(rows: Sequence[Mapping[str, Any]], name: Callable, most: int = 4) -> str:
@@ -234,7 +261,23 @@ def _ranking_table(rows, axes, *, top, labels, meta, drop):
                 cells.append(fmt(r.get(k), f))
         mark = "[bold yellow]![/]" if own(r, "warnings", meta) else ""
         t.add_row(f"{r.get('rank', '')}{mark}", *[fmt(r.get(a)) for a in swept], *cells)
+    t.caption = legend(rows[:top], meta)
+    t.caption_justify = "left"
     return t
+
+
+def legend(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None) -> str | None:
+    """What the ranking's marks mean, those it shows: `!` after a rank, the `reference` and `undecided` regimes."""
+    out = []
+    if any(own(r, "warnings", meta) for r in rows):
+        out.append("! after the rank: the config has warnings of its own (under the verdict for the configs it names; "
+                   "all in column `warnings` of results.csv)")
+    regimes = {short_regime(r.get("regime")) for r in rows}
+    if "reference" in regimes:
+        out.append("reference: the trace's own config (T / T_ref = 1)")
+    if "undecided" in regimes:
+        out.append("undecided: the T ratio's interval spans 1")
+    return "\n".join(out) or None
 
 
 def plan_lines(meta: Mapping[str, Any]) -> list[str]:

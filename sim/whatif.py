@@ -400,12 +400,14 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     gen, train, syn, oth = (float(run_.gen_time.mean()), float(run_.train_time.mean()), float(run_.sync_time.mean()),
                             float(run_.other_time.mean()))
     iv = _intervals(study, cfg, run_, q, sigma, rho, ratio, B, kind, reference, model, rho_stale)
-    reg = "reference" if reference else regime(ratio)
+    own = reference or replace(cfg, prompts=P, group=G, lr_rule=rule) == ref_cfg  # a candidate may be the reference
+    reg = "reference" if own else regime(ratio)
     lo_t, hi_t = iv.get("time_to_target_ratio_lo", math.nan), iv.get("time_to_target_ratio_hi", math.nan)
-    if not reference and lo_t < 1 < hi_t and not (lo_t >= 1 - REGIME_BAND and hi_t <= 1 + REGIME_BAND):
+    if not own and lo_t < 1 < hi_t and not (lo_t >= 1 - REGIME_BAND and hi_t <= 1 + REGIME_BAND):
         reg = "undecided"
-        warnings.append(f"T / T_ref interval {lo_t:.3g}..{hi_t:.3g} spans 1: whether time to target falls or rises is "
-                        f"undecided at this confidence ({iv.get('interval', '')}); {_decider(iv, P, G, study, cfg)}")
+        # the same words for every config (its interval is printed beside it): a sweep says them once for all
+        warnings.append("the T / T_ref interval spans 1: whether time to target falls or rises is undecided at this "
+                        f"confidence; {_decider(iv, P, G, study, cfg)}")
     return Outcome(prompts=P, group=G, batch=B, lr_rule=rule, responses_per_s=q, step_time_s=step, gen_s=gen, train_s=train,
                    sync_s=syn, other_s=oth, idle_s=max(step - gen - train - syn, 0.0), sigma=sigma, rho=rho, rho_model=kind,
                    time_to_target_ratio=ratio, time_to_target_s=t_abs, regime=reg, **iv,

@@ -108,3 +108,58 @@ def test_generated_command_with_lists():
     assert (seen["size"], seen["fast"], seen["limit"]) == ([4, 8], [True, False], [None, 2])
     r = CliRunner().invoke(app, ["go", "--out", "o", "-n", "4,,8"])
     assert r.exit_code == 2 and r.output.strip().startswith("error: --size: empty element in the list")
+
+
+def test_help_states_placeholders_and_defaults_one_way():
+    s = {x.field: x for x in cliopts.specs(Toy)}
+    assert [cliopts.placeholder(s[k].type) for k in ("size", "rate", "name", "limit", "fast")] == [
+        "<int>", "<float>", "<str>", "<int>", None]
+    assert cliopts.placeholder(s["size"].type, as_list=True) == "<int,...>"
+    assert cliopts.placeholder(Path) == "<path>"
+    assert cliopts.split_default("P: prompts (None: the trace's).") == ("P: prompts.", "the trace's")
+    assert cliopts.split_default("model (None: a tiny one (cached))") == ("model", "a tiny one (cached)")
+    assert cliopts.split_default("cap (none: no cap)") == ("cap (none: no cap)", None)
+    app, _ = _app()  # given-only: typer shows no default, the help states the field's
+    text = " ".join(CliRunner().invoke(app, ["go", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "how many [default: 8]" in text and "go fast [default: fast]" in text and "[default: False]" not in text
+
+
+def _commands(group, path=()):
+    """(argv path, click command) of every command and subcommand under a click group."""
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _commands(cmd, path + (name,))
+        else:
+            yield path + (name,), cmd
+
+
+@pytest.mark.parametrize("cli", ["rlsim", "rlrun"])
+def test_every_command_of_both_clis_reads_alike(cli):
+    """Every command of `rlsim` and `rlrun`: placeholders are types (`<int>`, `<int,...>`, `<path>`; never VALUE),
+    usage lines name arguments TRACE / [TRACE] / [TRACE]... (no `{trace}`, no `[[TRACE]]`), defaults read
+    `[default: X]` only."""
+    import re
+
+    if cli == "rlsim":
+        from rlsim.cli import app
+    else:
+        from rlsim.runner.cli import app
+    group = typer.main.get_command(app)
+    cmds = list(_commands(group))
+    assert len(cmds) >= (10 if cli == "rlsim" else 4)
+    for path, cmd in cmds:
+        ctx = cmd.make_context(" ".join((cli,) + path), ["--help"], resilient_parsing=True)
+        usage = cmd.get_usage(ctx)
+        assert "{" not in usage and "[[" not in usage, usage
+        for p in cmd.params:
+            if isinstance(p, typer.core.TyperArgument):
+                piece = p.metavar if p.required else f"[{p.metavar}]"
+                assert p.metavar.isupper() and piece in usage, (path, usage)
+            elif p.metavar is not None:
+                assert re.fullmatch(r"<[a-z|]+(,\.\.\.)?>", p.metavar), (path, p.name, p.metavar)
+        out = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "250"}).output
+        assert "VALUE" not in out and "V1,V2" not in out, path
+        assert not re.search(r"\(default|(?<!\[)default:|default \d", out), (path, out)
+        if path == ("plan",):
+            trace = " ".join(out[out.index("--trace"):out.index("--rho")].split())
+            assert "pilot" in trace and "learning curves" not in trace

@@ -73,8 +73,9 @@ def test_sweep_charts_draw_every_config():
     drawn = {(d.get("batch"), round(d["time_to_target_ratio"], 9)) for d in data if "time_to_target_ratio" in d}
     assert {(r["prompts"] * r["group"], round(r["time_to_target_ratio"], 9)) for r in rows} <= drawn
     bands = [d for d in data if "regime" in d and "x0" in d]
-    # bands follow the preferred series (G=4): T ratio 1.0 at B=32 (flat), below 0.95 from B=64 on (falls)
-    assert [b["regime"] for b in sorted(bands, key=lambda b: b["x0"])] == ["flat", "falls"]
+    # bands follow the preferred series (G=4): T ratio 1.0 at B=32 (flat), below 0.95 from B=64 on (falls); past its
+    # last point, G=8's own at B=1024 (T ratio 1.0, flat)
+    assert [b["regime"] for b in sorted(bands, key=lambda b: b["x0"])] == ["flat", "falls", "flat"]
     marks, data = _content(ch.sigma_rho_chart(rows, series=["group"]))
     assert "line" in marks
     for key in ("sigma", "rho"):
@@ -117,6 +118,48 @@ def test_regime_bands_merge_and_split_at_geometric_midpoints():
     assert bands[0]["x1"] == pytest.approx((128 * 256) ** 0.5)
     assert bands[1]["x1"] == pytest.approx((256 * 512) ** 0.5)
     assert bands[0]["x0"] < 64 and bands[-1]["x1"] > 512
+
+
+def _x_domain(chart) -> list:
+    """The x scale's domain as the spec sets it (the layers share one x scale)."""
+    found = []
+
+    def walk(o):
+        if isinstance(o, dict):
+            x = (o.get("encoding") or {}).get("x") or {}
+            if isinstance(x, dict) and "domain" in (x.get("scale") or {}):
+                found.append(x["scale"]["domain"])
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+
+    walk(chart.to_dict())
+    assert found and all(d == found[0] for d in found)
+    return found[0]
+
+
+@pytest.mark.parametrize("prefer", [{"group": 8}, {"group": 4}])
+def test_regime_shading_covers_every_point_and_the_axis(prefer):
+    """Two series whose batches interleave (the primary misses both end points), the reference's own row and a row
+    whose regime names none: every plotted batch lies inside a band, and the axis spans the bands and no more."""
+    rows = [{"prompts": p, "group": g, "time_to_target_ratio": t, "regime": reg}
+            for p, g, t, reg in [(32, 4, 1.27, "time rises"), (32, 8, 1.06, "undecided"), (128, 4, 1.0, "reference"),
+                                 (128, 8, 1.36, "time rises"), (512, 4, 1.9, "time rises"), (512, 8, 0.7, "")]]
+    chart = ch.time_to_target_chart(rows, series=["group"], prefer=prefer, critical={}, reference_batch=512)
+    _, data = _content(chart)
+    bands = sorted((d for d in data if "x0" in d), key=lambda b: b["x0"])
+    assert all(a["x1"] == pytest.approx(b["x0"]) for a, b in zip(bands, bands[1:]))  # no gap between bands
+    plotted = sorted({d["batch"] for d in data if "time_to_target_ratio" in d})
+    assert plotted == [128, 256, 512, 1024, 2048, 4096]
+    for b in plotted:
+        inside = [band for band in bands if band["x0"] < b < band["x1"]]
+        assert len(inside) == 1, (b, bands)
+    shade = {b: next(band["regime"] for band in bands if band["x0"] < b < band["x1"]) for b in plotted}
+    assert shade[512] == "flat" and shade[4096] == "falls"  # the reference is flat; a bare label: its T ratio's
+    assert shade[128] == "rises" and shade[2048] == "rises"
+    assert _x_domain(chart) == [pytest.approx(bands[0]["x0"]), pytest.approx(bands[-1]["x1"])]
 
 
 def test_critical_batches_from_a_series():

@@ -137,8 +137,34 @@ def test_verdict_keeps_warnings_apart_from_notes():
     rows = _ranked([_row(4, 0.6, 0.5, 0.7, "time falls", warnings="extrapolated 8x; KV cache full",
                          notes="generation rescaled x2.0 (bandwidth)"), _row(8, 1.0, 1.0, 1.0, "flat")])
     v = sweep_verdict(rows, _meta(warnings=["rho is a guess"], notes=["rho model: noise-scale"]))
-    assert v["warnings"] == ["rho is a guess", "extrapolated 8x", "KV cache full"]
+    assert v["warnings"] == ["rho is a guess"]
+    assert v["config_warnings"] == [{"configs": ["prompts 4 group 4 lr_rule sqrt"], "warnings": ["extrapolated 8x",
+                                                                                                 "KV cache full"]}]
     assert v["notes"] == ["rho model: noise-scale", "generation rescaled x2.0 (bandwidth)", "intervals: 90% bootstrap (test)"]
+
+
+def test_verdict_names_each_config_once_and_a_shared_warning_once():
+    from rlsim.tables import config_warning_items, sweep_verdict
+
+    spans = "the T / T_ref interval spans 1: undecided"
+    rows = _ranked([_row(4, 0.90, 0.80, 1.10, "undecided", warnings=f"rho is a guess; {spans}; probe 4,8"),
+                    _row(16, 0.95, 0.85, 1.08, "undecided",
+                         warnings=f"rho is a guess; {spans}; probe 8,16; KV cache full"),
+                    _row(8, 1.0, 1.0, 1.0, "reference", warnings="rho is a guess")])
+    v = sweep_verdict(rows, _meta(warnings=["rho is a guess"]), describe_row=lambda r: f"--batch {r['prompts']}")
+    assert v["kind"] == "undecided" and [r["prompts"] for r in v["tied"]] == [16, 8]
+    assert v["warnings"] == ["rho is a guess"]  # the study's, once, not once per config
+    assert config_warning_items(v) == [("--batch 4 and --batch 16", spans), ("--batch 4", "probe 4,8"),
+                                       ("--batch 16", "probe 8,16; KV cache full")]
+
+
+def test_the_reference_as_the_best_is_named_so():
+    from rlsim.tables import sweep_verdict
+
+    rows = _ranked([_row(8, 1.0, 1.0, 1.0, "reference"), _row(16, 1.4, 1.3, 1.5, "time rises")])
+    v = sweep_verdict(rows, _meta(), describe_row=lambda r: f"--batch {r['prompts']}")
+    assert v["title"] == "No config beats the reference; the best is the reference itself, --batch 8"
+    assert not any("no interval" in w for w in v["warnings"])
 
 
 def _summary(html_text):

@@ -31,7 +31,9 @@ def test_reference_config_gives_unit_ratios(traces, study):
     out = evaluate(study, WhatIf())
     assert (out.prompts, out.group, out.batch) == (16, 4, 64)
     assert out.sigma == pytest.approx(1.0) and out.rho == pytest.approx(1.0)
-    assert out.time_to_target_ratio == pytest.approx(1.0) and out.regime == "flat"
+    assert out.time_to_target_ratio == pytest.approx(1.0) and out.regime == "reference"  # as rank and the JSON say
+    other = evaluate(study, WhatIf(max_num_seqs=16))  # the reference's P and G on another engine: not the reference
+    assert other.regime != "reference"
 
 
 def test_noise_scale_rho_and_t_ratio(study):
@@ -41,7 +43,7 @@ def test_noise_scale_rho_and_t_ratio(study):
     assert out.rho == pytest.approx((1 + 256 / 64) / (1 + 64 / 64))
     assert out.sigma > 1  # the fixed step cost amortises over more concurrent sequences
     same = evaluate(study, WhatIf())  # the reference's own configuration, simulated as a candidate
-    assert (same.sigma, same.rho, same.time_to_target_ratio, same.regime) == (1.0, 1.0, 1.0, "flat")
+    assert (same.sigma, same.rho, same.time_to_target_ratio, same.regime) == (1.0, 1.0, 1.0, "reference")
     assert out.idle_s == pytest.approx(out.other_s)  # colocated: the device idles exactly while rewards and the rest run
 
 

@@ -256,5 +256,30 @@ def test_sweep_verdict_without_intervals_says_so():
     print_verdict(con, rows, meta, ["prompts"], {"prompts": "--batch"})
     lines = con.export_text().splitlines()
     assert lines[0].startswith("Undecided between --batch 64 and --batch 96: T / T_ref 0.800, 0.830: they lie within 5%")
-    assert lines[1:4] == ["warning: study warning; with a; inside", "warning: " + NO_INTERVAL, "warning: extrapolated 8x"]
+    assert lines[1:4] == ["warning: study warning; with a; inside", "warning: " + NO_INTERVAL,
+                          "warning (--batch 96): extrapolated 8x"]  # a config's own warning, under its name
     assert lines[4:] == ["note: rho model: noise-scale", "note: generation x2.1 (bandwidth)"]
+
+
+def test_sweep_labels_the_reference_and_names_each_config_once(calibrated_path, tmp_path):
+    """The reference's own config is `reference` in the table, results.csv and sweep.json (as `rlsim rank` says);
+    the legend explains the marks; a config's warnings come under its name once, a shared warning once for all."""
+    res = _invoke(["sweep", "--trace", calibrated_path, "--batch", "4,8,16,64", "--updates", "5", "--out",
+                   tmp_path / "o", "--workers", "1", "--no-charts"])
+    assert res.exit_code == 0, res.output
+    rows, meta = results.read_results(tmp_path / "o")
+    assert {r["prompts"]: r["regime"] for r in rows}[16] == "reference" == meta["reference"]["regime"]
+    assert sum(r["regime"] == "reference" for r in rows) == 1
+    assert ',"reference",' in (tmp_path / "o" / "results.csv").read_text()
+    out = " ".join(res.output.split())
+    table = res.output[res.output.index("Ranking"):res.output.index("reference: the trace's own config")]
+    assert any(line.split()[1:2] == ["16"] and line.split()[-2] == "reference" for line in table.splitlines()
+               if line.lstrip()[:1].isdigit())
+    assert "reference: the trace's own config" in out
+    if any(line.lstrip().split()[0].endswith("!") for line in table.splitlines() if line.lstrip()[:1].isdigit()):
+        assert "! after the rank: the config has warnings of its own" in out
+    warned = [line for line in res.output.split("\nwarning")[1:] if line.startswith(" (")]
+    named = [line[2:line.index("):")] for line in warned]
+    assert len(named) == len(set(named))  # each set of configs once
+    for w in meta.get("warnings", []):
+        assert out.count(" ".join(w.split())) == 1
