@@ -81,7 +81,8 @@ def count_params(layers: int, hidden: int, heads: int, kv_heads: int, head_dim: 
     RMSNorm weights in Qwen3), a gated MLP (gate, up, down) and two RMSNorms; embeddings (twice when untied) and a
     final norm."""
     q, kv = heads * head_dim, kv_heads * head_dim
-    attn = hidden * q + 2 * hidden * kv + q * hidden + ((q + 2 * kv) if qkv_bias else 0) + (2 * head_dim if qk_norm else 0)
+    attn = hidden * q + 2 * hidden * kv + q * hidden
+    attn += ((q + 2 * kv) if qkv_bias else 0) + (2 * head_dim if qk_norm else 0)
     per_layer = attn + 3 * hidden * intermediate + 2 * hidden
     return layers * per_layer + vocab * hidden * (1 if tied else 2) + hidden
 
@@ -192,7 +193,7 @@ class GenSetup:
     non_torch_gb: float = field(default=NON_TORCH_GIB, metadata={
         "help": "memory vLLM's profiler counts outside PyTorch per rank (NCCL, cuBLAS), GiB"})
     cuda_graph_gb: float = field(default=0.0, metadata={
-        "help": "CUDA-graph memory vLLM subtracts from the pool, GiB (its profiled estimate; 0 where it is not applied)"})
+        "help": "CUDA-graph memory vLLM subtracts from the pool, GiB (its profiled estimate; 0 where not applied)"})
 
 
 def kv_bytes_per_token(model: ModelShape, tp: int = 1, kv_bytes: float = 2.0) -> float:
@@ -486,7 +487,9 @@ def _core(model: ModelShape, gen: GenSetup, train: TrainSetup, limit: float) -> 
     if g > limit or t > limit:
         phase, terms, total = ("generation", gen_terms, g) if g - limit >= t - limit else ("training", train_terms, t)
         big = max((x for x in terms if x.gb is not None), key=lambda x: x.gb)
-        overflow = f"{phase} needs {total:.1f} of {limit:.1f} GiB; its largest term: {big.name} {big.gb:.1f} GiB"
+        known = g_known if phase == "generation" else t_known
+        overflow = (f"{phase} needs {'' if known else 'at least '}{total:.1f} of {limit:.1f} GiB; its largest term: "
+                    f"{big.name} {big.gb:.1f} GiB")
     elif model.full and vllm_kv_pool_bytes(model, gen, limit) <= 0:
         overflow = ("generation: vLLM's weights and activation peak exceed gpu_memory_utilization x memory "
                     f"({gen.gpu_memory_utilization:g} x {limit:.1f} GiB): no room for a KV cache")
@@ -494,7 +497,7 @@ def _core(model: ModelShape, gen: GenSetup, train: TrainSetup, limit: float) -> 
         overflow = (f"generation: vLLM's KV pool holds {cap} tokens, fewer than one {gen.seq_len}-token sequence "
                     "(vLLM refuses to start)")
     fits = False if overflow else (True if g_known and t_known else None)
-    per_device = max(g, t) if (g_known and t_known) or overflow else None
+    per_device = max(g, t) if g_known and t_known else None
     return MemoryEstimate(g if g_known else None, t if t_known else None, per_device, limit, fits, overflow, (),
                           cap, demand, tuple(gen_terms + train_terms), train.colocated)
 
@@ -565,3 +568,45 @@ def _first_per_kind(fixes: tuple[str, ...]) -> tuple[str, ...]:
             seen.add(kind)
             out.append(f)
     return tuple(out)
+
+
+def _dig(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or node.get(part) is None:
+            return default
+        node = node[part]
+    return node
+
+
+def setups_from_verl(cfg: dict[str, Any], gpus: int | None = None) -> tuple[GenSetup, TrainSetup]:
+    """The setups a verl run's saved Hydra config (.hydra/config.yaml, as a dict) describes: its rollout engine
+    arguments (actor_rollout_ref.rollout.*), the batch one engine holds (data.train_batch_size x rollout.n over the
+    gpus / TP engines), the FSDP actor (strategy, fsdp_config offload, ppo_micro_batch_size_per_gpu, gradient
+    checkpointing), the reference model (use_kl_loss or use_kl_in_reward) and the critic (adv_estimator gae)."""
+    a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    n = gpus or int(_dig(cfg, "trainer.n_gpus_per_node", 1)) * int(_dig(cfg, "trainer.nnodes", 1))
+    tp = min(int(_dig(cfg, f"{r}.tensor_model_parallel_size", 1)), n)  # an engine spans at most the devices there are
+    seq = (int(_dig(cfg, f"{r}.prompt_length", _dig(cfg, "data.max_prompt_length", 0)))
+           + int(_dig(cfg, f"{r}.response_length", _dig(cfg, "data.max_response_length", 0))))
+    max_seqs = int(_dig(cfg, f"{r}.max_num_seqs", 256))
+    batch = int(_dig(cfg, "data.train_batch_size", 0)) * int(_dig(cfg, f"{r}.n", 1))
+    engines = max(1, n // max(tp, 1))
+    gen = GenSetup(tp=tp, gpu_memory_utilization=float(_dig(cfg, f"{r}.gpu_memory_utilization", 0.5)),
+                   max_num_batched_tokens=int(_dig(cfg, f"{r}.max_num_batched_tokens", 8192)), max_num_seqs=max_seqs,
+                   concurrency=min(max_seqs, math.ceil(batch / engines)) if batch else 0, seq_len=seq)
+    micro = _dig(cfg, f"{a}.ppo_micro_batch_size_per_gpu")
+    if micro is None or _dig(cfg, f"{a}.use_dynamic_bsz", False):
+        micro = max(1, int(_dig(cfg, f"{a}.ppo_max_token_len_per_gpu", seq or 1)) // max(seq, 1))
+    off = f"{a}.fsdp_config"
+    train = TrainSetup(
+        gpus=n, gpus_per_node=int(_dig(cfg, "trainer.n_gpus_per_node", n)),
+        zero_stage=1 if str(_dig(cfg, f"{a}.strategy", "fsdp")).startswith("megatron") else 3,
+        idle_offload=bool(_dig(cfg, f"{off}.param_offload", False) and _dig(cfg, f"{off}.optimizer_offload", False)),
+        micro_batch=int(micro), seq_len=seq or 2048,
+        gradient_checkpointing=bool(_dig(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing", False)),
+        reference=bool(_dig(cfg, f"{a}.use_kl_loss", False) or _dig(cfg, "algorithm.use_kl_in_reward", False)),
+        reference_offload=bool(_dig(cfg, "actor_rollout_ref.ref.fsdp_config.param_offload", False)),
+        critic=str(_dig(cfg, "algorithm.adv_estimator", "")) == "gae",
+        colocated=bool(_dig(cfg, "actor_rollout_ref.hybrid_engine", True)))
+    return gen, train
