@@ -1,17 +1,38 @@
 """`rlsim`: a thin typer CLI. Commands live in sim/commands_*.py; each parses options, builds a config,
-calls one library function and turns RlsimError into exit code 2."""
+calls one library function and turns RlsimError into exit code 2.
+
+`main` registers only the module of the command it runs: importing every command's dependencies (the log
+importers, the planner) would slow each command. `app`, the whole CLI, is built on first use (tests, docs)."""
+from __future__ import annotations
+
+import importlib
+import sys
+
 from rlsim.cliopts import App
 
-app = App(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-                  help="Fit recorded RL runs and predict time-to-target for untried configurations.")
+# command -> the module that registers it
+COMMANDS = {"run": "commands_run", "replay": "commands_run", "rank": "commands_run", "sweep": "commands_study",
+            "report": "commands_study", "export": "commands_study", "import": "commands_import",
+            "plan": "commands_plan"}
 
-from rlsim import commands_import, commands_plan, commands_run, commands_study  # noqa: E402  (they register on `app`)
 
-commands_run.register(app)
-commands_study.register(app)
-commands_import.register(app)
-commands_plan.register(app)
+def build(command: str | None = None) -> App:
+    """The CLI with every command, or only with the module that registers `command` (when it names one)."""
+    cli = App(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+              help="Fit recorded RL runs and predict time-to-target for untried configurations.")
+    modules = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
+    for name in modules:
+        importlib.import_module(f"rlsim.{name}").register(cli)
+    return cli
+
+
+def __getattr__(name: str) -> App:
+    if name == "app":
+        globals()["app"] = built = build()
+        return built
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
-    app()
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    build(command)()

@@ -20,11 +20,19 @@ def _imports(package: str):
 
 
 def test_simulator_cli_loads_without_torch():
-    code = ("import sys, rlsim, rlsim.cli, rlsim.replay.io; "
+    code = ("import sys, rlsim, rlsim.cli, rlsim.replay.io; rlsim.cli.app; "
             "bad = [m for m in ('torch', 'vllm', 'transformers', 'rlsim.runner') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_command_loads_only_its_own_module():
+    code = ("import sys; from rlsim.cli import build; build('run'); "
+            "print([m for m in ('rlsim.commands_import', 'rlsim.replay.importers', 'rlsim.commands_plan', 'rlsim.plan', "
+            "'rlsim.commands_study', 'rlsim.report') if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
 def test_no_module_imports_the_old_top_level_names():
