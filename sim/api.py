@@ -95,10 +95,9 @@ def _unknown(call: str, key: str, choices: Sequence[str], listed: str = "") -> R
                       f"{listed or 'the keywords are ' + (', '.join(choices) or '(none)')}")
 
 
-def _bind(call: str, fn: Callable, args: tuple, kwargs: dict) -> inspect.BoundArguments:
-    """The call's arguments bound to fn's parameters; an unknown keyword (with the closest one), a missing or an extra
-    argument is one RlsimError showing the signature."""
-    sig = inspect.signature(fn)
+def _bind(call: str, sig: inspect.Signature, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    """The call's arguments bound to the parameters of `sig`; an unknown keyword (with the closest one), a missing or
+    an extra argument is one RlsimError showing the signature."""
     named = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
         for key in kwargs:
@@ -124,7 +123,7 @@ def _public(fn: Callable) -> Callable:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with keyword_names():
-            bound = _bind(fn.__name__, fn, args, kwargs)
+            bound = _bind(fn.__name__, sig, args, kwargs)
             for key, value in bound.arguments.items():
                 if key in CHECKS and sig.parameters[key].kind is not sig.parameters[key].VAR_KEYWORD:
                     _check(fn.__name__, key, value)
