@@ -34,7 +34,7 @@ from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.device_speed import device_ratios
 from rlsim.replay.devices import per_device, profile_by_name
 from rlsim.replay.drift import Drift, drift_of
-from rlsim.replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.fit_steps import fit_steps, is_step_level
 from rlsim.replay.io import Trace
 from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
@@ -122,8 +122,8 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     _check_colocated(traces)
     if is_step_level(ref):  # imported from a log (replay/fit_steps.py)
         if calibration:  # its costs are per-phase totals: engine-step calibration rows have nothing to refit
-            raise RlsimError(f"{ref.name} is a step-level trace imported from a log: --calibration applies only to "
-                             "traces recorded by `rlrun record`; drop --calibration")
+            raise RlsimError(f"{ref.name} is a step-level trace imported from a log: {name('calibration')} applies "
+                             f"only to traces recorded by `rlrun record`; drop {name('calibration')}")
         return fit_steps(traces)
     _check_rows(traces)
     drift = drift_of(ref)

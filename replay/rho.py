@@ -39,7 +39,7 @@ from typing import Callable, ClassVar, NamedTuple
 
 import numpy as np
 
-from rlsim.replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError, did_you_mean, name, setting
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.learning import LearningCurve, lr_scale
 
@@ -230,7 +230,8 @@ def invariant_rho(b_ref: float, *, assumed: bool = False) -> InvariantRho:
 def noise_scale_rho(b_ref: float, b_crit: float) -> NoiseScaleRho:
     if not (b_crit > 0 and math.isfinite(b_crit)):
         raise RlsimError("the gradient noise scale is not estimable from this trace (grad_norm and grad_norm_micro "
-                         "missing or too noisy); use --rho invariant or --rho curves")
+                         f"missing or too noisy); use {setting(rho_model='invariant')} or "
+                         f"{setting(rho_model='curves')}")
     return NoiseScaleRho(float(b_ref), b_crit=float(b_crit))
 
 
@@ -252,10 +253,11 @@ def curves_rho(b_ref: float, curves: list[LearningCurve], target: float) -> Curv
         pts.setdefault(float(c.batch), []).append(n)
         rules[float(c.batch)] = c.lr_rule
     if len(pts) < 2:
-        raise RlsimError(f"--rho curves needs traces at two or more batch sizes that reach the target {target:.4g}; "
-                         f"got {len(pts)} (add --trace for runs at other batch sizes, or lower --target)")
+        raise RlsimError(f"{setting(rho_model='curves')} needs traces at two or more batch sizes that reach the target "
+                         f"{target:.4g}; got {len(pts)} (add runs at other batch sizes with {name('trace')}, or lower "
+                         f"{name('target')})")
     if float(b_ref) not in pts:
-        raise RlsimError(f"the reference trace does not reach the target {target:.4g}; lower --target")
+        raise RlsimError(f"the reference trace does not reach the target {target:.4g}; lower {name('target')}")
     bs = sorted(pts)
     return CurvesRho(float(b_ref), log_b=tuple(math.log(b) for b in bs), n_star=tuple(float(np.mean(pts[b])) for b in bs),
                      lr_rules=tuple(rules[b] for b in bs))
@@ -287,7 +289,8 @@ def rho_points(ref: LearningCurve, curves, target: float) -> list[RhoPoint]:
     never reached the target gives its responses trained as a lower bound (censored)."""
     n_ref = ref.samples_to_target(target)
     if n_ref is None or n_ref <= 0:
-        raise RlsimError(f"the reference trace does not reach the target {target:.4g} after its first eval; lower --target")
+        raise RlsimError(f"the reference trace does not reach the target {target:.4g} after its first eval; lower "
+                         f"{name('target')}")
     out = []
     for c in curves:
         if c is ref or c.batch <= 0 or not len(c.score):
@@ -305,7 +308,8 @@ def fit_lr_aware(ref: LearningCurve, curves, target: float) -> LrAwareFit:
     0.01 apart); a censored run (rho >= its bound) costs only when the model puts it below the bound."""
     pts = rho_points(ref, curves, target)
     if not pts:
-        raise RlsimError("fitting the lr-aware model needs runs at other batch sizes or lrs that have evals (repeat --trace)")
+        raise RlsimError(f"fitting the lr-aware model needs runs at other batch sizes or lrs that have evals (add "
+                         f"them with {name('trace')})")
     base = lr_aware_rho(ref.batch, ref.batch, 0.0)
     best = None
     for m in 2.0 ** np.arange(-8, 8.01, 0.25):
@@ -325,9 +329,12 @@ def fit_lr_aware(ref: LearningCurve, curves, target: float) -> LrAwareFit:
 
 def parse_rho(spec: str) -> tuple[str, tuple[float, float] | None]:
     """'lr-aware:B_BEND,KAPPA' -> ('lr-aware', (B_BEND, KAPPA)); any other model name -> (name, None)."""
+    if not isinstance(spec, str):
+        raise RlsimError(f"{name('rho_model')} must be one of {', '.join(RHO_MODELS)} (text), got {spec!r}")
     kind, _, params = spec.partition(":")
     if kind not in RHO_MODELS:
-        raise RlsimError(f"--rho must be one of {', '.join(RHO_MODELS)}, got {kind!r}")
+        raise RlsimError(f"{name('rho_model')} must be one of {', '.join(RHO_MODELS)}, got {kind!r}"
+                         f"{did_you_mean(kind, RHO_MODELS)}")
     if not params:
         return kind, None
     try:
@@ -335,7 +342,8 @@ def parse_rho(spec: str) -> tuple[str, tuple[float, float] | None]:
     except ValueError:
         raise RlsimError(f"rho parameters {params!r}: expected 'B_BEND,KAPPA' (e.g. lr-aware:3000,0.6)") from None
     if kind != "lr-aware":
-        raise RlsimError(f"--bend-batch and --kappa go with --rho lr-aware, not {kind}")
+        raise RlsimError(f"the parameters {params!r} (B_BEND,KAPPA) go with {setting(rho_model='lr-aware')}, "
+                         f"not {kind}")
     return kind, (m, k)
 
 

@@ -19,17 +19,17 @@ Config keywords are the fields of `rlsim.config.WhatIf`; `batch` is accepted for
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import inspect
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from numbers import Integral
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from rlsim.config import WhatIf, keyword_names
+from rlsim.config import LENGTHS, WhatIf
 from rlsim.fidelity import replay_trace
-from rlsim.replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError, did_you_mean, keyword_names
 from rlsim.replay.io import Trace, read_trace
 from rlsim.replay.probe import refuse_probe
 from rlsim.replay.split_stats import split_stats as measure
@@ -40,11 +40,93 @@ from rlsim.whatif import Study, evaluate, prepare, reference_outcome
 ALIASES = {"batch": "prompts"}  # the CLI's --batch is P
 
 
-def _keywords(fn: Callable) -> Callable:
-    """Run `fn` with its RlsimErrors naming WhatIf fields as keywords (`prompts`), not CLI options (`--batch`)."""
+def _path_like(v: Any) -> bool:
+    return isinstance(v, (str, os.PathLike))
+
+
+def _traces_like(v: Any) -> bool:
+    """A trace, a path, or an iterable of them (not a mapping, not a Study)."""
+    if isinstance(v, Trace) or _path_like(v) or isinstance(v, Iterator):  # an iterator's items: checked as read
+        return True
+    return isinstance(v, Iterable) and not isinstance(v, (Mapping, bytes)) and all(
+        isinstance(t, Trace) or _path_like(t) for t in v)
+
+
+def _count(v: Any, least: int) -> bool:
+    return isinstance(v, Integral) and not isinstance(v, bool) and v >= least
+
+
+_TRACE = "a path (str or pathlib.Path) or a Trace from rlsim.load_trace"
+_TRACES = f"{_TRACE}, or a list of them (the first is the reference)"
+# Every parameter of a public function -> (whether a value is acceptable, what is expected), checked before any work;
+# None: the library checks it where it is used (rho_model: parse_rho, target: prepare, prompts: WhatIf.validate).
+CHECKS: dict[str, tuple[Callable[[Any], bool], str] | None] = {
+    "path": (_path_like, "a path (str or pathlib.Path)"),
+    "trace": (lambda v: isinstance(v, Trace) or _path_like(v), _TRACE),
+    "traces": (_traces_like, _TRACES),
+    "calibration": (_traces_like, f"calibration traces: {_TRACES.removesuffix(' (the first is the reference)')}"),
+    "study_or_traces": (lambda v: isinstance(v, Study) or _traces_like(v), f"a Study from rlsim.fit, or {_TRACES}"),
+    "drop_invalid": (lambda v: isinstance(v, bool), "True or False"),
+    "overwrite": (lambda v: isinstance(v, bool), "True or False"),
+    "skip": (lambda v: _count(v, 0), "a non-negative integer (updates)"),
+    "seed": (lambda v: _count(v, 0), "a non-negative integer"),
+    "lengths": (lambda v: v in LENGTHS, f"one of {', '.join(map(repr, LENGTHS))}"),
+    "axes": (lambda v: isinstance(v, Mapping), "a dict of WhatIf field -> values, e.g. {'prompts': [256, 1024]}"),
+    "out": (lambda v: v is None or _path_like(v), "None or a folder path"),
+    "workers": (lambda v: v is None or _count(v, 1), "None or a positive integer"),
+    "chunk_size": (lambda v: v is None or _count(v, 1), "None or a positive integer"),
+    "ray_address": (lambda v: v is None or isinstance(v, str), "None or a Ray address (text)"),
+    "name": (lambda v: isinstance(v, str), "a trace's name, e.g. 'grpo_p128' (rlsim.example_traces() lists them)"),
+    "rho_model": None, "target": None, "prompts": None,
+    "progress": None,  # sweep's callback, called as it is
+}
+
+
+def _check(call: str, key: str, value: Any) -> None:
+    rule = CHECKS[key]
+    if rule is not None and not rule[0](value):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise RlsimError(f"{call}: {key} must be {rule[1]}, got {type(value).__name__} {shown}")
+
+
+def _unknown(call: str, key: str, choices: Sequence[str], listed: str = "") -> RlsimError:
+    """The one error for a keyword a function does not take: the closest it does take, then what it takes."""
+    return RlsimError(f"{call}: unknown keyword {key!r}{did_you_mean(key, choices)}; "
+                      f"{listed or 'the keywords are ' + (', '.join(choices) or '(none)')}")
+
+
+def _bind(call: str, sig: inspect.Signature, args: tuple, kwargs: dict) -> inspect.BoundArguments:
+    """The call's arguments bound to the parameters of `sig`; an unknown keyword (with the closest one), a missing or
+    an extra argument is one RlsimError showing the signature."""
+    named = [n for n, p in sig.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        for key in kwargs:
+            if key not in named:
+                raise _unknown(call, key, named)
+    try:
+        return sig.bind(*args, **kwargs)
+    except TypeError as e:
+        plain = sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()],
+                            return_annotation=sig.empty)
+        raise RlsimError(f"{call}{plain}: {e}") from None
+
+
+def _public(fn: Callable) -> Callable:
+    """A function of the notebook API: its arguments are bound and checked (`CHECKS`) before it runs, and its
+    RlsimErrors name keywords (`prompts`, `rho_model`) as the API spells them, not the CLI's options."""
+    sig = inspect.signature(fn)
+    unchecked = [n for n, p in sig.parameters.items()
+                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in CHECKS]
+    if unchecked:
+        raise TypeError(f"{fn.__name__}: add the parameters {unchecked} to rlsim.api.CHECKS")
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with keyword_names():
+            bound = _bind(fn.__name__, sig, args, kwargs)
+            for key, value in bound.arguments.items():
+                if key in CHECKS and sig.parameters[key].kind is not sig.parameters[key].VAR_KEYWORD:
+                    _check(fn.__name__, key, value)
             return fn(*args, **kwargs)
 
     return wrapper
@@ -57,22 +139,23 @@ def _fields(given: Mapping[str, Any], call: str) -> dict[str, Any]:
     for key, value in given.items():
         name = ALIASES.get(key, key)
         if name not in valid:
-            close = difflib.get_close_matches(key, valid + list(ALIASES), n=1)
-            hint = f" (did you mean {close[0]}?)" if close else ""
-            raise RlsimError(f"{call}: unknown keyword {key!r}{hint}; the keywords are rlsim.config.WhatIf's fields: "
-                             f"{', '.join(valid)} (batch = prompts)")
+            raise _unknown(call, key, valid + list(ALIASES),
+                           f"the keywords are rlsim.config.WhatIf's fields: {', '.join(valid)} (batch = prompts)")
         if name in out:
             raise RlsimError(f"{call}: give prompts or batch, not both (batch is the CLI's name for prompts)")
         out[name] = value
     return out
 
 
+@_public
 def load_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
     """Read and validate a trace (`drop_invalid`: drop rows with invalid values, with warnings)."""
     return read_trace(path, drop_invalid=drop_invalid)
 
 
-def _trace(t: Trace | str | os.PathLike) -> Trace:
+def _trace(t: Any) -> Trace:
+    if not (isinstance(t, Trace) or _path_like(t)):
+        raise RlsimError(f"expected {_TRACE}, got {type(t).__name__} {t!r:.60}")
     return t if isinstance(t, Trace) else load_trace(t)
 
 
@@ -88,11 +171,13 @@ def _traces(traces: Any) -> list[Trace]:
     return [refuse_probe(_trace(t)) for t in ([traces] if one else traces)]
 
 
+@_public
 def events(trace: Trace | str | os.PathLike):
     """The trace's events as a DataFrame (columns: docs/trace-format.md)."""
     return _trace(trace).table.to_pandas()
 
 
+@_public
 def steps(trace: Trace | str | os.PathLike):
     """One row per RL step: phase seconds, responses and tokens (rlsim.replay.steps.COLUMNS)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
@@ -100,13 +185,14 @@ def steps(trace: Trace | str | os.PathLike):
     return pd.DataFrame(step_table(_trace(trace)))
 
 
+@_public
 def split_stats(trace: Trace | str | os.PathLike, *, skip: int = 2) -> dict[str, Any]:
     """Measured placement metrics of a recorded run (colocated or split): responses/s, generator and trainer
     idle ratios, staleness, partial rollouts, generation/training overlap (rlsim.replay.split_stats.SplitStats)."""
     return measure(_trace(trace), skip=skip).to_dict()
 
 
-@_keywords
+@_public
 def fit(traces: Any, *, rho_model: str = "auto", target: float | None = None, calibration: Any = ()):
     """Fit the traces (a trace or path, or a list of them; the first is the reference): a `rlsim.whatif.Study`.
     `calibration`: traces of `rlrun calibrate` for a reference recorded without calibration."""
@@ -135,7 +221,7 @@ def _frame(study_or_traces: Any, candidates: Sequence[dict[str, Any]], roles: Se
     return pd.DataFrame(rows, index=pd.Index(["reference", *roles], name="role"))
 
 
-@_keywords
+@_public
 def predict(study_or_traces: Any, **config: Any):
     """The reference and one candidate (`rlsim.config.WhatIf` fields, e.g. prompts=2048, group=16; `batch` is an
     alias of `prompts`, as the CLI's --batch is P) as a two-row DataFrame indexed by role. `study_or_traces`: a
@@ -143,7 +229,7 @@ def predict(study_or_traces: Any, **config: Any):
     return _frame(study_or_traces, [_fields(config, "predict")], ["candidate"])
 
 
-@_keywords
+@_public
 def predict_sizes(study_or_traces: Any, prompts: Sequence[int] | int | None = None, **config: Any):
     """The reference and one candidate per size in `prompts` (P; `batch=` is an alias), the other WhatIf fields
     fixed (e.g. group=8, updates=50): one DataFrame indexed by role ('reference', 'prompts=256', ...), the columns
@@ -161,7 +247,7 @@ def _axes(axes: Mapping[str, Any]) -> dict[str, list]:
     return {k: _listed(v) for k, v in _fields(axes, "sweep").items()}
 
 
-@_keywords
+@_public
 def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathLike | None = None,
           workers: int | None = 1, **options: Any):
     """Every config of the grid `axes` (WhatIf field -> values; `batch` is an alias of `prompts`), ranked best
@@ -169,18 +255,22 @@ def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathL
     `rlsim.study.sweep_study` (rho_model, target, overwrite, ray_address, chunk_size, calibration)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
-    allowed = set(inspect.signature(sweep_study).parameters) - {"traces", "axes", "out", "workers", "charts", "labels"}
-    for key in options:
+    allowed = sorted(set(inspect.signature(sweep_study).parameters)
+                     - {"traces", "axes", "out", "workers", "charts", "labels"})
+    for key, value in options.items():
         if key in ALIASES or key in {f.name for f in dataclasses.fields(WhatIf)}:
             raise RlsimError(f"sweep: {key} is a config field: put it in the axes, e.g. {{{key!r}: [value]}}")
         if key not in allowed:
-            raise RlsimError(f"sweep: unknown keyword {key!r}; the options are out, workers, {', '.join(sorted(allowed))}")
+            raise _unknown("sweep", key, ["traces", "axes", "out", "workers", *allowed],
+                           f"the options are out, workers, {', '.join(allowed)}")
+        _check("sweep", key, value)
     if "calibration" in options:
         options["calibration"] = _traces(options["calibration"])
     res = sweep_study(_traces(traces), _axes(axes), out=out, workers=workers, charts=False, **options)
     return pd.DataFrame(res.rows).set_index("rank")
 
 
+@_public
 def check_fidelity(trace: Trace | str | os.PathLike, *, seed: int = 0, lengths: str = "recorded"):
     """Recorded vs simulated step time, generation time and responses/s per update (rlsim replay)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
@@ -199,22 +289,23 @@ def _traces_dir() -> Path:
     return root
 
 
+@_public
 def example_traces() -> list[str]:
     """Names of the traces shipped under traces/ ('grpo_p128', 'study/grpo_p32_s0', ...), for `example_trace`."""
     root = _traces_dir()
     return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.parquet"))
 
 
+@_public
 def example_trace(name: str) -> Path:
     """The path of a trace shipped under traces/, e.g. example_trace("grpo_p128") (traces/README.md says how each
     was recorded). A path, not a loaded Trace: every function here and the CLI's --trace take it as it is."""
     names = example_traces()
     key = str(name).removesuffix(".parquet")
     if key not in names:
-        close = difflib.get_close_matches(key, names, n=1)
         top = [n for n in names if "/" not in n]
         folders = sorted({n.split("/")[0] + "/" for n in names if "/" in n})
-        raise RlsimError(f"no example trace {name!r}{f' (did you mean {close[0]}?)' if close else ''}; shipped: "
+        raise RlsimError(f"no example trace {name!r}{did_you_mean(key, names)}; shipped: "
                          f"{', '.join(top)}, and {len(names) - len(top)} more in {', '.join(folders)} "
                          "(rlsim.example_traces() lists them all)")
     return _traces_dir() / f"{key}.parquet"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -155,7 +156,9 @@ def register(app: typer.Typer) -> None:
     @cli_errors
     def rank_cmd(
         measurements: Path = typer.Option(..., "--measurements", "-m", help="CSV: config,sigma,rho or config,responses_per_s,samples_to_target"),
-        reference: str = typer.Option(..., "--reference", "-r", help="config name of the reference row"),
+        reference: Optional[str] = typer.Option(
+            None, "--reference", "-r",
+            help="config name of the reference row (leave it out when sigma and rho are already relative to it)"),
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
         """Rank configurations by time-to-target ratio rho / sigma from your own measurements."""
@@ -165,7 +168,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(dumps({"reference": reference, "best": best.config, "rows": [r.to_dict() for r in ranked]}, indent=2))
             return
 
-        t = Table(title=f"rlsim rank (reference {reference})")
+        t = Table(title=f"rlsim rank (reference {reference})" if present else "rlsim rank (sigma and rho as given)")
         for c in ("config", "sigma", "rho", "T / T_ref", "regime"):
             t.add_column(c, justify="left" if c in ("config", "regime") else "right")
         for r in ranked:
@@ -173,5 +176,5 @@ def register(app: typer.Typer) -> None:
         con = _console()
         con.print(t)
         if not present:
-            con.print(f"note: no row named {reference!r}; sigma and rho are taken as already relative to it")
+            con.print("note: no --reference; sigma and rho are taken as already relative to the reference")
         con.print(f"best: {best.config} (T / T_ref = {best.time_to_target_ratio:.3f}, {best.regime})")

@@ -9,17 +9,14 @@
 
 Derived values (B = P x G, whether the KV cache can bind) are properties here and only here. No I/O
 at construction; `validate()` raises `RlsimError` naming the fix, and the fields as the caller spells them
-(`name`: the CLI's options, or the notebook API's keywords inside `keyword_names()`).
+(`rlsim.replay.errors.name`: the CLI's options, or the notebook API's keywords inside `keyword_names()`).
 """
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
-from typing import Iterator
 
-from rlsim.replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.util import ENGINE_DEFAULTS
 
 LR_RULES = ("sqrt", "linear", "fixed")
@@ -33,37 +30,6 @@ def _f(default, help: str):
 def help_text(cls) -> dict[str, str]:
     """Field name -> help text (for CLIs and docs)."""
     return {f.name: f.metadata.get("help", "") for f in fields(cls)}
-
-
-# Messages name a WhatIf field the way the caller set it: the CLI's option (`--batch`) by default, as every
-# other RlsimError does, or the keyword (`prompts`) inside `keyword_names()`, which the notebook API enters.
-_KEYWORDS: ContextVar[bool] = ContextVar("rlsim_keyword_names", default=False)
-OPTION_SPELLING = {"prompts": "--batch"}  # P is --batch in the CLI, as verl's train_batch_size (rlsim.options)
-
-
-def name(field_name: str) -> str:
-    """`--gen-gpus` in the CLI, `gen_gpus` in the notebook API."""
-    if _KEYWORDS.get():
-        return field_name
-    return OPTION_SPELLING.get(field_name, "--" + field_name.replace("_", "-"))
-
-
-def setting(**values) -> str:
-    """`--gen-gpus 6 --train-gpus 2` in the CLI, `gen_gpus=6, train_gpus=2` in the notebook API."""
-    shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in values.items()}  # 2.0 as the user typed it: 2
-    if _KEYWORDS.get():
-        return ", ".join(f"{k}={v}" for k, v in shown.items())
-    return " ".join(f"{name(k)} {v}" for k, v in shown.items())
-
-
-@contextmanager
-def keyword_names() -> Iterator[None]:
-    """Within: RlsimErrors about WhatIf fields name the keyword (`prompts`) instead of the option (`--batch`)."""
-    token = _KEYWORDS.set(True)
-    try:
-        yield
-    finally:
-        _KEYWORDS.reset(token)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rlsim.config import WhatIf
-from rlsim.replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import fit_learning_curve, noise_scale
@@ -215,6 +215,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), err
     `errors`: measured error curves by rho model (default: `rlsim.replay.rho_errors`); `bounds_ok`: a pilot that never
     reached the target counts at its budget (a lower bound) instead of being refused."""
     cfg.validate()
+    _once(reference, pilots)
     study = prepare([reference], rho_model="noise-scale" if _has_noise_scale(reference) else "invariant", target=target)
     errors = (errors or {}).get(study.rho_requested) or measured_errors(study.rho_requested)
     G = cfg.group or study.reference.group
@@ -246,6 +247,29 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), err
         return replace(decided, decision=None, pilots=tuple(useful))
     warnings.append(_undecided(cands, best, s.ref, cfg.confidence, budget, options))
     return replace(decided, warnings=tuple(warnings))
+
+
+def same_recording(a: Trace, b: Trace) -> str:
+    """How two traces are one recording: 'the same file', 'the same events' (a copy, or a log imported twice), or ''."""
+    try:
+        if a.path.resolve() == b.path.resolve():
+            return "the same file"
+    except OSError:
+        pass
+    return "the same events" if a.table.num_rows == b.table.num_rows and a.table.equals(b.table) else ""
+
+
+def _once(reference: Trace, pilots: Sequence[Trace]) -> None:
+    """Refuse a pilot that is the reference's own recording (it would measure the reference's rho against itself) or
+    one given twice (its observation would count twice)."""
+    for i, tr in enumerate(pilots):
+        for j, other in enumerate([reference, *pilots[:i]]):
+            how = same_recording(tr, other)
+            if how:
+                what = "the reference's own recording" if j == 0 else f"pilot {other.path} again"
+                raise RlsimError(f"pilot {tr.path} is {what} ({how}): a pilot is another run at a candidate size; "
+                                 f"give the reference first and each pilot once ({name('trace')} REF "
+                                 f"{name('trace')} PILOT ...)")
 
 
 def _undecided(cands: Sequence[Candidate], best: int, ref: int, confidence: float, budget: float,

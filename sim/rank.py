@@ -1,8 +1,8 @@
 """`rlsim rank`: T ratios from measurements teams made themselves.
 
-CSV with a header, either `config,sigma,rho` (relative to the reference already, or normalised by the
-reference row when present) or `config,responses_per_s,samples_to_target` (absolute; the reference row
-must be present). T_new / T_ref = rho / sigma; sorted best first.
+CSV with a header, either `config,sigma,rho` (normalised by the reference row the user names, or relative to the
+reference already when none is named) or `config,responses_per_s,samples_to_target` (absolute; the reference row
+must be named). A named reference that is no row of the file is refused. T_new / T_ref = rho / sigma; sorted best first.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlsim.replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError, did_you_mean, name, setting
 from rlsim.replay.rho import regime
 
 FORMS = (("sigma", "rho"), ("responses_per_s", "samples_to_target"))
@@ -75,24 +75,37 @@ def read_measurements(path: str | os.PathLike) -> tuple[list[tuple[str, float, f
     return rows, form
 
 
-def rank(rows: list[tuple[str, float, float]], form: tuple[str, str], reference: str) -> list[Ranked]:
+def _reference_row(rows: list[tuple[str, float, float]], form: tuple[str, str], reference: str | None,
+                   where: str) -> tuple[str, float, float] | None:
+    """The reference's row; None when no reference is named and the measurements are relative already. A name that
+    is no config of the measurements is refused (a typo would otherwise rank the real reference as a candidate)."""
     names = [r[0] for r in rows]
+    shown = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if len(names) > 12 else "")
+    if reference is None:
+        if form == ("sigma", "rho"):
+            return None
+        raise RlsimError(f"{where} holds absolute measurements ({', '.join(form)}): name the reference row with "
+                         f"{name('reference')} (its configs: {shown})")
     ref = next((r for r in rows if r[0] == reference), None)
-    if form == ("sigma", "rho"):
-        s0, r0 = (ref[1], ref[2]) if ref else (1.0, 1.0)
-        out = [(n, s / s0, rho / r0) for n, s, rho in rows]
-    else:
-        if ref is None:
-            raise RlsimError(f"reference {reference!r} is not a config in the measurements ({', '.join(names)}); pass --reference with one of them")
-        out = [(n, q / ref[1], nstar / ref[2]) for n, q, nstar in rows]
-    ranked = [Ranked(n, s, r, r / s, regime(r / s)) for n, s, r in out]
-    if ref is not None:
-        ranked = [x if x.config != reference else Ranked(x.config, x.sigma, x.rho, x.time_to_target_ratio, "reference") for x in ranked]
+    if ref is None:
+        raise RlsimError(f"{setting(reference=reference)} is not a config of {where}{did_you_mean(reference, names)}; "
+                         f"its configs: {shown} (leave {name('reference')} out when sigma and rho are already "
+                         "relative)")
+    return ref
+
+
+def rank(rows: list[tuple[str, float, float]], form: tuple[str, str], reference: str | None,
+         where: str = "the measurements") -> list[Ranked]:
+    """Rows ranked best first by T / T_ref = rho / sigma, relative to the `reference` row (None: as given)."""
+    ref = _reference_row(rows, form, reference, where)
+    s0, r0 = (ref[1], ref[2]) if ref else (1.0, 1.0)
+    rel = [(n, a / s0, b / r0) for n, a, b in rows]
+    ranked = [Ranked(n, s, r, r / s, "reference" if n == reference else regime(r / s)) for n, s, r in rel]
     return sorted(ranked, key=lambda x: (x.time_to_target_ratio, x.config))
 
 
-def rank_file(path: str | os.PathLike, reference: str) -> tuple[list[Ranked], bool]:
-    """(ranked rows, whether the reference row was present)."""
+def rank_file(path: str | os.PathLike, reference: str | None = None) -> tuple[list[Ranked], bool]:
+    """(ranked rows, whether a reference row normalised them). `reference`: the config name of the reference row;
+    None when sigma and rho are already relative to it (config,sigma,rho only)."""
     rows, form = read_measurements(path)
-    present = any(r[0] == reference for r in rows)
-    return rank(rows, form, reference), present
+    return rank(rows, form, reference, str(path)), reference is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
+from numbers import Real
 from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
@@ -19,7 +20,7 @@ import numpy as np
 from rlsim.replay.cost import EngineStepCost, StepSums
 from rlsim.replay.device_speed import device_ratios
 from rlsim.replay.devices import get_profile, per_device, profile_for_hardware, recorded_profile, rescale
-from rlsim.replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import LearningCurve, NoiseScale, b_noise_replicates, fit_learning_curve, lr_scale, noise_scale
@@ -218,7 +219,12 @@ def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimCon
     cfg.validate()
     P, G, _ = _resolve(study.reference, study.models, cfg)
     if study.algo == "grpo" and G < 2:
-        raise RlsimError(f"GRPO needs a group of at least 2 responses per prompt (group-relative advantages), got --group {G}")
+        raise RlsimError(f"GRPO needs a group of at least 2 responses per prompt (group-relative advantages), got "
+                         f"{setting(group=G)}")
+    if study.algo == "ppo" and G != 1:
+        raise RlsimError(f"PPO trains one response per prompt (G = 1: a critic, not a group, gives its advantages), "
+                         f"got {setting(group=G)}; for a bigger batch ask for more prompts, e.g. "
+                         f"{setting(prompts=P * G)}")
     models, engine, _ = models_for(study, cfg)
     eng = replace(engine, max_num_seqs=cfg.max_num_seqs or engine.max_num_seqs,
                   kv_cache_tokens=cfg.kv_cache_tokens or engine.kv_cache_tokens)
@@ -237,8 +243,10 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     traces of `rlrun calibrate` (same model and device) whose calibration rows refit the step costs."""
     traces = list(traces)
     if not traces:
-        raise RlsimError("pass at least one --trace")
+        raise RlsimError(f"pass at least one trace ({name('trace')})")
     rho_model, rho_params = parse_rho(rho_model)
+    if target is not None and (not isinstance(target, Real) or isinstance(target, bool) or not math.isfinite(target)):
+        raise RlsimError(f"{name('target')} must be a finite eval score, got {target!r}")
     ref = traces[0]
     cfg = ref.config
     algo = str(cfg.get("algo") or "grpo")
@@ -252,6 +260,9 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
             b = (t.config.get(key) if key == "task" else (t.meta.get("model") or {}).get("name"))
             if a != b:
                 setup_warnings.append(f"{t.name} has {what} {b!r}, the reference {a!r}: its learning curve may not be comparable")
+    curves = tuple(fit_learning_curve(t) for t in traces)
+    if target is not None:
+        _check_target(float(target), curves)
     # step costs fitted across the traces of the same setup (their batch sizes give the slopes a range)
     # (split-mode recordings give learning curves at their staleness limit, not step costs: see fit_trace)
     pooled = [ref] + [t for t in traces[1:] if same_setup(ref, t) and placement(t.config)["mode"] == "colocated"]
@@ -261,7 +272,6 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     reference = WhatIf(prompts=models.prompts, group=models.group, lr_rule=str(cfg.get("lr_rule") or "sqrt"))
     if not reference.prompts:
         raise RlsimError(f"{ref.path}: metadata config has no `prompts`; the trace was not written by `rlrun record`")
-    curves = tuple(fit_learning_curve(t) for t in traces)
     noise = noise_scale(ref)
     warnings = list(models.warnings) + setup_warnings
     warnings += [w for t in traces for w in t.warnings]  # rows dropped by --drop-invalid
@@ -275,13 +285,11 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
         target = (min(bests) if len(curves) > 1 and len(bests) == len(curves) else ref_curve.best) if len(ref_curve.score) else math.nan
     n_star = ref_curve.samples_to_target(target) if math.isfinite(target) else None
     if n_star is not None and n_star <= 0:
-        warnings.append(f"the reference's first eval already reaches {target:.4g}: pass a higher --target for a time-to-target")
+        warnings.append(f"the reference's first eval already reaches {target:.4g}: pass a higher {name('target')} "
+                        "for a time-to-target")
         n_star = None
-    elif n_star is None:
-        if math.isfinite(target) and len(ref_curve.score):
-            warnings.append(f"the reference never reached the target {target:.4g} (best {ref_curve.best:.4g}): no absolute time-to-target")
-        elif not len(ref_curve.score):
-            warnings.append("the reference trace has no eval rows: no absolute time-to-target")
+    elif n_star is None and not len(ref_curve.score):  # (a target it never reached is refused: _check_target)
+        warnings.append("the reference trace has no eval rows: no absolute time-to-target")
     rec_t = math.nan
     if n_star is not None:
         ev = ref.rows(EVAL)
@@ -289,7 +297,8 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
         if len(hit):
             rec_t = float(ev["t_start"][hit[0]])
     if rho_model == "curves" and len(traces) < 2:
-        raise RlsimError("--rho curves needs two or more traces at different batch sizes (repeat --trace)")
+        raise RlsimError(f"{setting(rho_model='curves')} needs two or more traces at different batch sizes (add "
+                         f"them with {name('trace')})")
     b_crit_reps = b_noise_replicates(noise)
     if rho_model in ("auto", "noise-scale") and len(traces) == 1 and noise.b_crit > 0:
         warnings.append(_noise_scale_warning(noise.b_crit, b_crit_reps))
@@ -303,6 +312,21 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
                  framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models,
                  task=str(ref.config.get("task") or ""))
+
+
+def _check_target(target: float, curves: Sequence[LearningCurve]) -> None:
+    """Refuse a target above what the reference reached: time-to-target is the reference's samples-to-target (its
+    evals isotonic-smoothed, `LearningCurve.samples_to_target`), and every T ratio is relative to it, so other traces
+    reaching higher do not make a higher target answerable. A reference without evals has no best: it is warned
+    about where the target is used."""
+    ref = curves[0]
+    if len(ref.score) and target > ref.best + 1e-12:
+        both = [c.best for c in curves if len(c.score)]
+        common = (f"; the best all {len(curves)} traces reached is {min(both):.4g}, the default with several traces"
+                  if len(curves) > 1 and len(both) == len(curves) else "")
+        raise RlsimError(f"{setting(target=target)} is above the reference's best eval score {ref.best:.4g} (its evals "
+                         f"smoothed), so it never reaches it and time-to-target is undefined; pass a target of at most "
+                         f"{ref.best:.4g}, or leave {name('target')} out for the best it reached{common}")
 
 
 def _noise_scale_warning(b_crit: float, reps: np.ndarray | None) -> str:

@@ -47,7 +47,20 @@ def test_api_raises_the_cli_errors(tmp_path):
     (lambda: rlsim.sweep(TRACE, {"batch": [16, 0]}), r"^config \[prompts 0\] is invalid: prompts must be a positive"),
     (lambda: rlsim.sweep(TRACE, {"batchsize": [16]}), "^sweep: unknown keyword 'batchsize'"),
     (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, updates=5), r"^sweep: updates is a config field: put it in the axes"),
-    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, workerz=2), "^sweep: unknown keyword 'workerz'; the options are out, workers"),
+    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, workerz=2),
+     r"^sweep: unknown keyword 'workerz' \(did you mean workers\?\); the options are out, workers"),
+    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, rho="curves"),
+     r"^sweep: unknown keyword 'rho' \(did you mean rho_model\?\)"),
+    (lambda: rlsim.fit([TRACE], rho="magic"),
+     r"^fit: unknown keyword 'rho' \(did you mean rho_model\?\); the keywords are traces, rho_model, target, "
+     "calibration$"),
+    (lambda: rlsim.fit([TRACE], rho_model="magic"),
+     "^rho_model must be one of invariant, noise-scale, curves, lr-aware, auto, got 'magic'$"),
+    (lambda: rlsim.fit([TRACE], rho_model="noise_scale"), r"got 'noise_scale' \(did you mean noise-scale\?\)$"),
+    (lambda: rlsim.fit(TRACE, rho_model="curves"),
+     r"^rho_model=curves needs two or more traces .* with traces=\[\.\.\.\]\)$"),
+    (lambda: rlsim.fit(TRACE, target=float("nan")), "^target must be a finite eval score, got nan$"),
+    (lambda: rlsim.load_trace(42), r"^load_trace: path must be a path \(str or pathlib.Path\), got int 42$"),
     (lambda: rlsim.predict_sizes(TRACE, group=4), r"^predict_sizes: give the sizes to predict, e.g. prompts=\[256"),
     (lambda: rlsim.fit([]), "^fit: give at least one trace"),
 ])
@@ -63,9 +76,61 @@ def test_cli_keeps_its_option_names(tmp_path):
     r = CliRunner().invoke(app, ["run", str(TRACE), "--staleness", "2"])
     assert "error: --staleness 2 needs split devices: add --gen-gpus N --train-gpus M" in r.output
     from rlsim.config import name
-    from rlsim.options import labels
+    from rlsim.options import labels, study_specs
 
     assert labels() == {f: name(f) for f in labels()}  # messages and options spell each field alike
+    assert {s.field: s.label for s in study_specs()} == {s.field: name(s.field) for s in study_specs()}
+
+
+def _public_functions() -> dict:
+    """Every public callable `dir(rlsim)` shows, but the error classes."""
+    out = {n: getattr(rlsim, n) for n in dir(rlsim) if not n.startswith("_")}
+    return {n: f for n, f in out.items() if callable(f) and not (isinstance(f, type) and issubclass(f, BaseException))}
+
+
+VALID = {"path": TRACE, "trace": TRACE, "traces": [TRACE], "study_or_traces": TRACE, "axes": {"prompts": [16]},
+         "name": "grpo_p32"}  # a valid value of each required parameter, so that one wrong argument is what is refused
+
+
+def _refused(call) -> str:
+    with pytest.raises(rlsim.RlsimError) as e:
+        call()
+    err = e.value
+    assert "\n" not in str(err), str(err)
+    assert err.__cause__ is None and (err.__context__ is None or err.__suppress_context__), str(err)  # no chain
+    return str(err)
+
+
+def test_every_public_function_refuses_wrong_types_and_unknown_keywords():
+    import inspect
+
+    funcs = _public_functions()
+    assert set(rlsim.__all__) - {"RlsimError", "TraceError"} <= set(funcs)
+    wrong = object()
+    for fname, fn in funcs.items():
+        params = [p for p in inspect.signature(fn).parameters.values()
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        required = {p.name: VALID[p.name] for p in params if p.default is p.empty}
+        msg = _refused(lambda: fn(**required, tracez=1))
+        assert "unknown keyword 'tracez'" in msg, fname
+        close = [p.name for p in params if p.name in ("trace", "traces")]
+        assert not close or f"(did you mean {close[0]}?)" in msg, msg
+        if not params:
+            _refused(lambda: fn(wrong))  # an argument it does not take
+        for p in params:
+            msg = _refused(lambda: fn(**{**required, p.name: wrong}))
+            assert p.name in msg or fname == "predict_sizes", (fname, msg)  # predict_sizes: WhatIf's prompts check
+            assert "--" not in msg, msg
+    assert "chunk_size" in _refused(lambda: rlsim.sweep(TRACE, {"prompts": [16]}, chunk_size="2"))  # its options alike
+
+
+def test_api_target_and_group_refusals_name_keywords():
+    best = rlsim.fit(TRACE).target  # the default: the best the reference reached
+    msg = _refused(lambda: rlsim.fit(TRACE, target=best + 0.5))
+    assert msg.startswith(f"target={best + 0.5:g} is above the reference's best eval score {best:.4g}")
+    assert "--" not in msg
+    msg = _refused(lambda: rlsim.predict(rlsim.example_trace("ppo_b256"), group=8, updates=5))
+    assert msg.startswith("PPO trains one response per prompt") and "group=8" in msg and "prompts=2048" in msg
 
 
 def test_batch_is_prompts_and_predict_sizes_is_predict_per_size():

@@ -1,8 +1,8 @@
 """Every JSON rlsim writes is strict JSON (what jq, JavaScript and Go accept): no NaN, no Infinity.
 
 Each JSON-producing path runs on the small shipped PPO trace and its output is parsed with a parser that
-refuses the constants NaN / Infinity / -Infinity; the target cases use a score nobody reached (2.0),
-where a time-to-target does not exist and must be null, not NaN.
+refuses the constants NaN / Infinity / -Infinity; the target cases use a score the first eval already reached (-1),
+where a time-to-target does not exist and must be null, not NaN (a score nobody reached, 2.0, is refused).
 """
 import json
 from pathlib import Path
@@ -36,12 +36,12 @@ def _strict_file(path: Path):
         raise AssertionError(f"{path} is not strict JSON ({e}): {bad}") from None
 
 
-@pytest.mark.parametrize("target", [None, "2.0", "0.5"])
+@pytest.mark.parametrize("target", [None, "-1", "0.5"])
 def test_run_json(target):
     args = RUN + (["--target", target] if target else [])
     r = invoke(args)  # raises unless exit 0 with strict JSON (or exit 2 with one line)
     assert r["exit"] == 0, r
-    if target == "2.0":  # nobody reached it: the time-to-target does not exist -> null
+    if target == "-1":  # reached before training: the time-to-target does not exist -> null
         nulls = {p for p, v in _walk(r["json"]) if v is None}
         assert any("time_to_target_s" in p for p in nulls), sorted(nulls)
 
@@ -60,7 +60,11 @@ def test_rank_json(tmp_path):
     assert invoke(["rank", "--measurements", csv, "--reference", "p128", "--json"])["exit"] == 0
 
 
-@pytest.mark.parametrize("target", [None, "2.0"])
+def test_a_target_nobody_reached_is_one_line():
+    assert invoke(RUN + ["--target", "2.0"])["exit"] == 2
+
+
+@pytest.mark.parametrize("target", [None, "-1"])
 def test_sweep_json_and_parquet_metadata(tmp_path, target):
     out = tmp_path / "sweep"
     args = ["sweep", "--trace", TRACE, "--batch", "32,64", "--updates", "2", "--out", out, "--no-charts", "--workers", "1"]

@@ -144,3 +144,18 @@ def test_a_pilot_without_evals_is_one_line(tmp_path):
     pq.write_table(t.filter(pc.not_equal(t["kind"], "eval")).replace_schema_metadata(t.schema.metadata), path)
     r = runner.invoke(app, ["plan", str(REF), "--batch", "16,64", "--target", "0.566", "-t", str(path)])
     assert r.exit_code == 2 and "no eval rows" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_the_reference_is_refused_as_its_own_pilot(tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy.parquet"
+    shutil.copy(REF, copy)
+    for pilot, how in ((REF, "the same file"), (copy, "the same events")):
+        r = runner.invoke(app, ["plan", str(REF), "--batch", "16,64", "--target", "0.566", "-t", str(pilot)])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output, r.output
+        assert f"is the reference's own recording ({how})" in r.output
+    pilot = STUDY / "grpo_p64_s0.parquet"
+    with pytest.raises(RlsimError, match=r"pilot .*grpo_p64_s0.parquet is pilot .*grpo_p64_s0.parquet again "
+                                         r"\(the same file\)"):
+        plan(read_trace(REF), PlanConfig(prompts=SIZES), pilots=[read_trace(pilot), read_trace(pilot)], target=0.566)

@@ -137,6 +137,41 @@ def test_bad_options(trace, args, msg):
     assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
 
 
+def _refused(args) -> str:
+    """The one line of a refusal: exit 2, no traceback."""
+    r = runner.invoke(app, args)
+    lines = r.output.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.output
+    assert "Traceback" not in r.output
+    return lines[0]
+
+
+def test_a_group_on_a_ppo_trace_is_refused(tmp_path):
+    ppo = synthetic_trace(tmp_path / "ppo.parquet", SynthSpec(algo="ppo", prompts=32, group=1, steps=3))
+    msg = _refused(["run", "--trace", str(ppo), "--batch", "32", "--group", "8"])
+    assert "PPO trains one response per prompt (G = 1" in msg and "got --group 8" in msg and "--batch 256" in msg
+    msg = _refused(["sweep", "--trace", str(ppo), "--batch", "32,64", "--group", "1,4", "--out", str(tmp_path / "sw")])
+    assert "--group 4" in msg and "PPO trains one response per prompt" in msg
+    assert json.loads(_ok(["run", "--trace", str(ppo), "--batch", "64", "--group", "1", "--json"]))["group"] == 1
+
+
+def test_a_target_above_what_the_reference_reached_is_refused(trace, tmp_path):
+    from rlsim.replay.io import read_trace
+    from rlsim.replay.learning import fit_learning_curve
+
+    best = fit_learning_curve(read_trace(trace)).best
+    msg = _refused(["run", "--trace", str(trace), "--batch", "64", "--target", "2.0"])
+    assert msg.startswith(f"error: --target 2 is above the reference's best eval score {best:.4g}")
+    d = json.loads(_ok(["run", "--trace", str(trace), "--batch", "64", "--target", repr(best), "--json"]))
+    assert d["target"] == best and d["n_star_ref"] > 0  # what it reached is a target
+    other = synthetic_trace(tmp_path / "p64.parquet", SynthSpec(prompts=64, group=4, steps=5, seed=1))
+    msg = _refused(["run", "--trace", str(trace), "--trace", str(other), "--batch", "32", "--target", "2"])
+    common = min(best, fit_learning_curve(read_trace(other)).best)
+    assert f"the best all 2 traces reached is {common:.4g}" in msg
+    assert "best eval score" in _refused(["sweep", "--trace", str(trace), "--batch", "32,64", "--target", "2",
+                                          "--out", str(tmp_path / "sw")])
+
+
 def test_rank_bad_input(tmp_path):
     r = runner.invoke(app, ["rank", "--measurements", str(tmp_path / "none.csv"), "--reference", "a"])
     assert r.exit_code == 2 and "not found" in r.output

@@ -69,5 +69,35 @@ def test_bad_csv(tmp_path, text, msg):
 def test_absolute_form_needs_the_reference(tmp_path):
     f = tmp_path / "abs.csv"
     f.write_text("config,responses_per_s,samples_to_target\na,1,1\n")
-    with pytest.raises(RlsimError, match="reference 'zz'"):
+    with pytest.raises(RlsimError, match="--reference zz is not a config of"):
         rank_file(f, "zz")
+    with pytest.raises(RlsimError, match=r"holds absolute measurements .*: name the reference row with "
+                                         r"--reference \(its configs: a\)$"):
+        rank_file(f)
+
+
+def test_an_unknown_reference_is_refused_and_none_takes_the_measurements_as_relative(tmp_path):
+    f = tmp_path / "runs.csv"
+    f.write_text(ARTICLE)
+    with pytest.raises(RlsimError, match=r"^--reference p999 is not a config of .*runs.csv; its configs: p128, "
+                                         r"p256-fixed-lr, p512, p1024, p2048, p4096 \(leave --reference out"):
+        rank_file(f, "p999")
+    with pytest.raises(RlsimError, match=r"--reference p1025 is not a config of .* \(did you mean p1024\?\)"):
+        rank_file(f, "p1025")
+    ranked, present = rank_file(f)  # no reference named: sigma and rho as given, nothing relabelled
+    assert not present and {r.config: r.regime for r in ranked}["p128"] == "flat"
+    assert [r.config for r in ranked] == [r.config for r in rank_file(f, "p128")[0]]  # p128 is 1, 1 here
+
+
+def test_rank_cli_refusal_is_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from rlsim.cli import app
+
+    f = tmp_path / "runs.csv"
+    f.write_text(ARTICLE)
+    r = CliRunner().invoke(app, ["rank", "-m", str(f), "--reference", "p999"])
+    assert r.exit_code == 2 and r.output.startswith("error: --reference p999 is not a config of ")
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["rank", "-m", str(f), "--json"])
+    assert r.exit_code == 0 and '"reference": null' in r.output
