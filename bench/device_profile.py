@@ -89,11 +89,13 @@ def write_host(processor: str, cores: int, bw: float, tflops: float, mem_gb: flo
         raise SystemExit("this machine does not name its processor (/proc/cpuinfo model name): nothing to key it by")
     source = f"measured: python -m bench.device_profile, {time.strftime('%Y-%m-%d')}"
     key = json.dumps(ident)
-    entry = f"    {key}: ({json.dumps(host_name(processor))}, {cores}, {bw:.1f}, {tflops:.4f}, {mem_gb:.1f}, {json.dumps(source)}),\n"
+    figures = f"{cores}, {bw:.1f}, {tflops:.4f}, {mem_gb:.1f}"
+    entry = f"    {key}: ({json.dumps(host_name(processor))}, {figures}, {json.dumps(source)}),\n"
     text = path.read_text()
     line = re.compile(rf"^    {re.escape(key)}: \(.*\),\n", re.M)
+    table_end = r"(HOSTS: dict\[str, tuple\] = \{\n(?:    .*\n)*?)(\})"  # a new entry goes last
     text = line.sub(lambda _: entry, text) if line.search(text) else re.sub(
-        r"(HOSTS: dict\[str, tuple\] = \{\n(?:    .*\n)*?)(\})", lambda m: m.group(1) + entry + m.group(2), text, count=1)
+        table_end, lambda m: m.group(1) + entry + m.group(2), text, count=1)
     path.write_text(text)
     return ident
 

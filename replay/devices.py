@@ -88,7 +88,8 @@ _NOT_MODEL = re.compile(r"@.*$|\((?:r|tm|c)\)|[\u00ae\u2122]|\b\d+[- ]core\b|\b(
 
 def host_name(cpu_name: str | None) -> str:
     """A processor's vendor and model from the name its host gives it (`/proc/cpuinfo` model name, a trace's
-    `hardware.cpu_name`); '' for none. 'Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz' -> 'Intel Xeon Platinum 8375C'."""
+    `hardware.cpu_name`); '' for none: 'Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz' -> 'Intel Xeon Platinum
+    8375C'."""
     return " ".join(_NOT_MODEL.sub(" ", str(cpu_name or "")).split())
 
 
@@ -134,7 +135,8 @@ def host_profile(hardware: dict[str, Any] | None) -> DeviceProfile | None:
         return own
     whose = (f"the measured {hosts[0].processor} host's" if len(hosts) == 1 else
              f"the median of the measured hosts' ({', '.join(p.processor for p in hosts)})")
-    med = {f: float(np.median([getattr(p, f) for p in hosts])) for f in ("mem_bandwidth_gbs", "flops_tflops", "memory_gb")}
+    med = {f: float(np.median([getattr(p, f) for p in hosts]))
+           for f in ("mem_bandwidth_gbs", "flops_tflops", "memory_gb")}
     bw = hw.get("mem_bandwidth_gbs")
     own_bw = isinstance(bw, (int, float)) and not isinstance(bw, bool) and math.isfinite(bw) and bw > 0
     figures = "FLOP/s and memory" if own_bw else "memory bandwidth, FLOP/s and memory"
@@ -261,8 +263,8 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
     why_bw = "same device" if same else f"memory bandwidth {src.mem_bandwidth_gbs:g} -> {dst.mem_bandwidth_gbs:g} GB/s"
     why_fl = "same device" if same else f"dense FLOP/s {src.flops_tflops:g} -> {dst.flops_tflops:g} TFLOP/s"
     why_g = f"devices {n_src} -> {gpus}"
-    notes = [f"rescaled from {n_src} x {src.name} to {gpus} x {dst.name} by the roofline rule (docs/importing.md)" if not same
-             else f"rescaled from {n_src} to {gpus} x {src.short_name} by the roofline rule (docs/importing.md)"]
+    moved = f"{n_src} x {src.name} to {gpus} x {dst.name}" if not same else f"{n_src} to {gpus} x {src.short_name}"
+    notes = [f"rescaled from {moved} by the roofline rule (docs/importing.md)"]
 
     gm = models.gen
     if src.kind == "cpu" and models.sync_bytes and models.sync_bytes > 0:

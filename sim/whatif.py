@@ -201,8 +201,8 @@ def _rescaled(study: Study, device: str | None, gpus: int | None) -> tuple[Fitte
     assumed: list[str] = []
     if device is None:  # --gpus alone: more (or fewer) of the recorded device, which needs no datasheet
         prof = profile_for_hardware(hw) or recorded_profile(hw)
-        assumed.append(f"--gpus {n} without --device: {n} x the recorded device ({prof.short_name}); its costs scale with the "
-                       f"device count from the {recorded_devices(study)} recorded")
+        assumed.append(f"--gpus {n} without --device: {n} x the recorded device ({prof.short_name}); its costs scale "
+                       f"with the device count from the {recorded_devices(study)} recorded")
         device = prof
     models, notes = rescale(study.models, device, n, source_profile=hw or None, source_gpus=recorded_devices(study))
     return models, engine_of(models), tuple(assumed + notes)

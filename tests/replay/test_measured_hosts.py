@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 import rlsim.replay.devices as devices
-from rlsim.replay.devices import HOST_PROFILES, host_identity, host_name, host_profile, profile_by_name, profile_for_hardware
+from rlsim.replay.devices import (HOST_PROFILES, host_identity, host_name, host_profile, profile_by_name,
+                                  profile_for_hardware)
 from rlsim.replay.measured_hosts import HOSTS
 
 XEON = "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"  # no measured entry (checked below)
@@ -48,7 +49,8 @@ def test_an_unmeasured_host_is_named_after_its_processor_and_says_whose_figures_
     assert "python -m bench.device_profile --write" in p.stand_in and "not measured" in p.source
     # a name that merely contains a measured processor's words, or the word CPU, is not that host
     ident = next(iter(HOSTS))
-    assert profile_by_name(HOSTS[ident][0] + " 7763") is None and profile_by_name("Intel(R) Xeon(R) CPU E5-2680") is None
+    assert profile_by_name(HOSTS[ident][0] + " 7763") is None
+    assert profile_by_name("Intel(R) Xeon(R) CPU E5-2680") is None
     # it is found again from what a rescale writes about it, with the same figures
     again = profile_for_hardware(p.to_dict())
     assert (again.key, again.mem_bandwidth_gbs, again.flops_tflops) == (p.key, p.mem_bandwidth_gbs, p.flops_tflops)
@@ -64,8 +66,8 @@ def test_an_unmeasured_hosts_recorded_bandwidth_is_its_own():
 def test_several_measured_hosts_stand_in_by_their_median(monkeypatch):
     made = {"a": ("Alpha One", 2, 10.0, 0.1, 8.0, "m"), "b": ("Beta Two", 4, 30.0, 0.5, 16.0, "m"),
             "c": ("Gamma Three", 8, 20.0, 0.2, 32.0, "m")}
-    monkeypatch.setattr(devices, "HOST_PROFILES", {p.key: p for p in (devices._measured_host(host_identity(v[0]), v)
-                                                                       for v in made.values())})
+    hosts = [devices._measured_host(host_identity(v[0]), v) for v in made.values()]
+    monkeypatch.setattr(devices, "HOST_PROFILES", {p.key: p for p in hosts})
     p = host_profile({"device": "cpu", "cpu_name": XEON})
     assert (p.mem_bandwidth_gbs, p.flops_tflops, p.memory_gb) == (20.0, 0.2, 16.0)
     assert "median of the measured hosts' (Alpha One, Beta Two, Gamma Three)" in p.stand_in
@@ -87,7 +89,8 @@ def test_rescaling_names_the_traces_host_and_warns_about_stand_in_figures(tmp_pa
     from rlsim.replay.synthetic import synthetic_trace
 
     def rescaled(hw):
-        t = read_trace(synthetic_trace(tmp_path / f"{len(list(tmp_path.iterdir()))}.parquet", meta_overrides={"hardware": hw}))
+        path = tmp_path / f"{len(list(tmp_path.iterdir()))}.parquet"
+        t = read_trace(synthetic_trace(path, meta_overrides={"hardware": hw}))
         return devices.rescale(fit_trace(t), "h200", 8, source_profile=t.meta["hardware"], source_gpus=2)
 
     out, notes = rescaled({"cpu_name": XEON, "device_name": XEON})

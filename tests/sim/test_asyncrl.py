@@ -192,8 +192,8 @@ def test_split_configs_are_validated():
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    """A synthetic CPU trace (an unmeasured host, cpu-synthetic: interconnect from the measured hosts), and one at the same batch
-    recorded with staleness 2 whose learning is slower per response."""
+    """A synthetic CPU trace (unmeasured host cpu-synthetic: interconnect of the measured hosts), and one at the same
+    batch recorded with staleness 2 whose learning is slower per response."""
     d = tmp_path_factory.mktemp("async")
     a = synthetic_trace(d / "sync.parquet", SynthSpec(prompts=8, group=4, steps=6, max_num_seqs=16))
     b = synthetic_trace(d / "stale2.parquet", SynthSpec(prompts=8, group=4, steps=6, max_num_seqs=16, score_scale=3000.0),
