@@ -5,7 +5,9 @@ import math
 
 import numpy as np
 
+from rlsim.replay.devices import profile_for_hardware
 from rlsim.replay.drift import drift_of
+from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import is_probe, probe_sigma
 from rlsim.replay.schema import EVENT_KINDS, placement
@@ -205,6 +207,15 @@ def drift_lines(t) -> list[str]:
             "their median time over the run (the fit normalises the run's timings to the median)"]
 
 
+def _profile(hw: dict) -> str:
+    """'; device profile KEY (its source)': the figures `rlsim run --device` rescales this trace by ('' for none)."""
+    try:
+        p = profile_for_hardware(hw)
+    except RlsimError:  # a profile key no rlsim knows: the line says what the trace says, no more
+        return ""
+    return f"; device profile {p.key} ({p.source})" if p is not None else ""
+
+
 def summarize(path: str) -> str:
     t = read_trace(path)
     m, c = t.meta, t.config
@@ -218,7 +229,7 @@ def summarize(path: str) -> str:
     hw = m.get("hardware", {})
     if hw:
         lines.append(f"hardware   {hw.get('device')} {hw.get('device_name')} x{hw.get('device_count')}; "
-                     f"{hw.get('cpu_cores')} CPU cores; {hw.get('memory_gb')} GB memory")
+                     f"{hw.get('cpu_cores')} CPU cores; {hw.get('memory_gb')} GB memory" + _profile(hw))
     mo = m.get("model", {})
     if mo:
         lines.append(f"model      {mo.get('architecture')} {mo.get('name')}: {mo.get('parameters'):,} parameters, "

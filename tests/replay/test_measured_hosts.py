@@ -121,3 +121,16 @@ def test_the_bench_writes_a_host_under_its_processors_identity(tmp_path):
     write_host("Intel(R) Xeon(R) Platinum 8375C CPU @ 3.50GHz", 4, 31.0, 0.3, 24.0, path)  # the same processor again
     got = hosts()
     assert len(got) == len(before) + 1 and got["intel xeon platinum 8375c"][1:3] == (4, 31.0)
+
+
+def test_inspect_names_the_profile_a_cpu_trace_rescales_by(tmp_path):
+    from rlsim.replay.synthetic import synthetic_trace
+    from rlsim.runner.summary import summarize
+
+    proc = next(iter(HOSTS.values()))[0]
+    for name, hw, says in (("xeon", {"cpu_name": XEON, "device_name": XEON}, "(not measured: "),
+                           ("measured", {"cpu_name": proc, "device_name": proc}, "(measured")):
+        path = synthetic_trace(tmp_path / f"{name}.parquet", meta_overrides={"hardware": hw})
+        line = next(s for s in summarize(str(path)).splitlines() if s.startswith("hardware"))
+        key = host_profile(hw).key
+        assert f"; device profile {key} {says}" in line, line
