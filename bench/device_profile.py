@@ -8,12 +8,15 @@
   each; the best of the repeats. This is the CPU's counterpart of a GPU datasheet's dense FLOP/s (the
   tiny built-in model trains in fp32 on CPU).
 
-It prints the numbers; `--write` stores them as the measured host `cpu-this-machine` in
-`replay/measured_hosts.py` (kept apart from the GPU datasheets of `replay/device_data.py`).
+It prints the numbers; `--write` stores them in `replay/measured_hosts.py` (kept apart from the GPU datasheets of
+`replay/device_data.py`) under this processor's identity (`rlsim.replay.devices.host_identity` of its cpuinfo model
+name, as `rlrun record` writes it to a trace's `hardware.cpu_name`), replacing an earlier entry for the same processor:
+traces recorded on it then rescale by its own figures, and name it as measured.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import re
@@ -22,6 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
+from rlsim.replay.devices import host_identity, host_name
+
+HOSTS_FILE = Path(__file__).resolve().parents[1] / "replay" / "measured_hosts.py"
 
 def mem_bandwidth_gbs(repeats: int, mib: int = 512) -> float:
     n = mib * 2**20 // 8
@@ -72,17 +78,26 @@ def main() -> None:
     print(f"fp32 matmul             {fl:.1f} GFLOP/s (2048 x 2048 float32 @, best of {args.repeats})")
     print(f"memory                  {mem_gb:.1f} GB")
     if args.write:
-        write_host(f"this machine's CPU ({cpu_name()}, {os.cpu_count()} cores; measured)", bw, fl / 1e3, mem_gb)
+        write_host(cpu_name(), os.cpu_count() or 1, bw, fl / 1e3, mem_gb)
 
 
-def write_host(name: str, bw: float, tflops: float, mem_gb: float) -> None:
-    """Replace the `cpu-this-machine` entry of replay/measured_hosts.py."""
-    path = Path(__file__).resolve().parents[1] / "replay" / "measured_hosts.py"
-    entry = (f'    "cpu-this-machine": ({name!r}, {bw:.1f}, {tflops:.4f}, {mem_gb:.1f}, {bw:.1f}, "cpu",\n'
-             f'                         ("cpu", "amd epyc"), "measured: python -m bench.device_profile"),\n')
+def write_host(processor: str, cores: int, bw: float, tflops: float, mem_gb: float, path: Path = HOSTS_FILE) -> str:
+    """Store a measured host in `path` (replay/measured_hosts.py) under its processor's identity, replacing that
+    processor's earlier entry or adding one; returns the identity."""
+    ident = host_identity(processor)
+    if not ident:
+        raise SystemExit("this machine does not name its processor (/proc/cpuinfo model name): nothing to key it by")
+    source = f"measured: python -m bench.device_profile, {time.strftime('%Y-%m-%d')}"
+    key = json.dumps(ident)
+    figures = f"{cores}, {bw:.1f}, {tflops:.4f}, {mem_gb:.1f}"
+    entry = f"    {key}: ({json.dumps(host_name(processor))}, {figures}, {json.dumps(source)}),\n"
     text = path.read_text()
-    text = re.sub(r'    "cpu-this-machine": \(.*?\),\n(?=})', entry, text, flags=re.S)
+    line = re.compile(rf"^    {re.escape(key)}: \(.*\),\n", re.M)
+    table_end = r"(HOSTS: dict\[str, tuple\] = \{\n(?:    .*\n)*?)(\})"  # a new entry goes last
+    text = line.sub(lambda _: entry, text) if line.search(text) else re.sub(
+        table_end, lambda m: m.group(1) + entry + m.group(2), text, count=1)
     path.write_text(text)
+    return ident
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ devices of the named profile, and one note per term it moved. The rule (docs/imp
 
 - memory-bound terms move by the memory-bandwidth ratio bw_src / bw_dst:
   - generation's per-engine-step fixed cost `gen.c_step` (weight reads). From a CPU source (an rlrun
-    trace of this machine) only the part weight reads explain (model bytes `models.sync_bytes` /
+    trace) only the part weight reads explain (model bytes `models.sync_bytes` /
     (tensor parallel x source bandwidth)) moves; the rest of a CPU engine step is host overhead (Python
     scheduling) and stays.
   - the per-context-token cost `gen.c_ctx` (KV-cache reads), also spread over the data-parallel engines:
@@ -27,6 +27,7 @@ not touched: it is what the source hardware measured.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -57,20 +58,98 @@ class DeviceProfile:
     update_floor_s: float = field(default=0.0, metadata={
         "help": "the least a rescaled optimizer update's fixed cost may fall to, seconds: kernel launches of the forward and "
                 "backward passes, the optimizer step and a gradient collective do not shrink with bandwidth (0: no floor)"})
+    processor: str = field(default="", metadata={"help": "a CPU host's processor as the host names it ('' for a GPU)"})
+    stand_in: str = field(default="", metadata={
+        "help": "for a CPU host with no measured figures: the sentence saying whose figures stand in for its own "
+                "('' when the figures are its own)"})
+
+    @property
+    def short_name(self) -> str:
+        """A CPU host's vendor and model ('Intel Xeon'), else the product name."""
+        return host_name(self.processor) or self.name
 
     def to_dict(self) -> dict[str, Any]:
+        host = {"cpu_name": self.processor} if self.processor else {}
         if self.key == "recorded":  # its figures are placeholders (every ratio to itself is 1): none is written
-            return {"device_name": self.name, "device": "cpu" if self.kind == "cpu" else "cuda", "profile_source": self.source}
-        return {"profile": self.key, "device_name": self.name, "mem_bandwidth_gbs": self.mem_bandwidth_gbs,
+            return {"device_name": self.name, "device": "cpu" if self.kind == "cpu" else "cuda", **host,
+                    "profile_source": self.source}
+        # an unmeasured host is found again by its processor (`host_profile`), not by a key --device knows
+        key = {} if self.stand_in else {"profile": self.key}
+        return {**key, "device_name": self.name, "mem_bandwidth_gbs": self.mem_bandwidth_gbs,
                 "flops_tflops": self.flops_tflops, "memory_gb": self.memory_gb,
-                "interconnect_gbs": self.interconnect_gbs, "device": "cpu" if self.kind == "cpu" else "cuda",
+                "interconnect_gbs": self.interconnect_gbs, "device": "cpu" if self.kind == "cpu" else "cuda", **host,
                 "profile_source": self.source}
 
 
+# a processor name's parts that are not its vendor and model: trademark signs, the clock after '@', a core count,
+# the words CPU and Processor ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "AMD EPYC 7B13 64-Core Processor")
+_NOT_MODEL = re.compile(r"@.*$|\((?:r|tm|c)\)|[\u00ae\u2122]|\b\d+[- ]core\b|\b(?:cpu|processor)\b", re.I)
+
+
+def host_name(cpu_name: str | None) -> str:
+    """A processor's vendor and model from the name its host gives it (`/proc/cpuinfo` model name, a trace's
+    `hardware.cpu_name`); '' for none: 'Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz' -> 'Intel Xeon Platinum
+    8375C'."""
+    return " ".join(_NOT_MODEL.sub(" ", str(cpu_name or "")).split())
+
+
+def host_identity(cpu_name: str | None) -> str:
+    """The key `rlsim.replay.measured_hosts.HOSTS` is indexed by: `host_name` in lower case."""
+    return host_name(cpu_name).lower()
+
+
+def _host_key(identity: str) -> str:
+    return "cpu-" + (re.sub(r"[^a-z0-9]+", "-", identity).strip("-") or "unnamed")
+
+
+def _measured_host(identity: str, entry: tuple) -> DeviceProfile:
+    name, _cores, bw, fl, mem, src = entry
+    return DeviceProfile(_host_key(identity), f"{name} (host CPU; measured)", bw, fl, mem, bw, "cpu",
+                         (identity,), src, UPDATE_FLOOR_S.get("cpu", 0.0), processor=name)
+
+
+HOST_PROFILES: dict[str, DeviceProfile] = {
+    p.key: p for p in (_measured_host(identity, entry) for identity, entry in HOSTS.items())}
 PROFILES: dict[str, DeviceProfile] = {
-    key: DeviceProfile(key, name, bw, fl, mem, ic, kind, aliases, src, UPDATE_FLOOR_S.get(kind, 0.0))
-    for key, (name, bw, fl, mem, ic, kind, aliases, src) in {**DEVICES, **HOSTS}.items()
+    **{key: DeviceProfile(key, name, bw, fl, mem, ic, kind, aliases, src, UPDATE_FLOOR_S.get(kind, 0.0))
+       for key, (name, bw, fl, mem, ic, kind, aliases, src) in DEVICES.items()},
+    **HOST_PROFILES,
 }
+
+
+def _measured(identity: str) -> DeviceProfile | None:
+    return next((p for p in HOST_PROFILES.values() if identity and p.aliases[0] == identity), None)
+
+
+def host_profile(hardware: dict[str, Any] | None) -> DeviceProfile | None:
+    """The CPU host a trace's `hardware` metadata names (its `cpu_name`, else `device_name`): its measured profile when
+    `rlsim.replay.measured_hosts` holds that processor (`host_identity`); else an unmeasured host's, named after its
+    processor (or 'an unnamed CPU'), whose figures are the measured hosts' median, or one's own memory bandwidth where
+    the trace records it; its `stand_in` says whose stand in and how to measure it. None when no host is measured."""
+    hw = hardware or {}
+    proc = str(hw.get("cpu_name") or hw.get("device_name") or "")
+    ident = host_identity(proc)
+    own = _measured(ident)
+    hosts = list(HOST_PROFILES.values())
+    if own is not None or not hosts:
+        return own
+    whose = (f"the measured {hosts[0].processor} host's" if len(hosts) == 1 else
+             f"the median of the measured hosts' ({', '.join(p.processor for p in hosts)})")
+    med = {f: float(np.median([getattr(p, f) for p in hosts]))
+           for f in ("mem_bandwidth_gbs", "flops_tflops", "memory_gb")}
+    bw = hw.get("mem_bandwidth_gbs")
+    own_bw = isinstance(bw, (int, float)) and not isinstance(bw, bool) and math.isfinite(bw) and bw > 0
+    figures = "FLOP/s and memory" if own_bw else "memory bandwidth, FLOP/s and memory"
+    bw = float(bw) if own_bw else med["mem_bandwidth_gbs"]
+    label = host_name(proc) or "an unnamed CPU"
+    host = f"the CPU host {label}" if host_name(proc) else "the trace's CPU host, unnamed in its hardware metadata,"
+    stand_in = (f"{host} has no measured figures (rlsim.replay.measured_hosts): {whose} {figures} stand in "
+                "for its own, so the ratios also carry however much the two CPUs differ; measure it on that host with "
+                "python -m bench.device_profile --write")
+    source = f"not measured: {whose} {figures} stand in" + ("; its bandwidth from the trace's metadata" if own_bw else "")
+    return DeviceProfile(_host_key(ident), f"{label} (host CPU; not measured: {whose} figures stand in)", bw,
+                         med["flops_tflops"], med["memory_gb"], bw, "cpu", (ident,) if ident else (), source,
+                         UPDATE_FLOOR_S.get("cpu", 0.0), processor=proc.strip(), stand_in=stand_in)
 
 
 def recorded_profile(hardware: dict[str, Any] | None) -> DeviceProfile:
@@ -101,11 +180,17 @@ def get_profile(name: str) -> DeviceProfile:
 
 
 def profile_by_name(device_name: str | None) -> DeviceProfile | None:
-    """The profile whose key or alias is the longest found in a device name (None: none is)."""
+    """The measured CPU host whose processor the name is (`host_identity`), else the GPU profile whose key or alias is
+    the longest found in the name (None: neither)."""
+    host = _measured(host_identity(device_name))
+    if host is not None:
+        return host
     name = _norm(device_name or "")
     best, best_len = None, 0
     if name:
         for p in PROFILES.values():
+            if p.kind == "cpu":  # a host is its processor, not any name containing a word of it
+                continue
             for a in (p.key, *p.aliases):
                 a = _norm(a)
                 if a and a in name and len(a) > best_len:
@@ -114,15 +199,14 @@ def profile_by_name(device_name: str | None) -> DeviceProfile | None:
 
 
 def profile_for_hardware(hardware: dict[str, Any] | None) -> DeviceProfile | None:
-    """The profile a trace's `hardware` metadata names: its `profile` key, else the longest key or alias
-    found in `device_name`, else this machine's measured CPU profile for a CPU trace; None if none fits."""
+    """The profile a trace's `hardware` metadata names: its `profile` key; for a CPU trace its host (`host_profile`:
+    measured, or named unmeasured); else the longest key or alias found in `device_name`; None if none fits."""
     hw = hardware or {}
     if hw.get("profile"):
         return get_profile(hw["profile"])
-    best = profile_by_name(hw.get("device_name"))
-    if best is None and str(hw.get("device") or "").lower() == "cpu":
-        best = PROFILES["cpu-this-machine"]
-    return best
+    if str(hw.get("device") or "").lower() == "cpu":
+        return host_profile(hw)
+    return profile_by_name(hw.get("device_name"))
 
 
 def _source(models: FittedModels, source_profile, source_gpus: int | None) -> tuple[DeviceProfile, int]:
@@ -178,7 +262,8 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
     why_bw = "same device" if same else f"memory bandwidth {src.mem_bandwidth_gbs:g} -> {dst.mem_bandwidth_gbs:g} GB/s"
     why_fl = "same device" if same else f"dense FLOP/s {src.flops_tflops:g} -> {dst.flops_tflops:g} TFLOP/s"
     why_g = f"devices {n_src} -> {gpus}"
-    notes = [f"rescaled from {n_src} x {src.name} to {gpus} x {dst.name} by the roofline rule (docs/importing.md)"]
+    moved = f"{n_src} x {src.name} to {gpus} x {dst.name}" if not same else f"{n_src} to {gpus} x {src.short_name}"
+    notes = [f"rescaled from {moved} by the roofline rule (docs/importing.md)"]
 
     gm = models.gen
     if src.kind == "cpu" and models.sync_bytes and models.sync_bytes > 0:
@@ -224,7 +309,8 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
     warning = (f"costs scaled from {n_src} to {gpus} of the recorded device by the device count (roofline rule, "
                "docs/importing.md): an extrapolation, not a measurement at that count" if same else
                f"costs rescaled from {n_src} x {src.key} to {gpus} x {dst.key} by datasheet ratios (roofline rule, "
-               "docs/importing.md): an extrapolation, not a measurement on that hardware")
+               "docs/importing.md): an extrapolation, not a measurement on that hardware"
+               + "".join(f"; {p.stand_in}" for p in (src, dst) if p.stand_in))
     out = replace(models, gen=gen, update=update, prep=prep, sync=sync, engine=engine, config=config,
                   warnings=tuple(models.warnings) + (warning,))
     return out, notes

@@ -45,7 +45,9 @@ What it measures, and why so:
   the smallest level up (each priced at the warm per-token cost), so the budget buys the levels a curve needs
   before range (a short recording affords 1/8x..2x, five levels, where 8x alone costs more); the rounds after
   them are shuffled. Levels never measured for want of budget are listed in the
-  metadata `calibration.skipped`; each level's values and standard error in `gen_rungs` / `train_levels`.
+  metadata `calibration.skipped`; each level's values and standard error in `gen_rungs` / `train_levels`; the run's
+  own levels in `run_levels`. Its end prints `runner/summary.py`'s `calibration_lines`, the text `rlrun inspect` gives,
+  with a warning when a ladder was left short or one device's ratio is implausible (`calibration_warnings`).
 """
 from __future__ import annotations
 
@@ -58,6 +60,7 @@ from typing import Any, Callable
 import numpy as np
 
 from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN
+from rlsim.runner.summary import calibration_lines
 
 LADDER_FACTOR = 16           # engine rungs up to this multiple of the run's batch (B = P x G sequences)
 VISIT_STEPS = 6              # decode steps per visit of a rung at least ...
@@ -332,20 +335,18 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
     info: dict[str, Any] = {"budget_s": budget, "factor": LADDER_FACTOR, "se_target": SE_TARGET,
                             "setup": {"warm_s": t_warm, "timing_s": t_timing - t_warm, "held_s": setup_s - t_timing},
                             "gen_s": t_gen - setup_s, "train_s": t_train, "gen_rungs": gen.summary("level"),
-                            "train_levels": train.summary("responses"), "skipped": gen.skipped + train.skipped}
+                            "train_levels": train.summary("responses"), "skipped": gen.skipped + train.skipped,
+                            "run_levels": {"gen": min(cfg.gen_responses, rungs[-1]), "train": len(one)}}
+    if est is not None:
+        info.update(estimate_s=est, fraction=BUDGET_FRACTION)
     if device_threads:
         micro = one[:trainer.micro_for(len(one))]
         info["device"] = _device_pairs(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro, cal.clock() + DEVICE_SHARE * budget)
     engine.engine.reset_prefix_cache()
     engine.clock = old_clock
     info["duration_s"] = cal.clock()
-    floor = (f"; the budget is its floor: {100 * BUDGET_FRACTION:.0f} % of this recording would be {est:.1f} s"
-             if est is not None and est < budget else "")
-    log(f"calibration: {info['duration_s']:.1f} s of {budget:.0f} s budget (setup {setup_s:.1f} s, engine {t_gen - setup_s:.1f} s at {len(gen.values)} rungs "
-        f"{rungs[0]}..{wave or rungs[-1]}, training {t_train:.1f} s at {len(train.values)} levels"
-        + (f", one device {info['device']['duration_s']:.1f} s: engine x{np.median(info['device']['gen_ratios']):.2f}, "
-           f"training x{np.median(info['device']['train_ratios']):.2f}" if device_threads else "") + ")"
-        + floor + (f"; skipped over budget: {', '.join(info['skipped'])}" if info["skipped"] else ""))
+    for line in calibration_lines(info):  # what `rlrun inspect` prints of it
+        log(line)
     return cal.rows, info
 
 
@@ -408,8 +409,8 @@ def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, 
 
     gen = paired(engine_visit, t0 + max(0.0, end - t0) / 2)
     train = paired(train_visit, end)
-    return {"threads": 1, "t0": t0, "gen_level": level, "gen_ratios": gen, "train_level": R, "train_ratios": train,
-            "duration_s": cal.clock() - t0}
+    return {"threads": 1, "run_threads": run_threads, "t0": t0, "gen_level": level, "gen_ratios": gen, "train_level": R,
+            "train_ratios": train, "duration_s": cal.clock() - t0}
 
 
 class DriftProbe:

@@ -1,9 +1,13 @@
 """A human summary of a trace (`rlrun inspect`). Needs only the trace format (no torch)."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
+from rlsim.replay.devices import profile_for_hardware
 from rlsim.replay.drift import drift_of
+from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import is_probe, probe_sigma
 from rlsim.replay.schema import EVENT_KINDS, placement
@@ -88,28 +92,51 @@ def _config_line(t) -> str:
             f"seed={m.get('seed')}")
 
 
+# A ladder that measured fewer than this share of its planned levels (the rest did not fit the budget, or ran out of
+# memory) leaves its fit few levels to choose a form by and to interpolate between: warned.
+LADDER_MIN_SHARE = 0.5
+# One device's speed against the run's (`calibration.device`: seconds at one thread over seconds at the run's N threads)
+# is plausible within [DEVICE_RATIO_RANGE[0], DEVICE_RATIO_RANGE[1] x N]: one core does the same work without the
+# run's parallelism, so it takes between as long (nothing ran in parallel) and N times as long (all of it did); the
+# margins leave room for a shared host's noise within a pair. A ratio outside says the host was disturbed during the
+# pairs, and a split what-if's per-device costs (replay/device_speed.py) would inherit it: warned.
+DEVICE_RATIO_RANGE = (0.5, 1.5)
+
+
 def _levels(entries: list[dict], key: str, unit: str) -> str:
     """'N levels LO..HI unit (median SE x %, worst y %)' of a calibration ladder's metadata entries."""
     lv = [r.get(key) for r in entries if r.get(key) is not None]
     se = np.array([r.get("se") for r in entries if r.get("se") is not None], float)
     se = se[np.isfinite(se)]
-    out = f"{len(set(lv))} levels {min(lv, default=0)}..{max(lv, default=0)} {unit}"
+    n = len(set(lv))
+    out = f"{n} level{'' if n == 1 else 's'} {min(lv, default=0)}..{max(lv, default=0)} {unit}"
     return out + (f" (standard error of a level's median {100 * np.median(se):.1f} %, worst {100 * se.max():.1f} %)" if len(se) else "")
 
 
+def _train_key(cal: dict) -> str:
+    train = cal.get("train_levels") or []
+    return "responses" if any("responses" in r for r in train) else "tokens"  # older traces list token counts
+
+
 def calibration_lines(cal: dict) -> list[str]:
-    """The calibration: what it measured, in how long, and how precisely (metadata `calibration`)."""
+    """The calibration: what it measured, in how long, and how precisely (metadata `calibration`), then its warnings
+    (`calibration_warnings`). `rlrun record` prints these lines as it ends the calibration, `rlrun inspect` from the
+    trace's metadata: one text for both."""
     if not cal:
         return []
-    train = cal.get("train_levels") or []
-    key = "responses" if any("responses" in r for r in train) else "tokens"  # older traces list token counts
-    budget = f" of a {_f(cal.get('budget_s'), '.0f')} s budget" if cal.get("budget_s") else ""
+    key = _train_key(cal)
+    budget = f" (budget {_f(cal.get('budget_s'), '.0f')} s)" if cal.get("budget_s") else ""
+    est, floor = cal.get("estimate_s"), ""
+    if isinstance(est, (int, float)) and isinstance(cal.get("budget_s"), (int, float)) and est < cal["budget_s"]:
+        floor = (f"; the budget is its floor: {100 * float(cal.get('fraction') or 0):.0f} % of this recording would be "
+                 f"{_f(est, '.1f')} s")
     parts = cal.get("setup")  # seconds before the ladders, outside the budget: warm passes, timing batch, held visit
     setup = f"setup {_f(sum(parts.values()), '.1f')} s; " if isinstance(parts, dict) and parts and all(
         isinstance(v, (int, float)) for v in parts.values()) else ""
-    out = [f"calibrate  {_f(cal.get('duration_s'), '.1f')} s before the run{budget}: {setup}engine {_f(cal.get('gen_s'), '.1f')} s at "
-           f"{_levels(cal.get('gen_rungs') or [], 'level', 'sequences')}; training {_f(cal.get('train_s'), '.1f')} s at "
-           f"{_levels(train, key, key)}" + (f"; not measured: {', '.join(cal['skipped'])}" if cal.get("skipped") else "")]
+    out = [f"calibrate  {_f(cal.get('duration_s'), '.1f')} s before the run{budget}: {setup}engine "
+           f"{_f(cal.get('gen_s'), '.1f')} s at {_levels(cal.get('gen_rungs') or [], 'level', 'sequences')}; training "
+           f"{_f(cal.get('train_s'), '.1f')} s at {_levels(cal.get('train_levels') or [], key, key)}"
+           + (f"; not measured: {', '.join(map(str, cal['skipped']))}" if cal.get("skipped") else "") + floor]
     dev = cal.get("device")
     if dev and "gen_ratios" in dev:
         def pairs(r):
@@ -121,6 +148,52 @@ def calibration_lines(cal: dict) -> list[str]:
         out.append(f"one device {_f(dev.get('duration_s'), '.1f')} s at {dev.get('threads')} thread: engine "
                    f"{_levels(dev.get('gen_rungs') or [], 'level', 'sequences')}; training "
                    f"{_levels(dev.get('train_levels') or [], 'responses', 'responses')}")
+    return out + [f"warning    {w}" for w in calibration_warnings(cal)]
+
+
+def _short_ladders(cal: dict) -> list[str]:
+    """Each ladder that measured less than LADDER_MIN_SHARE of its planned levels, or none at or above the run's own
+    level (metadata `run_levels`), in words."""
+    key = _train_key(cal)
+    skipped = [(str(s).split() or [""])[0] for s in cal.get("skipped") or []]  # 'gen 1536', 'train 512 (out of memory)'
+    run_levels = cal.get("run_levels") if isinstance(cal.get("run_levels"), dict) else {}
+    out = []
+    for kind, entries, lk, unit in (("gen", cal.get("gen_rungs") or [], "level", "engine levels"),
+                                    ("train", cal.get("train_levels") or [], key, "training levels")):
+        got = sorted({r[lk] for r in entries if isinstance(r.get(lk), (int, float))})
+        planned = len(got) + skipped.count(kind)
+        own = run_levels.get(kind)
+        low = isinstance(own, (int, float)) and (not got or got[-1] < own)
+        if planned and (len(got) < LADDER_MIN_SHARE * planned or low):
+            reach = f", up to {got[-1]:g}" if got else ""
+            out.append(f"{len(got)} of {planned} {unit}{reach}" + (f" (below the run's own {own:g})" if low else ""))
+    return out
+
+
+def calibration_warnings(cal: dict) -> list[str]:
+    """What makes a calibration's measurements doubtful: ladders left short (`_short_ladders`), one device's speed
+    outside DEVICE_RATIO_RANGE. Empty when nothing is."""
+    out = []
+    short = _short_ladders(cal)
+    if short:
+        out.append(f"the calibration measured only {' and '.join(short)}: the rest did not fit its budget or "
+                   "memory, so the step-cost fits rest on few levels and extrapolate beyond them; record more steps "
+                   "(the budget grows with the recording), or run rlrun calibrate (a longer budget) with the same "
+                   "model on the same machine and pass it to rlsim with --calibration")
+    dev = cal.get("device") if isinstance(cal.get("device"), dict) else {}
+    n = dev.get("run_threads") or cal.get("threads")
+    known = isinstance(n, (int, float)) and not isinstance(n, bool) and n >= 1
+    lo, hi = DEVICE_RATIO_RANGE[0], DEVICE_RATIO_RANGE[1] * n if known else math.inf
+    ratios = (("engine", dev.get("gen_ratios")), ("training", dev.get("train_ratios")))
+    bad = [f"{side} x{np.median(r):.2g}" for side, r in ratios
+           if isinstance(r, list) and r and not lo <= float(np.median(r)) <= hi]
+    if bad:
+        within = f"{lo:g}..{hi:g}" if known else f"at least {lo:g}"
+        out.append(f"one device's measured speed is implausible: {' and '.join(bad)} (one core's seconds over the "
+                   f"run's {n if known else 'N'} threads'; plausible {within}: one core takes between as long as the "
+                   "run's threads, nothing parallel, and that many times as long, all parallel, with a margin for "
+                   "noise); the host was disturbed during the pairs, and a split what-if (--gen-gpus, --train-gpus) "
+                   "scales one device's costs by these ratios: re-record on a quiet machine")
     return out
 
 
@@ -132,6 +205,15 @@ def drift_lines(t) -> list[str]:
     (g0, g1), (t0, t1) = d.spread("gen"), d.spread("train")
     return [f"drift      {len(d.t)} probes: engine step {g0:.2f}x..{g1:.2f}x and training pass {t0:.2f}x..{t1:.2f}x of "
             "their median time over the run (the fit normalises the run's timings to the median)"]
+
+
+def _profile(hw: dict) -> str:
+    """'; device profile KEY (its source)': the figures `rlsim run --device` rescales this trace by ('' for none)."""
+    try:
+        p = profile_for_hardware(hw)
+    except RlsimError:  # a profile key no rlsim knows: the line says what the trace says, no more
+        return ""
+    return f"; device profile {p.key} ({p.source})" if p is not None else ""
 
 
 def summarize(path: str) -> str:
@@ -147,7 +229,7 @@ def summarize(path: str) -> str:
     hw = m.get("hardware", {})
     if hw:
         lines.append(f"hardware   {hw.get('device')} {hw.get('device_name')} x{hw.get('device_count')}; "
-                     f"{hw.get('cpu_cores')} CPU cores; {hw.get('memory_gb')} GB memory")
+                     f"{hw.get('cpu_cores')} CPU cores; {hw.get('memory_gb')} GB memory" + _profile(hw))
     mo = m.get("model", {})
     if mo:
         lines.append(f"model      {mo.get('architecture')} {mo.get('name')}: {mo.get('parameters'):,} parameters, "

@@ -19,7 +19,7 @@ import numpy as np
 
 from rlsim.replay.cost import EngineStepCost, StepSums
 from rlsim.replay.device_speed import device_ratios
-from rlsim.replay.devices import get_profile, per_device, profile_for_hardware, recorded_profile, rescale
+from rlsim.replay.devices import get_profile, host_name, per_device, profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import Trace
@@ -189,7 +189,8 @@ def hardware_label(study: Study, cfg: WhatIf) -> str:
     if cfg.device is None and cfg.gpus is None and not cfg.split:
         return "as recorded"
     hw = study.hardware or {}
-    name = cfg.device or hw.get("device_name") or hw.get("device") or "the recorded device"
+    host = host_name(hw.get("cpu_name") or hw.get("device_name")) if hw.get("device") == "cpu" else ""
+    name = cfg.device or host or hw.get("device_name") or hw.get("device") or "the recorded device"
     n = int(cfg.gen_gpus) + int(cfg.train_gpus) if cfg.split else cfg.gpus or recorded_devices(study)
     return f"{n} x {name}"
 
@@ -201,8 +202,8 @@ def _rescaled(study: Study, device: str | None, gpus: int | None) -> tuple[Fitte
     assumed: list[str] = []
     if device is None:  # --gpus alone: more (or fewer) of the recorded device, which needs no datasheet
         prof = profile_for_hardware(hw) or recorded_profile(hw)
-        assumed.append(f"--gpus {n} without --device: {n} x the recorded device ({prof.name}); its costs scale with the "
-                       f"device count from the {recorded_devices(study)} recorded")
+        assumed.append(f"--gpus {n} without --device: {n} x the recorded device ({prof.short_name}); its costs scale "
+                       f"with the device count from the {recorded_devices(study)} recorded")
         device = prof
     models, notes = rescale(study.models, device, n, source_profile=hw or None, source_gpus=recorded_devices(study))
     return models, engine_of(models), tuple(assumed + notes)

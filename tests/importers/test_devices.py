@@ -35,25 +35,25 @@ def hand_model(hardware=None) -> FittedModels:
 
 
 def test_profiles_have_datasheet_numbers_and_a_measured_cpu():
-    need = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "l40s", "cpu-this-machine"}
+    need = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "l40s", "cpu-amd-epyc"}
     assert need <= set(PROFILES)
     h100 = get_profile("H100")
     assert (h100.mem_bandwidth_gbs, h100.flops_tflops, h100.memory_gb, h100.interconnect_gbs) == (3350.0, 989.0, 80.0, 900.0)
     assert get_profile("a100 40GB").mem_bandwidth_gbs == 1555.0 and get_profile("MI300X").flops_tflops == 1307.4
     # the measured CPU is a bench output kept apart from the datasheets, and says which bench measured it
-    assert "bench.device_profile" in PROFILES["cpu-this-machine"].source
+    assert "bench.device_profile" in PROFILES["cpu-amd-epyc"].source
     from rlsim.replay.device_data import DEVICES
     from rlsim.replay.measured_hosts import HOSTS
-    assert "cpu-this-machine" in HOSTS and not any(v[5] == "cpu" for v in DEVICES.values())
+    assert "amd epyc" in HOSTS and not any(v[5] == "cpu" for v in DEVICES.values())
     assert all(p.source for p in PROFILES.values())
     assert profile_for_hardware({"device_name": "NVIDIA A100-SXM4-40GB"}).key == "a100-40gb"
-    assert profile_for_hardware({"device": "cpu", "device_name": "AMD EPYC"}).key == "cpu-this-machine"
+    assert profile_for_hardware({"device": "cpu", "device_name": "AMD EPYC"}).key == "cpu-amd-epyc"
     assert profile_for_hardware({"device_name": "Tesla T4", "device": "cuda"}) is None
 
 
 def test_unknown_device_lists_the_known_ones():
     with pytest.raises(RlsimError, match=r"unknown device 'tpu-v5'; known devices: a100-40gb, a100-80gb, h100-sxm, h200, b200, "
-                                         r"mi300x, l40s, h20, h800, a800-80gb, l20, gb200, cpu-this-machine"):
+                                         r"mi300x, l40s, h20, h800, a800-80gb, l20, gb200, cpu-amd-epyc"):
         rescale(hand_model({"profile": "h100-sxm", "device_count": 8}), "tpu-v5", 8)
 
 
@@ -112,4 +112,4 @@ def test_rescale_an_rlrun_cpu_trace_to_h200():
     assert out.gen.c_step == pytest.approx(w * 21.3 / 4800 + (m.gen.c_step - w), rel=1e-12)
     assert "host overhead and stays" in notes[1]
     assert out.engine["max_num_seqs"] == 8 * m.engine["max_num_seqs"]
-    assert notes[0].startswith("rescaled from 1 x this machine's CPU")
+    assert notes[0].startswith(f"rescaled from 1 x {profile_for_hardware(t.meta['hardware']).name} to 8 x")

@@ -81,9 +81,9 @@ class _FakeClock:
         return self.now
 
 
-def _fake_run(monkeypatch, budget_s: float | None, device: bool, log=lambda m: None):
+def _fake_run(monkeypatch, budget_s: float | None, device: bool, log=lambda m: None, one_core: float = 2.0):
     """run_calibration over a fake engine and trainer on a fake clock: an engine step costs 1 ms + 10 us a sequence,
-    a training pass 1 ms a response (x2 inside the one-device block)."""
+    a training pass 1 ms a response (x `one_core` inside the one-device block)."""
     from contextlib import contextmanager
 
     import rlsim.runner.calibrate as calib
@@ -114,9 +114,11 @@ def _fake_run(monkeypatch, budget_s: float | None, device: bool, log=lambda m: N
         clock.now += d
         return SimpleNamespace(t_forward=d / 3, t_backward=2 * d / 3, num_tokens=10 * len(samples))
 
+    slow_one = one_core
+
     @contextmanager
     def one_core():
-        slow[0] = 2.0
+        slow[0] = slow_one
         try:
             yield
         finally:
@@ -130,18 +132,34 @@ def _fake_run(monkeypatch, budget_s: float | None, device: bool, log=lambda m: N
                                  threads=2 if device else None, device_threads=one_core if device else None, log=log)
 
 
+def _mark(cal: dict, level: str = "gen") -> dict:
+    """A calibration's metadata: 20 planned engine levels and 5 training levels, the run at 256 sequences and 64
+    responses; `level` ('gen', 'train') keeps all its levels and the other only its lowest ('both': all of both)."""
+    gen = [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 256, 362, 512, 724, 1024]
+    train = [8, 16, 32, 64, 128]
+    keep_g, keep_t = (gen if level != "train" else gen[:1]), (train if level != "gen" else train[:1])
+    return {"duration_s": 9.0, "budget_s": 8.0, "gen_s": 3.0, "train_s": 4.0, "run_levels": {"gen": 256, "train": 64},
+            "gen_rungs": [{"level": lv, "n": 6, "median_s": 1e-3, "se": 0.02} for lv in keep_g],
+            "train_levels": [{"responses": r, "n": 3, "median_s": 0.1, "se": 0.01} for r in keep_t],
+            "skipped": ([f"gen {lv}" for lv in gen if lv not in keep_g]
+                        + [f"train {r}" for r in train if r not in keep_t]),
+            **cal}
+
+
 def test_a_budget_at_its_floor_says_what_the_fraction_would_have_been(monkeypatch):
     import rlsim.runner.calibrate as calib
 
     lines: list[str] = []
     _, info = _fake_run(monkeypatch, None, False, lines.append)  # a recording of a few fake milliseconds
     assert info["budget_s"] == calib.BUDGET_MIN_S
-    line = lines[-1]
-    assert f"of {calib.BUDGET_MIN_S:.0f} s budget (setup" in line and "; the budget is its floor: 10 % of this recording would be " in line
+    line = lines[0]
+    assert f"before the run (budget {calib.BUDGET_MIN_S:.0f} s): setup" in line
+    assert "; the budget is its floor: 10 % of this recording would be " in line
     assert float(line.split("would be ")[1].split(" s")[0]) < 1.0
+    assert lines == calibration_lines(info)  # `rlrun inspect` prints the same
     lines.clear()
     _fake_run(monkeypatch, 1.5, False, lines.append)  # a budget given (rlrun calibrate): no estimate to compare
-    assert "of 2 s budget (setup" in lines[-1] and "floor" not in lines[-1]
+    assert "(budget 2 s): setup" in lines[0] and "floor" not in lines[0]
 
 
 def test_the_ladders_and_pairs_keep_to_the_budget_and_the_setup_is_recorded_apart(monkeypatch):
@@ -163,6 +181,60 @@ def test_the_ladders_and_pairs_keep_to_the_budget_and_the_setup_is_recorded_apar
 def test_inspect_shows_the_setup_and_skips_a_corrupt_one():
     cal = {"duration_s": 10.4, "budget_s": 8.0, "gen_s": 2.2, "train_s": 3.9, "gen_rungs": [], "train_levels": [],
            "setup": {"warm_s": 0.9, "timing_s": 0.65, "held_s": 0.95}}
-    assert "8 s budget: setup 2.5 s; engine 2.2 s" in calibration_lines(cal)[0]
+    assert "(budget 8 s): setup 2.5 s; engine 2.2 s" in calibration_lines(cal)[0]
     for bad in ("soon", {"warm_s": "x"}, {}):
         assert "setup" not in calibration_lines({**cal, "setup": bad})[0]
+
+
+def test_the_console_prints_what_inspect_prints_and_counts_the_levels_measured(monkeypatch):
+    # a budget that buys the engine ladder only part of its rungs: the console's count and range are the measured ones
+    lines: list[str] = []
+    _, info = _fake_run(monkeypatch, 0.3, True, lines.append)
+    assert lines == calibration_lines(info) == calibration_lines({**info, "threads": 2})  # as in the trace's metadata
+    got = sorted(r["level"] for r in info["gen_rungs"])
+    n = len(got)
+    assert f"at {n} level{'' if n == 1 else 's'} {got[0]}..{got[-1]} sequences" in lines[0]
+    assert any(s.startswith("gen ") for s in info["skipped"]) and "not measured: gen " in lines[0]
+
+
+def test_a_ladder_left_short_is_warned_about_once(monkeypatch):
+    from rlsim.runner.summary import LADDER_MIN_SHARE, calibration_warnings
+
+    w = calibration_warnings(_mark({}, level="train"))  # one engine level of 20, below the run's 256
+    assert len(w) == 1 and "measured only 1 of 20 engine levels, up to 1 (below the run's own 256)" in w[0]
+    assert "training" not in w[0] and "--calibration" in w[0] and "record more steps" in w[0]
+    assert "warning    " + w[0] in calibration_lines(_mark({}, level="train"))
+    w = calibration_warnings(_mark({}, level="gen"))  # one training level of 5, below the run's 64
+    assert len(w) == 1 and "1 of 5 training levels, up to 8 (below the run's own 64)" in w[0]
+    # the top rungs skipped (as a routine recording's wave rung and 4x..8x passes are), the run's levels measured
+    full = _mark({}, level="gen")
+    full["train_levels"] = [{"responses": r, "n": 3, "median_s": 0.1, "se": 0.01} for r in (8, 16, 32, 64)]
+    full["skipped"] = ["gen 1536", "train 128"]
+    assert calibration_warnings(full) == []
+    # a trace from before `run_levels`: the share alone decides
+    old = {k: v for k, v in _mark({}, level="train").items() if k != "run_levels"}
+    assert "1 of 20 engine levels, up to 1:" in calibration_warnings(old)[0]
+    assert 0 < LADDER_MIN_SHARE < 1
+    # and a real calibration that skipped most rungs warns on the console
+    lines: list[str] = []
+    _fake_run(monkeypatch, 0.05, False, lines.append)
+    assert any(s.startswith("warning    the calibration measured only") for s in lines), lines
+
+
+def test_an_implausible_one_core_ratio_is_warned_about_with_its_range(monkeypatch):
+    from rlsim.runner.summary import DEVICE_RATIO_RANGE, calibration_warnings
+
+    lines: list[str] = []
+    _fake_run(monkeypatch, 3.0, True, lines.append, one_core=0.03)  # one core 30x faster than two: no CPU does
+    w = [s for s in lines if s.startswith("warning    one device's measured speed is implausible")]
+    lo, hi = DEVICE_RATIO_RANGE[0], DEVICE_RATIO_RANGE[1] * 2
+    assert len(w) == 1 and "engine x0.03" in w[0] and "training x0.03" in w[0]
+    assert f"plausible {lo:g}..{hi:g}" in w[0]
+    lines.clear()
+    _fake_run(monkeypatch, 3.0, True, lines.append, one_core=2.0)  # perfectly parallel on 2 threads: plausible
+    assert not any("implausible" in s for s in lines)
+    dev = {"threads": 1, "run_threads": 4, "gen_ratios": [3.9], "train_ratios": [5.5], "gen_level": 8, "train_level": 8}
+    assert calibration_warnings(_mark({"device": dev}, "both")) == []  # 4 threads: up to 6 is plausible
+    w = calibration_warnings(_mark({"device": {**dev, "run_threads": None}, "threads": 2}, "both"))
+    assert len(w) == 1 and "engine x3.9 and training x5.5 (" in w[0]
+    assert f"plausible {lo:g}..{hi:g}:" in w[0]  # the run's 2 threads

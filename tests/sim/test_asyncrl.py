@@ -192,8 +192,8 @@ def test_split_configs_are_validated():
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    """A synthetic CPU trace (device profile cpu-this-machine: interconnect known), and one at the same batch
-    recorded with staleness 2 whose learning is slower per response."""
+    """A synthetic CPU trace (unmeasured host cpu-synthetic: interconnect of the measured hosts), and one at the same
+    batch recorded with staleness 2 whose learning is slower per response."""
     d = tmp_path_factory.mktemp("async")
     a = synthetic_trace(d / "sync.parquet", SynthSpec(prompts=8, group=4, steps=6, max_num_seqs=16))
     b = synthetic_trace(d / "stale2.parquet", SynthSpec(prompts=8, group=4, steps=6, max_num_seqs=16, score_scale=3000.0),
@@ -272,7 +272,7 @@ def test_cli_run_and_perfetto_export_show_every_engine_and_rank(traces, tmp_path
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert d["mode"] == "split 2 gen : 2 train, staleness 1, partial rollout" and 0 <= d["gen_idle_ratio"] <= 1
-    assert any("all-reduce" in n and "cpu-this-machine" in n for n in d["notes"])  # how the split was modelled
+    assert any("all-reduce" in n and "cpu-synthetic" in n for n in d["notes"])  # how the split was modelled
     out = tmp_path / "sim.json"
     res = runner.invoke(app, ["export", "perfetto", "--simulate", "--trace", str(traces[0]), "--gen-gpus", "2",
                               "--train-gpus", "2", "--staleness", "2", "-o", str(out)])
