@@ -30,6 +30,9 @@ def _print(p: Plan) -> None:
         sure = "" if d.p_within_5pct >= 0.8 else "; not a confident decision: see the warning"
         con.print(f"decision: {what} (within 5 % of the best with probability {d.p_within_5pct:.2f}, expected regret "
                   f"{d.expected_regret:.1%}{sure})")
+    elif p.no_move:
+        con.print("no move: the reference's cost fits cannot be used, so neither a decision nor a pilot rests on them "
+                  "(see the first warning for the recording that fixes it)")
     else:
         con.print(f"pilots (expected regret now {p.expected_regret:.1%}; each a run to the target, best value first):")
         for x in p.pilots:

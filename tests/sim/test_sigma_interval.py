@@ -11,7 +11,7 @@ import pytest
 
 from rlsim.config import WhatIf
 from rlsim.replay.io import read_trace
-from rlsim.whatif import _decider, _held_out_error, evaluate, prepare, timeline
+from rlsim.whatif import _decider, _held_out_error, evaluate, fit_check, prepare, timeline
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet"
 
@@ -23,7 +23,7 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
     run = timeline(study, cfg)
     gen, train = float(np.sum(run.gen_time)), float(np.sum(run.train_time))
     expect = math.sqrt((gen * v.gen_cv ** 2 + train * (v.train_cv if math.isfinite(v.train_cv) else 0.0) ** 2) / (gen + train))
-    assert _held_out_error(v, run) == pytest.approx(expect) and expect > 0
+    assert _held_out_error(fit_check(study), run) == pytest.approx(expect) and expect > 0
     o = evaluate(study, cfg)
     assert o.sigma_lo < o.sigma < o.sigma_hi and "held-out error" in o.interval
     # about +-1.645 x the held-out error in log terms, at least (the replicates add their own spread)
@@ -32,7 +32,7 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
     same = evaluate(study, WhatIf(prompts=32, updates=10))
     assert "held-out error" not in same.interval
     near = evaluate(study, WhatIf(prompts=45, updates=10))
-    part = math.log2(45 / 32) * _held_out_error(v, timeline(study, WhatIf(prompts=45, updates=10)))
+    part = math.log2(45 / 32) * _held_out_error(fit_check(study), timeline(study, WhatIf(prompts=45, updates=10)))
     assert f"({100 * part:.1f} % RMS)" in near.interval
 
 
