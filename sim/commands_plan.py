@@ -10,7 +10,7 @@ from rich.table import Table
 from rlsim.options import StudyOptions, command
 from rlsim.plan import Plan, PlanConfig, plan
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.util import dumps
+from rlsim.replay.util import dumps, fmt
 
 
 def _print(p: Plan) -> None:
@@ -21,8 +21,8 @@ def _print(p: Plan) -> None:
         t.add_column(c, justify="right")
     for c in p.candidates:
         t.add_row(str(c.prompts), str(c.group), f"{c.sigma:.3f}", f"{c.rho:.3f}", f"{c.time_to_target_ratio:.3f}",
-                  f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}", f"{c.p_within_5pct:.2f}",
-                  f"{c.p_beats_reference:.2f}", f"{c.expected_regret:.1%}", "yes" if c.measured else "")
+                  f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}", fmt(c.p_within_5pct, ".2f"),
+                  fmt(c.p_beats_reference, ".2f"), fmt(c.expected_regret, ".1%"), "yes" if c.measured else "")
     con.print(t)
     if p.decision is not None:
         d = p.decision

@@ -36,6 +36,7 @@ from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import fit_learning_curve, noise_scale
 from rlsim.replay.models import INTERVAL
+from rlsim.replay.util import json_safe
 from rlsim.replay.rho_errors import RhoErrors, measured_errors
 from rlsim.outcome import Outcome
 from rlsim.whatif import Study, evaluate, fit_check, prepare, reference_outcome
@@ -130,7 +131,7 @@ class Plan:
                                "expected_regret": d.expected_regret, "keep_reference": d.prompts == self.reference_prompts}
         else:
             out["pilots"] = [p.to_dict() for p in self.pilots]
-        return out
+        return json_safe(out)  # a plan that makes no move has no regrets: None, not NaN, in JSON and sweep metadata
 
 
 # ------------------------------------------------------------------------------------------------ the draws
@@ -273,8 +274,10 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), err
     warnings = [w for w in [errors.span_note(d)] if w] + s.warnings
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, tuple(s.notes), tuple(warnings))
     unusable = fit_check(study).warning(reference.name, reference.config)
-    if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them
-        return replace(decided, decision=None, warnings=(unusable, *warnings), no_move=unusable)
+    if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them, nor a regret
+        blank = tuple(replace(c, p_within_5pct=math.nan, expected_regret=math.nan, p_beats_reference=math.nan) for c in cands)
+        return replace(decided, candidates=blank, decision=None, expected_regret=math.nan, warnings=(unusable, *warnings),
+                       no_move=unusable)
     if p5[best] >= cfg.confidence:
         return decided
     budget = cfg.budget if cfg.budget is not None else _reference_responses(study)

@@ -462,6 +462,9 @@ def _decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> s
         return math.log(hi / lo) if lo > 0 and math.isfinite(hi) and hi >= lo else 0.0
 
     rho_side = width("rho") >= width("sigma")
+    check = fit_check(study)
+    if not rho_side and not check.usable:  # no run at another size helps while the recording's own fits are noise
+        return f"the throughput decides it, and this recording's cost fits cannot be used: {check.fix(study.models.config)}"
     what = "to the target" if rho_side else "for a few updates"
     if study.framework == "rlrun":
         group = ("" if study.algo == "ppo" else f" --group {G}") + (f" --task {study.task}" if study.task else "")
