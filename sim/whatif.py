@@ -559,7 +559,7 @@ def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, 
         out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = (
             (1.0, 1.0) if reference else interval(ratio, rr[:m] / ss[:m], level))
         methods.append(rho_note)
-    if widened:  # T / T_ref across the widened sigma too
+    if ends and not reference and (widened or "time_to_target_ratio_lo" not in out):  # T / T_ref across the ends too
         out["time_to_target_ratio_lo"] = min(out.get("time_to_target_ratio_lo", ratio), out.get("rho_lo", rho) / out["sigma_hi"])
         out["time_to_target_ratio_hi"] = max(out.get("time_to_target_ratio_hi", ratio), out.get("rho_hi", rho) / out["sigma_lo"])
     if methods:

@@ -37,7 +37,8 @@ def test_the_issues_recording_is_unusable_with_both_fixes():
     assert w.startswith("short: its cost fits cannot be used (engine-step fit: held-out error 128 % RMS")
     assert "R2 0.016" in w and "1024 % RMS" in w and "R2 -0.044" in w
     assert "quiet machine" in w and "more steps" in w
-    assert w.endswith(f"rlrun record --algo grpo --prompts 16 --group 4 --task add2 --steps 24 --out run.parquet")  # 4x its steps
+    # the recording again, with 4x its steps
+    assert w.endswith("rlrun record --algo grpo --prompts 16 --group 4 --task add2 --steps 24 --out run.parquet")
     # the intervals widen by the measured error, never less than the bound
     assert c.spread("engine-step") == pytest.approx(1.28) and c.spread("training") == pytest.approx(10.24)
 
