@@ -66,6 +66,7 @@ from scipy.optimize import nnls
 from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.device_speed import device_phase
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.fit_quality import check_fits, flat_span
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import isotonic
 from rlsim.replay.models import INTERVAL, FittedModels, GenStepModel, LevelError, Replicates, Validation
@@ -580,7 +581,9 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
         train = _Part(models.update, _bootstrap_update_rows(run_upd.tokens, run_upd.seconds, run_upd.t_opt, reps, rng),
                       dict(train_r2=models.update.quality.r2, train_source=f"{len(run_upd.tokens)} run updates only (no calibration)"),
                       f"{len(run_upd.tokens)} updates")
-    return _with_validation(models, gen, train, calibrated=len(src.cal_gen["duration"]) >= 8, warnings=warnings, notes=notes)
+    out = _with_validation(models, gen, train, calibrated=len(src.cal_gen["duration"]) >= 8, warnings=warnings, notes=notes)
+    unusable = check_fits(out.validation, len(out.recorded.step)).warning(ref.name, ref.config)  # the one rule
+    return replace(out, warnings=out.warnings + (unusable,)) if unusable else out
 
 
 @dataclass(frozen=True, eq=False)
@@ -740,7 +743,7 @@ def _train_calibrated(ct: dict[str, np.ndarray], run: _RunUpdates, reps: int, rn
         run_err = predicted / meas - 1 if meas > 0 else math.nan
     x_l = np.asarray(tf.curve.knots)
     val = dict(train_r2=update.quality.r2, train_cv=tf.cv, train_cv_max=tf.cv_max, train_levels=tf.levels,
-               train_run_err=run_err, train_form="interp",
+               train_run_err=run_err, train_form="interp", train_flat=flat_span(tf.curve.knots, tf.curve.values),
                train_source=f"{tf.rows} calibration passes at {len(x_l)} token levels "
                             f"{x_l.min():.0f}..{x_l.max():.0f} + {len(tok_run)} run updates")
     return _Part(update, _bootstrap_train(ct, fixed, run, reps, rng), val, f"{len(x_l)} token levels and {len(tok_run)} updates")

@@ -38,7 +38,7 @@ from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.device_data import DEVICES, UPDATE_FLOOR_S
 from rlsim.replay.measured_hosts import HOSTS
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.models import FittedModels
+from rlsim.replay.models import FittedModels, Replicates
 from rlsim.replay.robust import AffineModel, PiecewiseLinear
 
 
@@ -266,9 +266,11 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
     notes = [f"rescaled from {moved} by the roofline rule (docs/importing.md)"]
 
     gm = models.gen
+    weights = math.inf  # seconds of an engine step that weight reads explain: all of it, but from a CPU source
     if src.kind == "cpu" and models.sync_bytes and models.sync_bytes > 0:
         # a CPU engine step is mostly host work (Python scheduling); only reading the weights is memory-bound
-        w = min(gm.c_step, models.sync_bytes / (tp * src.mem_bandwidth_gbs * 1e9))
+        weights = models.sync_bytes / (tp * src.mem_bandwidth_gbs * 1e9)
+        w = min(gm.c_step, weights)
         host = gm.c_step - w
         c_step = w * bw + host
         notes.append(f"gen c_step {gm.c_step * 1e3:.4g} -> {c_step * 1e3:.4g} ms: its weight-read part "
@@ -311,9 +313,31 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
                f"costs rescaled from {n_src} x {src.key} to {gpus} x {dst.key} by datasheet ratios (roofline rule, "
                "docs/importing.md): an extrapolation, not a measurement on that hardware"
                + "".join(f"; {p.stand_in}" for p in (src, dst) if p.stand_in))
-    out = replace(models, gen=gen, update=update, prep=prep, sync=sync, engine=engine, config=config,
+    reps = _replicates(models.replicates, models.update, update, weights, bw, fl * g, bw * g)
+    out = replace(models, gen=gen, update=update, prep=prep, sync=sync, engine=engine, config=config, replicates=reps,
                   warnings=tuple(models.warnings) + (warning,))
     return out, notes
+
+
+def _replicates(reps: Replicates | None, update: AffineModel | PiecewiseLinear, moved: AffineModel | PiecewiseLinear,
+                weights: float, bw: float, compute: float, memory: float) -> Replicates | None:
+    """The bootstrap replicates moved as the point fits were: engine-step rows term by term (c_step's weight-read part,
+    at most `weights` seconds, x `bw`, the rest kept; c_seq, c_prefill and each slope change x `compute`; c_ctx x
+    `memory`; knees kept); update rows' time coefficients x `compute`, their intercept shifted so that the point fit's
+    moves to `moved`'s (a replicate's departure from the point fit moves with the per-token terms)."""
+    if reps is None:
+        return None
+    gen = np.array(reps.gen, float)
+    w = np.minimum(gen[:, 0], weights)
+    gen[:, 0] = w * bw + (gen[:, 0] - w)
+    gen[:, [1, 3]] *= compute
+    gen[:, 2] *= memory
+    gen[:, 4::2] *= compute
+    upd = np.array(reps.update, float)
+    upd[:, :2] *= compute
+    upd[:, 2::2] *= compute
+    upd[:, 0] += moved.array[0] - compute * update.array[0]
+    return replace(reps, gen=gen, update=upd)
 
 
 def per_device(models: FittedModels, gen: float, train: float, note: str) -> FittedModels:
@@ -344,3 +368,22 @@ def _train(m: AffineModel | PiecewiseLinear, compute: float, memory: float, floo
     if isinstance(m, PiecewiseLinear):
         return replace(m, values=tuple(v * compute for v in m.values), offset=fixed)
     return replace(m, intercept=fixed, slope=m.slope * compute)
+
+
+def other_roof(models: FittedModels, device: str | DeviceProfile,
+               source_profile: str | DeviceProfile | dict[str, Any] | None = None) -> tuple[FittedModels, float] | None:
+    """The far end of the roofline rule's move to `device`: `models` with their per-token compute terms (c_seq, its
+    slope changes, c_prefill, training per token) scaled so that `rescale` moves them by the bandwidth gain instead
+    of the FLOP/s gain, where the FLOP/s gain is the larger (the lower roof: which roof a term reaches on a new device
+    no datasheet states). Returns (those models, the factor k = FLOP/s gain / bandwidth gain), or None where the
+    FLOP/s gain is not the larger (moving to that device, the bandwidth roof is already the rule's)."""
+    dst = device if isinstance(device, DeviceProfile) else get_profile(device)
+    src, _ = _source(models, dst if dst.key == "recorded" else source_profile, 1)
+    k = (dst.flops_tflops / src.flops_tflops) / (dst.mem_bandwidth_gbs / src.mem_bandwidth_gbs)
+    if not k > 1 + 1e-9:
+        return None
+    update, prep = _train(models.update, k, 1.0, 0.0), _train(models.prep, k, 1.0, 0.0)
+    reps = _replicates(models.replicates, models.update, update, math.inf, 1.0, k, 1.0)
+    out = replace(models, gen=models.gen.scaled(seq=k, prefill=k), update=update, prep=prep, replicates=reps,
+                  alternative=None)
+    return out, float(k)

@@ -55,6 +55,9 @@ class Validation:
     train_run_err: float = field(default=math.nan, metadata={
         "help": "the run's median update predicted from the calibration alone (+ its optimizer time) / measured - 1"})
     train_source: str = field(default="", metadata={"help": "rows the training fit used"})
+    train_flat: float = field(default=math.nan, metadata={
+        "help": "largest token ratio over which the training curve does not rise (1: it rises everywhere; nan: no "
+                "calibrated curve); judged by rlsim.replay.fit_quality"})
     calibrated: bool = field(default=False, metadata={"help": "calibration rows were used"})
     interval_method: str = field(default="", metadata={"help": "how the intervals are made"})
     notes: tuple[str, ...] = field(default=(), metadata={"help": "what the validation found (form chosen and why)"})

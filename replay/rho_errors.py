@@ -32,7 +32,9 @@ class RhoErrors:
     sources: tuple[str, ...] = field(metadata={"help": "(K,) the study and seed of each curve"})
     seed_sd: float = field(metadata={"help": "sd of one run's log rho around its seed mean (a one-seed pilot's noise)"})
     truth_sd: float = field(metadata={"help": "sd of a study's seed mean of log rho (the curves' own noise)"})
-    sigma_sd: float = field(metadata={"help": "sd of log(sigma measured / sigma predicted)"})
+    sigma_sd: float = field(metadata={
+        "help": "sd of log(sigma measured / sigma predicted) on the studies (reported; rlsim plan takes sigma's spread "
+                "from the trace's own intervals)"})
     model: str = field(default="noise-scale", metadata={"help": "the rho model whose errors these are"})
     mirrored: bool = field(default=True, metadata={
         "help": "draw each curve mirrored too: the noise-scale model's bend was misplaced in both directions, on different "
@@ -59,7 +61,7 @@ class RhoErrors:
     def describe(self) -> str:
         studies = sorted({s.rsplit(" seed", 1)[0] for s in self.sources})
         return (f"rho uncertainty: {len(self.curves)} measured error curves of the {self.model} model from one reference "
-                f"({', '.join(studies)}); a pilot's noise {self.seed_sd:.2f} in log rho, sigma's {self.sigma_sd:.2f}")
+                f"({', '.join(studies)}); a pilot's noise {self.seed_sd:.2f} in log rho")
 
     def without(self, study: str) -> RhoErrors:
         """The curves of every study but `study` (leave-one-study-out)."""

@@ -51,6 +51,9 @@ class SynthSpec:
     sync_s: float = field(default=0.011, metadata={"help": "seconds per weight sync"})
     other_s: float = field(default=0.003, metadata={"help": "other seconds per step"})
     noise: float = field(default=0.0, metadata={"help": "relative sd of multiplicative timing noise"})
+    load: float = field(default=0.0, metadata={
+        "help": "sd of a log-normal slowdown shared by all timings of one RL step and of one calibration level (other "
+                "processes on a loaded machine: whole levels move together, so more steps per level do not average it out)"})
     warmup_extra: float = field(default=0.0, metadata={"help": "extra seconds on each step-0 engine step (warm-up)"})
     g2: float = field(default=1.0, metadata={"help": "true |G|^2"})
     tr_sigma: float = field(default=64.0, metadata={"help": "true tr(Sigma): B_noise = tr_sigma / g2"})
@@ -74,16 +77,17 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
     t = 0.0
     cum = cum_tok = 0
     cost = true_cost(spec)
+    loads = _loads(spec, spec.steps, 0)  # (steps,) slowdown of everything one step times
 
     def noisy(x: float) -> float:
         return x * (1 + spec.noise * rng.standard_normal()) if spec.noise else x
 
     for step in range(spec.steps):
-        t_step0 = t
+        t_step0, slow = t, loads[step]
         plen = np.repeat(rng.integers(spec.prompt_min, spec.prompt_max + 1, size=P), G)
         rlen = rng.integers(spec.min_tokens, spec.max_tokens + 1, size=B)
         t += spec.round_base + spec.per_response * B
-        t, t_first, t_fin = _generate(spec, cost, noisy, step, t, plen, rlen, rows)
+        t, t_first, t_fin = _generate(spec, cost, noisy, slow, step, t, plen, rlen, rows)
         gen_time = t - t_step0
         for j in range(B):
             rows.append(dict(kind="response", t_start=t_step0, duration=t_fin[j] - t_step0, step=step,
@@ -91,7 +95,7 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
                              prompt_tokens=int(plen[j]), response_tokens=int(rlen[j]), reward=float(rng.random() < 0.5),
                              consumed_step=step, t_queued=t_step0, t_first_token=t_first[j], t_finished=t_fin[j]))
         tokens = int(plen.sum() + rlen.sum())
-        t = _train(spec, noisy, step, t, t_step0, gen_time, tokens, int(rlen.sum()), rows)
+        t = _train(spec, noisy, slow, step, t, t_step0, gen_time, tokens, int(rlen.sum()), rows)
         cum += B
         cum_tok += tokens
         if (step + 1) % spec.eval_every == 0:
@@ -103,8 +107,8 @@ def synthetic_trace(path: str | Path, spec: SynthSpec = SynthSpec(), *, meta_ove
     return write_trace(path, _meta(spec, meta_overrides), rows)
 
 
-def _generate(spec: SynthSpec, cost: EngineStepCost, noisy, step: int, t: float, plen: np.ndarray, rlen: np.ndarray,
-              rows: list[dict]) -> tuple[float, np.ndarray, np.ndarray]:
+def _generate(spec: SynthSpec, cost: EngineStepCost, noisy, slow: float, step: int, t: float, plen: np.ndarray,
+              rlen: np.ndarray, rows: list[dict]) -> tuple[float, np.ndarray, np.ndarray]:
     """One round of continuous batching, a gen_step row per engine step: (time after it, (B,) first-token and
     finish times)."""
     B = len(rlen)
@@ -122,7 +126,7 @@ def _generate(spec: SynthSpec, cost: EngineStepCost, noisy, step: int, t: float,
         n = len(running)
         ctx = int(sum(int(plen[j] + done_tok[j]) for j in running))
         dec = sum(1 for j in running if done_tok[j] > 0)
-        dur = noisy(cost.stretch(1, n, ctx, pre)) + (spec.warmup_extra if step == 0 else 0.0)
+        dur = noisy(cost.stretch(1, n, ctx, pre)) * slow + (spec.warmup_extra if step == 0 else 0.0)
         fin = []
         for j in running:
             done_tok[j] += 1
@@ -140,13 +144,14 @@ def _generate(spec: SynthSpec, cost: EngineStepCost, noisy, step: int, t: float,
     return t, t_first, t_fin
 
 
-def _train(spec: SynthSpec, noisy, step: int, t: float, t_step0: float, gen_time: float, tokens: int,
+def _train(spec: SynthSpec, noisy, slow: float, step: int, t: float, t_step0: float, gen_time: float, tokens: int,
            response_tokens: int, rows: list[dict]) -> float:
     """Rewards, preparation, the update, the rest of the step and the sync: their rows; the time after them."""
     B = spec.prompts * spec.group
-    reward_t = noisy(spec.reward_b * B)
-    prep_t = noisy(spec.prep_b * tokens)
-    upd = noisy(spec.update_a + spec.update_b * tokens)
+    reward_t = noisy(spec.reward_b * B) * slow
+    prep_t = noisy(spec.prep_b * tokens) * slow
+    upd0 = noisy(spec.update_a + spec.update_b * tokens)
+    upd = upd0 * slow
     t += reward_t + prep_t
     t_upd = t
     t += upd
@@ -158,10 +163,11 @@ def _train(spec: SynthSpec, noisy, step: int, t: float, t_step0: float, gen_time
     gb = math.sqrt(spec.g2 + spec.tr_sigma / B)
     gs = math.sqrt(spec.g2 + spec.tr_sigma / b_small)
     if spec.calibrate:  # forward + backward as the calibration times them, the optimizer the rest
-        fb = upd - spec.update_a + spec.calib_train_a
+        fb = upd0 - spec.update_a + spec.calib_train_a
         t_fwd, t_bwd, t_opt = fb / 3, fb - fb / 3, spec.update_a - spec.calib_train_a
     else:
-        t_fwd, t_bwd, t_opt = upd * 0.3, (upd - spec.update_a) * 0.7, spec.update_a
+        t_fwd, t_bwd, t_opt = upd0 * 0.3, (upd0 - spec.update_a) * 0.7, spec.update_a
+    t_fwd, t_bwd, t_opt = t_fwd * slow, t_bwd * slow, t_opt * slow
     ppo = spec.algo == "ppo"
     rows.append(dict(kind="update", t_start=t_upd, duration=upd, step=step, policy_version=step, num_responses=B,
                      num_tokens=tokens, response_tokens_total=response_tokens, lr=3e-4, loss=0.0, reward=0.5,
@@ -188,6 +194,14 @@ def _meta(spec: SynthSpec, overrides: dict | None) -> dict:
     for k, v in (overrides or {}).items():
         meta[k] = {**meta.get(k, {}), **v} if isinstance(v, dict) and isinstance(meta.get(k), dict) else v
     return meta
+
+
+def _loads(spec: SynthSpec, n: int, stream: int) -> np.ndarray:
+    """(n,) slowdown factors exp(load x N(0, 1)), from their own random stream (no load: ones, the other streams
+    untouched)."""
+    if not spec.load:
+        return np.ones(n)
+    return np.exp(spec.load * np.random.default_rng((spec.seed, 7_000_003, stream)).standard_normal(n))
 
 
 def true_cost(spec: SynthSpec) -> EngineStepCost:
@@ -217,23 +231,24 @@ def calibration_rows(spec: SynthSpec) -> list[dict]:
     def noisy(x: float) -> float:
         return x * (1 + spec.noise * rng.standard_normal()) if spec.noise else x
 
-    for level in rungs:
+    gen_load, train_load = _loads(spec, len(rungs), 1), _loads(spec, len(CALIB_TRAIN_FACTORS), 2)
+    for level, slow in zip(rungs, gen_load):
         plen = rng.integers(spec.prompt_min, spec.prompt_max + 1, size=level)
         for k in range(spec.calib_steps + 1):
             pre = int(plen.sum()) if k == 0 else 0
             ctx = int(plen.sum()) + level * k
-            dur = noisy(float(true_step_seconds(spec, level, ctx, pre)))
+            dur = noisy(float(true_step_seconds(spec, level, ctx, pre))) * slow
             rows.append(dict(kind="calib_gen", t_start=t, duration=dur, step=0, policy_version=0, num_running=level,
                              num_waiting=0, prefill_tokens=pre, decode_tokens=level if k else 0, context_tokens=ctx,
                              kv_usage=min(ctx / spec.kv_cache_tokens, 1.0), finished=level if k == spec.calib_steps else 0,
                              calib_level=level))
             t += dur
     mean_tok = (spec.prompt_min + spec.prompt_max) / 2 + (spec.min_tokens + spec.max_tokens) / 2
-    for f in CALIB_TRAIN_FACTORS:
+    for f, slow in zip(CALIB_TRAIN_FACTORS, train_load):
         R = max(1, int(round(f * B)))
         tokens = int(round(R * mean_tok))
         for _ in range(2):
-            dur = noisy(spec.calib_train_a + spec.update_b * tokens)
+            dur = noisy(spec.calib_train_a + spec.update_b * tokens) * slow
             rows.append(dict(kind="calib_train", t_start=t, duration=dur, step=0, policy_version=0, num_responses=R,
                              num_tokens=tokens, t_forward=dur / 3, t_backward=dur - dur / 3, calib_level=R))
             t += dur

@@ -11,7 +11,7 @@ from rlsim.cliopts import default_text
 from rlsim.options import StudyOptions, command
 from rlsim.plan import Plan, PlanConfig, plan
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.util import dumps
+from rlsim.replay.util import dumps, fmt
 
 
 def _print(p: Plan) -> None:
@@ -22,8 +22,8 @@ def _print(p: Plan) -> None:
         t.add_column(c, justify="right")
     for c in p.candidates:
         t.add_row(str(c.prompts), str(c.group), f"{c.sigma:.3f}", f"{c.rho:.3f}", f"{c.time_to_target_ratio:.3f}",
-                  f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}", f"{c.p_within_5pct:.2f}",
-                  f"{c.p_beats_reference:.2f}", f"{c.expected_regret:.1%}", "yes" if c.measured else "")
+                  f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}", fmt(c.p_within_5pct, ".2f"),
+                  fmt(c.p_beats_reference, ".2f"), fmt(c.expected_regret, ".1%"), "yes" if c.measured else "")
     con.print(t)
     if p.decision is not None:
         d = p.decision
@@ -31,6 +31,9 @@ def _print(p: Plan) -> None:
         sure = "" if d.p_within_5pct >= 0.8 else "; not a confident decision: see the warning"
         con.print(f"decision: {what} (within 5 % of the best with probability {d.p_within_5pct:.2f}, expected regret "
                   f"{d.expected_regret:.1%}{sure})")
+    elif p.no_move:
+        con.print("no move: the reference's cost fits cannot be used, so neither a decision nor a pilot rests on them "
+                  "(see the first warning for the recording that fixes it)")
     else:
         con.print(f"pilots (expected regret now {p.expected_regret:.1%}; each a run to the target, best value first):")
         for x in p.pilots:

@@ -5,7 +5,10 @@ simulator; rho from a sample-cost model that, from one reference trace, is known
 The plan does not pretend otherwise: its uncertainty about rho is *measured*, as error curves e(d) = log(rho
 measured / rho predicted from a reference alone) at d = log2(B / B_ref), one per reference seed of the recorded
 batch-size studies (`rlsim.replay.rho_errors`). A draw of the truth is one such curve (plus the noise of the
-studies' own seed means), so errors at neighbouring sizes move together, as a misplaced bend makes them.
+studies' own seed means), so errors at neighbouring sizes move together, as a misplaced bend makes them. Its
+uncertainty about sigma is the trace's own: each candidate's sigma interval as `rlsim run` gives it (the fits'
+bootstrap widened by their held-out error), read as a log-normal spread. A trace whose cost fits cannot be used
+(`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
 
 Over the draws (weights w, shape (K,)), for each candidate i (T: (K, n)):
     expected regret   E_w[T_i / min_j T_j - 1]        p_within_5pct   P_w[T_i <= 1.05 min_j T_j]
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -31,9 +35,11 @@ from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import fit_learning_curve, noise_scale
+from rlsim.replay.models import INTERVAL
+from rlsim.replay.util import json_safe
 from rlsim.replay.rho_errors import RhoErrors, measured_errors
 from rlsim.outcome import Outcome
-from rlsim.whatif import Study, evaluate, prepare, reference_outcome
+from rlsim.whatif import Study, evaluate, fit_check, prepare, reference_outcome
 
 WITHIN = 0.05  # "within 5 % of the best"
 
@@ -110,31 +116,53 @@ class Plan:
     reference_prompts: int = field(metadata={"help": "the reference's P"})
     notes: tuple[str, ...] = field(default=(), metadata={"help": "how the plan was made"})
     warnings: tuple[str, ...] = field(default=(), metadata={"help": "what may be wrong"})
+    no_move: str = field(default="", metadata={
+        "help": "why the plan makes no move, neither a decision nor a pilot (the trace's cost fits cannot be used, "
+                "rlsim.replay.fit_quality), and the recording that would fix it; '' when it makes one"})
 
     def to_dict(self) -> dict:
         out = {"reference_prompts": self.reference_prompts, "expected_regret": self.expected_regret,
                "candidates": [c.to_dict() for c in self.candidates], "notes": list(self.notes), "warnings": list(self.warnings)}
+        if self.no_move:
+            out["no_move"] = self.no_move
         if self.decision is not None:
             d = self.decision
             out["decision"] = {"prompts": d.prompts, "group": d.group, "p_within_5pct": d.p_within_5pct,
                                "expected_regret": d.expected_regret, "keep_reference": d.prompts == self.reference_prompts}
         else:
             out["pilots"] = [p.to_dict() for p in self.pilots]
-        return out
+        return json_safe(out)  # a plan that makes no move has no regrets: None, not NaN, in JSON and sweep metadata
 
 
 # ------------------------------------------------------------------------------------------------ the draws
 
-def truth_draws(log_t: np.ndarray, d: np.ndarray, errors: RhoErrors, draws: int,
-                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def truth_draws(log_t: np.ndarray, d: np.ndarray, errors: RhoErrors, draws: int, rng: np.random.Generator,
+                sigma_sd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(log T, rho error), each (draws, n), of the candidates: the point predictions `log_t` (n,) plus a measured
-    error curve at their d = log2(B / B_ref) (n,) with the studies' seed-mean noise (rho), and the simulator's error
-    (sigma). The reference (d = 0) is exact in both."""
+    error curve at their d = log2(B / B_ref) (n,) with the studies' seed-mean noise (rho), and sigma's error, sd
+    `sigma_sd` (n,) in log (`sigma_spread`). The reference (d = 0) is exact in both."""
     away = d != 0
     curves = errors.at(d)
     e_rho = curves[rng.integers(0, len(curves), draws)] + rng.standard_normal((draws, len(d))) * errors.truth_sd * away
-    e_sigma = rng.standard_normal((draws, len(d))) * errors.sigma_sd * away
+    e_sigma = rng.standard_normal((draws, len(d))) * np.asarray(sigma_sd, float) * away
     return log_t[None, :] + e_rho - e_sigma, e_rho
+
+
+def sigma_spread(preds: Sequence[Outcome]) -> tuple[np.ndarray, list[int]]:
+    """((n,) sd of log sigma of each candidate, read from its sigma interval as a log-normal spread: log(hi / lo) over
+    the interval's width in standard deviations; the indices of the candidates whose sigma has no interval, taken
+    as exact)."""
+    z = 2 * NormalDist().inv_cdf(0.5 + INTERVAL / 2)
+    sd, bare = np.zeros(len(preds)), []
+    for i, p in enumerate(preds):
+        lo, hi = p.sigma_lo, p.sigma_hi
+        if p.rho_model == "reference":
+            continue
+        if math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi:
+            sd[i] = math.log(hi / lo) / z
+        else:
+            bare.append(i)
+    return sd, bare
 
 
 def pilot_weights(draw_e: np.ndarray, observed: float, sd: float) -> np.ndarray:
@@ -185,6 +213,7 @@ class Scored:
     w: np.ndarray = field(metadata={"help": "(K,) weights (pilots observed)"})
     measured: set = field(metadata={"help": "indices whose rho was measured"})
     notes: list = field(metadata={"help": "how it was made"})
+    warnings: list = field(default_factory=list, metadata={"help": "what may be wrong with it"})
 
 
 def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErrors, rng: np.random.Generator,
@@ -196,8 +225,15 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     log_t = np.log([p.time_to_target_ratio for p in preds])
     d = np.log2(np.array(sizes, float) * G / study.b_ref)
     ref = sizes.index(study.reference.prompts)
-    T_log, e = truth_draws(log_t, d, errors, cfg.draws, rng)
-    w, measured, notes = np.ones(cfg.draws), {ref}, [errors.describe()]
+    sd, bare = sigma_spread(preds)
+    T_log, e = truth_draws(log_t, d, errors, cfg.draws, rng, sd)
+    away = sd[d != 0]
+    notes = [errors.describe(), f"sigma uncertainty: the trace's own sigma intervals (its fits' bootstrap and held-out "
+                                f"error), sd {away.min():.2f}..{away.max():.2f} in log" if len(away) else ""]
+    notes = [n for n in notes if n]
+    warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing resamples "
+                "its fits): taken as exact, which understates the uncertainty"] if bare else []
+    w, measured = np.ones(cfg.draws), {ref}
     for tr in pilots:
         j, obs = pilot_observation(study, tr, sizes, G, [p.rho for p in preds], model_name, bounds_ok)
         w = w * pilot_weights(e[:, j], obs, errors.seed_sd)
@@ -206,7 +242,7 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     if not w.sum() > 0:
         raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from the "
                          "same task, model and lr rule as the reference")
-    return Scored(sizes, ref, preds, np.exp(T_log), e, w, measured, notes)
+    return Scored(sizes, ref, preds, np.exp(T_log), e, w, measured, notes, warnings)
 
 
 def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), errors: Mapping[str, RhoErrors] | None = None,
@@ -236,8 +272,13 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), err
                   for lo, hi in [_weighted_quantiles(s.T[:, i], s.w, (0.05, 0.95))])
     best = pick(s.T, s.w, s.ref, cfg.confidence)
     d = np.log2(np.array(s.sizes, float) * cands[0].group / study.b_ref)
-    warnings = [w for w in [errors.span_note(d)] if w]
+    warnings = [w for w in [errors.span_note(d)] if w] + s.warnings
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, tuple(s.notes), tuple(warnings))
+    unusable = fit_check(study).warning(reference.name, reference.config)
+    if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them, nor a regret
+        blank = tuple(replace(c, p_within_5pct=math.nan, expected_regret=math.nan, p_beats_reference=math.nan) for c in cands)
+        return replace(decided, candidates=blank, decision=None, expected_regret=math.nan, warnings=(unusable, *warnings),
+                       no_move=unusable)
     if p5[best] >= cfg.confidence:
         return decided
     budget = cfg.budget if cfg.budget is not None else _reference_responses(study)

@@ -19,9 +19,12 @@ import numpy as np
 
 from rlsim.replay.cost import EngineStepCost, StepSums
 from rlsim.replay.device_speed import device_ratios
-from rlsim.replay.devices import get_profile, host_name, per_device, profile_for_hardware, recorded_profile, rescale
+from rlsim.replay.calibration import REPLICATES
+from rlsim.replay.devices import (get_profile, host_name, other_roof, per_device, profile_for_hardware, recorded_profile,
+                                  rescale)
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.fit import fit_trace
+from rlsim.replay.fit_quality import FitCheck, check_fits
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import LearningCurve, NoiseScale, b_noise_replicates, fit_learning_curve, lr_scale, noise_scale
 from rlsim.replay.models import INTERVAL, FittedModels, interval
@@ -486,6 +489,9 @@ def _decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> s
         return math.log(hi / lo) if lo > 0 and math.isfinite(hi) and hi >= lo else 0.0
 
     rho_side = width("rho") >= width("sigma")
+    check = fit_check(study)
+    if not rho_side and not check.usable:  # no run at another size helps while the recording's own fits are noise
+        return f"the throughput decides it, and this recording's cost fits cannot be used: {check.fix(study.models.config)}"
     what = "to the target" if rho_side else "for a few updates"
     if study.framework == "rlrun":
         group = ("" if study.algo == "ppo" else f" --group {G}") + (f" --task {study.task}" if study.task else "")
@@ -526,31 +532,40 @@ REGIME_BAND = 0.05  # the band of `regime` ("flat" within it)
 def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, rho: float, ratio: float, B: int,
                kind: str, reference: bool, model: RhoModel | None = None, rho_stale: float = 1.0) -> dict[str, Any]:
     """The `_lo` / `_hi` fields of an Outcome and how they were made (empty when nothing is uncertain or
-    nothing resamples). Throughput: the bootstrap replicates of the recorded hardware's fits (none for rescaled
-    or split runs). Sample cost: B_crit replicates (noise scale), or the bounds of an unmeasured rho."""
+    nothing resamples). Throughput: the bootstrap replicates of the fits on the hardware `cfg` runs on (none for
+    split runs), widened by the fits' held-out error (`rlsim.replay.fit_quality`: at least its bound where the fits
+    cannot be used, and then the responses/s too). Sample cost: B_crit replicates (noise scale), or the bounds of an
+    unmeasured rho."""
     reps = study.models.replicates
     level = reps.level if reps is not None else INTERVAL
     out: dict[str, Any] = {}
     methods: list[str] = []
+    check = fit_check(study)
+    q_reps, ref_reps, how = _throughput_replicates(study, cfg, run_, reference, check)
     sig_reps = None
-    q_reps = None if (cfg.device is not None or cfg.gpus is not None or cfg.split or reps is None) else \
-        replicate_rates(study.models, run_)
     if q_reps is not None:
+        rng = np.random.default_rng(cfg.seed)
+        sig_reps = np.ones(len(q_reps)) if reference or ref_reps is None else q_reps / ref_reps
+        if not check.usable:  # the throughput itself is not known: the fits' error on it, in full
+            q_reps = q_reps * np.exp(np.random.default_rng(cfg.seed + 1).normal(0.0, _held_out_error(check, run_),
+                                                                                len(q_reps)))
         out["responses_per_s_lo"], out["responses_per_s_hi"] = interval(q, q_reps, level)
-        sig_reps = np.ones(len(q_reps)) if reference else \
-            q_reps / replicate_rates(study.models, _reference_run(study, reference_config(study, cfg)))
         # in full an octave or more from the reference's batch (its levels are then others than the reference's), less
         # nearer: the same batch shares the reference's levels and their errors cancel in sigma
-        held_out = 0.0 if reference else _held_out_error(study.models.validation, run_) * min(1.0, abs(math.log2(B / study.b_ref)))
+        held_out = 0.0 if reference else _held_out_error(check, run_) * min(1.0, abs(math.log2(B / study.b_ref)))
         if held_out > 0:  # the fits' error on levels they did not see, beyond the replicates' spread
-            sig_reps = sig_reps * np.exp(np.random.default_rng(cfg.seed).normal(0.0, held_out, len(sig_reps)))
+            sig_reps = sig_reps * np.exp(rng.normal(0.0, held_out, len(sig_reps)))
         out["sigma_lo"], out["sigma_hi"] = (1.0, 1.0) if reference else interval(sigma, sig_reps, level)
-        methods.append(reps.method + (f", widened by the fits' held-out error ({100 * held_out:.1f} % RMS)" if held_out > 0 else ""))
+        methods.append(how + (f", widened by the fits' held-out error ({100 * held_out:.1f} % RMS"
+                              f"{'' if check.usable else ', at least the bound of fits that cannot be used'})"
+                              if held_out > 0 else ""))
     ends = _other_ends(study, cfg, reference)
+    widened = False  # whether an end lies beyond the sigma interval of the replicates
     for q_end, s_end, how in ends:  # what the evidence cannot decide: the other end widens the interval (or makes one)
         out["responses_per_s_lo"] = min(out.get("responses_per_s_lo", q), q_end)
         out["responses_per_s_hi"] = max(out.get("responses_per_s_hi", q), q_end)
         if not reference:
+            widened |= not out.get("sigma_lo", sigma) <= s_end <= out.get("sigma_hi", sigma)
             out["sigma_lo"], out["sigma_hi"] = min(out.get("sigma_lo", sigma), s_end), max(out.get("sigma_hi", sigma), s_end)
         methods.append(how)
     if reference:
@@ -571,7 +586,7 @@ def _intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, 
         out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = (
             (1.0, 1.0) if reference else interval(ratio, rr[:m] / ss[:m], level))
         methods.append(rho_note)
-    if ends and not reference:  # T / T_ref across the widened sigma too
+    if ends and not reference and (widened or "time_to_target_ratio_lo" not in out):  # T / T_ref across the ends too
         out["time_to_target_ratio_lo"] = min(out.get("time_to_target_ratio_lo", ratio), out.get("rho_lo", rho) / out["sigma_hi"])
         out["time_to_target_ratio_hi"] = max(out.get("time_to_target_ratio_hi", ratio), out.get("rho_hi", rho) / out["sigma_lo"])
     if methods:
@@ -610,7 +625,20 @@ def _other_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float,
     if cfg.device is not None and _other_device(study, cfg.device):
         out.append((*_rate(study, replace(cfg, device=None), reference),
                     f"{cfg.device}'s datasheet gain at one end, the recorded device's own speed at the other"))
+    roof = _other_roof_study(study, cfg.device) if cfg.device is not None and not cfg.split else None
+    if roof is not None:
+        out.append((*_rate(roof[0], cfg, reference),
+                    f"per-token compute on {cfg.device} at its bandwidth gain at the other end, {roof[1]:.3g}x below its "
+                    "FLOP/s gain (which of the datasheet's two roofs a term reaches on a new device, none states)"))
     return out
+
+
+@functools.lru_cache(maxsize=8)
+def _other_roof_study(study: Study, device: str) -> tuple[Study, float] | None:
+    """The study at the other roof of the move to `device` (`rlsim.replay.devices.other_roof`) and its factor, or None."""
+    hw = study.hardware or study.models.config.get("hardware") or {}
+    end = other_roof(study.models, device, source_profile=hw or None)
+    return None if end is None else (replace(study, models=end[0]), end[1])
 
 
 @functools.lru_cache(maxsize=8)
@@ -634,18 +662,38 @@ def _other_device(study: Study, device: str) -> bool:
     return recorded_gpu and dst.kind == "gpu" and (rec is None or dst.key != rec.key)
 
 
-def _held_out_error(v, run_: SimRun) -> float:
+def _held_out_error(check: FitCheck, run_: SimRun) -> float:
     """The relative error of a candidate's step costs where the fits have not seen it: the leave-one-level-out RMS
-    of the engine-step and the training fits (each level predicted from the others), weighted by the candidate's
-    generation and training shares of its step. Measured (docs/results.md section 6): the bootstrap over levels
-    alone gave sigma intervals that held a paired measurement in 0 of 10 cases."""
-    if v is None or not v.calibrated:
-        return 0.0
+    of the engine-step and the training fits (each level predicted from the others; `FitCheck.spread`: at least the
+    rule's bound for a fit that cannot be used), weighted by the candidate's generation and training shares of its
+    step. Measured (docs/results.md section 6): the bootstrap over levels alone gave sigma intervals that held a
+    paired measurement in 0 of 10 cases."""
     gen, train = float(np.sum(run_.gen_time)), float(np.sum(run_.train_time))
-    cv_g = v.gen_cv if math.isfinite(v.gen_cv) else 0.0
-    cv_t = v.train_cv if math.isfinite(v.train_cv) else 0.0
+    cv_g, cv_t = check.spread("engine-step"), check.spread("training")
     tot = gen + train
     return float(math.sqrt((gen * cv_g ** 2 + train * cv_t ** 2) / tot)) if tot > 0 else 0.0
+
+
+def fit_check(study: Study) -> FitCheck:
+    """The fit-quality rule (`rlsim.replay.fit_quality`) on the reference's cost fits."""
+    return check_fits(study.models.validation, len(study.models.recorded.step))
+
+
+def _throughput_replicates(study: Study, cfg: WhatIf, run_: SimRun, reference: bool,
+                           check: FitCheck) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """(responses/s of `run_` under each bootstrap replicate of the fits on the hardware `cfg` asks for, the same of
+    the reference configuration there (None for the reference itself), what was resampled). A split run: None (its
+    sides wait on each other; the replicates' summed costs do not give its rate). No replicates: None, unless the
+    fits cannot be used, then the point rate alone for the held-out error to spread."""
+    reps = study.models.replicates
+    models = models_for(study, cfg)[0]
+    q_reps = None if cfg.split or reps is None else replicate_rates(models, run_)
+    if q_reps is None:
+        if cfg.split or check.usable:
+            return None, None, ""
+        return np.full(REPLICATES, run_.responses_per_s), None, "no bootstrap (too few levels or updates)"
+    ref_reps = None if reference else replicate_rates(models, _reference_run(study, reference_config(study, cfg)))
+    return q_reps, ref_reps, reps.method
 
 
 def evaluate(study: Study, cfg: WhatIf) -> Outcome:

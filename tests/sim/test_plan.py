@@ -8,11 +8,13 @@ import pytest
 from typer.testing import CliRunner
 
 from rlsim.cli import app
+from rlsim.config import WhatIf
 from rlsim.plan import PlanConfig, pick, plan, regret_after_pilot, scores
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.evaluation import regret, regret_interval
 from rlsim.replay.io import read_trace
 from rlsim.replay.rho_errors import DATA, RhoErrors, measured_errors
+from rlsim.replay.synthetic import SynthSpec, synthetic_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "traces" / "study"
@@ -55,12 +57,50 @@ def test_a_pilot_that_tells_the_draws_apart_removes_the_regret():
     assert now == pytest.approx(0.5) and after < 0.02
 
 
-def test_exact_predictions_decide_without_pilots():
-    p = plan(read_trace(REF), PlanConfig(prompts=SIZES, draws=500), errors=_errors(np.zeros((3, 6))), target=0.566)
-    assert p.decision is not None and not p.pilots
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    """Synthetic recordings (P=16, G=4, calibrated) of a quiet machine, a noisy one whose fits still hold, and a loaded
+    one whose fits cannot be used (whole calibration levels and steps slowed at random, 6 steps)."""
+    d = tmp_path_factory.mktemp("plan_synth")
+    return {name: read_trace(synthetic_trace(d / f"{name}.parquet", SynthSpec(calibrate=True, steps=steps, seed=0, **kw)))
+            for name, steps, kw in (("quiet", 12, {}), ("noisy", 12, {"noise": 0.1}), ("loaded", 6, {"load": 1.0}))}
+
+
+def test_exact_predictions_decide_without_pilots(synth):
+    # exact rho (zero error curves) and a quiet recording's fits (a sigma interval of next to no width)
+    p = plan(synth["quiet"], PlanConfig(prompts=(8, 32, 64), draws=500), errors=_errors(np.zeros((3, 6))))
+    assert p.decision is not None and not p.pilots and not p.no_move
     best = min(p.candidates, key=lambda c: c.time_to_target_ratio)
-    assert p.decision.prompts == best.prompts and p.decision.p_within_5pct == pytest.approx(1.0)
-    assert [c.prompts for c in p.candidates] == sorted(SIZES) and sum(c.measured for c in p.candidates) == 1
+    assert p.decision.prompts == best.prompts and p.decision.p_within_5pct > 0.95
+    assert [c.prompts for c in p.candidates] == [8, 16, 32, 64] and sum(c.measured for c in p.candidates) == 1
+
+
+def test_sigma_uncertainty_comes_from_the_traces_own_intervals(synth):
+    from rlsim.plan import sigma_spread
+    from rlsim.whatif import evaluate, prepare
+
+    cfg = PlanConfig(prompts=(8, 32, 64), draws=2000)
+    spans = {}
+    for name in ("quiet", "noisy"):
+        p = plan(synth[name], cfg, errors=_errors(np.zeros((3, 6))))
+        spans[name] = [math.log(c.time_to_target_ratio_hi / c.time_to_target_ratio_lo) for c in p.candidates if not c.measured]
+        o = evaluate(prepare([synth[name]], rho_model="noise-scale"), WhatIf(prompts=64, group=4, updates=40))
+        sd, bare = sigma_spread([o])
+        assert not bare and sd[0] == pytest.approx(math.log(o.sigma_hi / o.sigma_lo) / (2 * 1.6448536), rel=1e-6)
+        assert any("the trace's own sigma intervals" in n for n in p.notes)
+    # exact rho: the T spread is sigma's alone, the noisy trace's wider at every size
+    assert all(n > 2 * q for q, n in zip(spans["quiet"], spans["noisy"]))
+
+
+def test_unusable_fits_make_no_move_and_name_the_recording(synth):
+    p = plan(synth["loaded"], PlanConfig(prompts=(8, 32, 64), draws=500), errors=_errors(np.zeros((3, 6))))
+    assert p.decision is None and not p.pilots and p.no_move and p.warnings[0] == p.no_move
+    assert "cannot be used" in p.no_move and "quiet machine" in p.no_move
+    assert "rlrun record --algo grpo --prompts 16 --group 4 --steps 24" in p.no_move  # more steps: it had 6
+    d = p.to_dict()
+    assert d["no_move"] == p.no_move and "decision" not in d and d["pilots"] == []
+    r = runner.invoke(app, ["plan", str(synth["loaded"].path), "--batch", "8,32,64"], env={"COLUMNS": "200"})
+    assert r.exit_code == 0 and "no move" in r.output and "decision:" not in r.output and "warning:" in r.output, r.output
 
 
 def test_wide_errors_ask_for_pilots_and_a_pilot_trace_is_measured():

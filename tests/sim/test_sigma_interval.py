@@ -11,7 +11,7 @@ import pytest
 
 from rlsim.config import WhatIf
 from rlsim.replay.io import read_trace
-from rlsim.whatif import _decider, _held_out_error, evaluate, prepare, timeline
+from rlsim.whatif import _decider, _held_out_error, evaluate, fit_check, prepare, timeline
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet"
 
@@ -23,7 +23,7 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
     run = timeline(study, cfg)
     gen, train = float(np.sum(run.gen_time)), float(np.sum(run.train_time))
     expect = math.sqrt((gen * v.gen_cv ** 2 + train * (v.train_cv if math.isfinite(v.train_cv) else 0.0) ** 2) / (gen + train))
-    assert _held_out_error(v, run) == pytest.approx(expect) and expect > 0
+    assert _held_out_error(fit_check(study), run) == pytest.approx(expect) and expect > 0
     o = evaluate(study, cfg)
     assert o.sigma_lo < o.sigma < o.sigma_hi and "held-out error" in o.interval
     # about +-1.645 x the held-out error in log terms, at least (the replicates add their own spread)
@@ -32,12 +32,13 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
     same = evaluate(study, WhatIf(prompts=32, updates=10))
     assert "held-out error" not in same.interval
     near = evaluate(study, WhatIf(prompts=45, updates=10))
-    part = math.log2(45 / 32) * _held_out_error(v, timeline(study, WhatIf(prompts=45, updates=10)))
+    part = math.log2(45 / 32) * _held_out_error(fit_check(study), timeline(study, WhatIf(prompts=45, updates=10)))
     assert f"({100 * part:.1f} % RMS)" in near.interval
 
 
 def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
-    study = SimpleNamespace(framework="rlrun", algo="grpo", reference=WhatIf(prompts=128, group=8), task="addmix")
+    fits = SimpleNamespace(validation=None, recorded=SimpleNamespace(step=np.arange(64)), config={})
+    study = SimpleNamespace(framework="rlrun", algo="grpo", reference=WhatIf(prompts=128, group=8), task="addmix", models=fits)
     iv = {"rho_lo": 0.99, "rho_hi": 1.01, "sigma_lo": 0.7, "sigma_hi": 1.4}  # sigma the less sure
     probe = _decider(iv, 32, 8, study, WhatIf(prompts=32))
     assert "throughput decides it" in probe and "rlrun probe --algo grpo --prompts 32,128 --group 8 --task addmix" in probe
@@ -48,3 +49,11 @@ def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
     assert prepare([read_trace(TRACE)]).task == "add2"  # from the trace's config
     # rho the less sure: a recording to the target, added with --trace
     assert "sample cost decides it" in _decider({**iv, "rho_lo": 0.5, "rho_hi": 3.0}, 512, 8, study, WhatIf(prompts=512))
+    # fits that cannot be used: no probe or run at another size helps, the recording itself is redone
+    noisy = SimpleNamespace(calibrated=True, gen_cv=1.5, gen_r2=0.1, gen_levels=(None,) * 20, train_cv=math.nan,
+                            train_r2=math.nan, train_levels=(), train_form="", train_flat=math.nan)
+    bad = SimpleNamespace(**{**vars(study), "models": SimpleNamespace(**{**vars(fits), "validation": noisy,
+                                                                         "config": {"algo": "grpo", "prompts": 128, "group": 8}})})
+    redo = _decider(iv, 32, 8, bad, WhatIf(prompts=32))
+    assert "cost fits cannot be used" in redo and "quiet machine" in redo and "rlrun probe" not in redo
+    assert "rlrun record --algo grpo --prompts 128 --group 8" in redo
