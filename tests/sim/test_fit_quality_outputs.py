@@ -94,4 +94,4 @@ def test_rescaled_replicates_move_as_the_point_fits_do():
     # the other roof: per-token compute moves by the bandwidth gain, more slowly than by the FLOP/s gain
     end, k = other_roof(m, "h200", source_profile=hw)
     assert k > 1 and end.gen.c_seq == pytest.approx(m.gen.c_seq * k) and end.gen.c_step == m.gen.c_step
-    assert end.gen.c_ctx == m.gen.c_ctx and other_roof(m, "cpu", source_profile=hw) is None
+    assert end.gen.c_ctx == m.gen.c_ctx and other_roof(m, "cpu-amd-epyc", source_profile=hw) is None
