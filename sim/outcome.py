@@ -61,6 +61,10 @@ class Outcome:
     staleness_max: int = field(default=0, metadata={"help": "most policy versions a consumed sample lagged"})
     rho_staleness: float = field(default=1.0, metadata={"help": "factor of rho for the staleness limit (in rho; rlsim.asyncrl.staleness_rho)"})
     allreduce_s: float = field(default=0.0, metadata={"help": "gradient all-reduce seconds per update (split with train_gpus > 1)"})
+    fits: bool | None = field(default=None, metadata={
+        "help": "the memory model says it fits its devices (None: unknown; rlsim.memory_check)"})
+    memory: dict | None = field(default=None, metadata={
+        "help": "memory per device: generation_gb, training_gb, per_device_gb, limit_gb, fits, overflow, fixes, ..."})
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("warnings", "notes")}
