@@ -59,8 +59,8 @@ class WhatIf:
                                        "staleness_threshold); 0 = synchronous (None: 0)")
     partial_rollout: bool = _f(False, "with a split: responses in flight at a weight update continue on the new weights (KV "
                                       "recomputed) instead of finishing on the old ones while the sync waits for them")
-    model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace names a "
-                                          "model rlsim cannot size (None: the trace's model)")
+    model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace "
+                                          "names a model rlsim cannot size (None: the trace's model)")
 
     def validate(self) -> None:
         for f in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch", "gpus"):

@@ -80,7 +80,8 @@ def trace_memory(meta: dict[str, Any]) -> TraceMemory:
     if framework == "verl":
         return replace(base, verl=_nested(cfg.get("framework_config") or {}))
     if framework != "rlrun":  # the log's framework settings are not in the trace: stated defaults
-        return replace(base, gen=GenSetup(tp=int(cfg.get("tp") or 1)), train=TrainSetup(critic=cfg.get("algo") == "ppo"),
+        return replace(base, gen=GenSetup(tp=int(cfg.get("tp") or 1)),
+                       train=TrainSetup(critic=cfg.get("algo") == "ppo"),
                        assumed=f"memory: {framework}'s engine and trainer settings are not in the trace; assumed "
                                "vLLM's gpu_memory_utilization 0.9, full sharding (ZeRO-3 / FSDP), micro-batch 1 and "
                                "gradient checkpointing")
@@ -91,7 +92,8 @@ def trace_memory(meta: dict[str, Any]) -> TraceMemory:
                    weight_bytes=width, kv_bytes=width, non_torch_gb=0.0 if cpu else GenSetup().non_torch_gb,
                    kv_cache_gb=float(cfg.get("kv_cache_gib") or 0.0))
     # rlrun trains replicas in the engine's dtype without sharding or checkpointing (ZeRO stage 0)
-    train = TrainSetup(gpus=int(cfg.get("train_devices") or 1), zero_stage=0, micro_batch=int(cfg.get("micro_batch") or 1),
+    train = TrainSetup(gpus=int(cfg.get("train_devices") or 1), zero_stage=0,
+                       micro_batch=int(cfg.get("micro_batch") or 1),
                        seq_len=int(trainer.get("row_tokens") or cfg.get("max_model_len") or 2048),
                        gradient_checkpointing=False, critic=cfg.get("algo") == "ppo",
                        colocated=str(cfg.get("mode") or "colocated") == "colocated")

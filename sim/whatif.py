@@ -70,7 +70,8 @@ class Study:
         "help": "one device's cost models, from the reference's calibration at one device's threads (a core on CPU); None: not measured"})
     task: str = field(default="", metadata={"help": "the reference's task (its config's `task`; '' when not recorded), for the runs a verdict names"})
     memory: TraceMemory | None = field(default=None, metadata={
-        "help": "the reference trace's memory inputs: model shape, framework settings, device memory (rlsim.memory_check)"})
+        "help": "the reference trace's memory inputs: model shape, framework settings, device memory "
+                "(rlsim.memory_check)"})
 
     @property
     def b_ref(self) -> int:

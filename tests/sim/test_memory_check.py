@@ -75,7 +75,8 @@ def test_json_and_api_carry_the_memory_object(verl):
     assert any(w.startswith("does not fit in memory") for w in d["warnings"])
     import rlsim
     df = rlsim.predict(str(verl), batch=512, updates=3)
-    assert list(df["fits"]) == [True, True] and df.loc["candidate", "memory"]["limit_gb"] == pytest.approx(79.12)
+    assert list(df["fits"]) == [True, True] and df.loc["candidate", "memory_limit_gb"] == pytest.approx(79.12)
+    assert df.loc["candidate", "memory_per_device_gb"] == pytest.approx(df.loc["reference", "memory_per_device_gb"])
 
 
 def test_unknown_model_is_reported_unknown_never_guessed(mystery):
@@ -164,7 +165,8 @@ def test_sweep_cli_marks_and_ranks_infeasible_configs(verl, tmp_path):
     fits = [r["fits"] for r in table]
     assert fits == sorted(fits, reverse=True) and fits.count(False) == 2  # 1 GPU holds no 3B trainer
     assert meta["verdict"]["title"] and all(r["gpus"] == 8 for r in table[:2]) and "fits" in meta["ranking"]
-    assert json.loads(table[0]["memory"])["fits"] is True
+    assert table[0]["memory_per_device_gb"] < table[0]["memory_limit_gb"] < table[-1]["memory_per_device_gb"]
+    assert "does not fit in memory" in table[-1]["warnings"] and table[-1]["memory_fix"]
 
 
 def test_plan_never_picks_an_infeasible_size():
