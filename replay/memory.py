@@ -194,6 +194,9 @@ class GenSetup:
         "help": "memory vLLM's profiler counts outside PyTorch per rank (NCCL, cuBLAS), GiB"})
     cuda_graph_gb: float = field(default=0.0, metadata={
         "help": "CUDA-graph memory vLLM subtracts from the pool, GiB (its profiled estimate; 0 where not applied)"})
+    kv_cache_gb: float = field(default=0.0, metadata={
+        "help": "a KV-cache pool of fixed size, GiB (vLLM's kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE on CPU), in "
+                "place of the gpu_memory_utilization rule (0: the rule)"})
 
 
 def kv_bytes_per_token(model: ModelShape, tp: int = 1, kv_bytes: float = 2.0) -> float:
@@ -233,7 +236,10 @@ def vllm_kv_pool_bytes(model: ModelShape, gen: GenSetup, total_gib: float) -> fl
     """The KV-cache pool vLLM allocates on one rank (`determine_available_memory` in vllm/v1/worker/gpu_worker.py):
     requested = ceil(total x gpu_memory_utilization) (`request_memory`, vllm/v1/worker/utils.py), minus what
     profiling counts as non-KV (weights + activation peak + non-torch memory, `memory_profiling` in
-    vllm/utils/mem_utils.py), minus the CUDA-graph estimate where applied. Negative: no room for a KV cache."""
+    vllm/utils/mem_utils.py), minus the CUDA-graph estimate where applied. Negative: no room for a KV cache. A pool
+    of fixed size (`kv_cache_gb`, vLLM's kv_cache_memory_bytes) is taken as given, as vLLM takes it."""
+    if gen.kv_cache_gb > 0:
+        return gen.kv_cache_gb * GIB
     requested = math.ceil(total_gib * GIB * gen.gpu_memory_utilization)
     non_kv = (vllm_weight_bytes(model, gen.tp, gen.weight_bytes) + vllm_activation_bytes(model, gen)
               + gen.non_torch_gb * GIB)
@@ -439,7 +445,7 @@ def _states(model: ModelShape, train: TrainSetup) -> float:
 
 def _generation_terms(model: ModelShape, gen: GenSetup, train: TrainSetup, limit: float) -> list[MemoryTerm]:
     full = model.full
-    pool = vllm_kv_pool_bytes(model, gen, limit) if full else None
+    pool = vllm_kv_pool_bytes(model, gen, limit) if full or gen.kv_cache_gb > 0 else None
     g = "generation"
     terms = [MemoryTerm("vLLM weights", g, _gib(vllm_weight_bytes(model, gen.tp, gen.weight_bytes)),
                         "params x bytes / TP"),

@@ -23,7 +23,8 @@ def _print(p: Plan) -> None:
     for c in p.candidates:
         t.add_row(str(c.prompts), str(c.group), f"{c.sigma:.3f}", f"{c.rho:.3f}", f"{c.time_to_target_ratio:.3f}",
                   f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}", fmt(c.p_within_5pct, ".2f"),
-                  fmt(c.p_beats_reference, ".2f"), fmt(c.expected_regret, ".1%"), "yes" if c.measured else "")
+                  fmt(c.p_beats_reference, ".2f"),
+                  fmt(c.expected_regret, ".1%") if c.fits is not False else "does not fit", "yes" if c.measured else "")
     con.print(t)
     if p.decision is not None:
         d = p.decision

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from rlsim.config import WhatIf, help_text
 from rlsim.fidelity import replay_trace
+from rlsim.memory_check import memory_line
 from rlsim.options import StudyOptions, command
 from rlsim.rank import rank_file
 from rlsim.replay.errors import cli_errors
@@ -84,6 +85,8 @@ def _print_run(res) -> None:
         con.print(f"hardware: {cand.hardware}; there the reference configuration runs {cand.hardware_gain:.3g}x its recorded "
                   f"responses/s. T vs the reference as recorded (batch and hardware together): "
                   f"{fmt(cand.time_to_target_vs_recorded, 'x')}")
+    for line in _memory_lines(ref, cand):
+        con.print(f"memory: {line}")
     con.print(f"verdict: {_verdict(cand)}")
     for w in list(res.warnings) + list(cand.warnings):
         con.print(f"[yellow]warning:[/yellow] {w}")
@@ -91,12 +94,19 @@ def _print_run(res) -> None:
         con.print(f"[dim]note: {n}[/dim]")
 
 
+def _memory_lines(ref, cand) -> list[str]:
+    """The candidate's memory per device; the reference's too where it differs (another batch, same devices)."""
+    c, r = memory_line(cand.memory), memory_line(ref.memory)
+    return [c] if r == c or ref.memory is None else [f"candidate {c}", f"reference {r}"]
+
+
 def _verdict(o) -> str:
     """One line: the regime and the T / T_ref interval it rests on."""
     lo, hi = o.time_to_target_ratio_lo, o.time_to_target_ratio_hi
     iv = f" (90% interval {fmt(lo, 'x')}..{fmt(hi, 'x')})" if math.isfinite(lo) and math.isfinite(hi) and hi > lo else \
         " (no interval: point estimate)"
-    return f"{o.regime}: T / T_ref = {fmt(o.time_to_target_ratio, 'x')}{iv}"
+    oom = "; does not fit in memory (see the warning)" if o.fits is False else ""
+    return f"{o.regime}: T / T_ref = {fmt(o.time_to_target_ratio, 'x')}{iv}{oom}"
 
 
 def register(app: typer.Typer) -> None:

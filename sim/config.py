@@ -59,12 +59,17 @@ class WhatIf:
                                        "staleness_threshold); 0 = synchronous (None: 0)")
     partial_rollout: bool = _f(False, "with a split: responses in flight at a weight update continue on the new weights (KV "
                                       "recomputed) instead of finishing on the old ones while the sync waits for them")
+    model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace "
+                                          "names a model rlsim cannot size (None: the trace's model)")
 
     def validate(self) -> None:
         for f in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch", "gpus"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
                 raise RlsimError(f"{name(f)} must be a positive integer, got {v!r}")
+        m = self.model_params
+        if m is not None and (not isinstance(m, (int, float)) or isinstance(m, bool) or not 0 < m < math.inf):
+            raise RlsimError(f"{name('model_params')} must be a positive parameter count (e.g. 7e9), got {m!r}")
         if self.lr_rule is not None and self.lr_rule not in LR_RULES:
             raise RlsimError(f"{name('lr_rule')} must be one of {', '.join(LR_RULES)}, got {self.lr_rule!r}")
         if not isinstance(self.updates, int) or self.updates <= 0:

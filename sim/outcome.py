@@ -11,6 +11,11 @@ import numpy as np
 from rlsim.replay.models import Validation
 
 
+# the memory object's keys an Outcome's flat dict carries (as memory_<key>; `fits` is a field of its own)
+MEMORY_COLUMNS = ("generation_gb", "training_gb", "per_device_gb", "limit_gb", "overflow", "fix", "kv_capacity_tokens",
+                  "kv_demand_tokens")
+
+
 @dataclass(frozen=True, eq=False)
 class Outcome:
     """One configuration's predicted throughput, sample cost and time-to-target."""
@@ -61,9 +66,16 @@ class Outcome:
     staleness_max: int = field(default=0, metadata={"help": "most policy versions a consumed sample lagged"})
     rho_staleness: float = field(default=1.0, metadata={"help": "factor of rho for the staleness limit (in rho; rlsim.asyncrl.staleness_rho)"})
     allreduce_s: float = field(default=0.0, metadata={"help": "gradient all-reduce seconds per update (split with train_gpus > 1)"})
+    fits: bool | None = field(default=None, metadata={
+        "help": "the memory model says it fits its devices (None: unknown; rlsim.memory_check)"})
+    memory: dict | None = field(default=None, metadata={
+        "help": "memory per device: generation_gb, training_gb, per_device_gb, limit_gb, fits, overflow, fixes, ... "
+                "(the JSON `memory` object; flat `memory_*` columns in to_dict)"})
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("warnings", "notes")}
+        """Flat: one value per key (sweep rows, DataFrames); the memory object as `memory_*` columns."""
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__ if k not in ("warnings", "notes", "memory")}
+        d.update({f"memory_{k}": (self.memory or {}).get(k) for k in MEMORY_COLUMNS})
         d["warnings"] = "; ".join(self.warnings)
         d["notes"] = "; ".join(self.notes)
         return {k: (float(v) if isinstance(v, (np.floating,)) else int(v) if isinstance(v, np.integer) else v) for k, v in d.items()}
@@ -95,7 +107,8 @@ class RunResult:
                  recorded_time_to_target_s=self.recorded_time_to_target_s,
                  warnings=list(self.warnings) + list(self.candidate.warnings),
                  notes=list(self.notes) + list(self.candidate.notes),
-                 reference=self.reference.to_dict())
+                 reference={**self.reference.to_dict(), "memory": self.reference.memory},
+                 memory=self.candidate.memory)
         if self.validation is not None:
             d["fit_validation"] = self.validation.to_dict()
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}

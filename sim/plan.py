@@ -85,6 +85,8 @@ class Candidate:
     expected_regret: float = field(metadata={"help": "E[T / T_best - 1] over the draws"})
     p_beats_reference: float = field(metadata={"help": "probability that its T is below the reference's"})
     measured: bool = field(default=False, metadata={"help": "its rho was measured (the reference, or a pilot)"})
+    fits: bool | None = field(default=None, metadata={
+        "help": "fits its devices' memory (None: unknown); one that does not is never picked nor piloted"})
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -263,16 +265,19 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), err
                          "--target")
     s = score(study, cfg, pilots, errors, np.random.default_rng(cfg.seed), (reference.meta.get("model") or {}).get("name"),
               bounds_ok)
+    s, fit_warnings = _feasible(s)
     er, p5 = scores(s.T, s.w)
+    er[[i for i, p in enumerate(s.preds) if p.fits is False and i != s.ref]] = np.inf  # shown as "does not fit"
     beats = (s.w / s.w.sum()) @ (s.T < s.T[:, [s.ref]])
     cands = tuple(Candidate(prompts=P, group=p.group, sigma=p.sigma, rho=p.rho, time_to_target_ratio=p.time_to_target_ratio,
                             time_to_target_ratio_lo=lo, time_to_target_ratio_hi=hi, p_within_5pct=float(p5[i]),
-                            expected_regret=float(er[i]), p_beats_reference=float(beats[i]), measured=i in s.measured)
+                            expected_regret=float(er[i]), p_beats_reference=float(beats[i]), measured=i in s.measured,
+                            fits=p.fits)
                   for i, (P, p) in enumerate(zip(s.sizes, s.preds))
                   for lo, hi in [_weighted_quantiles(s.T[:, i], s.w, (0.05, 0.95))])
     best = pick(s.T, s.w, s.ref, cfg.confidence)
     d = np.log2(np.array(s.sizes, float) * cands[0].group / study.b_ref)
-    warnings = [w for w in [errors.span_note(d)] if w] + s.warnings
+    warnings = [w for w in [errors.span_note(d)] if w] + s.warnings + fit_warnings
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, tuple(s.notes), tuple(warnings))
     unusable = fit_check(study).warning(reference.name, reference.config)
     if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them, nor a regret
@@ -373,7 +378,7 @@ def _pilots(study: Study, s: Scored, sd: float, rng: np.random.Generator, confid
     er_now = float(scores(s.T, s.w)[0][pick(s.T, s.w, s.ref, confidence)])
     out = []
     for j, P in enumerate(s.sizes):
-        if j in s.measured:
+        if j in s.measured or s.preds[j].fits is False:  # no pilot at a size that does not fit
             continue
         G = s.preds[j].group
         rho_hi = s.preds[j].rho * _weighted_quantiles(np.exp(s.e[:, j]), s.w, (0.9,))[0]
@@ -381,6 +386,23 @@ def _pilots(study: Study, s: Scored, sd: float, rng: np.random.Generator, confid
         after = regret_after_pilot(s.T, s.e, s.w, j, s.ref, sd, rng, confidence=confidence)
         out.append(((er_now - after) / (steps * P * G), Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps))))
     return [p for _, p in sorted(out, key=lambda x: -x[0])]
+
+
+def _feasible(s: Scored) -> tuple[Scored, list[str]]:
+    """The draws with every candidate that does not fit in memory a million times slower than the slowest (never
+    the best, never picked, never within 5 % of it), and the warnings; the reference ran, so it stays, with a
+    warning if the model disagrees."""
+    out = [i for i, p in enumerate(s.preds) if p.fits is False and i != s.ref]
+    warnings = [f"P={s.sizes[i]} does not fit in memory ({s.preds[i].memory.get('overflow')}): it is never picked"
+                for i in out]
+    if s.preds[s.ref].fits is False:
+        warnings.append("the memory model says the recorded configuration does not fit its devices, yet it ran: its "
+                        "memory estimates are off for this setup (docs/simulator.md, Memory)")
+    if not out:
+        return s, warnings
+    T = s.T.copy()
+    T[:, out] = 1e6 * float(np.max(T[np.isfinite(T)], initial=1.0))
+    return replace(s, T=T), warnings
 
 
 def _reference_responses(study: Study) -> float:

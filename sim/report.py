@@ -19,15 +19,15 @@ from rlsim.replay.robust import PiecewiseLinear
 from rlsim.replay.steps import step_table
 from rlsim.replay.util import atomic_write, fmt
 from rlsim.results import read_results, trace_identity
-from rlsim.tables import (RANGED, config_warning_items, describe, interval, own, plan_lines, sweep_verdict, varying,
-                          with_interval)
+from rlsim.tables import (NOT_FITTING, RANGED, config_warning_items, describe, fits_text, interval, own, plan_lines,
+                          shown_column, sweep_verdict, varying, with_interval)
 from rlsim.views import CHARTS, OPTIONAL_CHARTS, axes_of, build_charts
 from rlsim.whatif import prepare
 
 TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3f"), ("gen_s", "gen s", ".3f"),
                  ("train_s", "train s", ".3f"), ("sync_s", "sync s", ".4f"), ("sigma", "sigma", ".3f"),
                  ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""),
-                 ("expected_regret", "expected regret", "%"))
+                 ("fits", "fits in memory", ""), ("expected_regret", "expected regret", "%"))
 
 # ----------------------------------------------------------------------------------------------
 # report
@@ -129,6 +129,8 @@ def _cell(r: Mapping[str, Any], key: str, spec: str) -> str:
     if key == "regime":
         reg = str(r.get(key) if r.get(key) is not None else "-")
         return f"<span class='undecided'>{html.escape(reg)}</span>" if reg == "undecided" else html.escape(reg)
+    if key == "fits":
+        return "<span class='undecided'>no</span>" if r.get(key) is False else fits_text(r.get(key))
     v = html.escape(fmt(r.get(key), spec))
     iv = interval(r, key) if key in RANGED else None
     if iv:
@@ -187,7 +189,7 @@ def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) 
 
 def ranking_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], *, limit: int = 200) -> str:
     axes = axes_of(meta, rows)
-    cols = [c for c in TABLE_COLUMNS if any(c[0] in r for r in rows)]
+    cols = [c for c in TABLE_COLUMNS if shown_column(rows, c[0])]
     shown = list(rows[:limit])
     opts = (meta.get("grid") or {}).get("options") or {}
     v = sweep_verdict(rows, meta, describe_row=lambda r: describe(r, varying(rows, axes), opts))
@@ -212,6 +214,8 @@ def ranking_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], 
             "Intervals under the values (where the fit has them); highlighted: the config(s) the headline names. "
             "A config whose T interval spans 1 is <span class='undecided'>undecided</span>; `reference` is the trace's "
             "own config (T / T_ref = 1).")
+    if any(r.get("fits") is False for r in rows):
+        head += " " + NOT_FITTING.replace("fits no:", "A config marked <i>no</i> under fits in memory:") + "."
     if len(rows) > limit:
         head += f" The best {limit} are shown; all are in results.csv."
     head += "</p>"

@@ -37,15 +37,16 @@ def _ratio(row: Mapping[str, Any]) -> float:
 
 
 def rank_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-    """Best first: smallest T_new / T_ref, then shortest step, then grid order. Adds `rank` and `config_id`."""
+    """Best first: every config that fits in memory (or is not known not to) before any that does not, then
+    smallest T_new / T_ref, then shortest step, then grid order. Adds `rank` and `config_id`."""
     keyed = []
     for i, r in enumerate(rows):
         st = r.get("step_time_s")
         st = float(st) if isinstance(st, (int, float)) and math.isfinite(st) else math.inf
-        keyed.append((_ratio(r), st, i, r))
-    keyed.sort(key=lambda k: k[:3])
+        keyed.append((r.get("fits") is False, _ratio(r), st, i, r))
+    keyed.sort(key=lambda k: k[:4])
     out = []
-    for rank, (_, _, i, r) in enumerate(keyed, start=1):
+    for rank, (_, _, _, i, r) in enumerate(keyed, start=1):
         out.append({"rank": rank, "config_id": i, **r})
     return out
 
@@ -176,6 +177,7 @@ def sweep_metadata(*, traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], 
                  "fixed": {k: plain(v) for k, v in fixed.items()}, "n_configs": n_configs},
         "study": dict(study_options), "backend": dict(backend), "seconds": seconds,
         "traces": [trace_identity(t) for t in traces],
-        "ranking": "ascending time_to_target_ratio (T_new / T_ref = rho / sigma), then step_time_s",
+        "ranking": "configs that fit in memory first (fits not false), then ascending time_to_target_ratio "
+                   "(T_new / T_ref = rho / sigma), then step_time_s",
     }
 

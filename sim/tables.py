@@ -16,12 +16,29 @@ from rlsim.replay.util import fmt
 
 TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
                     ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""),
+                    ("fits", "fits", ""),  # only when a config does not fit in memory
                     ("expected_regret", "exp. regret", "%"))  # the last: only when the sweep has a plan
 RANGED = ("responses_per_s", "sigma", "rho", "time_to_target_ratio")  # the fields with `_lo` / `_hi` intervals
 SHORT_SPEC = {".3f": ".2f", ".1f": ".0f"}  # the terminal table's intervals, one digit shorter: it fits 80 columns
 REGIME_BAND = 0.05  # without intervals, configs whose T ratios lie within 5% are not told apart (regime's "flat" band)
 NO_INTERVAL = ("no interval: T / T_ref is a point estimate, so how far it can be off is unknown (throughput intervals "
                "come from refitting the recorded hardware's costs: none for rescaled devices or split runs)")
+
+
+NOT_FITTING = ("fits no: the memory model says the config does not fit its devices; ranked after every config that "
+               "fits, never the verdict (its warning names the term that overflows and what would fit)")
+
+
+def shown_column(rows: Sequence[Mapping[str, Any]], key: str) -> bool:
+    """Whether a ranking shows column `key`: when a row has it; `fits` only when a config does not fit."""
+    if key == "fits":
+        return any(r.get("fits") is False for r in rows)
+    return any(key in r for r in rows)
+
+
+def fits_text(v: Any) -> str:
+    """A `fits` cell: yes, no, or ? (unknown)."""
+    return "yes" if v is True else "no" if v is False else "?"
 
 
 def num(v: Any) -> float | None:
@@ -121,9 +138,11 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
     out: dict[str, Any] = {"kind": "none", "best": rows[0] if rows else None, "tied": [], "title": "", "text": "",
                            "warnings": unique(items(meta.get("warnings"))), "config_warnings": [],
                            "notes": unique(items(meta.get("notes")))}
-    ranked = [r for r in rows if num(r.get("time_to_target_ratio")) is not None]
+    timed = [r for r in rows if num(r.get("time_to_target_ratio")) is not None]
+    ranked = [r for r in timed if r.get("fits") is not False]  # a config that does not fit is never the verdict
     if not ranked:
-        out.update(title="No verdict", text="no config has a predicted time to target")
+        out.update(title="No verdict", text="no config fits in memory (the warnings say what would)" if timed else
+                   "no config has a predicted time to target")
         return out
     best = ranked[0]
     t = num(best["time_to_target_ratio"])
@@ -245,7 +264,7 @@ def _ranking_table(rows, axes, *, top, labels, meta, drop):
     t.add_column("#", justify="left", no_wrap=True)  # the rank, then `!` where the config has warnings of its own
     for a in swept:
         t.add_column(labels.get(a, a).lstrip("-"), justify="right", no_wrap=True)
-    cols = [c for c in TERMINAL_COLUMNS if any(c[0] in r for r in rows) and c[0] not in drop]
+    cols = [c for c in TERMINAL_COLUMNS if shown_column(rows, c[0]) and c[0] not in drop]
     for _, label, _ in cols:
         t.add_column(label, justify="right", no_wrap=True)
     for r in rows[:top]:
@@ -254,6 +273,8 @@ def _ranking_table(rows, axes, *, top, labels, meta, drop):
             if k == "regime":
                 reg = short_regime(r.get(k))
                 cells.append(f"[bold yellow]{reg}[/]" if reg == "undecided" else fmt(reg))
+            elif k == "fits":
+                cells.append("[bold red]no[/]" if r.get(k) is False else fits_text(r.get(k)))
             elif k in RANGED and k + "_iv" not in drop and (iv := interval(r, k)):
                 g = SHORT_SPEC.get(f, f)
                 cells.append(f"{fmt(r.get(k), f)}\n[dim]{fmt(iv[0], g)}..{fmt(iv[1], g)}[/]")
@@ -272,6 +293,8 @@ def legend(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = N
     if any(own(r, "warnings", meta) for r in rows):
         out.append("! after the rank: the config has warnings of its own (under the verdict for the configs it names; "
                    "all in column `warnings` of results.csv)")
+    if any(r.get("fits") is False for r in rows):
+        out.append(NOT_FITTING)
     regimes = {short_regime(r.get("regime")) for r in rows}
     if "reference" in regimes:
         out.append("reference: the trace's own config (T / T_ref = 1)")

@@ -33,9 +33,10 @@ from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho,
 from rlsim.replay.schema import EVAL, placement
 from rlsim.asyncrl import data_parallel, split_config, staleness_rho
 from rlsim.config import EngineConfig, SimConfig, WhatIf
+from rlsim.memory_check import Load, TraceMemory, candidate_memory, memory_object, memory_warning, trace_memory
 from rlsim.outcome import Outcome, RunResult
 from rlsim.pipeline import SimRun
-from rlsim.simconfig import config_for, engine_of
+from rlsim.simconfig import config_for, engine_of, gen_ratio
 from rlsim.simulator import simulate
 
 CONCURRENCY_EXTRAPOLATION = 16.0  # warn beyond this multiple of the measured concurrency
@@ -71,6 +72,9 @@ class Study:
     device_models: FittedModels | None = field(default=None, metadata={
         "help": "one device's cost models, from the reference's calibration at one device's threads (a core on CPU); None: not measured"})
     task: str = field(default="", metadata={"help": "the reference's task (its config's `task`; '' when not recorded), for the runs a verdict names"})
+    memory: TraceMemory | None = field(default=None, metadata={
+        "help": "the reference trace's memory inputs: model shape, framework settings, device memory "
+                "(rlsim.memory_check)"})
 
     @property
     def b_ref(self) -> int:
@@ -184,7 +188,7 @@ def reference_config(study: Study, cfg: WhatIf, *, updates: int | None = None, s
         if cfg.device is None and gpus == recorded_devices(study):
             gpus = None
     return replace(study.reference, updates=cfg.updates if updates is None else updates,
-                   seed=cfg.seed if seed is None else seed, device=cfg.device, gpus=gpus)
+                   seed=cfg.seed if seed is None else seed, device=cfg.device, gpus=gpus, model_params=cfg.model_params)
 
 
 def hardware_label(study: Study, cfg: WhatIf) -> str:
@@ -234,11 +238,49 @@ def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimCon
                   kv_cache_tokens=cfg.kv_cache_tokens or engine.kv_cache_tokens)
     longest = int(np.max(models.lengths.prompt_tokens, initial=0)) + int(models.lengths.max_tokens)
     need = -(-min(longest, eng.max_model_len) // eng.block_size) * eng.block_size
+    if cfg.kv_cache_tokens is None:
+        eng = replace(eng, kv_cache_tokens=kv_capacity(study, cfg, eng.kv_cache_tokens, need))
     if eng.kv_cache_tokens < need:  # one request must fit, or the engine could never start it
         raise RlsimError(f"--kv-cache-tokens {eng.kv_cache_tokens} cannot hold one request of up to {min(longest, eng.max_model_len)} "
                          f"tokens (prompt + response, in blocks of {eng.block_size}); pass at least {need}")
     return config_for(study.models, updates=cfg.updates, prompts=P, group=G, engine=eng, lengths=lengths,
                       gen_batch=cfg.gen_batch, split=split_config(cfg, models, study.hardware))
+
+
+@functools.lru_cache(maxsize=64)
+def memory_of(study: Study, cfg: WhatIf) -> tuple[Any, int, str]:
+    """(the memory estimate of `cfg` on its devices (rlsim.memory_check; None: unknown), its engines, why unknown)."""
+    if study.memory is None:
+        return None, 1, ""
+    P, G, _ = _resolve(study.reference, study.models, cfg)
+    gen = cfg.gen_batch or max(int(round(P * G * gen_ratio(study.models))), P * G)
+    lengths = study.models.lengths
+    longest = int(np.max(lengths.prompt_tokens, initial=0)) + int(lengths.max_tokens)
+    load = Load(P * G, gen, min(longest, study.engine.max_model_len), recorded_devices(study))
+    return candidate_memory(study.memory, cfg, load)
+
+
+def kv_capacity(study: Study, cfg: WhatIf, tokens: int, need: int) -> int:
+    """The simulated engine's KV capacity on `cfg`'s devices: `tokens` (the trace's, rescaled), or fewer where the
+    memory model's pool (per engine, times the engines the simulated engine stands for; a split's replica is one)
+    holds fewer, so that the engine queues and preempts as vLLM does; never below one request (`need`), which
+    does not fit (the memory warning says so)."""
+    est, engines, _ = memory_of(study, cfg)
+    if est is None or est.kv_capacity_tokens is None:
+        return tokens
+    cap = est.kv_capacity_tokens * (1 if cfg.split else engines)
+    return min(tokens, cap) if cap >= need else tokens
+
+
+def _memory_fields(study: Study, cfg: WhatIf) -> tuple[dict[str, Any], list[str], list[str]]:
+    """(the Outcome's `fits` and `memory`, its memory warning, its memory notes)."""
+    est, _, why = memory_of(study, cfg)
+    warning = memory_warning(est)
+    notes = [why] if why else []
+    if est is not None and study.memory is not None and study.memory.assumed:
+        notes.append(study.memory.assumed)
+    return {"fits": None if est is None else est.fits, "memory": memory_object(est, why)}, \
+        [warning] if warning else [], notes
 
 
 def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float | None = None,
@@ -315,7 +357,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  recorded_time_to_target_s=rec_t, warnings=tuple(warnings), notes=tuple(notes), trace_names=tuple(t.name for t in traces),
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
                  framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models,
-                 task=str(ref.config.get("task") or ""))
+                 task=str(ref.config.get("task") or ""), memory=trace_memory(ref.meta))
 
 
 def _check_target(target: float, curves: Sequence[LearningCurve]) -> None:
@@ -424,6 +466,9 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     ratio = rho / sigma
     t_abs = rho * study.n_star_ref / q if math.isfinite(study.n_star_ref) else math.nan
     warnings += _extrapolation_warnings(study, cfg, run_, B, reference)
+    mem, mem_warnings, mem_notes = _memory_fields(study, cfg)
+    warnings += mem_warnings
+    notes += mem_notes
     step = run_.mean_step_time
     gen, train, syn, oth = (float(run_.gen_time.mean()), float(run_.train_time.mean()), float(run_.sync_time.mean()),
                             float(run_.other_time.mean()))
@@ -442,7 +487,7 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
                    updates=int(len(run_.step_time)), gen_steps=float(run_.gen_steps.mean()), peak_running=int(run_.peak_running.max()),
                    preemptions=float(run_.preemptions.mean()), seed=cfg.seed, warnings=tuple(warnings), notes=tuple(notes),
                    hardware=hardware_label(study, cfg), hardware_gain=gain, time_to_target_vs_recorded=ratio / gain,
-                   **_split_fields(run_, rho_stale))
+                   **_split_fields(run_, rho_stale), **mem)
 
 
 def _hardware(study: Study, cfg: WhatIf, ref_cfg: WhatIf) -> tuple[list[str], list[str], float]:

@@ -169,7 +169,15 @@ CONFIG_KEYS = ("data.train_batch_size", "actor_rollout_ref.rollout.n", "trainer.
                "algorithm.adv_estimator", "actor_rollout_ref.actor.optim.lr",
                "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.name",
                "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.actor.ppo_mini_batch_size",
-               "trainer.test_freq", "data.gen_batch_size")
+               "trainer.test_freq", "data.gen_batch_size") + (
+    # what the memory model reads (rlsim.replay.memory.setups_from_verl): engine arguments, FSDP offload, micro-batch
+    "actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.max_num_batched_tokens",
+    "actor_rollout_ref.rollout.prompt_length", "actor_rollout_ref.rollout.response_length",
+    "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+    "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.actor.use_kl_loss",
+    "algorithm.use_kl_in_reward", "actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.hybrid_engine")
 
 
 def load(path: str | Path, *, config: str | Path | None = None, prompts: int | None = None, group: int | None = None,
