@@ -39,9 +39,10 @@ def _f(default, help: str, cli: tuple[str, ...] = RECORD, **kw):
 @dataclass(frozen=True)
 class RunConfig:
     algo: str = _f("grpo", "RL algorithm: grpo (group-relative advantages) or ppo (value model + GAE)", cli=ALL)
-    prompts: int = _f(32, "P: prompts per optimizer update (verl data.train_batch_size)", cli=BOTH, flags=["--prompts", "-P"])
+    prompts: int = _f(32, "P: prompts per optimizer update (verl data.train_batch_size)", cli=BOTH,
+                      flags=["--prompts", "--batch", "-P", "-b"])
     group: int | None = _f(None, "G: responses per prompt, 1 for PPO (None: 8 for GRPO)", cli=ALL,
-                           flags=["--group", "-G"])
+                           flags=["--group", "-G", "-g"])
     steps: int = _f(50, "optimizer updates (RL steps) to run")
     lr: float = _f(3e-4, "reference learning rate (Adam), at batch --lr-ref-batch responses", cli=RUN)
     lr_rule: str = _f("sqrt", "how lr scales with B: sqrt (lr*sqrt(B/B_ref)), linear (lr*B/B_ref) or fixed", cli=RUN)
@@ -70,15 +71,18 @@ class RunConfig:
     epochs: int = _f(1, "passes over each rollout batch (1: no rollout reuse)", cli=RUN)
     micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto", cli=ALL)
     train_devices: int = _f(1, "data-parallel training ranks, one device each (CPU: one core each, gloo; GPU: one GPU each, "
-                               "NCCL), started by rlrun; gradients all-reduced; must divide the batch", cli=RUN)
+                               "NCCL), started by rlrun; gradients all-reduced; must divide the batch", cli=RUN,
+                               flags=["--train-gpus"], aliases=["--train-devices"])
     compile: bool = _f(False, "torch.compile the policy (and critic) decoder for training, dynamic shapes; compiled "
                               "before recording starts (tens of seconds on CPU, recorded as trainer.warmup_s; needs a C++ compiler on CPU)", cli=ALL)
     # placement and asynchronous rollout (split mode)
     mode: str = _f("colocated", "colocated: generate, then train, on the same devices (the synchronous reference); split: "
                                 "vLLM engine replicas in their own processes on their own devices, generating while the trainer trains")
-    gen_devices: int = _f(1, "split mode: generation devices (CPU: cores; GPU: GPUs), one vLLM engine replica each")
+    gen_devices: int = _f(1, "split mode: generation devices (CPU: cores; GPU: GPUs), one vLLM engine replica each",
+                          flags=["--gen-gpus"], aliases=["--gen-devices"])
     max_staleness: int = _f(0, "split mode: AReaL's eta; a prompt starts only while the samples started stay within eta policy "
-                               "versions of the current one (in-flight ones count); 0 = synchronous")
+                               "versions of the current one (in-flight ones count); 0 = synchronous",
+                            flags=["--staleness"], aliases=["--max-staleness"])
     partial_rollout: bool = _f(False, "split mode: in-flight responses continue across a weight sync (KV kept) and record the "
                                       "versions they span; off: they finish on the old weights before the engine loads the new ones")
     off_policy: str = _f("none", "off-policy correction: none, or tis (truncated importance sampling: each token's loss "
@@ -205,10 +209,10 @@ class RunConfig:
                 if v != default:
                     bad(f"--{name.replace('_', '-')} needs --mode split (asynchronous rollout on separate generation devices)")
         if self.batch % self.train_devices:
-            bad(f"batch B = P x G = {self.batch} is not divisible by --train-devices {self.train_devices}; choose P so that "
+            bad(f"batch B = P x G = {self.batch} is not divisible by --train-gpus {self.train_devices}; choose P so that "
                 f"P x G is a multiple of {self.train_devices}")
         if self.train_devices > 1 and self.prompts % self.train_devices:
-            bad(f"--prompts {self.prompts} is not divisible by --train-devices {self.train_devices}: each rank trains whole "
+            bad(f"--prompts {self.prompts} is not divisible by --train-gpus {self.train_devices}: each rank trains whole "
                 f"groups; choose P as a multiple of {self.train_devices}")
         per_rank = self.batch // self.train_devices
         if per_rank % self.minibatches:
@@ -256,8 +260,8 @@ class ProbeConfig:
     """`rlrun probe`: full RL steps at several sizes in one process, each round running every size once in a
     shuffled order, so that each size's throughput is paired with the smallest's under the same conditions."""
     prompts: tuple[int, ...] = _f((), "P of each size to probe, two or more, as a comma list (e.g. 16,64,256); sigma "
-                                      "is each size's responses/s over the smallest's", cli=PROBE, flags=["--prompts", "-P"],
-                                  required=True)
+                                      "is each size's responses/s over the smallest's", cli=PROBE,
+                                  flags=["--prompts", "--batch", "-P", "-b"], required=True)
     rounds: int = _f(3, "rounds: each runs every size once, in an order shuffled by --seed, and pairs each size with the "
                         "smallest; 2 or more give sigma a 90 % interval", cli=PROBE)
     visit_steps: int = _f(2, "RL steps at a size each time a round visits it: the first settles the switch from the previous "
@@ -341,6 +345,6 @@ class ProbeConfig:
         ref = self.reference
         per_update = ref.batch // (ref.minibatches * ref.train_devices)
         if not ref.micro_batch or ref.micro_batch > per_update:
-            raise RlsimError(f"rlrun probe with --train-devices {ref.train_devices} needs --micro-batch N with N at most "
+            raise RlsimError(f"rlrun probe with --train-gpus {ref.train_devices} needs --micro-batch N with N at most "
                              f"{per_update} (the smallest size's responses per rank and minibatch), so that every size "
                              "trains in micro-batches of N on every rank")

@@ -1,4 +1,4 @@
-"""Data-parallel training over `--train-devices N`: N ranks, torch.distributed, ranks started here.
+"""Data-parallel training over `--train-gpus N`: N ranks, torch.distributed, ranks started here.
 
 Scheme (DDP-style, gradient all-reduce after accumulation):
 - This process is rank 0 (it also runs the record loop and the engine); ranks 1..N-1 are helper processes
@@ -273,10 +273,10 @@ class DataParallel:
         import torch.distributed as dist
 
         if cores is not None and len(cores) != self.world:
-            raise RlsimError(f"cores lists {len(cores)} ranks for --train-devices {self.world}")
+            raise RlsimError(f"cores lists {len(cores)} ranks for --train-gpus {self.world}")
         cuda = self.device.type == "cuda"
         if cuda and torch.cuda.device_count() < self.world:
-            raise RlsimError(f"--train-devices {self.world} needs {self.world} GPUs; {torch.cuda.device_count()} visible")
+            raise RlsimError(f"--train-gpus {self.world} needs {self.world} GPUs; {torch.cuda.device_count()} visible")
         atexit.register(self.close)
         try:
             # rank 0 hosts the rendezvous store on a free port (port 0: the OS picks one, no race)
@@ -376,7 +376,7 @@ class DataParallel:
         rank 0's all-reduce time."""
         N, B = self.world, len(samples)
         if B % N:
-            raise RlsimError(f"batch of {B} samples is not divisible by --train-devices {N}")
+            raise RlsimError(f"batch of {B} samples is not divisible by --train-gpus {N}")
         k = B // N
         shards = [samples[r * k:(r + 1) * k] for r in range(N)]
         self._hook.reset()

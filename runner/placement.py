@@ -68,14 +68,14 @@ def place(mode: str, gen_devices: int, train_devices: int, have: tuple[str, list
     if mode == "split":
         need = gen_devices + train_devices
         if need > n:
-            raise RlsimError(f"split mode needs separate devices for each side: --gen-devices {gen_devices} + "
-                             f"--train-devices {train_devices} = {need}, but this machine has {n} {what}; "
+            raise RlsimError(f"split mode needs separate devices for each side: --gen-gpus {gen_devices} + "
+                             f"--train-gpus {train_devices} = {need}, but this machine has {n} {what}; "
                              f"lower them so the sum is at most {n}")
         gen = tuple((ids[i],) for i in range(gen_devices))
         train = tuple((ids[gen_devices + r],) for r in range(train_devices))
         return Placement(kind, gen, train, n, visible)
     if train_devices > n:
-        raise RlsimError(f"--train-devices {train_devices} is more than the {n} {what} this machine has; "
+        raise RlsimError(f"--train-gpus {train_devices} is more than the {n} {what} this machine has; "
                          f"use at most {n}")
     share = n // train_devices
     train = tuple(tuple(ids[r * share:(r + 1) * share]) for r in range(train_devices))

@@ -1,6 +1,6 @@
 """Split mode: vLLM engine replicas in their own processes (runner/replicas.py) generate while the trainer trains.
 
-`rlrun record --mode split --gen-devices N --train-devices M --max-staleness ETA [--partial-rollout]`.
+`rlrun record --mode split --gen-gpus N --train-gpus M --staleness ETA [--partial-rollout]`.
 This process is the controller and training rank 0 (ranks 1..M-1: runner/dp.py).
 
 Admission and consumption follow AReaL's staleness rule, stated once in rlsim.replay.admission (the simulator

@@ -47,6 +47,7 @@ class Spec:
     help: str
     pair: bool = True  # a bool is `--x/--no-x` unless its metadata names its flags
     required: bool = False
+    aliases: tuple[str, ...] = ()  # old spellings still accepted, not shown in --help
 
     @property
     def label(self) -> str:
@@ -73,7 +74,8 @@ def specs(cls: type, *, names: Any = None, spelling: dict | None = None, help: d
         flags = (spelling or {}).get(f.name) or f.metadata.get("flags") or ["--" + f.name.replace("_", "-")]
         out.append(Spec(f.name, tuple(flags), hints.get(f.name, f.type), f.default,
                         str((help or {}).get(f.name, f.metadata.get("help", ""))),
-                        pair="flags" not in f.metadata, required=bool(f.metadata.get("required"))))
+                        pair="flags" not in f.metadata, required=bool(f.metadata.get("required")),
+                        aliases=tuple(f.metadata.get("aliases", ()))))
     return out
 
 
@@ -149,6 +151,24 @@ def param(spec: Spec, prefix: str, *, as_list: bool = False, defaults: bool = Fa
                              default=typer.Option(default, *decls, **opt))
 
 
+ALIAS = "__alias"  # the parameter of a spec's hidden old spellings: prefix + field + ALIAS
+
+
+def alias_param(spec: Spec, prefix: str) -> inspect.Parameter:
+    """A hidden option taking `spec`'s old spellings (`aliases`) as text; `values` reads it where the option itself
+    was not given."""
+    return inspect.Parameter(prefix + spec.field + ALIAS, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                             default=typer.Option(None, *spec.aliases, hidden=True))
+
+
+def given(spec: Spec, kw: dict[str, Any], prefix: str) -> Any:
+    """Pop what the call gave for `spec` from `kw`: an old spelling where one was typed (the option itself may
+    hold only its shown default), else the option's value; None if nothing."""
+    raw = kw.pop(prefix + spec.field, None)
+    old = kw.pop(prefix + spec.field + ALIAS, None)
+    return old if old is not None else raw
+
+
 def value(spec: Spec, raw: Any, *, as_list: bool = False) -> Any:
     """The typed value of what typer passed for `spec`: text parsed with the field's type (a list of values
     with as_list), text fields as typed, flags as given, repeated options as a tuple. RlsimError naming the option."""
@@ -169,7 +189,7 @@ def values(group: list[Spec], kw: dict[str, Any], prefix: str, *, as_list: bool 
     """Pop the options of `group` from `kw`: field -> typed value, for those given (or defaulted)."""
     out = {}
     for s in group:
-        raw = kw.pop(prefix + s.field, None)
+        raw = given(s, kw, prefix)
         if raw is not None:
             out[s.field] = value(s, raw, as_list=as_list)
     return out
@@ -185,7 +205,7 @@ class Group:
 
 def options(group: list[Spec], prefix: str, **style: Any) -> Group:
     """The options of `group` (styled as `param` takes them); the function gets a dict field -> value."""
-    return Group([param(s, prefix, **style) for s in group],
+    return Group([param(s, prefix, **style) for s in group] + [alias_param(s, prefix) for s in group if s.aliases],
                  lambda kw: values(group, kw, prefix, as_list=style.get("as_list", False)))
 
 

@@ -33,7 +33,8 @@ from rlsim.replay.errors import RlsimError, cli_errors
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import refuse_probe
 
-SPELLING = {"prompts": ["--batch", "--prompts", "-b"], "group": ["--group", "-g"]}  # as verl/TRL users say P and G
+# as verl/TRL users say P and G; rlrun spells them the same (runner/config.py)
+SPELLING = {"prompts": ["--batch", "--prompts", "-b", "-P"], "group": ["--group", "-g", "-G"]}
 
 
 @dataclass(frozen=True)

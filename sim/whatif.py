@@ -158,7 +158,7 @@ def models_for(study: Study, cfg: WhatIf) -> tuple[FittedModels, EngineConfig, t
 
 def recorded_devices(study: Study) -> int:
     """Devices the reference trace ran on: on CPU its cores (the torch threads it ran with: a CPU's device is a
-    core, as `rlrun record --gen-devices/--train-devices` count them), else its hardware metadata's
+    core, as `rlrun record --gen-gpus/--train-gpus` count them), else its hardware metadata's
     device_count; 1 when not stated."""
     hw = study.hardware or study.models.config.get("hardware") or {}
     n = (hw.get("torch_threads") if hw.get("device") == "cpu" else None) or hw.get("device_count") or hw.get("gpus") or 1

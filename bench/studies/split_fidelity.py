@@ -5,7 +5,7 @@ and reads as complete is kept):
 - `coloc`: the colocated synchronous reference (calibrated, as `rlrun record` does by default);
 - `calib_t1`: `rlrun calibrate --threads 1`, the engine and the trainer profiled at one thread in a
   separate process (a comparison: the colocated recording's calibration measures one core already);
-- split runs (`--mode split --gen-devices 1 --train-devices 1`) at `--max-staleness` 0, 1, 2, each at seeds
+- split runs (`--mode split --gen-gpus 1 --train-gpus 1`) at `--staleness` 0, 1, 2, each at seeds
   0 and 1.
 Then predicts every split run from the colocated recording alone (in process, what `rlsim run --trace
 coloc.parquet --gen-gpus 1 --train-gpus 1 --staleness K` gives: each side one core, its costs from the
@@ -17,7 +17,7 @@ one-core calibration each run's own engine steps and updates ran (medians of mea
 after the first two updates): the two sides' interference when they overlap.
 
 Targets (issue "split devices and asynchronous rollout"): responses/s within 10 %, idle ratios within 0.05.
-The colocated `--train-devices 2` run is measured and shown beside the one-rank reference; the simulator's
+The colocated `--train-gpus 2` run is measured and shown beside the one-rank reference; the simulator's
 colocated loop has no data-parallel model (its `--train-gpus` is a split option), so it has no prediction.
 
     python -m bench.studies.split_fidelity                 # record what is missing (~12 min on 2 quiet cores), analyse
@@ -43,15 +43,15 @@ from rlsim.whatif import Study, evaluate, prepare
 P, G = 32, 8
 COMMON = ["--prompts", str(P), "--group", str(G), "--eval-every", "0", "--eval-prompts", "16", "--eval-k", "1",
           "--no-progress", "--overwrite"]
-SPLIT = ["--mode", "split", "--gen-devices", "1", "--train-devices", "1", "--no-calibrate"]
+SPLIT = ["--mode", "split", "--gen-gpus", "1", "--train-gpus", "1", "--no-calibrate"]
 # (name, extra rlrun record args, staleness, partial) -- None staleness: not a split run
 RUNS = [
-    ("split_e0", SPLIT + ["--max-staleness", "0"], 0, False),
-    ("split_e1", SPLIT + ["--max-staleness", "1"], 1, False),
-    ("split_e2", SPLIT + ["--max-staleness", "2"], 2, False),
-    ("split_e1_seed1", SPLIT + ["--max-staleness", "1", "--seed", "1"], 1, False),
-    ("split_e0_seed1", SPLIT + ["--max-staleness", "0", "--seed", "1"], 0, False),
-    ("split_e2_seed1", SPLIT + ["--max-staleness", "2", "--seed", "1"], 2, False),
+    ("split_e0", SPLIT + ["--staleness", "0"], 0, False),
+    ("split_e1", SPLIT + ["--staleness", "1"], 1, False),
+    ("split_e2", SPLIT + ["--staleness", "2"], 2, False),
+    ("split_e1_seed1", SPLIT + ["--staleness", "1", "--seed", "1"], 1, False),
+    ("split_e0_seed1", SPLIT + ["--staleness", "0", "--seed", "1"], 0, False),
+    ("split_e2_seed1", SPLIT + ["--staleness", "2", "--seed", "1"], 2, False),
 ]
 
 

@@ -48,7 +48,7 @@ def test_construction_does_no_io(tmp_path):
     (dict(group=1), "GRPO needs --group"),
     (dict(algo="ppo", group=4), "PPO uses one response"),
     (dict(steps=-1), "--steps"),
-    (dict(prompts=5, train_devices=3), "not divisible by --train-devices"),
+    (dict(prompts=5, train_devices=3), "not divisible by --train-gpus"),
     (dict(prompts=4, group=4, minibatches=3), "--minibatches"),
     (dict(prompts=4, group=4, gen_batch=8), "--gen-batch"),
     (dict(task="mul"), "unknown --task"),
@@ -131,7 +131,7 @@ runner = CliRunner()
     (["--prompts", "0"], "--prompts (P) is 0"),
     (["--group", "1"], "GRPO needs --group"),
     (["--algo", "ppo", "--group", "8"], "PPO uses one response"),
-    (["--prompts", "5", "--train-devices", "3"], "not divisible by --train-devices 3"),
+    (["--prompts", "5", "--train-gpus", "3"], "not divisible by --train-gpus 3"),
     (["--model", "/no/such/model"], "model folder not found"),
     (["--task", "sudoku"], "unknown --task"),
     (["--dataset", "/no/such.jsonl"], "dataset not found"),
@@ -194,18 +194,19 @@ def test_inspect_needs_no_engine(monkeypatch):
 # ---- the options are RunConfig's fields (rlsim.cliopts, shared with rlsim) ---------------------------------------
 
 # --max-model-len: record takes it too, as its own error message ("must be below --max-model-len") says
-RECORD_FLAGS = ['--algo', '--calibrate', '--compile', '--critic-lr', '--dataset', '--drift-every', '--dtype', '--epochs', '--eval-every',
-                '--eval-k', '--eval-prompts', '--gamma', '--gen-batch', '--gen-devices', '--group', '--kv-cache-gib', '--lam',
-                '--loss-agg', '--lr', '--lr-ref-batch', '--lr-rule', '--max-model-len', '--max-num-seqs', '--max-staleness',
-                '--max-tokens',
-                '--micro-batch', '--minibatches', '--mode', '--model', '--no-calibrate', '--no-compile',
-                '--no-partial-rollout', '--no-progress', '--no-record-steps', '--no-std-scale', '--off-policy', '--out',
-                '--overwrite', '--partial-rollout', '--progress', '--prompts', '--record-steps', '--reward', '--seed',
-                '--std-scale', '--steps', '--task', '--temperature', '--threads', '--tis-cap', '--train-devices',
-                '-G', '-P', '-o']
-CALIBRATE_FLAGS = ['--algo', '--compile', '--dataset', '--dtype', '--gen-batch', '--group', '--kv-cache-gib',
-                   '--max-model-len', '--max-num-seqs', '--max-tokens', '--micro-batch', '--model', '--no-compile', '--out',
-                   '--overwrite', '--prompts', '--reward', '--seed', '--task', '--temperature', '--threads', '-G', '-P', '-o']
+RECORD_FLAGS = ['--algo', '--batch', '--calibrate', '--compile', '--critic-lr', '--dataset', '--drift-every',
+                '--dtype', '--epochs', '--eval-every', '--eval-k', '--eval-prompts', '--gamma', '--gen-batch',
+                '--gen-gpus', '--group', '--kv-cache-gib', '--lam', '--loss-agg', '--lr', '--lr-ref-batch',
+                '--lr-rule', '--max-model-len', '--max-num-seqs', '--max-tokens', '--micro-batch', '--minibatches',
+                '--mode', '--model', '--no-calibrate', '--no-compile', '--no-partial-rollout', '--no-progress',
+                '--no-record-steps', '--no-std-scale', '--off-policy', '--out', '--overwrite', '--partial-rollout',
+                '--progress', '--prompts', '--record-steps', '--reward', '--seed', '--staleness', '--std-scale',
+                '--steps', '--task', '--temperature', '--threads', '--tis-cap', '--train-gpus', '-G', '-P', '-b',
+                '-g', '-o']
+CALIBRATE_FLAGS = ['--algo', '--batch', '--compile', '--dataset', '--dtype', '--gen-batch', '--group',
+                   '--kv-cache-gib', '--max-model-len', '--max-num-seqs', '--max-tokens', '--micro-batch', '--model',
+                   '--no-compile', '--out', '--overwrite', '--prompts', '--reward', '--seed', '--task',
+                   '--temperature', '--threads', '-G', '-P', '-b', '-g', '-o']
 
 
 def _params(name):
@@ -214,13 +215,18 @@ def _params(name):
     return typer.main.get_command(app).commands[name].params
 
 
-@pytest.mark.parametrize("name,flags", [("record", RECORD_FLAGS), ("calibrate", CALIBRATE_FLAGS)])
-def test_rlrun_options_keep_their_spellings(name, flags):
-    assert sorted(f for p in _params(name) if p.name != "help" for f in p.opts + p.secondary_opts) == flags
+# the old spellings of the split options, still taken, not shown (rlsim's vocabulary: --gen-gpus, --staleness)
+RECORD_ALIASES = ['--gen-devices', '--max-staleness', '--train-devices']
+
+
+@pytest.mark.parametrize("name,flags,aliases", [("record", RECORD_FLAGS, RECORD_ALIASES),
+                                                ("calibrate", CALIBRATE_FLAGS, [])])
+def test_rlrun_options_keep_their_spellings(name, flags, aliases):
+    shown = [p for p in _params(name) if p.name != "help" and not p.hidden]
+    assert sorted(f for p in shown for f in p.opts + p.secondary_opts) == flags
+    assert sorted(f for p in _params(name) if p.hidden for f in p.opts) == aliases
     fields_ = {f.name: f for f in dataclasses.fields(RunConfig)}
-    for p in _params(name):
-        if p.name == "help":
-            continue
+    for p in shown:
         f = fields_[p.name.removeprefix("rc_")]
         assert name in f.metadata["cli"]
         if p.required:  # --out: the library's default is not the CLI's
@@ -252,7 +258,7 @@ def test_cli_values_reach_the_config(recorded, tmp_path):
     out = str(tmp_path / "t.parquet")
     args = ["record", "-o", out, "-P", "16", "-G", "4", "--steps", "3", "--lr", "1e-3", "--lr-rule", "fixed",
             "--no-std-scale", "--compile", "--no-progress", "--no-record-steps", "--no-calibrate", "--loss-agg", "seq",
-            "--kv-cache-gib", "0.5", "--overwrite", "--mode", "split", "--max-staleness", "1", "--partial-rollout"]
+            "--kv-cache-gib", "0.5", "--overwrite", "--mode", "split", "--staleness", "1", "--partial-rollout"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     assert recorded[-1][0] == RunConfig(out=out, prompts=16, group=4, steps=3, lr=1e-3, lr_rule="fixed", std_scale=False,
@@ -274,3 +280,14 @@ def test_cli_bad_number_is_one_line(cmd, args, line, tmp_path):
     res = runner.invoke(app, [cmd, "--out", str(tmp_path / "t.parquet"), *args])
     assert res.exit_code == 2 and "Traceback" not in res.output
     assert res.stderr.strip() == line
+
+
+@pytest.mark.parametrize("args", [["--train-gpus", "5", "--gen-gpus", "1", "--staleness", "1"],
+                                  ["--train-devices", "5", "--gen-devices", "1", "--max-staleness", "1"]])
+def test_split_options_take_rlsim_spellings_and_the_old_ones(tmp_path, args):
+    """rlrun speaks rlsim's vocabulary (--gen-gpus/--train-gpus/--staleness, --batch for --prompts); the old
+    spellings still set the same fields, hidden from --help."""
+    res = CliRunner().invoke(app, ["record", "--mode", "split", "--batch", "32", *args, "--out", str(tmp_path / "t.parquet")])
+    assert res.exit_code == 2 and res.output.strip() == (
+        "error: batch B = P x G = 256 is not divisible by --train-gpus 5; choose P so that P x G is a multiple of 5")
+    assert not (tmp_path / "t.parquet").exists()

@@ -32,13 +32,13 @@ runner = CliRunner()
     (["--prompts", "16,1.5"], "error: --prompts: '1.5' is not a valid value (expected an integer)"),
     (["--prompts", "16,64", "--rounds", "two"], "error: --rounds: 'two' is not a valid value (expected int)"),
     # RunConfig's checks at every size: one that only some sizes fail names the size
-    (["--prompts", "6,5", "--train-devices", "2", "--micro-batch", "2"],
-     "error: --prompts 5 is not divisible by --train-devices 2: each rank trains whole groups; choose P as a multiple of 2"),
+    (["--prompts", "6,5", "--train-gpus", "2", "--micro-batch", "2"],
+     "error: --prompts 5 is not divisible by --train-gpus 2: each rank trains whole groups; choose P as a multiple of 2"),
     (["--prompts", "4,12", "--minibatches", "3"],
      "error: at --prompts 4: batch per rank 32 is not divisible by --minibatches 3; choose P or --minibatches so it divides"),
     (["--prompts", "4,8", "--task", "sudoku"], "error: unknown --task 'sudoku'; choose one of add2, add3, addmix or pass --dataset FILE"),
-    (["--prompts", "4,8", "--train-devices", "2"],
-     "error: rlrun probe with --train-devices 2 needs --micro-batch N with N at most 16 (the smallest size's responses per "
+    (["--prompts", "4,8", "--train-gpus", "2"],
+     "error: rlrun probe with --train-gpus 2 needs --micro-batch N with N at most 16 (the smallest size's responses per "
      "rank and minibatch), so that every size trains in micro-batches of N on every rank"),
 ])
 def test_bad_input_is_one_line_exit_2(args, line, tmp_path):
@@ -89,20 +89,24 @@ def test_cli_values_reach_the_config(probed, tmp_path):
     assert pc.to_meta()["batch"] == [256, 64, 1024]
 
 
-PROBE_FLAGS = ['--algo', '--compile', '--critic-lr', '--dataset', '--dtype', '--epochs', '--gamma', '--group', '--kv-cache-gib',
-               '--lam', '--loss-agg', '--lr', '--lr-ref-batch', '--lr-rule', '--max-model-len', '--max-num-seqs', '--max-tokens',
-               '--micro-batch', '--minibatches', '--model', '--no-compile', '--no-record-steps', '--no-std-scale',
-               '--off-policy', '--out', '--overwrite', '--prompts', '--record-steps', '--reward', '--rounds', '--seed',
-               '--std-scale', '--task', '--temperature', '--threads', '--tis-cap', '--train-devices', '--visit-steps', '-G', '-P', '-o']
+PROBE_FLAGS = ['--algo', '--batch', '--compile', '--critic-lr', '--dataset', '--dtype', '--epochs', '--gamma',
+               '--group', '--kv-cache-gib', '--lam', '--loss-agg', '--lr', '--lr-ref-batch', '--lr-rule',
+               '--max-model-len', '--max-num-seqs', '--max-tokens', '--micro-batch', '--minibatches', '--model',
+               '--no-compile', '--no-record-steps', '--no-std-scale', '--off-policy', '--out', '--overwrite',
+               '--prompts', '--record-steps', '--reward', '--rounds', '--seed', '--std-scale', '--task',
+               '--temperature', '--threads', '--tis-cap', '--train-gpus', '--visit-steps', '-G', '-P', '-b', '-g',
+               '-o']
 
 
 def test_probe_options_keep_their_spellings():
     import typer
 
     params = typer.main.get_command(app).commands["probe"].params
-    assert sorted(f for p in params if p.name != "help" for f in p.opts + p.secondary_opts) == PROBE_FLAGS
+    shown = [p for p in params if p.name != "help" and not p.hidden]
+    assert sorted(f for p in shown for f in p.opts + p.secondary_opts) == PROBE_FLAGS
+    assert sorted(f for p in params if p.hidden for f in p.opts) == ["--train-devices"]  # the old spelling, still taken
     run_fields = {f.name: f for f in dataclasses.fields(RunConfig)}
-    for p in params:
+    for p in shown:
         if p.name.startswith("rc_"):  # a RunConfig option: the field says probe takes it, its default is the field's
             f = run_fields[p.name.removeprefix("rc_")]
             assert "probe" in f.metadata["cli"] and (p.required or f.default is None or str(p.default) == str(f.default))

@@ -96,11 +96,11 @@ def test_placement_gives_each_side_its_own_devices():
 
 @pytest.mark.parametrize("kw, msg", [
     (dict(partial_rollout=True), "--partial-rollout needs --mode split"),
-    (dict(max_staleness=2), "--max-staleness needs --mode split"),
-    (dict(mode="split", max_staleness=-1), "--max-staleness is -1"),
+    (dict(max_staleness=2), "--staleness needs --mode split"),
+    (dict(mode="split", max_staleness=-1), "--staleness is -1"),
     (dict(mode="async"), "unknown --mode"),
     (dict(off_policy="is"), "unknown --off-policy"),
-    (dict(prompts=3, group=4, train_devices=2), "--prompts 3 is not divisible by --train-devices 2"),
+    (dict(prompts=3, group=4, train_devices=2), "--prompts 3 is not divisible by --train-gpus 2"),
     (dict(mode="split", gen_batch=8), "smaller than the train batch"),
 ])
 def test_bad_split_config_is_one_line(kw, msg):
@@ -112,7 +112,7 @@ def test_cli_split_bad_input_exit_2_without_traceback(tmp_path):
     out = tmp_path / "x.parquet"
     out.write_bytes(b"keep")
     r = runner.invoke(app, ["record", "--out", str(tmp_path / "y.parquet"), "--mode", "split",
-                            "--gen-devices", str(CORES), "--train-devices", "1"])
+                            "--gen-gpus", str(CORES), "--train-gpus", "1"])
     assert r.exit_code == 2 and "separate devices" in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["record", "--out", str(out), "--partial-rollout"])
     assert r.exit_code == 2 and "needs --mode split" in r.output
