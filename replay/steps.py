@@ -73,7 +73,8 @@ def step_table(trace) -> dict[str, np.ndarray]:
     slack = upd - (f(u, "t_forward") + f(u, "t_backward") + np.nan_to_num(f(u, "t_optimizer")))
     with np.errstate(invalid="ignore"):
         prep_inside = np.isfinite(slack) & (prep > 0) & (slack >= 0.5 * prep)
-    out = {"step": step, "step_time": step_times(f(u, "step_time"), gen_time, reward, prep, upd, sync_time, prep_inside),
+    step_time = step_times(f(u, "step_time"), gen_time, reward, prep, upd, sync_time, prep_inside)
+    out = {"step": step, "step_time": step_time,
            "gen_time": gen_time, "reward_time": reward, "prep_time": prep, "update_time": upd, "sync_time": sync_time,
            "num_responses": f(u, "num_responses"), "num_tokens": f(u, "num_tokens"), "gen_steps": gen_steps,
            "gen_step_time": gen_step_time, "t_forward": f(u, "t_forward"), "t_backward": f(u, "t_backward"),

@@ -12,12 +12,13 @@ here:
 - kinds: every row's `kind` one the file's schema version knows.
 - rows, per kind, over the columns that kind fills (where non-null): required columns non-null; no NaN
   or infinity; integer columns integral and within their range (`schema.INT_RANGES`: ids, steps and
-  versions, counts); durations, times and the other counts non-negative (`nonnegative`); rows within the run (`t_start` + `duration` not past the run's end by more
-  than a tolerance; the calibration kinds on their own clock); update steps strictly increasing; an update's `num_responses` equal to the number
+  versions, counts); durations, times and the other counts non-negative (`nonnegative`); rows within the
+  run (`t_start` + `duration` not past the run's end by more than a tolerance; the calibration kinds on
+  their own clock); update steps strictly increasing; an update's `num_responses` equal to the number
   of response rows consumed by its step (where the trace has response rows for it).
 - split-mode rows (schema version 3): `engine_id`, `rank` and `finish_version` are integer columns, so
-  within their ranges like every other; an `idle` row has exactly one of `engine_id` (an engine waited) and `rank`
-  (a trainer rank waited); a response's `finish_version` is not below its `policy_version` (where both
+  within their ranges like every other; an `idle` row has exactly one of `engine_id` (an engine waited)
+  and `rank` (a trainer rank waited); a response's `finish_version` is not below its `policy_version` (where both
   are set). Metadata: the run config's placement fields typed (`mode` colocated or split, device counts
   positive, ...; `schema.placement` gives older traces the defaults).
 
@@ -38,9 +39,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlsim.replay.errors import TraceError
-from rlsim.replay.schema import (CALIB_KINDS, COLUMN_NAMES, COLUMNS, EVENT_KINDS, EVAL, IDLE, INT_RANGES, MODES, READABLE_VERSIONS,
-                                 REQUIRED, RESPONSE, SCHEMA_VERSION, UPDATE, arrow_schema, columns_for_version,
-                                 kinds_for_version)
+from rlsim.replay.schema import (CALIB_KINDS, COLUMN_NAMES, COLUMNS, EVENT_KINDS, EVAL, IDLE, INT_RANGES, MODES,
+                                 READABLE_VERSIONS, REQUIRED, RESPONSE, SCHEMA_VERSION, UPDATE, arrow_schema,
+                                 columns_for_version, kinds_for_version)
 
 FIX = "re-record it, or pass --drop-invalid to drop such rows"
 META_FIX = "the trace's `rlsim` metadata is corrupt; re-record it with `rlrun record`"
