@@ -11,7 +11,8 @@ by 5-10 % between processes and more from minute to minute). Here:
   probe's value before the first and after the last);
 - the fit (replay/fit.py) divides the run's engine-step and training seconds by it, so the cost models
   describe the machine at its median speed over the run instead of whatever it was doing when each row was
-  taken, and says by how much the speed moved.
+  taken, and says by how much the speed moved. What the run recorded (replay/steps.py: `rlsim replay`'s and
+  `rlsim run`'s recorded step times) stays as measured.
 
 Imports numpy only.
 """
@@ -49,7 +50,8 @@ class Drift:
     def describe(self) -> str:
         (g0, g1), (t0, t1) = self.spread("gen"), self.spread("train")
         return (f"machine speed over the run ({len(self.t)} drift probes): engine steps {g0:.2f}x..{g1:.2f}x and training "
-                f"{t0:.2f}x..{t1:.2f}x of their median time; the run's timings are normalised to the median")
+                f"{t0:.2f}x..{t1:.2f}x of their median time; the fits normalise the run's timings to the median "
+                "(the recorded step times stay as measured)")
 
 
 def drift_of(trace: Trace) -> Drift | None:

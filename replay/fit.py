@@ -139,7 +139,7 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
                         "and the update-cost fit mixes the two; fit traces recorded by the same rlrun version")
     models = FittedModels(gen=gen, gen_overhead=fit_gen_overhead(st), lengths=_lengths(ref), **costs.models,
                           sync_bytes=costs.sync_bytes, engine=engine, config=dict(ref.config),
-                          recorded=_recorded(ref, st, costs.upd_proper), warnings=tuple(warnings),
+                          recorded=_recorded(ref, costs.prep_inside), warnings=tuple(warnings),
                           source=",".join(t.name for t in traces), shared_prompts=shared[0])
     # calibration rows, validation, replicates (replay/calibration.py)
     models = calibrate(models, traces, gen_rows, upd_proper=costs.upd_proper, n_tok=st.num_tokens, t_opt=st.t_optimizer,
@@ -278,6 +278,7 @@ class _StepCosts:
     models: dict[str, AffineModel] = field(metadata={"help": "PHASES -> its fitted model"})
     sync_bytes: float = field(metadata={"help": "bytes per weight sync"})
     upd_proper: np.ndarray = field(metadata={"help": "(updates,) update seconds without batch preparation"})
+    prep_inside: bool = field(metadata={"help": "the update rows' durations hold the batch preparation"})
     sel: np.ndarray = field(metadata={"help": "(updates,) rows fitted (after warm-up)"})
 
 
@@ -308,7 +309,7 @@ def _fit_step_costs(st: _Steps, model_bytes: float, sync_rows: tuple[np.ndarray,
                   reward=fit_affine("reward", "responses", n_resp, st.reward_time[sel], groups=grp),
                   other=fit_affine("other", "responses", n_resp, other_t, intercept_hint=robust_location(other_t), groups=grp),
                   sync=sync)
-    return _StepCosts(models, sync_bytes=sync_bytes, upd_proper=upd_proper, sel=sel)
+    return _StepCosts(models, sync_bytes=sync_bytes, upd_proper=upd_proper, prep_inside=prep_inside, sel=sel)
 
 
 def _lengths(ref: Trace) -> LengthModel:
@@ -324,19 +325,21 @@ def _lengths(ref: Trace) -> LengthModel:
                        max_tokens=max_tokens, prefill_ratio=ratio)
 
 
-def _recorded(ref: Trace, st: _Steps, upd_proper: np.ndarray) -> Recorded:
-    """The first trace's per-update timings (its rows come first in `st`) and its workload in queue order."""
+def _recorded(ref: Trace, prep_inside: bool) -> Recorded:
+    """The first trace's per-update timings as recorded (replay/steps.py: the step time's one definition, not
+    normalised for the machine's drift as the fits' inputs are) and its workload in queue order."""
     resp = ref.rows(RESPONSE)
-    rec_steps = ref.rows(UPDATE)["step"].astype(np.int64)
-    n = len(rec_steps)
+    st = step_table(ref)
+    rec_steps = st["step"]
     order = np.lexsort((resp["group_index"], resp["prompt_id"], resp["t_queued"] if np.isfinite(resp["t_queued"]).all() else resp["prompt_id"]))
     r_step = resp["consumed_step"] if np.isfinite(resp["consumed_step"].astype(float)).all() else resp["step"]
     r_step = r_step[order].astype(np.int64)
     rp, rr = resp["prompt_tokens"][order].astype(np.int64), np.maximum(resp["response_tokens"][order], 1).astype(np.int64)
     workload = tuple((rp[r_step == s], rr[r_step == s]) for s in rec_steps)
-    return Recorded(step=rec_steps, step_time=st.step_time[:n], gen_time=st.gen_time[:n],
-                    train_time=upd_proper[:n] + st.prep_time[:n], sync_time=st.sync_time[:n],
-                    num_responses=st.num_responses[:n], gen_steps=st.gen_steps[:n], workload=workload)
+    train = st["update_time"] + (0.0 if prep_inside else st["prep_time"])
+    return Recorded(step=rec_steps, step_time=st["step_time"], gen_time=st["gen_time"], train_time=train,
+                    sync_time=st["sync_time"], num_responses=st["num_responses"], gen_steps=st["gen_steps"],
+                    workload=workload)
 
 
 def _engine_limits(ref: Trace, gen: GenStepModel, warnings: list[str]) -> dict:

@@ -50,6 +50,7 @@ from rlsim.replay.io import Trace
 from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
 from rlsim.replay.robust import NARROW_RANGE, AffineModel, FitQuality, fit_affine, fit_quality, nnls_fit, robust_location
 from rlsim.replay.schema import GEN_STEP, PHASE, STEP_STATS, SYNC, UPDATE
+from rlsim.replay.steps import step_table, step_times
 
 STANDIN_SAMPLES_TOTAL = 200_000   # pooled length samples kept for the simulator's sampling
 WORKLOAD_LIMIT = 4_000_000        # per-step workloads (for `rlsim replay`) kept up to this many responses
@@ -240,7 +241,8 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     gen_time = np.where(has_gen, d["gen"], gen_pred)
     ph = _fit_phases(d, gen_time, gen_pred, has_gen, sel, float(pri.get("bytes") or 0.0), len(traces) > 1, warnings)
     m0 = d["trace"] == 0
-    recorded = Recorded(step=d["step"][m0], step_time=ph.step_time[m0], gen_time=gen_time[m0],
+    # the step time as every view reads it (replay/steps.py); the fit's own rebuild of unlogged steps uses its fits
+    recorded = Recorded(step=d["step"][m0], step_time=step_table(ref)["step_time"], gen_time=gen_time[m0],
                         train_time=ph.update_s[m0] + d["prep"][m0], sync_time=d["sync"][m0], num_responses=d["B"][m0],
                         gen_steps=st.sums.steps[m0], workload=_standin_workload(d, st, G, warnings))
     cfg["hardware"] = dict(meta.get("hardware") or {})
@@ -467,7 +469,7 @@ def _fit_phases(d: dict[str, np.ndarray], gen_time: np.ndarray, gen_pred: np.nda
     upd = d["update"].astype(float)
     upd = np.where(~has_gen, np.maximum(upd - gen_pred - d["sync"], 0.1 * upd), upd)  # update rows holding the whole step
     grp = d["trace"][sel] if pooled else None
-    step_time = np.where(np.isfinite(d["step_time"]), d["step_time"], gen_time + d["reward"] + d["prep"] + upd + d["sync"])
+    step_time = step_times(d["step_time"], gen_time, d["reward"], d["prep"], upd, d["sync"])
     other_t = np.maximum(step_time - gen_time - d["reward"] - d["prep"] - upd - d["sync"], 0.0)
     if (d["sync"][sel] > 0).any():
         sync = fit_affine("sync", "bytes", np.full(int(sel.sum()), model_bytes), d["sync"][sel])

@@ -21,6 +21,7 @@ import numpy as np
 
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import Trace, read_trace
+from rlsim.replay.steps import step_table
 
 PROBE = "probe"  # metadata `kind` of a probe trace
 LEVEL = 0.90
@@ -101,7 +102,7 @@ def _per_round(t: Trace, sizes: list[int], group: int) -> np.ndarray:
     """responses/s of each (round, size), NaN where not measured: over the steps of its visit after the first when a
     visit ran several (`visit_steps`; the first settles the switch from the previous size)."""
     u = t.rows("update")
-    steps, resp, step_time = u["step"].astype(int), u["num_responses"].astype(float), u["step_time"].astype(float)
+    steps, resp, step_time = u["step"].astype(int), u["num_responses"].astype(float), step_table(t)["step_time"]
     k, v = len(sizes), int((t.meta.get(PROBE) or {}).get("visit_steps") or 1)
     rounds = int(steps.max()) // (k * v) + 1 if len(steps) else 0
     b_sum, t_sum = np.zeros((rounds, k)), np.zeros((rounds, k))

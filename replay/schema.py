@@ -140,6 +140,21 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
 )
 
 COLUMN_NAMES = tuple(c[0] for c in COLUMNS)
+
+# The allowed values [low, high] of every integer column, by what it holds; the reader refuses a value outside
+# (replay/validate.py). Every bound is at most 2**53, where float64, the reader's view of a nullable integer
+# column (io.Trace.rows), is still exact.
+DEVICE_IDS = (0, 2 ** 20)  # engine replicas, trainer ranks, CPU threads: more than any cluster's devices
+STEPS_AND_SEQUENCES = (0, 2 ** 31 - 1)  # steps, policy versions; one row's sequences, or one sequence's tokens
+TOTALS = (0, 2 ** 53)  # tokens, bytes and responses of a step, a batch or a run; prompt ids
+INT_RANGES: dict[str, tuple[int, int]] = {
+    **dict.fromkeys(("engine_id", "rank", "threads"), DEVICE_IDS),
+    **dict.fromkeys(("step", "policy_version", "consumed_step", "finish_version", "group_index", "num_running",
+                     "num_waiting", "finished", "prompt_tokens", "response_tokens", "micro_batch", "eval_k",
+                     "eval_prompts", "calib_level"), STEPS_AND_SEQUENCES),
+    **dict.fromkeys(("prefill_tokens", "decode_tokens", "context_tokens", "prompt_id", "num_responses", "num_tokens",
+                     "response_tokens_total", "bytes", "cum_responses", "cum_tokens"), TOTALS),
+}
 # Columns a kind must have non-null, checked by the reader.
 REQUIRED = {
     GEN_STEP: ("num_running", "prefill_tokens", "decode_tokens", "context_tokens"),

@@ -31,6 +31,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rlsim.replay.steps import step_table
+
 LANE_RL, LANE_GEN, LANE_HOST, LANE_TRAIN, LANE_SYNC, LANE_EVAL = (
     "rl", "gen/engine0", "host/driver0", "train/trainer0", "sync", "eval")
 LANES = ("rl", "gen", "host", "train", "sync", "eval")  # display order, by the lane's head
@@ -205,6 +207,7 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
     phases = _phase_slices(trace)  # a step-level (imported) trace: its logged phases are the step's lanes
     spans += phases
     u = trace.rows("update")
+    step_s = step_table(trace)["step_time"]  # the step time's one definition (replay/steps.py)
     for i in range(len(u["kind"])):
         args = {k: json_scalar(u[k][i]) for k in ("step", "policy_version", "num_responses", "num_tokens", "lr", "loss",
                                           "reward", "t_forward", "t_backward", "t_optimizer", "grad_norm",
@@ -232,7 +235,7 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
             start = round_start[step]
             dur = gt if np.isfinite(gt) and gt > 0 else gen_end.get(step, start) - start
             spans.append(Slice(gen, "gen_round", "gen.round", start, dur, {"step": step, "requests": args["num_responses"]}))
-        st = float(u["step_time"][i])
+        st = float(step_s[i])
         end = sync_end.get(step, t0 + d)
         if np.isfinite(st) and st > 0:
             spans.append(Slice(LANE_RL, "rl_step", "rl.step", end - st, st, {"step": step, "responses": args["num_responses"]}))

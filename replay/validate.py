@@ -11,13 +11,14 @@ here:
   compatible type (numbers for numeric columns).
 - kinds: every row's `kind` one the file's schema version knows.
 - rows, per kind, over the columns that kind fills (where non-null): required columns non-null; no NaN
-  or infinity; integer columns integral and in range; counts, token counts, durations and times
-  non-negative (`nonnegative`); rows within the run (`t_start` + `duration` not past the run's end by more
-  than a tolerance; the calibration kinds on their own clock); update steps strictly increasing; an update's `num_responses` equal to the number
+  or infinity; integer columns integral and within their range (`schema.INT_RANGES`: ids, steps and
+  versions, counts); durations, times and the other counts non-negative (`nonnegative`); rows within the
+  run (`t_start` + `duration` not past the run's end by more than a tolerance; the calibration kinds on
+  their own clock); update steps strictly increasing; an update's `num_responses` equal to the number
   of response rows consumed by its step (where the trace has response rows for it).
 - split-mode rows (schema version 3): `engine_id`, `rank` and `finish_version` are integer columns, so
-  non-negative like every other; an `idle` row has exactly one of `engine_id` (an engine waited) and `rank`
-  (a trainer rank waited); a response's `finish_version` is not below its `policy_version` (where both
+  within their ranges like every other; an `idle` row has exactly one of `engine_id` (an engine waited)
+  and `rank` (a trainer rank waited); a response's `finish_version` is not below its `policy_version` (where both
   are set). Metadata: the run config's placement fields typed (`mode` colocated or split, device counts
   positive, ...; `schema.placement` gives older traces the defaults).
 
@@ -38,8 +39,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from rlsim.replay.errors import TraceError
-from rlsim.replay.schema import (CALIB_KINDS, COLUMN_NAMES, COLUMNS, EVENT_KINDS, EVAL, IDLE, MODES, READABLE_VERSIONS, REQUIRED,
-                                 RESPONSE, SCHEMA_VERSION, UPDATE, arrow_schema, columns_for_version, kinds_for_version)
+from rlsim.replay.schema import (CALIB_KINDS, COLUMN_NAMES, COLUMNS, EVENT_KINDS, EVAL, IDLE, INT_RANGES, MODES,
+                                 READABLE_VERSIONS, REQUIRED, RESPONSE, SCHEMA_VERSION, UPDATE, arrow_schema,
+                                 columns_for_version, kinds_for_version)
 
 FIX = "re-record it, or pass --drop-invalid to drop such rows"
 META_FIX = "the trace's `rlsim` metadata is corrupt; re-record it with `rlrun record`"
@@ -61,7 +63,6 @@ def _clock_groups() -> list[tuple[str, ...]]:
 # a row may end this long after the run's end (seconds, or this fraction of the run, whichever is larger)
 RUN_END_TOLERANCE_S = 10.0
 RUN_END_TOLERANCE_FRAC = 0.25
-INT_LIMIT = 2.0 ** 62  # integer columns beyond this cannot be stored as int64 once read as floats
 
 # count-like column names that the suffix rules below do not catch
 _COUNT_NAMES = frozenset({"num_running", "num_waiting", "finished", "num_responses", "num_tokens", "bytes",
@@ -69,10 +70,22 @@ _COUNT_NAMES = frozenset({"num_running", "num_waiting", "finished", "num_respons
 
 
 def nonnegative(name: str, dtype: pa.DataType) -> bool:
-    """Whether a column can never be negative: every integer column (counts, sizes, steps, indices),
-    durations and times (`duration`, `*_time`, `t_*`), token counts (`*tokens`), and named counts."""
-    return (pa.types.is_integer(dtype) or name in _COUNT_NAMES or name.endswith(("tokens", "duration", "_time"))
-            or name.startswith("t_"))
+    """Whether a column can never be negative: an integer column whose range starts at 0 (counts, sizes, steps,
+    indices), durations and times (`duration`, `*_time`, `t_*`), token counts (`*tokens`), and named counts."""
+    if pa.types.is_integer(dtype):
+        return INT_RANGES[name][0] >= 0
+    return name in _COUNT_NAMES or name.endswith(("tokens", "duration", "_time")) or name.startswith("t_")
+
+
+def range_text(lo: int, hi: int) -> str:
+    """`lo..hi`, a power of two (or one less) written as such: 0..2**20, 0..2**31 - 1."""
+    def one(v: int) -> str:
+        for k, suffix in ((0, ""), (1, " - 1")):
+            p = v + k
+            if p >= 1024 and p & (p - 1) == 0:
+                return f"2**{p.bit_length() - 1}{suffix}"
+        return str(v)
+    return f"{one(lo)}..{one(hi)}"
 
 
 # ---------------------------------------------------------------------------------------------- metadata
@@ -307,10 +320,19 @@ class _Checker:
             with np.errstate(invalid="ignore"):
                 self.flag(r, name, present & ~np.isfinite(v), f"have a non-finite `{name}` (NaN or infinity)", val)
                 if pa.types.is_integer(dtype):
-                    self.flag(r, name, present & np.isfinite(v) & ((np.floor(v) != v) | (np.abs(v) > INT_LIMIT)),
-                              f"have a `{name}` that is not an integer of at most 2**62", val)
-                if nonnegative(name, dtype):
+                    self.check_range(r, name, present & np.isfinite(v), val)
+                elif nonnegative(name, dtype):
                     self.flag(r, name, present & (v < 0), f"have a negative `{name}`", val)
+
+    def check_range(self, r: _Rows, name: str, present: np.ndarray, val: Callable[[int], str]) -> None:
+        """An integer column: integral and within its range (schema.INT_RANGES), each failure named with the range."""
+        v = r.values[name]
+        lo, hi = INT_RANGES[name]
+        allowed = f"`{name}` holds integers {range_text(lo, hi)}"
+        self.flag(r, name, present & (np.floor(v) != v), f"have a `{name}` that is not an integer ({allowed})", val)
+        low = f"a negative `{name}`" if lo == 0 else f"a `{name}` below {lo}"
+        self.flag(r, name, present & (v < lo), f"have {low} ({allowed})", val)
+        self.flag(r, name, present & (v > hi), f"have a `{name}` above its range ({allowed})", val)
 
     def check_run_end(self) -> None:
         for group in _clock_groups():

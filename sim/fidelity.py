@@ -19,7 +19,9 @@ class ReplayResult:
 
     trace: str = field(metadata={"help": "trace name"})
     step: np.ndarray = field(metadata={"help": "RL step of each compared update"})
-    recorded: dict = field(metadata={"help": "metric -> recorded per-update array (step_time, gen_time, responses_per_s)"})
+    recorded: dict = field(metadata={
+        "help": "metric -> recorded per-update array (step_time, gen_time, responses_per_s), as measured: "
+                "rlsim.replay.steps' step time, which rlsim.steps shows"})
     simulated: dict = field(metadata={"help": "metric -> simulated per-update array"})
     skipped_warmup: bool = field(metadata={"help": "step 0 (engine warm-up) left out of the errors"})
     lengths: str = field(metadata={"help": "recorded (the trace's responses per step) or sampled"})

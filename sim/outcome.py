@@ -96,7 +96,8 @@ class RunResult:
     notes: tuple[str, ...] = field(default=(), metadata={"help": "how the study was made (models chosen, constants fitted)"})
     b_crit_critic: float = field(default=math.nan, metadata={"help": "gradient noise scale of the PPO value model"})
     recorded_responses_per_s: float = field(default=math.nan, metadata={"help": "median responses/s over the trace's updates"})
-    recorded_step_time_s: float = field(default=math.nan, metadata={"help": "median step time over the trace's updates"})
+    recorded_step_time_s: float = field(default=math.nan, metadata={
+        "help": "median step time over the trace's updates, as recorded (rlsim.replay.steps: the one definition)"})
     validation: Validation | None = field(default=None, metadata={"help": "fit validation (replay.models.Validation): form, R2, CV error"})
 
     def to_dict(self) -> dict[str, Any]:

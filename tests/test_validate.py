@@ -76,6 +76,50 @@ def test_bad_values_fail_in_one_line_or_are_dropped(tmp_path, kind, col, rows, v
     assert t.count(kind) == read_trace(P32).count(kind) - len(rows)
 
 
+@pytest.mark.parametrize("kind, col, rows, value, allowed", [
+    ("sync", "engine_id", [3], 1e18, "0..2**20"),  # beyond float64's exact integers: the reader's float view failed
+    ("drift_gen", "threads", [0, 5], 2 ** 20 + 1, "0..2**20"),
+    ("update", "step", [4], 2 ** 31, "0..2**31 - 1"),
+    ("response", "policy_version", [7], 2 ** 40, "0..2**31 - 1"),
+    ("response", "prompt_tokens", [2], -3, "0..2**31 - 1"),
+    ("gen_step", "context_tokens", [1], 2 ** 53 + 2, "0..2**53"),
+    ("update", "num_tokens", [0], 2 ** 60, "0..2**53"),
+])
+def test_an_integer_out_of_its_range_is_one_line_naming_it(tmp_path, kind, col, rows, value, allowed):
+    """Every integer column has one range (schema.INT_RANGES); a value outside is refused in one line naming the
+    column, the kind, the row and the range, or dropped with --drop-invalid."""
+    bad = _mutate(P32, tmp_path / "bad.parquet", kind, col, rows, value)
+    with pytest.raises(TraceError) as err:
+        read_trace(bad)
+    msg = str(err.value)
+    assert "\n" not in msg and f"`{col}` holds integers {allowed}" in msg, msg
+    assert ("negative" if value < 0 else "above its range") in msg and f"{len(rows)} of " in msg
+    assert f"`{kind}` row {rows[0]}," in msg and "--drop-invalid" in msg
+    t = read_trace(bad, drop_invalid=True)
+    assert t.dropped == {f"{kind}.{col}": len(rows)} and t.count(kind) == read_trace(P32).count(kind) - len(rows)
+
+
+def test_every_integer_column_has_one_range_within_exact_floats():
+    from rlsim.replay.schema import INT_RANGES
+
+    ints = {n for n, t, _, _ in COLUMNS if pa.types.is_integer(t)}
+    assert set(INT_RANGES) == ints
+    assert all(0 <= lo < hi <= 2 ** 53 for lo, hi in INT_RANGES.values())
+
+
+def test_an_out_of_range_id_reaches_the_cli_as_one_line_and_exit_2(tmp_path):
+    """The fuzz campaign's case: a PPO trace whose `sync` row has engine_id 1e18, through `rlsim run --json`."""
+    from typer.testing import CliRunner
+
+    from rlsim.cli import app
+
+    bad = _mutate(TRACES / "ppo_b256.parquet", tmp_path / "ppo.parquet", "sync", "engine_id", [5], 1e18)
+    r = CliRunner().invoke(app, ["run", "--trace", str(bad), "--batch", "64", "--updates", "2", "--json"])
+    err = (r.stderr if hasattr(r, "stderr") else r.output).strip().splitlines()
+    assert r.exit_code == 2 and len(err) == 1 and err[0].startswith("error:"), r.output
+    assert "`sync` row 5" in err[0] and "`engine_id` holds integers 0..2**20" in err[0]
+
+
 def test_scores_need_not_be_fractions(tmp_path):
     t = read_trace(_mutate(P32, tmp_path / "s.parquet", "eval", "score", [0, 1], -3.5))
     assert list(t.rows("eval")["score"][:2]) == [-3.5, -3.5]

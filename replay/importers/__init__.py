@@ -22,6 +22,7 @@ from rlsim.replay.importers import openrlhf, trl, verl
 from rlsim.replay.importers.common import write_step_trace
 from rlsim.replay.io import read_trace
 from rlsim.replay.schema import EVAL, PHASE, UPDATE
+from rlsim.replay.steps import step_table
 
 FRAMEWORKS = ("verl", "openrlhf", "trl")
 _MODULES = {"verl": verl, "openrlhf": openrlhf, "trl": trl}
@@ -48,10 +49,9 @@ def describe(path: str | Path) -> str:
     """A few lines about an imported trace: what it holds and the command that simulates it."""
     t = read_trace(path)
     src, cfg, hw = t.meta.get("source", {}), t.config, t.meta.get("hardware", {})
-    u = t.rows(UPDATE)
     ph = t.rows(PHASE)
     names = list(dict.fromkeys(ph["phase"].tolist()))
-    st = u["step_time"].astype(float)
+    st = step_table(t)["step_time"]
     lines = [f"imported {src.get('framework')} {src.get('format')} log {src.get('file')}: {t.count(UPDATE)} steps "
              f"({src.get('first_step')}..{src.get('last_step')}), {t.count(EVAL)} evals -> {path}",
              f"batch: P = {cfg.get('prompts')} prompts x G = {cfg.get('group')} = B = {cfg.get('batch')} responses per step; "
