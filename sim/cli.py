@@ -20,10 +20,15 @@ def build(command: str | None = None) -> App:
     """The CLI with every command, or only with the module that registers `command` (when it names one)."""
     cli = App(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
               help="Fit recorded RL runs and predict time-to-target for untried configurations.")
+    cli.callback()(_group)  # a group even with one command registered (typer would run that command bare)
     modules = [COMMANDS[command]] if command in COMMANDS else dict.fromkeys(COMMANDS.values())
     for name in modules:
         importlib.import_module(f"rlsim.{name}").register(cli)
     return cli
+
+
+def _group() -> None:
+    pass
 
 
 def __getattr__(name: str) -> App:

@@ -7,6 +7,11 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+from typer.testing import CliRunner
+
+from rlsim.cli import COMMANDS, build
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -33,6 +38,12 @@ def test_a_command_loads_only_its_own_module():
             "'rlsim.commands_study', 'rlsim.report') if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_command_runs_from_the_cli_built_for_it(command):
+    res = CliRunner().invoke(build(command), [command, "--help"], prog_name="rlsim")
+    assert res.exit_code == 0 and f"rlsim {command} [OPTIONS]" in " ".join(res.output.split()), res.output
 
 
 def test_no_module_imports_the_old_top_level_names():
