@@ -581,7 +581,8 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
         train = _Part(models.update, _bootstrap_update_rows(run_upd.tokens, run_upd.seconds, run_upd.t_opt, reps, rng),
                       dict(train_r2=models.update.quality.r2, train_source=f"{len(run_upd.tokens)} run updates only (no calibration)"),
                       f"{len(run_upd.tokens)} updates")
-    out = _with_validation(models, gen, train, calibrated=len(src.cal_gen["duration"]) >= 8, warnings=warnings, notes=notes)
+    out = _with_validation(models, gen, train, calibrated=len(src.cal_gen["duration"]) >= 8, warnings=warnings,
+                           notes=notes)
     unusable = check_fits(out.validation, len(out.recorded.step)).warning(ref.name, ref.config)  # the one rule
     return replace(out, warnings=out.warnings + (unusable,)) if unusable else out
 

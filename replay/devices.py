@@ -146,7 +146,8 @@ def host_profile(hardware: dict[str, Any] | None) -> DeviceProfile | None:
     stand_in = (f"{host} has no measured figures (rlsim.replay.measured_hosts): {whose} {figures} stand in "
                 "for its own, so the ratios also carry however much the two CPUs differ; measure it on that host with "
                 "python -m bench.device_profile --write")
-    source = f"not measured: {whose} {figures} stand in" + ("; its bandwidth from the trace's metadata" if own_bw else "")
+    source = f"not measured: {whose} {figures} stand in"
+    source += "; its bandwidth from the trace's metadata" if own_bw else ""
     return DeviceProfile(_host_key(ident), f"{label} (host CPU; not measured: {whose} figures stand in)", bw,
                          med["flops_tflops"], med["memory_gb"], bw, "cpu", (ident,) if ident else (), source,
                          UPDATE_FLOOR_S.get("cpu", 0.0), processor=proc.strip(), stand_in=stand_in)

@@ -48,7 +48,8 @@ class PartCheck:
     held_out: float = field(metadata={"help": "leave-one-level-out RMS relative error (nan: not measured)"})
     r2: float = field(metadata={"help": "R2 on the fit's rows (nan: not judged)"})
     levels: int = field(metadata={"help": "levels held out in turn (0: none)"})
-    problems: tuple[str, ...] = field(default=(), metadata={"help": "each bound it is beyond, in words (empty: usable)"})
+    problems: tuple[str, ...] = field(default=(), metadata={
+        "help": "each bound it is beyond, in words (empty: usable)"})
 
     @property
     def usable(self) -> bool:
@@ -89,9 +90,9 @@ class FitCheck:
         scatter = any(s.startswith(("R2", "flat")) for p in self.parts for s in p.problems)
         noisy = scatter or not self.few
         steps = max(4 * self.updates, 2 * MIN_UPDATES) if self.few else None
-        how = " ".join(w for w, on in (("on a quiet machine (nothing else running)", noisy),
-                                        (f"with more steps ({steps} or more: rlrun record's calibration budget grows with "
-                                         "the recording, and buys more levels)", steps)) if on)
+        more = (f"with more steps ({steps} or more: rlrun record's calibration budget grows with the recording, and "
+                "buys more levels)")
+        how = " ".join(w for w, on in (("on a quiet machine (nothing else running)", noisy), (more, steps)) if on)
         cmd = rerecord_command(config, steps) if config else ""
         return f"re-record it {how}" + (f": {cmd}" if cmd else "")
 
@@ -145,7 +146,8 @@ def _part(name: str, held_out: float, r2: float, levels: int, flat: float = math
 
 
 def rerecord_command(config: Mapping[str, Any], steps: int | None) -> str:
-    """The rlrun record command that records the trace's configuration again (`steps`: more of them; None: as before)."""
+    """The rlrun record command that records the trace's configuration again (`steps`: more of them; None: as
+    before)."""
     algo = str(config.get("algo") or "grpo")
     parts = ["rlrun record", f"--algo {algo}", f"--prompts {config.get('prompts')}"]
     if algo != "ppo" and config.get("group"):

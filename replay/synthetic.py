@@ -53,7 +53,8 @@ class SynthSpec:
     noise: float = field(default=0.0, metadata={"help": "relative sd of multiplicative timing noise"})
     load: float = field(default=0.0, metadata={
         "help": "sd of a log-normal slowdown shared by all timings of one RL step and of one calibration level (other "
-                "processes on a loaded machine: whole levels move together, so more steps per level do not average it out)"})
+                "processes on a loaded machine: whole levels move together, so more steps per level do not average it "
+                "out)"})
     warmup_extra: float = field(default=0.0, metadata={"help": "extra seconds on each step-0 engine step (warm-up)"})
     g2: float = field(default=1.0, metadata={"help": "true |G|^2"})
     tr_sigma: float = field(default=64.0, metadata={"help": "true tr(Sigma): B_noise = tr_sigma / g2"})

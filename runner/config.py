@@ -209,11 +209,11 @@ class RunConfig:
                 if v != default:
                     bad(f"--{name.replace('_', '-')} needs --mode split (asynchronous rollout on separate generation devices)")
         if self.batch % self.train_devices:
-            bad(f"batch B = P x G = {self.batch} is not divisible by --train-gpus {self.train_devices}; choose P so that "
-                f"P x G is a multiple of {self.train_devices}")
+            bad(f"batch B = P x G = {self.batch} is not divisible by --train-gpus {self.train_devices}; choose P so "
+                f"that P x G is a multiple of {self.train_devices}")
         if self.train_devices > 1 and self.prompts % self.train_devices:
-            bad(f"--prompts {self.prompts} is not divisible by --train-gpus {self.train_devices}: each rank trains whole "
-                f"groups; choose P as a multiple of {self.train_devices}")
+            bad(f"--prompts {self.prompts} is not divisible by --train-gpus {self.train_devices}: each rank trains "
+                f"whole groups; choose P as a multiple of {self.train_devices}")
         per_rank = self.batch // self.train_devices
         if per_rank % self.minibatches:
             bad(f"batch per rank {per_rank} is not divisible by --minibatches {self.minibatches}; choose P or --minibatches so it divides")

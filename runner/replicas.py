@@ -43,7 +43,8 @@ def engine_main(idx: int, args: dict[str, Any], inq, outq) -> None:
     """One engine replica: admit, step, sync weights as the controller's messages say. Messages in:
     ("start", t0) | ("add", tag, ids, n, keep) | ("eval", tag, ids, n) | ("weights", version, arrays) | ("stop",).
     Out: ("ready", idx, facts, warm) | ("step", idx, version, stats) | ("done", idx, tag, completions) |
-    ("synced", idx, version, t_start, duration, bytes) | ("idle", idx, version, t_start, duration) | ("error", idx, text)."""
+    ("synced", idx, version, t_start, duration, bytes) | ("idle", idx, version, t_start, duration) |
+    ("error", idx, text)."""
     try:
         _pin(args["kind"], args["devices"], args["threads"])
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

@@ -16,7 +16,8 @@ from rlsim.replay.importers import describe, import_log
 
 _OUT = typer.Option(..., "--out", "-o", help="the step-level trace to write (.parquet)")
 _CONFIG = "the run's saved config (YAML or JSON) for batch sizes, GPUs, model and caps"
-_DEVICE = "the GPU the run used (a device profile: a100-40gb, a100-80gb, h100-sxm, h200, b200, mi300x, l40s, cpu-amd-epyc); enables the roofline priors and --device rescaling"
+_DEVICE = ("the GPU the run used (a device profile: a100-40gb, a100-80gb, h100-sxm, h200, b200, mi300x, l40s, "
+           "cpu-amd-epyc); enables the roofline priors and --device rescaling")
 _PARAMS = default_text("model parameters, e.g. 7B, 0.5B, 1.5e9", "read from the model path in the config")
 _EVAL = default_text("the validation metric to use as the eval score", "chosen per framework, see docs/importing.md")
 

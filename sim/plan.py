@@ -233,8 +233,8 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     notes = [errors.describe(), f"sigma uncertainty: the trace's own sigma intervals (its fits' bootstrap and held-out "
                                 f"error), sd {away.min():.2f}..{away.max():.2f} in log" if len(away) else ""]
     notes = [n for n in notes if n]
-    warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing resamples "
-                "its fits): taken as exact, which understates the uncertainty"] if bare else []
+    warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing "
+                "resamples its fits): taken as exact, which understates the uncertainty"] if bare else []
     w, measured = np.ones(cfg.draws), {ref}
     for tr in pilots:
         j, obs = pilot_observation(study, tr, sizes, G, [p.rho for p in preds], model_name, bounds_ok)
@@ -281,8 +281,10 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), err
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, tuple(s.notes), tuple(warnings))
     unusable = fit_check(study).warning(reference.name, reference.config)
     if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them, nor a regret
-        blank = tuple(replace(c, p_within_5pct=math.nan, expected_regret=math.nan, p_beats_reference=math.nan) for c in cands)
-        return replace(decided, candidates=blank, decision=None, expected_regret=math.nan, warnings=(unusable, *warnings),
+        blank = tuple(replace(c, p_within_5pct=math.nan, expected_regret=math.nan, p_beats_reference=math.nan)
+                      for c in cands)
+        return replace(decided, candidates=blank, decision=None, expected_regret=math.nan,
+                       warnings=(unusable, *warnings),
                        no_move=unusable)
     if p5[best] >= cfg.confidence:
         return decided

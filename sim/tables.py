@@ -312,7 +312,8 @@ def plan_lines(meta: Mapping[str, Any]) -> list[str]:
     if "error" in p:
         return [f"plan: not made ({p['error']})"]
     if p.get("no_move"):
-        return ["plan: no move: the reference's cost fits cannot be used (see the warning for the recording that fixes it)"]
+        return ["plan: no move: the reference's cost fits cannot be used (see the warning for the recording that "
+                "fixes it)"]
     if "decision" in p:
         d = p["decision"]
         what = "keep the reference" if d.get("keep_reference") else f"run P={d['prompts']}, G={d['group']}"

@@ -20,8 +20,8 @@ import numpy as np
 from rlsim.replay.cost import EngineStepCost, StepSums
 from rlsim.replay.device_speed import device_ratios
 from rlsim.replay.calibration import REPLICATES
-from rlsim.replay.devices import (get_profile, host_name, other_roof, per_device, profile_for_hardware, recorded_profile,
-                                  rescale)
+from rlsim.replay.devices import (get_profile, host_name, other_roof, per_device, profile_for_hardware,
+                                  recorded_profile, rescale)
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.fit_quality import FitCheck, check_fits
@@ -536,7 +536,8 @@ def _decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> s
     rho_side = width("rho") >= width("sigma")
     check = fit_check(study)
     if not rho_side and not check.usable:  # no run at another size helps while the recording's own fits are noise
-        return f"the throughput decides it, and this recording's cost fits cannot be used: {check.fix(study.models.config)}"
+        return ("the throughput decides it, and this recording's cost fits cannot be used: "
+                f"{check.fix(study.models.config)}")
     what = "to the target" if rho_side else "for a few updates"
     if study.framework == "rlrun":
         group = ("" if study.algo == "ppo" else f" --group {G}") + (f" --task {study.task}" if study.task else "")
@@ -673,14 +674,15 @@ def _other_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float,
     roof = _other_roof_study(study, cfg.device) if cfg.device is not None and not cfg.split else None
     if roof is not None:
         out.append((*_rate(roof[0], cfg, reference),
-                    f"per-token compute on {cfg.device} at its bandwidth gain at the other end, {roof[1]:.3g}x below its "
-                    "FLOP/s gain (which of the datasheet's two roofs a term reaches on a new device, none states)"))
+                    f"per-token compute on {cfg.device} at its bandwidth gain at the other end, {roof[1]:.3g}x below "
+                    "its FLOP/s gain (which of the datasheet's two roofs a term reaches on a new device, none states)"))
     return out
 
 
 @functools.lru_cache(maxsize=8)
 def _other_roof_study(study: Study, device: str) -> tuple[Study, float] | None:
-    """The study at the other roof of the move to `device` (`rlsim.replay.devices.other_roof`) and its factor, or None."""
+    """The study at the other roof of the move to `device` (`rlsim.replay.devices.other_roof`) and its factor, or
+    None."""
     hw = study.hardware or study.models.config.get("hardware") or {}
     end = other_roof(study.models, device, source_profile=hw or None)
     return None if end is None else (replace(study, models=end[0]), end[1])

@@ -34,8 +34,8 @@ def test_simulator_cli_loads_without_torch():
 
 def test_a_command_loads_only_its_own_module():
     code = ("import sys; from rlsim.cli import build; build('run'); "
-            "print([m for m in ('rlsim.commands_import', 'rlsim.replay.importers', 'rlsim.commands_plan', 'rlsim.plan', "
-            "'rlsim.commands_study', 'rlsim.report') if m in sys.modules])")
+            "print([m for m in ('rlsim.commands_import', 'rlsim.replay.importers', 'rlsim.commands_plan', "
+            "'rlsim.plan', 'rlsim.commands_study', 'rlsim.report') if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 

@@ -1,7 +1,8 @@
 """What the importers share: reading metric tables (JSONL, CSV, YAML configs), numbers as frameworks
 print them, batch arithmetic with flag-vs-config checks, and writing the step-level trace.
 
-A step-level trace (the kinds of schema version 2, written at the current version; docs/importing.md) holds per RL step: one `update` row (batch,
+A step-level trace (the kinds of schema version 2, written at the current version; docs/importing.md) holds
+per RL step: one `update` row (batch,
 tokens, step and phase totals), one `phase` row per timed phase, one `step_stats` row (length and score
 statistics and every logged metric under its original name), `sync` rows for a timed weight sync and
 `eval` rows for validation scores. Its metadata says where it came from (`source`).

@@ -58,7 +58,8 @@ def load(path: str | Path, *, config: str | Path | None = None, prompts: int | N
     fmt, rows = _read(path)
     train = [r for r in rows if "train/global_step" in r or "global_step" in r]
     if not train:
-        raise RlsimError(f"{path}: no OpenRLHF training steps (rows with train/global_step); export the run's W&B history")
+        raise RlsimError(f"{path}: no OpenRLHF training steps (rows with train/global_step); export the run's W&B "
+                         "history")
     spec = _spec(path, fmt, config, prompts=prompts, group=group, gpus=gpus, device=device,
                  model_params=model_params, tp=tp)
     spec.flags = {"prompts": prompts, "group": group, "gpus": gpus, "device": device, "model_params": model_params,

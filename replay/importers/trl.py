@@ -108,8 +108,9 @@ def _spec(path: Path, fmt: str, cfg: dict[str, Any], cfile: str | None, state: d
     if per_dev and n_gpus:
         b = int(per_dev) * n_gpus * int(ga)
         if b % G:
-            raise RlsimError(f"per_device_train_batch_size {per_dev} x {n_gpus} processes x gradient_accumulation_steps "
-                             f"{ga} = {b} completions is not a multiple of num_generations {G}")
+            raise RlsimError(f"per_device_train_batch_size {per_dev} x {n_gpus} processes x "
+                             f"gradient_accumulation_steps {ga} = {b} completions is not a multiple of "
+                             f"num_generations {G}")
         derived = b // G
     P = positive_int(pick(prompts, derived, "--prompts", "per_device_train_batch_size x GPUs x "
                           "gradient_accumulation_steps / num_generations", cfile or "trainer_state.json"), "--prompts")

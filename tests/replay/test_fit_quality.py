@@ -88,13 +88,16 @@ def test_flat_span():
 
 
 def test_a_loaded_synthetic_recording_gets_the_warning_and_a_quiet_one_not(tmp_path):
-    quiet = fit_trace(read_trace(synthetic_trace(tmp_path / "q.parquet", SynthSpec(calibrate=True, steps=6, noise=0.02))))
-    loaded = fit_trace(read_trace(synthetic_trace(tmp_path / "l.parquet", SynthSpec(calibrate=True, steps=6, load=1.0))))
+    quiet = fit_trace(read_trace(synthetic_trace(tmp_path / "q.parquet",
+                                                 SynthSpec(calibrate=True, steps=6, noise=0.02))))
+    loaded = fit_trace(read_trace(synthetic_trace(tmp_path / "l.parquet",
+                                                  SynthSpec(calibrate=True, steps=6, load=1.0))))
     assert not [w for w in quiet.warnings if "cannot be used" in w]
     assert check_fits(quiet.validation, 6).usable
     w = [w for w in loaded.warnings if "cannot be used" in w]
     assert len(w) == 1 and w[0].startswith("l: its cost fits cannot be used") and "rlrun record --algo grpo" in w[0]
-    assert w[0] == check_fits(loaded.validation, len(loaded.recorded.step)).warning("l", read_trace(tmp_path / "l.parquet").config)
+    config = read_trace(tmp_path / "l.parquet").config
+    assert w[0] == check_fits(loaded.validation, len(loaded.recorded.step)).warning("l", config)
 
 
 @pytest.mark.parametrize("name", ["grpo_p128", "grpo_p64", "grpo_p32", "grpo_addmix_p64", "ppo_b256",

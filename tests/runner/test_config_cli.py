@@ -287,7 +287,8 @@ def test_cli_bad_number_is_one_line(cmd, args, line, tmp_path):
 def test_split_options_take_rlsim_spellings_and_the_old_ones(tmp_path, args):
     """rlrun speaks rlsim's vocabulary (--gen-gpus/--train-gpus/--staleness, --batch for --prompts); the old
     spellings still set the same fields, hidden from --help."""
-    res = CliRunner().invoke(app, ["record", "--mode", "split", "--batch", "32", *args, "--out", str(tmp_path / "t.parquet")])
+    res = CliRunner().invoke(app, ["record", "--mode", "split", "--batch", "32", *args,
+                                   "--out", str(tmp_path / "t.parquet")])
     assert res.exit_code == 2 and res.output.strip() == (
         "error: batch B = P x G = 256 is not divisible by --train-gpus 5; choose P so that P x G is a multiple of 5")
     assert not (tmp_path / "t.parquet").exists()

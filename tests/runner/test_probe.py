@@ -33,13 +33,14 @@ runner = CliRunner()
     (["--prompts", "16,64", "--rounds", "two"], "error: --rounds: 'two' is not a valid value (expected int)"),
     # RunConfig's checks at every size: one that only some sizes fail names the size
     (["--prompts", "6,5", "--train-gpus", "2", "--micro-batch", "2"],
-     "error: --prompts 5 is not divisible by --train-gpus 2: each rank trains whole groups; choose P as a multiple of 2"),
+     "error: --prompts 5 is not divisible by --train-gpus 2: each rank trains whole groups; choose P as a multiple "
+     "of 2"),
     (["--prompts", "4,12", "--minibatches", "3"],
      "error: at --prompts 4: batch per rank 32 is not divisible by --minibatches 3; choose P or --minibatches so it divides"),
     (["--prompts", "4,8", "--task", "sudoku"], "error: unknown --task 'sudoku'; choose one of add2, add3, addmix or pass --dataset FILE"),
     (["--prompts", "4,8", "--train-gpus", "2"],
-     "error: rlrun probe with --train-gpus 2 needs --micro-batch N with N at most 16 (the smallest size's responses per "
-     "rank and minibatch), so that every size trains in micro-batches of N on every rank"),
+     "error: rlrun probe with --train-gpus 2 needs --micro-batch N with N at most 16 (the smallest size's responses "
+     "per rank and minibatch), so that every size trains in micro-batches of N on every rank"),
 ])
 def test_bad_input_is_one_line_exit_2(args, line, tmp_path):
     res = runner.invoke(app, ["probe", "--out", str(tmp_path / "p.parquet"), *args])

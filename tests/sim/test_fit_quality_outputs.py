@@ -1,5 +1,6 @@
 """The fit-quality rule reaches every output (run, its JSON, the API, sweep), and widens the intervals it affects;
-sigma has an interval on rescaled hardware (the fits' replicates moved with the costs, and the datasheet's other roof)."""
+sigma has an interval on rescaled hardware (the fits' replicates moved with the costs, and the datasheet's other
+roof)."""
 from __future__ import annotations
 
 import json
@@ -29,7 +30,8 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory) -> Path:
     """A 6-step recording on a loaded machine (whole calibration levels and steps slowed at random)."""
-    return synthetic_trace(tmp_path_factory.mktemp("fitq") / "loaded.parquet", SynthSpec(calibrate=True, steps=6, load=1.0))
+    return synthetic_trace(tmp_path_factory.mktemp("fitq") / "loaded.parquet",
+                           SynthSpec(calibrate=True, steps=6, load=1.0))
 
 
 def test_run_warns_and_cannot_decide(loaded):
@@ -57,14 +59,15 @@ def test_the_api_and_sweep_rows_carry_the_warning(loaded, tmp_path):
     assert all(UNUSABLE in w for w in df["warnings"])
     rows = rlsim.sweep([str(loaded)], {"prompts": [8, 64], "updates": [10]})
     assert all(UNUSABLE in w for w in rows["warnings"])
-    r = runner.invoke(app, ["sweep", str(loaded), "--batch", "8,32,64", "--updates", "10", "--out", str(tmp_path / "sw"),
-                            "--no-charts"], env={"COLUMNS": "400"})
+    r = runner.invoke(app, ["sweep", str(loaded), "--batch", "8,32,64", "--updates", "10",
+                            "--out", str(tmp_path / "sw"), "--no-charts"], env={"COLUMNS": "400"})
     assert r.exit_code == 0, r.output
     assert "plan: no move" in r.output and any(UNUSABLE in w for w in " ".join(r.output.split()).split("warning: "))
 
 
 def test_sigma_has_an_interval_on_rescaled_hardware():
-    r = runner.invoke(app, ["run", "--trace", str(P128), "--batch", "1024", "--device", "h200", "--gpus", "8", "--json"])
+    r = runner.invoke(app, ["run", "--trace", str(P128), "--batch", "1024", "--device", "h200", "--gpus", "8",
+                            "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["sigma_lo"] is not None and d["sigma_lo"] < d["sigma"] < d["sigma_hi"]

@@ -62,7 +62,8 @@ def synth(tmp_path_factory):
     """Synthetic recordings (P=16, G=4, calibrated) of a quiet machine, a noisy one whose fits still hold, and a loaded
     one whose fits cannot be used (whole calibration levels and steps slowed at random, 6 steps)."""
     d = tmp_path_factory.mktemp("plan_synth")
-    return {name: read_trace(synthetic_trace(d / f"{name}.parquet", SynthSpec(calibrate=True, steps=steps, seed=0, **kw)))
+    return {name: read_trace(synthetic_trace(d / f"{name}.parquet",
+                                             SynthSpec(calibrate=True, steps=steps, seed=0, **kw)))
             for name, steps, kw in (("quiet", 12, {}), ("noisy", 12, {"noise": 0.1}), ("loaded", 6, {"load": 1.0}))}
 
 
@@ -83,7 +84,8 @@ def test_sigma_uncertainty_comes_from_the_traces_own_intervals(synth):
     spans = {}
     for name in ("quiet", "noisy"):
         p = plan(synth[name], cfg, errors=_errors(np.zeros((3, 6))))
-        spans[name] = [math.log(c.time_to_target_ratio_hi / c.time_to_target_ratio_lo) for c in p.candidates if not c.measured]
+        spans[name] = [math.log(c.time_to_target_ratio_hi / c.time_to_target_ratio_lo)
+                       for c in p.candidates if not c.measured]
         o = evaluate(prepare([synth[name]], rho_model="noise-scale"), WhatIf(prompts=64, group=4, updates=40))
         sd, bare = sigma_spread([o])
         assert not bare and sd[0] == pytest.approx(math.log(o.sigma_hi / o.sigma_lo) / (2 * 1.6448536), rel=1e-6)
@@ -100,7 +102,8 @@ def test_unusable_fits_make_no_move_and_name_the_recording(synth):
     d = p.to_dict()
     assert d["no_move"] == p.no_move and "decision" not in d and d["pilots"] == []
     r = runner.invoke(app, ["plan", str(synth["loaded"].path), "--batch", "8,32,64"], env={"COLUMNS": "200"})
-    assert r.exit_code == 0 and "no move" in r.output and "decision:" not in r.output and "warning:" in r.output, r.output
+    assert r.exit_code == 0 and "no move" in r.output, r.output
+    assert "decision:" not in r.output and "warning:" in r.output, r.output
 
 
 def test_wide_errors_ask_for_pilots_and_a_pilot_trace_is_measured():

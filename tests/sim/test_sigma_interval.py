@@ -38,7 +38,8 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
 
 def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
     fits = SimpleNamespace(validation=None, recorded=SimpleNamespace(step=np.arange(64)), config={})
-    study = SimpleNamespace(framework="rlrun", algo="grpo", reference=WhatIf(prompts=128, group=8), task="addmix", models=fits)
+    study = SimpleNamespace(framework="rlrun", algo="grpo", reference=WhatIf(prompts=128, group=8), task="addmix",
+                            models=fits)
     iv = {"rho_lo": 0.99, "rho_hi": 1.01, "sigma_lo": 0.7, "sigma_hi": 1.4}  # sigma the less sure
     probe = _decider(iv, 32, 8, study, WhatIf(prompts=32))
     assert "throughput decides it" in probe and "rlrun probe --algo grpo --prompts 32,128 --group 8 --task addmix" in probe
@@ -52,8 +53,9 @@ def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
     # fits that cannot be used: no probe or run at another size helps, the recording itself is redone
     noisy = SimpleNamespace(calibrated=True, gen_cv=1.5, gen_r2=0.1, gen_levels=(None,) * 20, train_cv=math.nan,
                             train_r2=math.nan, train_levels=(), train_form="", train_flat=math.nan)
+    config = {"algo": "grpo", "prompts": 128, "group": 8}
     bad = SimpleNamespace(**{**vars(study), "models": SimpleNamespace(**{**vars(fits), "validation": noisy,
-                                                                         "config": {"algo": "grpo", "prompts": 128, "group": 8}})})
+                                                                         "config": config})})
     redo = _decider(iv, 32, 8, bad, WhatIf(prompts=32))
     assert "cost fits cannot be used" in redo and "quiet machine" in redo and "rlrun probe" not in redo
     assert "rlrun record --algo grpo --prompts 128 --group 8" in redo
