@@ -35,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, NamedTuple
+from typing import Callable, ClassVar, NamedTuple, Sequence
 
 import numpy as np
 
@@ -366,3 +366,42 @@ def regime_key(label: object) -> str | None:
         if k in s:
             return k
     return None
+
+
+# the staleness limit up to which AReaL's ablation (with an off-policy correction) found no loss in sample cost
+STALENESS_FLAT_UP_TO = 4
+
+
+def staleness_rho(curves: Sequence[LearningCurve], target: float, b_ref: int, eta: float) -> tuple[float, list[str]]:
+    """(rho multiplier at staleness limit eta, notes). From learning curves recorded at several staleness limits
+    (traces at the reference batch `b_ref`, the first the reference; their config's `staleness`) when two or more
+    reach `target`; else 1 up to eta = STALENESS_FLAT_UP_TO (AReaL, with an off-policy correction) and a warning
+    beyond."""
+    ref_eta = int(curves[0].staleness or 0) if curves else 0
+    pts: dict[int, list[float]] = {}
+    if curves and math.isfinite(target):
+        for c in curves:
+            if c.batch != b_ref:
+                continue
+            n_ = c.samples_to_target(target)
+            if n_ is not None and n_ > 0:
+                pts.setdefault(int(c.staleness or 0), []).append(n_)
+    if len(pts) >= 2 and ref_eta in pts:
+        xs = sorted(pts)
+        ys = [float(np.mean(pts[k])) for k in xs]
+        mult = float(np.interp(eta, xs, ys)) / float(np.mean(pts[ref_eta]))
+        notes = [f"staleness: rho x{mult:.4g} at eta = {eta:g} from learning curves recorded at staleness "
+                 f"{', '.join(map(str, xs))} (batch {b_ref}), linear in eta"]
+        if eta < xs[0] or eta > xs[-1]:
+            notes.append(f"staleness {eta:g} is outside the recorded {xs[0]}..{xs[-1]}: its sample cost is clamped to the nearest")
+        return mult, notes
+    if eta == ref_eta:
+        return 1.0, []
+    notes = [f"staleness: rho x1 assumed for eta = {eta:g}, not measured on this task: flat up to eta = {STALENESS_FLAT_UP_TO} "
+             "with an off-policy correction and rising from eta = 2 without one (plain PPO/GRPO clipping) in AReaL's "
+             "staleness ablation (Fu et al. 2025, arXiv:2505.24298); record runs at this staleness (--trace, config staleness) for "
+             "learning curves"]
+    if eta > STALENESS_FLAT_UP_TO:
+        notes.append(f"staleness {eta:g} is beyond eta = {STALENESS_FLAT_UP_TO}, where that ablation's final scores fall even "
+                     "with the correction: rho = 1 is optimistic here")
+    return 1.0, notes

@@ -45,11 +45,8 @@ for generation (batch, and replicas joining the sync: `gen_time`), training (slo
 sync, rewards + the rest; the generator and trainer idle ratios (mean over replicas / ranks of the fraction
 of wall time not running engine steps / not computing or communicating); mean and max staleness.
 
-Sample cost (`staleness_rho`): rho is multiplied by N*(eta) / N*(eta_ref), from learning curves when traces
-recorded at several staleness limits (their config's `staleness`) at the reference batch are given; else 1
-up to eta = 4, with a warning beyond: AReaL (Fu et al. 2025, arXiv:2505.24298, staleness ablation) measured
-AIME24 42.0, 42.1, 41.8, 42.2 at eta = 0, 1, 2, 4 with its decoupled (off-policy corrected) PPO objective,
-41.0 and 38.7 at eta = 8 and 16; with naive PPO 42.0, 41.8, 40.0, 23.3 at eta = 0, 1, 2, 4.
+Sample cost: rho is multiplied by N*(eta) / N*(eta_ref) (`rlsim.replay.rho.staleness_rho`; its evidence:
+docs/simulator.md).
 
 Structure: one SimPy Environment per run; one process per replica (`rlsim.asyncrl_replica.Replica`) and one
 for the trainer (`rlsim.asyncrl_trainer.Trainer`); they share the requests' numpy arrays, the admission gate
@@ -60,7 +57,6 @@ slice ids come from a per-run counter; the rng is passed in.
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import simpy
@@ -72,14 +68,13 @@ from rlsim.asyncrl_timeline import Recorder
 from rlsim.asyncrl_trainer import Trainer, TrainerCosts
 from rlsim.config import SimConfig, SplitConfig, WhatIf
 from rlsim.engine import KvCache
-from rlsim.pipeline import BYTES_PER_TIMELINE_STEP, MEMORY_LIMIT_BYTES, SimRun
+from rlsim.pipeline import BYTES_PER_TIMELINE_STEP, MEMORY_LIMIT_BYTES, SimRun, SplitResult
 from rlsim.replay.admission import admitted
 from rlsim.replay.devices import profile_for_hardware
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
 
 BYTES_PER_SEQUENCE = 112  # per-sequence arrays of a split run (14 x 8 bytes: `Requests`), all of the run's requests at once
-STALENESS_FLAT_UP_TO = 4
 
 
 def interconnect(models: FittedModels, hardware: dict | None) -> tuple[float, str]:
@@ -176,9 +171,11 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
         rec.responses(trainer.q)
     timeline, counters = rec.ordered()
     consumed = cfg.updates * cfg.batch
-    split = {"gen_gpus": sp.gen_gpus, "train_gpus": sp.train_gpus, "staleness": sp.staleness,
-             "partial_rollout": sp.partial_rollout, "allreduce_s": c.allreduce, "allreduce_gbs": sp.allreduce_gbs,
-             "bandwidth_source": sp.bandwidth_source, "allreduce_fitted": sp.allreduce_fitted, "grad_bytes": float(models.sync_bytes), "sync_s": c.sync}
+    idle = 1.0 - busy / wall if wall > 0 else np.full(len(reps), math.nan)
+    split = SplitResult(gen_gpus=sp.gen_gpus, train_gpus=sp.train_gpus, staleness=sp.staleness,
+                        partial_rollout=sp.partial_rollout, allreduce_s=c.allreduce, allreduce_gbs=sp.allreduce_gbs,
+                        bandwidth_source=sp.bandwidth_source, allreduce_fitted=sp.allreduce_fitted,
+                        grad_bytes=float(models.sync_bytes), sync_s=c.sync, replica_idle=tuple(map(float, idle)))
     return SimRun(batch=cfg.batch, total_time=wall, exact_engine=kv_bind, timeline=timeline, counters=counters,
                   rounds_simulated=cfg.updates, approximation="", features={},
                   gen_idle_ratio=float(1.0 - busy.mean() / wall) if wall > 0 else math.nan,
@@ -187,60 +184,26 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
                   notes=tuple(split_notes(models, cfg, split)), **log.per)
 
 
-def split_notes(models: FittedModels, cfg: SimConfig, split: dict[str, Any]) -> list[str]:
+def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> list[str]:
     """The split model's assumptions, one line each (they join the Outcome's warnings)."""
-    N, M, eta = split["gen_gpus"], split["train_gpus"], split["staleness"]
+    N, M, eta = split.gen_gpus, split.train_gpus, split.staleness
     e = cfg.engine
     out = [f"split model: {N} generation replica{'s' if N > 1 else ''}, each the recorded engine (its fitted step cost, "
            f"max_num_seqs {e.max_num_seqs}, KV cache {e.kv_cache_tokens:,} tokens; cost per replica unchanged by their number), "
            f"one shared queue admitting by AReaL's rule with eta = {eta:g} (rlsim.asyncrl); the fixed per-round generation "
            "overhead has no counterpart; rewards and the rest of the step run on the trainer's critical path"]
-    if M > 1 and split["allreduce_fitted"]:
+    if M > 1 and split.allreduce_fitted:
         out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens, balanced "
                    "by tokens; the gradient collective is inside the fitted update (the reference trained data-parallel), not added")
     elif M > 1:
         out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens; gradient "
-                   f"all-reduce 2({M}-1)/{M} x {split['grad_bytes'] / 1e6:.4g} MB (the model's weight bytes) / "
-                   f"{split['allreduce_gbs']:g} GB/s ({split['bandwidth_source']}) = {split['allreduce_s'] * 1e3:.4g} ms per update")
+                   f"all-reduce 2({M}-1)/{M} x {split.grad_bytes / 1e6:.4g} MB (the model's weight bytes) / "
+                   f"{split.allreduce_gbs:g} GB/s ({split.bandwidth_source}) = {split.allreduce_s * 1e3:.4g} ms per "
+                   "update")
     else:
         out.append("training: 1 rank (the recorded trainer), no all-reduce")
     how = ("replicas join at their next engine step and in-flight responses continue on the new weights (KV recomputed)"
-           if split["partial_rollout"] else "replicas join once their in-flight responses finish on the old weights")
-    out.append(f"weight sync: the fitted {split['sync_s'] * 1e3:.4g} ms as one collective of the trainer and all replicas; {how}")
+           if split.partial_rollout else "replicas join once their in-flight responses finish on the old weights")
+    out.append(f"weight sync: the fitted {split.sync_s * 1e3:.4g} ms as one collective of the trainer and all "
+               f"replicas; {how}")
     return out
-
-
-def staleness_rho(study: Any, eta: float) -> tuple[float, list[str]]:
-    """(rho multiplier at staleness limit eta, notes). From learning curves recorded at several staleness limits
-    (traces at the reference batch; their config's `staleness`) when there are two or more reaching the target;
-    else 1 up to eta = STALENESS_FLAT_UP_TO (AReaL, with an off-policy correction) and a warning beyond."""
-    curves = getattr(study, "curves", ()) or ()
-    ref_eta = int(getattr(curves[0], "staleness", 0) or 0) if curves else 0
-    target = getattr(study, "target", math.nan)
-    pts: dict[int, list[float]] = {}
-    if curves and math.isfinite(target):
-        for c in curves:
-            if c.batch != study.b_ref:
-                continue
-            n_ = c.samples_to_target(target)
-            if n_ is not None and n_ > 0:
-                pts.setdefault(int(getattr(c, "staleness", 0) or 0), []).append(n_)
-    if len(pts) >= 2 and ref_eta in pts:
-        xs = sorted(pts)
-        ys = [float(np.mean(pts[k])) for k in xs]
-        mult = float(np.interp(eta, xs, ys)) / float(np.mean(pts[ref_eta]))
-        notes = [f"staleness: rho x{mult:.4g} at eta = {eta:g} from learning curves recorded at staleness "
-                 f"{', '.join(map(str, xs))} (batch {study.b_ref}), linear in eta"]
-        if eta < xs[0] or eta > xs[-1]:
-            notes.append(f"staleness {eta:g} is outside the recorded {xs[0]}..{xs[-1]}: its sample cost is clamped to the nearest")
-        return mult, notes
-    if eta == ref_eta:
-        return 1.0, []
-    notes = [f"staleness: rho x1 assumed for eta = {eta:g}, not measured on this task: flat up to eta = {STALENESS_FLAT_UP_TO} "
-             "with an off-policy correction and rising from eta = 2 without one (plain PPO/GRPO clipping) in AReaL's "
-             "staleness ablation (Fu et al. 2025, arXiv:2505.24298); record runs at this staleness (--trace, config staleness) for "
-             "learning curves"]
-    if eta > STALENESS_FLAT_UP_TO:
-        notes.append(f"staleness {eta:g} is beyond eta = {STALENESS_FLAT_UP_TO}, where that ablation's final scores fall even "
-                     "with the correction: rho = 1 is optimistic here")
-    return 1.0, notes

@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping, Sequence
 import rlsim.replay
 from rlsim.grid import config_dict
 from rlsim.replay.errors import RlsimError
+from rlsim.whatif import Study, sim_config
 from rlsim.whatif import evaluate as evaluate_config
-from rlsim.whatif import sim_config
 
 RAY_HINT = "--ray-address needs Ray, an optional extra: pip install 'rlsim[ray]'"
 
@@ -34,7 +34,7 @@ def outcome_row(cfg: Any, outcome: Any) -> dict[str, Any]:
     return row
 
 
-def check_configs(study: Any, cfgs: Sequence[Any], labels: Mapping[str, str] | None = None) -> None:
+def check_configs(study: Study, cfgs: Sequence[Any], labels: Mapping[str, str] | None = None) -> None:
     """Resolve every config against its study before any work is shipped (e.g. a group of 1 for GRPO):
     one clear RlsimError naming the config instead of a failure inside a worker."""
     labels = labels or {}
@@ -46,7 +46,7 @@ def check_configs(study: Any, cfgs: Sequence[Any], labels: Mapping[str, str] | N
             raise RlsimError(f"config [{desc}] is invalid: {e}") from None
 
 
-def evaluate_chunk(study: Any, chunk: Sequence[tuple[int, Any]], evaluate: Callable | None = None) -> list[tuple[int, dict]]:
+def evaluate_chunk(study: Study, chunk: Sequence[tuple[int, Any]], evaluate: Callable | None = None) -> list[tuple[int, dict]]:
     evaluate = evaluate or evaluate_config
     return [(i, outcome_row(cfg, evaluate(study, cfg))) for i, cfg in chunk]
 
@@ -83,7 +83,7 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def run_local(study: Any, cfgs: Sequence[Any], *, workers: int | None = None, chunk_size: int | None = None,
+def run_local(study: Study, cfgs: Sequence[Any], *, workers: int | None = None, chunk_size: int | None = None,
               progress: Progress | None = None, evaluate: Callable | None = None) -> list[dict]:
     """Evaluate on a local process pool (or in this process for one worker); rows in grid order."""
     n = len(cfgs)
@@ -116,7 +116,7 @@ def run_local(study: Any, cfgs: Sequence[Any], *, workers: int | None = None, ch
     return rows  # type: ignore[return-value]
 
 
-def _ray_chunk(study: Any, chunk: Sequence[tuple[int, Any]], evaluate: Callable | None) -> list[tuple[int, dict]]:
+def _ray_chunk(study: Study, chunk: Sequence[tuple[int, Any]], evaluate: Callable | None) -> list[tuple[int, dict]]:
     """A Ray task. The study arrives as a top-level ObjectRef argument, so Ray resolves it from the object
     store before the task starts (numpy arrays zero-copy). A `ray.get` inside the task would block the
     worker, release its CPU, and make Ray start extra worker processes that then compete for the cores."""
@@ -143,7 +143,7 @@ def ship_package(dest: str | os.PathLike) -> Path:
     return root
 
 
-def run_ray(study: Any, cfgs: Sequence[Any], *, address: str | None, chunk_size: int | None = None,
+def run_ray(study: Study, cfgs: Sequence[Any], *, address: str | None, chunk_size: int | None = None,
             progress: Progress | None = None, evaluate: Callable | None = None) -> list[dict]:
     """Evaluate as Ray tasks on the cluster at `address` (`auto`, `ray://host:10001`, or `local` for a new
     local instance). Reuses an already initialised Ray. Rows in grid order, identical to `run_local`."""
@@ -177,7 +177,7 @@ def run_ray(study: Any, cfgs: Sequence[Any], *, address: str | None, chunk_size:
     return rows  # type: ignore[return-value]
 
 
-def run_sweep(study: Any, cfgs: Sequence[Any], *, workers: int | None = None, ray_address: str | None = None,
+def run_sweep(study: Study, cfgs: Sequence[Any], *, workers: int | None = None, ray_address: str | None = None,
               chunk_size: int | None = None, progress: Progress | None = None,
               evaluate: Callable | None = None) -> list[dict]:
     if not cfgs:

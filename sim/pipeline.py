@@ -71,6 +71,25 @@ BYTES_PER_REQUEST_ALL = 128    # all rounds at once, per request of every round 
 BYTES_PER_REQUEST_ROUND = 160  # round by round, per request of one round: draws, schedule, sums (measured 80)
 BYTES_PER_TIMELINE_STEP = 1500  # record_timeline: one gen.step Slice (with its args) and two Counters (measured 900)
 
+@dataclass(frozen=True)
+class SplitResult:
+    """What a split simulation (rlsim.asyncrl) adds to its SimRun: the devices and limits it ran under and its
+    measured collective and per-replica idle."""
+
+    gen_gpus: int = field(metadata={"help": "generation engine replicas"})
+    train_gpus: int = field(metadata={"help": "data-parallel training ranks"})
+    staleness: float = field(metadata={"help": "staleness limit eta"})
+    partial_rollout: bool = field(metadata={"help": "in-flight responses continued across a weight sync"})
+    allreduce_s: float = field(metadata={"help": "seconds of the gradient all-reduce per update (0: one rank or fitted)"})
+    allreduce_gbs: float = field(metadata={"help": "the all-reduce's bandwidth, GB/s"})
+    bandwidth_source: str = field(metadata={"help": "where that bandwidth came from"})
+    allreduce_fitted: bool = field(metadata={"help": "the collective is inside the fitted update (data-parallel reference)"})
+    grad_bytes: float = field(metadata={"help": "gradient bytes all-reduced (the model's weight bytes)"})
+    sync_s: float = field(metadata={"help": "seconds of one weight sync"})
+    replica_idle: tuple[float, ...] = field(default=(), metadata={
+        "help": "(replicas,) each replica's fraction of wall time running no engine step"})
+
+
 @dataclass(frozen=True, eq=False)
 class SimRun:
     """Result of one simulation: per-update arrays, totals, and the timeline when asked for."""
@@ -103,7 +122,8 @@ class SimRun:
         "help": "split runs: mean over ranks of the fraction of wall time neither computing nor communicating (nan: colocated)"})
     staleness_mean: float = field(default=0.0, metadata={"help": "mean policy versions a consumed sample lagged (0: synchronous)"})
     staleness_max: int = field(default=0, metadata={"help": "most policy versions a consumed sample lagged"})
-    split: dict = field(default_factory=dict, metadata={"help": "split runs (rlsim.asyncrl): devices, staleness limit, all-reduce; empty: colocated"})
+    split: SplitResult | None = field(default=None, metadata={
+        "help": "split runs (rlsim.asyncrl): devices, staleness limit, all-reduce; None: colocated"})
     notes: tuple = field(default=(), metadata={"help": "the model's assumptions for this run (split runs)"})
 
     @property

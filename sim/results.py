@@ -51,7 +51,7 @@ def rank_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
     return out
 
 
-def reference_row(study: Any, updates: int = 100, seed: int = 0) -> dict[str, Any] | None:
+def reference_row(study: Study, updates: int = 100, seed: int = 0) -> dict[str, Any] | None:
     """The reference config's outcome (the trace's own P, G, lr rule), JSON-safe, for the sweep metadata."""
     if not isinstance(study, Study):  # a stand-in study (tests) has no reference
         return None

@@ -16,7 +16,7 @@ from rlsim.replay.util import exclusive
 from rlsim.plan import PlanConfig, plan
 from rlsim.tables import sweep_verdict
 from rlsim.views import sweep_charts
-from rlsim.whatif import prepare, timeline
+from rlsim.whatif import Study, prepare, timeline
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
 HARDWARE_FIELDS = ("device", "gpus", "gen_gpus", "train_gpus")  # the WhatIf fields that change the devices
 
 
-def _with_study_caveats(row: dict, study: Any) -> dict:
+def _with_study_caveats(row: dict, study: Study) -> dict:
     """A sweep row carries the study's warnings too, as `rlsim run` prints them beside each answer."""
     own = [w for w in str(row.get("warnings") or "").split("; ") if w]
     return {**row, "warnings": "; ".join(list(study.warnings) + own)}

@@ -28,10 +28,10 @@ from rlsim.replay.fit_quality import FitCheck, check_fits
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import LearningCurve, NoiseScale, b_noise_replicates, fit_learning_curve, lr_scale, noise_scale
 from rlsim.replay.models import INTERVAL, FittedModels, interval
-from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_ratio, noise_scale_rho,
-                              parse_rho, regime)
+from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_ratio,
+                              noise_scale_rho, parse_rho, regime, staleness_rho)
 from rlsim.replay.schema import EVAL, placement
-from rlsim.asyncrl import data_parallel, split_config, staleness_rho
+from rlsim.asyncrl import data_parallel, split_config
 from rlsim.config import EngineConfig, SimConfig, WhatIf
 from rlsim.memory_check import Load, TraceMemory, candidate_memory, memory_object, memory_warning, trace_memory
 from rlsim.outcome import Outcome, RunResult
@@ -457,7 +457,7 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     rho_stale = 1.0
     if run_.split:  # split devices: the model's assumptions, and the staleness limit's effect on sample cost
 
-        rho_stale, stale_notes = staleness_rho(study, float(run_.split["staleness"]))
+        rho_stale, stale_notes = staleness_rho(study.curves, study.target, study.b_ref, float(run_.split.staleness))
         rho *= rho_stale
         warnings += stale_notes
         notes += list(run_.notes)
@@ -565,11 +565,11 @@ def _split_fields(run_: SimRun, rho_stale: float) -> dict[str, Any]:
         total = float(run_.step_time.sum())
         gen = float(run_.gen_time.sum()) / total if total > 0 else math.nan
         return {"mode": "colocated", "gen_idle_ratio": 1.0 - gen, "train_idle_ratio": gen}
-    mode = (f"split {sp['gen_gpus']} gen : {sp['train_gpus']} train, staleness {sp['staleness']:g}"
-            + (", partial rollout" if sp["partial_rollout"] else ""))
+    mode = (f"split {sp.gen_gpus} gen : {sp.train_gpus} train, staleness {sp.staleness:g}"
+            + (", partial rollout" if sp.partial_rollout else ""))
     return {"mode": mode, "gen_idle_ratio": run_.gen_idle_ratio, "train_idle_ratio": run_.train_idle_ratio,
             "staleness_mean": run_.staleness_mean, "staleness_max": int(run_.staleness_max), "rho_staleness": rho_stale,
-            "allreduce_s": float(sp["allreduce_s"])}
+            "allreduce_s": float(sp.allreduce_s)}
 
 
 REGIME_BAND = 0.05  # the band of `regime` ("flat" within it)

@@ -144,7 +144,7 @@ def test_data_parallel_ranks_all_reduce_and_idle_ratios_by_hand():
     assert _spans(run, "train.update", "train/trainer1") == pytest.approx(_flat([(2.0, 1.5)]))
     assert _spans(run, "train.allreduce") == pytest.approx(_flat([(4.0, 1.0), (4.0, 1.0)]))
     assert _spans(run, "sync.weights") == pytest.approx(_flat([(5.0, 0.2)])) and run.total_time == pytest.approx(5.2)
-    assert run.train_time[0] == pytest.approx(3.0) and run.split["allreduce_s"] == pytest.approx(1.0)
+    assert run.train_time[0] == pytest.approx(3.0) and run.split.allreduce_s == pytest.approx(1.0)
     # engine busy 2 s of 5.2; rank 0 busy 2 + 1 + 0.2, rank 1 1.5 + 1 + 0.2: idle (2.5 + 2.0) / 2 of 5.2
     assert run.gen_idle_ratio == pytest.approx(3.2 / 5.2)
     assert run.train_idle_ratio == pytest.approx(2.25 / 5.2)

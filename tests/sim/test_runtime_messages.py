@@ -4,7 +4,7 @@ import ast
 import re
 from pathlib import Path
 
-from rlsim.asyncrl import staleness_rho
+from rlsim.replay.rho import staleness_rho
 from rlsim.replay.io import read_trace
 from rlsim.whatif import prepare
 
@@ -41,7 +41,7 @@ def test_noise_scale_warning_states_its_interval_and_names_the_doc_once():
 
 def test_staleness_notes_quote_no_figures():
     study = prepare([read_trace(ROOT / "traces" / "grpo_p128.parquet")])
-    _, notes = staleness_rho(study, 8)
+    _, notes = staleness_rho(study.curves, study.target, study.b_ref, 8)
     text = " ".join(notes)
     assert "arXiv:2505.24298" in text and text.count("arXiv") == 1
     assert not re.search(r"\d+\.\d", text.replace("arXiv:2505.24298", ""))  # no scores quoted from the paper
