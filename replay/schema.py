@@ -1,4 +1,4 @@
-"""The rlsim trace format, version 4: one Parquet file per run, one row per event.
+"""The rlsim trace format, version 5: one Parquet file per run, one row per event.
 
 Every row has `kind` in EVENT_KINDS and the common columns; the other columns are null where
 they do not apply to the row's kind. Times are seconds from run start on one monotonic clock.
@@ -25,13 +25,17 @@ Version 4 is additive: the drift probe (`drift_gen`, `drift_train`: a fixed engi
 pass repeated every few updates on the run's clock, so the fit can state and remove the machine's speed drift)
 and the column `threads` on calibration and drift rows (the CPU threads a row was measured at: the calibration
 also measures one device's speed, i.e. one core on CPU, for split what-ifs).
+
+Version 5 is additive: the `update` row's measured memory peaks, `mem_gen_peak_bytes` and `mem_train_peak_bytes`
+(the recording process's high-water mark during the step's generation and its training: runner/peaks.py).
+Older files read with them null.
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)  # the reader accepts these; an older file lacks the newer COLUMN_SINCE columns
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)  # the reader accepts these; an older file lacks the newer COLUMN_SINCE columns
 META_KEY = b"rlsim"
 
 GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL = "gen_step", "response", "update", "sync", "eval"
@@ -137,6 +141,9 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("finish_version", i64, (RESPONSE,), "policy version its last token was generated under (policy_version: the one it started under); > policy_version: a partial rollout spanning a weight sync"),
     # v4: the CPU threads (devices' cores) a calibration or drift row was measured at
     ("threads", i64, (CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN), "CPU threads the row was measured at (the calibration also measures one core, a CPU's device unit); null: the run's"),
+    # v5: measured memory peaks of the step's phases in the recording process (null: not measured)
+    ("mem_gen_peak_bytes", i64, (UPDATE,), "peak memory during the step's generation, bytes: CPU, the recording process's resident-set high-water mark; CUDA, torch's max_memory_allocated (engine weights and KV pool included); null in split mode (the engines are other processes) or where not measurable"),
+    ("mem_train_peak_bytes", i64, (UPDATE,), "peak memory during the step's update, bytes, measured as mem_gen_peak_bytes (split mode: the trainer process's, rank 0)"),
 )
 
 COLUMN_NAMES = tuple(c[0] for c in COLUMNS)
@@ -153,7 +160,8 @@ INT_RANGES: dict[str, tuple[int, int]] = {
                      "num_waiting", "finished", "prompt_tokens", "response_tokens", "micro_batch", "eval_k",
                      "eval_prompts", "calib_level"), STEPS_AND_SEQUENCES),
     **dict.fromkeys(("prefill_tokens", "decode_tokens", "context_tokens", "prompt_id", "num_responses", "num_tokens",
-                     "response_tokens_total", "bytes", "cum_responses", "cum_tokens"), TOTALS),
+                     "response_tokens_total", "bytes", "cum_responses", "cum_tokens", "mem_gen_peak_bytes",
+                     "mem_train_peak_bytes"), TOTALS),
 }
 # Columns a kind must have non-null, checked by the reader.
 REQUIRED = {
@@ -180,7 +188,9 @@ _V2_COLUMNS = ("phase", "phase_role", "response_len_mean", "response_len_min", "
                "score_max", "metrics", "calib_level")
 _V3_COLUMNS = ("engine_id", "rank", "finish_version")
 _V4_COLUMNS = ("threads",)
-COLUMN_SINCE: dict[str, int] = {**{c: 2 for c in _V2_COLUMNS}, **{c: 3 for c in _V3_COLUMNS}, **{c: 4 for c in _V4_COLUMNS}}
+_V5_COLUMNS = ("mem_gen_peak_bytes", "mem_train_peak_bytes")
+COLUMN_SINCE: dict[str, int] = {**{c: 2 for c in _V2_COLUMNS}, **{c: 3 for c in _V3_COLUMNS}, **{c: 4 for c in _V4_COLUMNS},
+                                **{c: 5 for c in _V5_COLUMNS}}
 KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2, IDLE: 3, TRAIN_RANK: 3, ALLREDUCE: 3,
                               DRIFT_GEN: 4, DRIFT_TRAIN: 4}
 

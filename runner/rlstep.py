@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 from rlsim.replay.errors import RlsimError
 from rlsim.runner.config import RunConfig
+from rlsim.runner.peaks import PhasePeak
 from rlsim.runner.placement import set_threads
 
 Rows = list[tuple[str, dict[str, Any]]]
@@ -47,6 +48,7 @@ class Colocated:
     warm: list  # the engine warm-up's completions (calibration reuses their responses)
     warmup_s: float  # the trainer warm-up's seconds
     T0: float = 0.0
+    peak: Any = None  # runner.peaks.PhasePeak of the trainer's device (set by `start`)
 
     def start_clock(self) -> None:
         """Time zero of the recorded run: every row's t_start is seconds since (the engine's too)."""
@@ -79,8 +81,10 @@ class Colocated:
         # G, G+1, ... round-robin over the prompts, and the first G of each prompt to finish are kept
         extra = cfg.gen_responses - B
         reqs = [(j, self.ctx.encode(ex.prompt), G + extra // P + (j < extra % P)) for j, ex in enumerate(examples)]
+        self.peak.reset()
         outs = engine.generate(reqs, self.sampling, _gen_step_rows(rows, step) if cfg.record_steps else None)
         gen_time = clock() - t_step
+        gen_peak = self.peak.peak()
         t_r = clock()
         if extra:
             outs = _first_g(outs, P, G)
@@ -89,7 +93,9 @@ class Colocated:
         reward_time = clock() - t_r
         t_u = clock()
         set_threads(self.train_threads)
+        self.peak.reset()
         st, rank_rows, ar_rows = self.dp.update(samples, cfg.lr_effective)
+        train_peak = self.peak.peak()
         set_threads(self.gen_threads)
         u_dur = clock() - t_u
         if cfg.train_devices > 1:  # per-rank compute and the gradient all-reduce (run clock: minus T0)
@@ -109,7 +115,8 @@ class Colocated:
                                     grad_norm_micro=st.grad_norm_micro, micro_batch=st.micro_batch,
                                     critic_loss=st.critic_loss, critic_grad_norm=st.critic_grad_norm,
                                     critic_grad_norm_micro=st.critic_grad_norm_micro, step_time=step_time,
-                                    gen_time=gen_time, reward_time=reward_time, prep_time=st.prep_time)))
+                                    gen_time=gen_time, reward_time=reward_time, prep_time=st.prep_time,
+                                    mem_gen_peak_bytes=gen_peak, mem_train_peak_bytes=train_peak)))
         rows.append(("sync", dict(t_start=t_s, duration=s_dur, step=step, policy_version=step + 1, bytes=nbytes)))
         return StepResult(rows, len(samples), st.num_tokens, mean_r, step_time, gen_time, u_dur, s_dur)
 
@@ -199,4 +206,5 @@ def start(cfg: RunConfig, ctx, pl, log: Callable[[str], None]) -> Colocated:
         raise RlsimError(f"--compile failed in torch.compile ({type(e).__name__}: {first}); install a C++ compiler "
                          "(e.g. apt install g++) or record without --compile") from None
     log(f"trainer warm-up{' (torch.compile)' if cfg.compile else ''}: {t_train_warm:.2f} s")
-    return Colocated(ctx, engine, trainer, dp, sampling, gen_threads, train_threads, warm, t_train_warm)
+    return Colocated(ctx, engine, trainer, dp, sampling, gen_threads, train_threads, warm, t_train_warm,
+                     peak=PhasePeak(ctx.device))

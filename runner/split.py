@@ -28,6 +28,7 @@ from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import TraceWriter, recording
 from rlsim.runner.algo import Sample, Trainer, grpo_advantages
 from rlsim.runner.dp import DataParallel
+from rlsim.runner.peaks import PhasePeak
 from rlsim.runner.placement import pinned, place
 from rlsim.runner.replicas import Replicas
 
@@ -125,6 +126,8 @@ class SplitLoop:
         self.evals: dict[int, dict[str, Any]] = {}  # version -> {t0, outs, left}
         self.acks: dict[int, tuple] = {}
         self.version = 0
+        # the trainer process's peak during each update (the engines' generation runs in other processes)
+        self.peak, self.train_peak = PhasePeak(dp.trainer.device), None
         self.cum_resp = self.cum_tok = 0
         self.T0 = 0.0
 
@@ -221,7 +224,9 @@ class SplitLoop:
     def train(self, u: int, samples: list, lr: float) -> tuple[Any, float, float]:
         """The data-parallel update; (its stats, its start, its seconds)."""
         t_u = self.clock()
+        self.peak.reset()
         st, rank_rows, ar_rows = self.dp.update(samples, lr)
+        self.train_peak = self.peak.peak()
         u_dur = self.clock() - t_u
         for rr in rank_rows:
             self.rows.append(("train_rank", dict(rr, t_start=rr["t_start"] - self.T0, step=u, policy_version=u)))
@@ -263,7 +268,7 @@ class SplitLoop:
             t_optimizer=st.t_optimizer, grad_norm=st.grad_norm, grad_norm_micro=st.grad_norm_micro,
             micro_batch=st.micro_batch, critic_loss=st.critic_loss, critic_grad_norm=st.critic_grad_norm,
             critic_grad_norm_micro=st.critic_grad_norm_micro, step_time=step_time, gen_time=gen_wait,
-            reward_time=reward_time, prep_time=st.prep_time)))
+            reward_time=reward_time, prep_time=st.prep_time, mem_train_peak_bytes=self.train_peak)))
         self.cum_resp += len(samples)
         self.cum_tok += st.num_tokens
 

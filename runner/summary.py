@@ -207,6 +207,22 @@ def drift_lines(t) -> list[str]:
             "their median time over the run (the fit normalises the run's timings to the median)"]
 
 
+def memory_lines(t) -> list[str]:
+    """The measured memory peaks per phase over the updates (schema v5 columns; none measured: no line)."""
+    u = t.rows("update")
+    parts = []
+    for name, col in (("generation", "mem_gen_peak_bytes"), ("training", "mem_train_peak_bytes")):
+        v = u[col].astype(float) if col in u else np.array([])
+        v = v[np.isfinite(v)] / 2 ** 30
+        parts.append(f"{name} median {np.median(v):.3f}, max {v.max():.3f} GiB ({len(v)} updates)" if len(v)
+                     else f"{name} not measured")
+    if all(p.endswith("not measured") for p in parts):
+        return []
+    on_cpu = str((t.meta.get("hardware") or {}).get("device")) == "cpu"
+    what = "the recording process's resident-set peak" if on_cpu else "torch's max_memory_allocated"
+    return [f"memory     peak per update: {'; '.join(parts)} ({what})"]
+
+
 def _profile(hw: dict) -> str:
     """'; device profile KEY (its source)': the figures `rlsim run --device` rescales this trace by ('' for none)."""
     try:
@@ -275,6 +291,7 @@ def summarize(path: str) -> str:
         if np.isfinite(u["critic_loss"].astype(float)).any():
             lines.append(f"critic     loss {_f(u['critic_loss'][-1])} (last), grad norm {_f(np.nanmean(u['critic_grad_norm']))} full / "
                          f"{_f(np.nanmean(u['critic_grad_norm_micro']))} micro")
+    lines += memory_lines(t)
     r = t.rows("response")
     if len(r["kind"]):
         L = r["response_tokens"].astype(float)

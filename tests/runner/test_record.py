@@ -45,6 +45,9 @@ def test_grpo_run_records_a_complete_trace(tmp_path, tiny_model, small_config):
         signal = any(np.ptp(r["reward"][rr & (r["prompt_id"] == p)]) > 0 for p in np.unique(r["prompt_id"][rr]))
         assert (u["grad_norm"][step] > 0) == signal and (u["grad_norm_micro"][step] > 0) == signal, (step, signal)
     assert np.all(u["micro_batch"] >= 1)
+    # each phase's peak memory (on CPU the process's resident set): more than the weights it holds
+    for col in ("mem_gen_peak_bytes", "mem_train_peak_bytes"):
+        assert np.all(u[col] > t.meta["model"]["bytes"]), (col, u[col])
     assert np.all(u["step_time"] >= u["gen_time"] + u["duration"]) and np.all(u["gen_time"] > 0)
     assert np.all(s["bytes"] == t.meta["model"]["bytes"]) and list(s["policy_version"]) == [1, 2, 3]
     # every response belongs to its step, and its token count matches the engine steps' decode tokens

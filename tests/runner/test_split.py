@@ -52,6 +52,8 @@ def test_split_run_overlaps_generation_with_training_and_keeps_the_staleness_lim
     idle = tr.rows("idle")
     assert len(idle["t_start"]) > 0  # the replica waited for prompts or weights at least once
     assert tr.meta["placement"]["gen"] != tr.meta["placement"]["train"]
+    u = tr.rows("update")  # the trainer process's peak; generation runs in the engines' processes: not measured
+    assert np.isnan(u["mem_gen_peak_bytes"]).all() and np.all(u["mem_train_peak_bytes"] > tr.meta["model"]["bytes"])
 
 
 @two_cores
