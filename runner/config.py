@@ -36,6 +36,12 @@ def _f(default, help: str, cli: tuple[str, ...] = RECORD, **kw):
     return field(default=default, metadata={"help": help, "cli": cli, **kw})
 
 
+def _flag(name: str) -> str:
+    """The option that sets RunConfig field `name`, as rlrun spells it (its first flag)."""
+    f = RunConfig.__dataclass_fields__[name]
+    return (f.metadata.get("flags") or ["--" + name.replace("_", "-")])[0]
+
+
 @dataclass(frozen=True)
 class RunConfig:
     algo: str = _f("grpo", "RL algorithm: grpo (group-relative advantages) or ppo (value model + GAE)", cli=ALL)
@@ -174,11 +180,11 @@ class RunConfig:
                      "max_num_seqs", "lr_ref_batch", "max_model_len"):
             v = getattr(self, name)
             if v < 1:
-                bad(f"--{name.replace('_', '-')} is {v}; it must be at least 1")
+                bad(f"{_flag(name)} is {v}; it must be at least 1")
         for name in ("eval_every", "micro_batch", "gen_batch", "seed", "max_staleness", "threads", "drift_every"):
             v = getattr(self, name)
             if v < 0:
-                bad(f"--{name.replace('_', '-')} is {v}; it must be 0 or more")
+                bad(f"{_flag(name)} is {v}; it must be 0 or more")
         if self.prompts < 1:
             bad(f"--prompts (P) is {self.prompts}; it must be at least 1 prompt per update")
         if self.group is not None and self.group < 1:
@@ -207,7 +213,7 @@ class RunConfig:
             for name, v, default in (("max_staleness", self.max_staleness, 0), ("partial_rollout", self.partial_rollout, False),
                                      ("gen_devices", self.gen_devices, 1)):
                 if v != default:
-                    bad(f"--{name.replace('_', '-')} needs --mode split (asynchronous rollout on separate generation devices)")
+                    bad(f"{_flag(name)} needs --mode split (asynchronous rollout on separate generation devices)")
         if self.batch % self.train_devices:
             bad(f"batch B = P x G = {self.batch} is not divisible by --train-gpus {self.train_devices}; choose P so "
                 f"that P x G is a multiple of {self.train_devices}")
