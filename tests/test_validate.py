@@ -40,6 +40,19 @@ def _set_meta(src: Path, dst: Path, edit) -> Path:
     return dst
 
 
+def test_a_long_final_eval_is_part_of_the_run_and_a_wild_eval_time_is_not(tmp_path):
+    t = pq.read_table(P32)
+    last = int(np.nonzero(t["kind"].to_numpy(zero_copy_only=False) == "eval")[0].size) - 1
+    end = float(np.nanmax(t["t_start"].to_numpy(zero_copy_only=False)))
+    # the final eval takes 1000 s (stamped at its end): it started within the run
+    long_eval = _mutate(_mutate(P32, tmp_path / "a.parquet", "eval", "t_start", [last], end + 1000.0),
+                        tmp_path / "long.parquet", "eval", "duration", [last], 1000.0)
+    assert read_trace(long_eval).count("eval") == last + 1
+    wild = _mutate(P32, tmp_path / "wild.parquet", "eval", "t_start", [last], end + 1000.0)
+    with pytest.raises(TraceError, match="end after the run"):
+        read_trace(wild)
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_shipped_traces_pass_unchanged(path):
     t = read_trace(path)
