@@ -197,6 +197,9 @@ class GenSetup:
     kv_cache_gb: float = field(default=0.0, metadata={
         "help": "a KV-cache pool of fixed size, GiB (vLLM's kv_cache_memory_bytes; VLLM_CPU_KVCACHE_SPACE on CPU), in "
                 "place of the gpu_memory_utilization rule (0: the rule)"})
+    sleeps: bool = field(default=True, metadata={
+        "help": "colocated: the engine frees its weights and KV pool while the trainer runs (verl's hybrid engine, "
+                "sleep mode); False: they stay resident in training too (an engine without sleep mode, rlrun's)"})
 
 
 def kv_bytes_per_token(model: ModelShape, tp: int = 1, kv_bytes: float = 2.0) -> float:
@@ -484,6 +487,9 @@ def _total(terms: list[MemoryTerm]) -> tuple[float, bool]:
 def _core(model: ModelShape, gen: GenSetup, train: TrainSetup, limit: float) -> MemoryEstimate:
     """The estimate without its fixes."""
     gen_terms, train_terms = _generation_terms(model, gen, train, limit), _training_terms(model, train)
+    if train.colocated and not gen.sleeps:  # the engine's weights and pool stay on the device while it trains
+        kept = [x for x in gen_terms if x.name in ("vLLM weights", "KV-cache pool")]
+        train_terms += [MemoryTerm(f"{x.name} (resident)", "training", x.gb, "the engine does not sleep") for x in kept]
     (g, g_known), (t, t_known) = _total(gen_terms), _total(train_terms)
     cap = vllm_kv_capacity_tokens(model, gen, limit) if model.full else None
     demand = None

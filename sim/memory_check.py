@@ -90,7 +90,7 @@ def trace_memory(meta: dict[str, Any]) -> TraceMemory:
     gen = GenSetup(tp=1, max_num_batched_tokens=int(eng.get("max_num_batched_tokens") or 8192),
                    max_num_seqs=int(eng.get("max_num_seqs") or 256), block_size=int(eng.get("block_size") or 16),
                    weight_bytes=width, kv_bytes=width, non_torch_gb=0.0 if cpu else GenSetup().non_torch_gb,
-                   kv_cache_gb=float(cfg.get("kv_cache_gib") or 0.0))
+                   kv_cache_gb=float(cfg.get("kv_cache_gib") or 0.0), sleeps=False)  # rlrun's engine stays resident
     # rlrun trains replicas in the engine's dtype without sharding or checkpointing (ZeRO stage 0)
     train = TrainSetup(gpus=int(cfg.get("train_devices") or 1), zero_stage=0,
                        micro_batch=int(cfg.get("micro_batch") or 1),

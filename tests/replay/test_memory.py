@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.memory_model import VLLM_CASES
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.importers.common import load_config
@@ -63,19 +64,6 @@ def test_kv_bytes_per_token():
     assert kv_bytes_per_token(llama) == 2 * 32 * 8 * 128 * 2            # 128 KiB
     assert kv_bytes_per_token(llama, tp=2) == kv_bytes_per_token(llama) / 2
     assert kv_bytes_per_token(llama, tp=16) == kv_bytes_per_token(llama, tp=8)  # heads replicated past 8
-
-
-# vLLM's "GPU KV cache size" (or its "# GPU blocks" x 16) for a model, GPU memory as CUDA reported it, utilization and
-# profiling token budget; predicted from the model's shape alone. (source, model, total GiB or None: the profile's,
-# utilization, max_num_batched_tokens, published tokens)
-VLLM_CASES = [
-    ("github.com/vllm-project/vllm/issues/10517 (RTX 3090, max-model-len 20k: 1952 blocks)",
-     "meta-llama/Llama-3.1-8B-Instruct", 23.58, 0.90, 20000, 1952 * 16),
-    ("github.com/vllm-project/vllm/issues/10517 (RTX 3090, max-model-len 29k: 'KV cache (23648)')",
-     "meta-llama/Llama-3.1-8B-Instruct", 23.58, 0.90, 29000, 23648),
-    ("github.com/vllm-project/vllm/pull/2031 (Llama2-7B, TP 1, 1 x A100-80GB: 7351 blocks)",
-     "meta-llama/Llama-2-7b-hf", None, 0.90, 4096, 7351 * 16),
-]
 
 
 @pytest.mark.parametrize("source,name,total,util,tokens,published", VLLM_CASES)
@@ -216,3 +204,15 @@ def test_model_shape_is_a_frozen_dataclass_with_help():
     from dataclasses import fields
     for cls in (ModelShape, GenSetup, TrainSetup):
         assert all(f.metadata.get("help") for f in fields(cls)), cls
+
+
+def test_an_engine_that_does_not_sleep_stays_in_the_training_phase():
+    model = MODELS["Qwen/Qwen2.5-0.5B"]
+    gen, train = GenSetup(kv_cache_gb=4.0), TrainSetup(gpus=1)
+    asleep = estimate_memory(model, gen, train, 79.1)
+    awake = estimate_memory(model, replace(gen, sleeps=False), train, 79.1)
+    kept = sum(t.gb for t in awake.terms if t.phase == "generation" and t.name in ("vLLM weights", "KV-cache pool"))
+    assert awake.training_gb == pytest.approx(asleep.training_gb + kept) and kept > 4.0
+    assert awake.generation_gb == asleep.generation_gb
+    split = estimate_memory(model, replace(gen, sleeps=False), replace(train, colocated=False), 79.1)
+    assert split.training_gb < awake.training_gb  # on separate devices the engine is elsewhere
