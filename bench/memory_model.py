@@ -10,6 +10,7 @@ measured peaks within 20 % at sizes other than the one a fixed runtime term is f
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -87,6 +88,21 @@ def peak_rows(paths: list[Path]) -> list[tuple[str, float, float]]:
     return out
 
 
+def cost_ms(path: Path, repeats: int = 200) -> float:
+    """Milliseconds the memory estimate adds to one `rlsim run` (the trace's inputs, then the reference's and the
+    candidate's estimates), median over `repeats`: pure arithmetic, no import of its own."""
+    t = read_trace(path)
+    B = int(t.config["prompts"]) * int(t.config.get("group") or 1)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        tm = trace_memory(t.meta)
+        for b in (B, 16 * B):
+            candidate_memory(tm, WhatIf(), Load(b, b, 256, 1))
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
 def main() -> None:
     print(f"{'case':<100} {'published':>10} {'predicted':>10} {'error':>7}")
     peaks = sorted((ROOT / "traces" / "memory").glob("*.parquet"), key=lambda p: (len(p.stem), p.stem))
@@ -97,6 +113,8 @@ def main() -> None:
         print(title)
         for case, published, predicted in rows:
             print(f"  {case:<98} {published:>10.6g} {predicted:>10.6g} {predicted / published - 1:>+7.1%}")
+    trace = ROOT / "traces" / "grpo_p128.parquet"
+    print(f"time the estimate adds to rlsim run on {trace.name}: {cost_ms(trace):.2f} ms (median of 200; target < 50 ms)")
 
 
 if __name__ == "__main__":
