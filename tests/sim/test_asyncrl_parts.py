@@ -12,7 +12,7 @@ from rlsim.modes.requests import AdmissionGate, FinishedGroups
 from rlsim.modes.sync import WeightSync
 from rlsim.core.config import EngineConfig, SimConfig, SplitConfig
 from rlsim.replay.errors import RlsimError
-from rlsim.modes.registry import simulate
+from rlsim.modes.registry import MODES, mode_of, register_mode, simulate
 from tests.sim.hand_models import hand_models
 
 NOT_STARTED = np.iinfo(np.int64).max
@@ -140,3 +140,11 @@ def test_the_gate_floors_its_bound_as_written_not_as_rounded():
     assert admitted(0.55, 0, 10) == 15
     from rlsim.present.tables import describe
     assert describe({"staleness": 1.0, "prompts": 64}, ["staleness", "prompts"]) == "staleness 1 prompts 64"
+
+
+def test_execution_modes_are_one_registry():
+    assert {"colocated", "split"} <= set(MODES)
+    with pytest.raises(ValueError, match="registered twice"):
+        register_mode("split")(lambda *a, **k: None)
+    cfg = SimConfig(prompts=2, group=2, updates=1)
+    assert mode_of(cfg) == "colocated" and mode_of(replace(cfg, split=SplitConfig(1, 1))) == "split"
