@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim.sweep import backends
+from rlsim.sweeps import backends
 from rlsim.core import grid as grids
 from rlsim.core.config import WhatIf  # noqa: E402
 from rlsim.whatif.predict import evaluate, prepare  # noqa: E402

@@ -34,7 +34,7 @@ from rlsim.replay.io import Trace, read_trace
 from rlsim.replay.probe import refuse_probe
 from rlsim.replay.split_stats import split_stats as measure
 from rlsim.replay.steps import step_table
-from rlsim.sweep.study import sweep_study
+from rlsim.sweeps.study import sweep_study
 from rlsim.whatif.predict import Study, evaluate, prepare, reference_outcome
 
 ALIASES = {"batch": "prompts"}  # the CLI's --batch is P
@@ -252,7 +252,7 @@ def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathL
           workers: int | None = 1, **options: Any):
     """Every config of the grid `axes` (WhatIf field -> values; `batch` is an alias of `prompts`), ranked best
     first (smallest T / T_ref). `out` also writes results.parquet/csv and sweep.json there; other options as
-    `rlsim.sweep.study.sweep_study` (rho_model, target, overwrite, ray_address, chunk_size, calibration)."""
+    `rlsim.sweeps.study.sweep_study` (rho_model, target, overwrite, ray_address, chunk_size, calibration)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
     allowed = sorted(set(inspect.signature(sweep_study).parameters)

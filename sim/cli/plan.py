@@ -1,4 +1,4 @@
-"""`rlsim plan`: parse options, build a PlanConfig, call `rlsim.sweep.plan.plan`, print the decision or the pilots."""
+"""`rlsim plan`: parse options, build a PlanConfig, call `rlsim.sweeps.plan.plan`, print the decision or the pilots."""
 from __future__ import annotations
 
 from typing import Optional
@@ -9,7 +9,7 @@ from rich.table import Table
 
 from rlsim.cli.opts import default_text
 from rlsim.cli.options import StudyOptions, command
-from rlsim.sweep.plan import Plan, PlanConfig, plan
+from rlsim.sweeps.plan import Plan, PlanConfig, plan
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import dumps, fmt
 

@@ -13,7 +13,7 @@ from rlsim.core.config import WhatIf, help_text
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.whatif.memory import memory_line
 from rlsim.cli.options import StudyOptions, command
-from rlsim.sweep.rank import rank_file
+from rlsim.sweeps.rank import rank_file
 from rlsim.replay.errors import cli_errors
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import refuse_probe

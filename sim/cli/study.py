@@ -1,5 +1,5 @@
 """`rlsim sweep`, `rlsim report` and `rlsim export perfetto`: parse options (rlsim.cli.options), call one
-library function (rlsim.sweep.study, rlsim.present.report, rlsim.present.perfetto), print."""
+library function (rlsim.sweeps.study, rlsim.present.report, rlsim.present.perfetto), print."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +17,7 @@ from rlsim.cli.opts import App, default_text
 from rlsim.cli.options import StudyOptions, command, labels
 from rlsim.replay.errors import RlsimError
 from rlsim.present.report import build_report
-from rlsim.sweep.study import export_simulated, sweep_study
+from rlsim.sweeps.study import export_simulated, sweep_study
 from rlsim.present.tables import config_warning_items, describe, own, plan_lines, ranking_table, sweep_verdict, varying
 
 MAX_NOTES = 8  # notes printed under a sweep's verdict; the rest are in results.csv and the report

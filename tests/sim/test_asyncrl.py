@@ -202,7 +202,7 @@ def traces(tmp_path_factory):
 
 
 def test_sweep_over_the_split_equals_single_runs(traces):
-    from rlsim.sweep import backends
+    from rlsim.sweeps import backends
     from rlsim.core.grid import build_grid
     from rlsim.whatif.predict import evaluate, prepare
 

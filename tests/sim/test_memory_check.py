@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from rlsim.cli import app
 from rlsim.core.config import WhatIf
 from rlsim.whatif.memory import Load, candidate_memory, memory_line, memory_object, trace_memory
-from rlsim.sweep.plan import Scored, _feasible, pick, scores
+from rlsim.sweeps.plan import Scored, _feasible, pick, scores
 from rlsim.replay.io import read_trace
 from rlsim.replay.memory import usable_memory_gb
 from rlsim.present.results import rank_rows

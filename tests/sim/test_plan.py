@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from rlsim.cli import app
 from rlsim.core.config import WhatIf
-from rlsim.sweep.plan import PlanConfig, pick, plan, regret_after_pilot, scores
+from rlsim.sweeps.plan import PlanConfig, pick, plan, regret_after_pilot, scores
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.evaluation import regret, regret_interval
 from rlsim.replay.io import read_trace
@@ -77,7 +77,7 @@ def test_exact_predictions_decide_without_pilots(synth):
 
 
 def test_sigma_uncertainty_comes_from_the_traces_own_intervals(synth):
-    from rlsim.sweep.plan import sigma_spread
+    from rlsim.sweeps.plan import sigma_spread
     from rlsim.whatif.predict import evaluate, prepare
 
     cfg = PlanConfig(prompts=(8, 32, 64), draws=2000)

@@ -10,7 +10,7 @@ from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
 from rlsim.present import perfetto as pf  # noqa: E402
-from rlsim.sweep import backends
+from rlsim.sweeps import backends
 from rlsim.core import grid as grids
 from rlsim.present import results
 from rlsim.cli import app  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 from tests.sim.study_synth import fake_evaluate
 
 from rlsim.replay.errors import RlsimError  # noqa: E402
-from rlsim.sweep import backends
+from rlsim.sweeps import backends
 from rlsim.core import grid as grids
 from rlsim.present import results
 from rlsim.core.config import WhatIf  # noqa: E402

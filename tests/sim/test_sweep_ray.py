@@ -8,7 +8,7 @@ pytestmark = pytest.mark.ray
 from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim.sweep import backends
+from rlsim.sweeps import backends
 from rlsim.core import grid as grids
 from rlsim.core.config import WhatIf
 from rlsim.whatif.predict import prepare

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from rlsim.sweep import backends
+from rlsim.sweeps import backends
 
 from rlsim.present import results
 from rlsim.present import perfetto as pf
@@ -15,7 +15,7 @@ from rlsim.core.config import WhatIf
 from rlsim.core.grid import build_grid, config_dict
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import exclusive
-from rlsim.sweep.plan import PlanConfig, plan
+from rlsim.sweeps.plan import PlanConfig, plan
 from rlsim.present.tables import sweep_verdict
 from rlsim.present.views import sweep_charts
 from rlsim.whatif.predict import Study, prepare, timeline
