@@ -41,7 +41,7 @@ test-all: $(VENV)/.installed lint-imports
 LINT_VIEW := build/import-linter
 lint-imports: $(VENV)/.installed
 	rm -rf $(LINT_VIEW) && mkdir -p $(LINT_VIEW)/rlsim
-	ln -s $(CURDIR)/sim/*.py $(LINT_VIEW)/rlsim/
+	ln -s $(CURDIR)/sim/* $(LINT_VIEW)/rlsim/
 	ln -s $(CURDIR)/replay $(LINT_VIEW)/rlsim/replay
 	ln -s $(CURDIR)/runner $(LINT_VIEW)/rlsim/runner
 	PYTHONPATH=$(CURDIR)/$(LINT_VIEW) $(VENV)/bin/lint-imports --no-cache

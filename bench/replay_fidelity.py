@@ -22,11 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def machine_floor(windows: int = 30, window_s: float = 1.0) -> tuple[float, float]:
-    """Noise floor (`rlsim.fidelity.noise_floor`) and coefficient of variation of the times of identical ~1 s
+    """Noise floor (`rlsim.whatif.fidelity.noise_floor`) and coefficient of variation of the times of identical ~1 s
     matmul windows."""
     import numpy as np
 
-    from rlsim.fidelity import noise_floor
+    from rlsim.whatif.fidelity import noise_floor
 
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((256, 512), np.float32), rng.standard_normal((512, 512), np.float32)
@@ -51,7 +51,7 @@ def main() -> None:
     from rich.table import Table
 
     from rlsim.replay.io import read_trace
-    from rlsim.fidelity import noise_floor, replay_trace
+    from rlsim.whatif.fidelity import noise_floor, replay_trace
 
     args = sys.argv[1:]
     probe = 30
@@ -116,8 +116,8 @@ def cross_batch(paths) -> None:
 
     from rlsim.replay.fit import fit_trace
     from rlsim.replay.io import read_trace
-    from rlsim.config import WhatIf
-    from rlsim.whatif import evaluate, prepare, same_setup
+    from rlsim.core.config import WhatIf
+    from rlsim.whatif.predict import evaluate, prepare, same_setup
 
     traces = [read_trace(p) for p in paths]
     tab = Table(title="what-if accuracy: predicted vs recorded responses/s of a trace from traces at other batch sizes")

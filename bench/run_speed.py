@@ -54,8 +54,8 @@ def main() -> None:
 
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     from rlsim.replay.io import read_trace
-    from rlsim.config import WhatIf
-    from rlsim.whatif import evaluate, prepare
+    from rlsim.core.config import WhatIf
+    from rlsim.whatif.predict import evaluate, prepare
 
     t0 = time.perf_counter()
     study = prepare([read_trace(trace)])

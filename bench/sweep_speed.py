@@ -23,9 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim import backends, grid as grids
-from rlsim.config import WhatIf  # noqa: E402
-from rlsim.whatif import evaluate, prepare  # noqa: E402
+from rlsim.sweeps import backends
+from rlsim.core import grid as grids
+from rlsim.core.config import WhatIf  # noqa: E402
+from rlsim.whatif.predict import evaluate, prepare  # noqa: E402
 
 # the example grid; seeds repeat it up to the asked size
 BATCHES = [64, 128, 256, 512, 1024, 2048, 4096]

@@ -1,5 +1,5 @@
 """AReaL's staleness rule (Fu et al. 2025, "staleness-aware" rollout control), stated once for the runner
-(runner/split.py) and the simulator (sim/asyncrl_requests.py): which prompts may start, and which finished
+(runner/split.py) and the simulator (sim/modes/requests.py): which prompts may start, and which finished
 prompts an update consumes.
 
 Admission: at policy version v a prompt starts only while the prompts started (consumed, finished, running or

@@ -36,7 +36,7 @@ def cli_errors(fn):
 
 
 _KEYWORDS: ContextVar[bool] = ContextVar("rlsim_keyword_names", default=False)
-# Where the CLI's option is not `--field-name`: P is --batch, as verl's train_batch_size (rlsim.options), the
+# Where the CLI's option is not `--field-name`: P is --batch, as verl's train_batch_size (rlsim.cli.options), the
 # sample-cost model --rho. In the API, traces are the first argument of fit and sweep.
 OPTION_SPELLING = {"prompts": "--batch", "rho_model": "--rho"}
 KEYWORD_SPELLING = {"trace": "traces=[...]"}

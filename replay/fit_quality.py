@@ -1,5 +1,5 @@
 """Whether a trace's cost fits can be used: one rule, read wherever fits are judged (the fits' warnings in
-replay/calibration.py, the what-if's intervals in rlsim.whatif, `rlsim plan`).
+replay/calibration.py, the what-if's intervals in rlsim.whatif.predict, `rlsim plan`).
 
 Each cost fit, the engine step and the training pass, is judged on what it did not see and on its own rows:
 

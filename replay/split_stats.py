@@ -3,7 +3,7 @@ how stale the trained samples, how much generation overlapped training.
 
 `split_stats(trace)` measures a `rlrun record --mode split` trace (schema version 3: `gen_step` rows per
 engine replica, `train_rank` / `allreduce` rows per data-parallel rank, `response` rows with their start
-and finish policy versions) the way `rlsim.asyncrl` defines the simulated quantities, so a recorded split
+and finish policy versions) the way `rlsim.modes.split` defines the simulated quantities, so a recorded split
 can be set beside its prediction; a colocated trace (any schema version) gets the same quantities from
 what it has, so colocated and split runs compare in one table.
 
@@ -15,13 +15,13 @@ Definitions (window = the measurement window, see below; seconds):
   sync to the end of this one's, so the step times tile the run.
 - gen_idle_ratio: the mean over engines of 1 - (seconds of its `gen_step` rows inside the window) / window
   (rows clipped to the window; engines: config `gen_devices`, or more if rows name more; a row without
-  `engine_id`, as in colocated traces, is engine 0). asyncrl: the mean over replicas of the fraction of
+  `engine_id`, as in colocated traces, is engine 0). rlsim.modes.split: the mean over replicas of the fraction of
   wall time running no engine step.
 - train_idle_ratio: the mean over ranks of 1 - busy / window, busy = the seconds inside the window covered
   by its `train_rank` rows, its `allreduce` rows or a `sync` row (the trainer takes part in every weight
   sync; one collective with every engine counts once), + the trainer's host and optimizer seconds of the
   window's updates (update rows' `reward_time`, `prep_time`, `t_optimizer`, nulls 0: `train_rank` is the
-  forward + backward only, so a recorder must not time those inside it), at most the window. asyncrl:
+  forward + backward only, so a recorder must not time those inside it), at most the window. rlsim.modes.split:
   the mean over ranks of the fraction of wall time neither computing nor communicating (rewards, the
   rank's prep + update, the all-reduce, the sync and the rest of the step are busy; waiting for a batch,
   for the slowest rank and for the replicas to join the sync is idle). Any trace with `train_rank` rows (split, or colocated
@@ -30,15 +30,15 @@ Definitions (window = the measurement window, see below; seconds):
   duration) and `sync` rows inside the window plus the `reward_time` of the window's updates.
 - staleness_mean / staleness_max: over every consumed response of the run (consumed_step set), consumed_step
   - policy_version (the update that trained on it minus the version its generation started under), as
-  asyncrl reports them over all the run's updates. 0 in a colocated (synchronous) trace.
+  rlsim.modes.split reports them over all the run's updates. 0 in a colocated (synchronous) trace.
 - partial_responses: responses whose finish_version > policy_version (they spanned a weight sync).
 - overlap_s: seconds inside the window during which some engine ran a `gen_step` while some rank ran a
   `train_rank` (colocated: an `update`): > 0 shows generation overlapping training.
 
 - With `idle` rows (split recordings: each engine replica and each rank records when it waits), the idle
   ratios are those intervals instead, as the simulator counts them: an engine is idle while it waits for
-  prompts or weights and while it loads weights (its `sync` rows; asyncrl: "waiting for the gate or a
-  sync"), busy from the start of a step to the next wait (the gaps between steps are busy, as in asyncrl's
+  prompts or weights and while it loads weights (its `sync` rows; rlsim.modes.split: "waiting for the gate or a
+  sync"), busy from the start of a step to the next wait (the gaps between steps are busy, as in rlsim.modes.split's
   fitted step gap); a rank is idle while it waits for responses or for the replicas to join the sync.
   The busy-interval definitions above then apply to traces without idle rows (colocated).
 
@@ -52,15 +52,15 @@ t_start)) are taken out of it, and with them any row's seconds during an eval: t
 colocated step. `window` is the (start, end) pair; the ratios divide by its length less the evals.
 
 Differences from the simulator that measuring cannot remove:
-- asyncrl counts an engine's gaps between steps and its per-request admission overhead as busy (its
+- rlsim.modes.split counts an engine's gaps between steps and its per-request admission overhead as busy (its
   fitted step gap and host overhead); the trace times engine steps only, so the measured gen idle is
   higher by the share of those gaps.
-- asyncrl's ratios are over its whole simulated run (from t = 0, pipeline fill included, to the end of the
+- rlsim.modes.split's ratios are over its whole simulated run (from t = 0, pipeline fill included, to the end of the
   last update's rest-of-step); these are over the steady-state window unless skip = 0.
-- asyncrl charges its fitted rest-of-step ("other") to the trainer as busy; host time with no row or
+- rlsim.modes.split charges its fitted rest-of-step ("other") to the trainer as busy; host time with no row or
   update-row figure (bookkeeping, copying the weights out for the sync, the trace flush) is idle here.
   The trainer's sync time is the union of the engines' load intervals (engines loading one after another
-  each count), where asyncrl has one collective of the fitted sync time; both count waiting for the
+  each count), where rlsim.modes.split has one collective of the fitted sync time; both count waiting for the
   replicas to join the sync as idle.
 - Outcome's colocated ratios are phase-level (gen idle = 1 - the generation phase's share of the step,
   train idle = that share); measured here with the busy intervals above, for colocated and split alike.

@@ -1,8 +1,8 @@
 """The one timeline type: what a run did, when, on which lane and track.
 
-The simulator records `Slice`s and `Counter`s as it runs (rlsim.pipeline), `recorded_timeline` reads
+The simulator records `Slice`s and `Counter`s as it runs (rlsim.core.pipeline), `recorded_timeline` reads
 the same from a recorded trace, and every view takes them as they are: the Perfetto export
-(rlsim.perfetto), the Gantt chart (rlsim.charts), the report.
+(rlsim.present.perfetto), the Gantt chart (rlsim.present.charts), the report.
 
 Lanes (one Perfetto process each), in this order:
 - `rl`: RL steps (generation to the end of the step);

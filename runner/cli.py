@@ -2,7 +2,7 @@
 
 Thin: parse -> RunConfig (ProbeConfig) -> one library call. The options of `record`, `calibrate` and `probe`
 are RunConfig's fields (runner/config.py states each default, help text and flag once), and `probe`'s own
-ProbeConfig's, made by `rlsim.cliopts`, the mechanism `rlsim` uses. torch and vLLM are imported only when a run starts, so `--help` and bad-input
+ProbeConfig's, made by `rlsim.cli.opts`, the mechanism `rlsim` uses. torch and vLLM are imported only when a run starts, so `--help` and bad-input
 errors are fast, and `inspect` works in the base install. Every RlsimError, a bad number or a missing
 engine extra included, is one line and exit code 2.
 """
@@ -14,8 +14,8 @@ from typing import Any, Callable
 
 import typer
 
-from rlsim.cliopts import App, Group, generated, options, param, placeholder, specs, values
-from rlsim.grid import parse_value
+from rlsim.cli.opts import App, Group, generated, options, param, placeholder, specs, values
+from rlsim.core.grid import parse_value
 from rlsim.replay.errors import RlsimError, cli_errors
 from rlsim.runner.config import ProbeConfig, RunConfig, field_help
 

@@ -5,7 +5,7 @@ raises `RlsimError` with one line saying the fix. Derived values (B = P x G, the
 the rule, the micro-batch used for gradient diagnostics) are properties computed here and only here.
 `dataclasses.asdict(cfg)` plus `derived()` is what goes into the trace metadata under `config`.
 Each field states its default and help once: `rlrun record`, `rlrun calibrate` and `rlrun probe` make
-their options from them (`rlsim.cliopts`, as `rlsim` does from its WhatIf). `ProbeConfig` is `rlrun probe`'s:
+their options from them (`rlsim.cli.opts`, as `rlsim` does from its WhatIf). `ProbeConfig` is `rlrun probe`'s:
 its sizes and rounds, and a RunConfig for the options its RL steps share.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ ALGOS = ("grpo", "ppo")
 LR_RULES = ("sqrt", "linear", "fixed")
 
 
-# The rlrun commands that take a field as an option (rlsim.cliopts makes the option from the field); cli=():
+# The rlrun commands that take a field as an option (rlsim.cli.opts makes the option from the field); cli=():
 # none (the optimizer's constants are the library's). `probe` takes what shapes its RL steps, not what only a
 # recording has (its steps, evals, calibration, split mode) nor what differs per size (P, --gen-batch).
 RECORD, BOTH = ("record",), ("record", "calibrate")

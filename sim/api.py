@@ -13,7 +13,7 @@
     rlsim.check_fidelity(tr)                             # recorded vs simulated, per update (rlsim replay)
     rlsim.example_trace("grpo_p128")                     # the path of a trace shipped under traces/
 
-Config keywords are the fields of `rlsim.config.WhatIf`; `batch` is accepted for `prompts` (the CLI's
+Config keywords are the fields of `rlsim.core.config.WhatIf`; `batch` is accepted for `prompts` (the CLI's
 `--batch` is P). Errors name those keywords, not the CLI's options.
 """
 from __future__ import annotations
@@ -27,15 +27,15 @@ from numbers import Integral
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from rlsim.config import LENGTHS, WhatIf
-from rlsim.fidelity import replay_trace
+from rlsim.core.config import LENGTHS, WhatIf
+from rlsim.whatif.fidelity import replay_trace
 from rlsim.replay.errors import RlsimError, did_you_mean, keyword_names
 from rlsim.replay.io import Trace, read_trace
 from rlsim.replay.probe import refuse_probe
 from rlsim.replay.split_stats import split_stats as measure
 from rlsim.replay.steps import step_table
-from rlsim.study import sweep_study
-from rlsim.whatif import Study, evaluate, prepare, reference_outcome
+from rlsim.sweeps.study import sweep_study
+from rlsim.whatif.predict import Study, evaluate, prepare, reference_outcome
 
 ALIASES = {"batch": "prompts"}  # the CLI's --batch is P
 
@@ -140,7 +140,7 @@ def _fields(given: Mapping[str, Any], call: str) -> dict[str, Any]:
         name = ALIASES.get(key, key)
         if name not in valid:
             raise _unknown(call, key, valid + list(ALIASES),
-                           f"the keywords are rlsim.config.WhatIf's fields: {', '.join(valid)} (batch = prompts)")
+                           f"the keywords are rlsim.core.config.WhatIf's fields: {', '.join(valid)} (batch = prompts)")
         if name in out:
             raise RlsimError(f"{call}: give prompts or batch, not both (batch is the CLI's name for prompts)")
         out[name] = value
@@ -194,7 +194,7 @@ def split_stats(trace: Trace | str | os.PathLike, *, skip: int = 2) -> dict[str,
 
 @_public
 def fit(traces: Any, *, rho_model: str = "auto", target: float | None = None, calibration: Any = ()):
-    """Fit the traces (a trace or path, or a list of them; the first is the reference): a `rlsim.whatif.Study`.
+    """Fit the traces (a trace or path, or a list of them; the first is the reference): a `rlsim.whatif.predict.Study`.
     `calibration`: traces of `rlrun calibrate` for a reference recorded without calibration."""
     read = _traces(traces)
     if not read:
@@ -223,7 +223,7 @@ def _frame(study_or_traces: Any, candidates: Sequence[dict[str, Any]], roles: Se
 
 @_public
 def predict(study_or_traces: Any, **config: Any):
-    """The reference and one candidate (`rlsim.config.WhatIf` fields, e.g. prompts=2048, group=16; `batch` is an
+    """The reference and one candidate (`rlsim.core.config.WhatIf` fields, e.g. prompts=2048, group=16; `batch` is an
     alias of `prompts`, as the CLI's --batch is P) as a two-row DataFrame indexed by role. `study_or_traces`: a
     fitted Study, or traces to fit."""
     return _frame(study_or_traces, [_fields(config, "predict")], ["candidate"])
@@ -252,7 +252,7 @@ def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathL
           workers: int | None = 1, **options: Any):
     """Every config of the grid `axes` (WhatIf field -> values; `batch` is an alias of `prompts`), ranked best
     first (smallest T / T_ref). `out` also writes results.parquet/csv and sweep.json there; other options as
-    `rlsim.study.sweep_study` (rho_model, target, overwrite, ray_address, chunk_size, calibration)."""
+    `rlsim.sweeps.study.sweep_study` (rho_model, target, overwrite, ray_address, chunk_size, calibration)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
     allowed = sorted(set(inspect.signature(sweep_study).parameters)

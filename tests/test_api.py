@@ -39,7 +39,7 @@ def test_api_raises_the_cli_errors(tmp_path):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: rlsim.predict(TRACE, batchsize=64), r"^predict: unknown keyword 'batchsize' \(did you mean batch\?\); the "
-                                                 r"keywords are rlsim.config.WhatIf's fields: prompts, group, lr_rule, "),
+                                                 r"keywords are rlsim.core.config.WhatIf's fields: prompts, group, lr_rule, "),
     (lambda: rlsim.predict(TRACE, batch=64, prompts=64), "give prompts or batch, not both"),
     (lambda: rlsim.predict(TRACE, batch=0), "^prompts must be a positive integer, got 0$"),
     (lambda: rlsim.predict(TRACE, staleness=2), r"^staleness=2 needs split devices: add gen_gpus=N, train_gpus=M \("),
@@ -75,8 +75,8 @@ def test_cli_keeps_its_option_names(tmp_path):
     assert r.exit_code == 2 and r.output.strip() == "error: --batch must be a positive integer, got 0"
     r = CliRunner().invoke(app, ["run", str(TRACE), "--staleness", "2"])
     assert "error: --staleness 2 needs split devices: add --gen-gpus N --train-gpus M" in r.output
-    from rlsim.config import name
-    from rlsim.options import labels, study_specs
+    from rlsim.core.config import name
+    from rlsim.cli.options import labels, study_specs
 
     assert labels() == {f: name(f) for f in labels()}  # messages and options spell each field alike
     assert {s.field: s.label for s in study_specs()} == {s.field: name(s.field) for s in study_specs()}

@@ -1,4 +1,4 @@
-"""rlsim.cliopts: the one mechanism both CLIs make their options with (dataclass field -> typer option)."""
+"""rlsim.cli.opts: the one mechanism both CLIs make their options with (dataclass field -> typer option)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from rlsim import cliopts
+from rlsim.cli import opts as cliopts
 from rlsim.replay.errors import RlsimError, cli_errors
 
 

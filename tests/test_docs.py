@@ -17,36 +17,43 @@ def _layout_tree() -> str:
     return section.split("```", 2)[1]
 
 
-def _tree_names() -> set[str]:
-    """Every file or folder name the tree's lines start with (`a.py, b.py   text` names both; `commands_*.py`
-    is a pattern)."""
-    names: set[str] = set()
+def _tree_paths() -> set[str]:
+    """Every file the tree names, as a path: a line's names (`a.py, b.py   text` names both) sit in the folder of
+    the nearest line above indented less that ends in `/`."""
+    paths: set[str] = set()
+    folders: list[str] = []
     for line in _layout_tree().splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
         head = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
-        names.update(n.strip() for n in head.split(",") if n.strip())
-    return names
+        folders = folders[:depth]
+        for n in (n.strip() for n in head.split(",") if n.strip()):
+            if n.endswith("/"):
+                folders.append(n)
+            else:
+                paths.add("".join(folders) + n)
+    return paths
+
+
+def _modules() -> set[str]:
+    """The product's modules: sim/ with its subpackages, replay/ and runner/ (replay/importers/ is one folder)."""
+    files = [*(ROOT / "sim").rglob("*.py"), *(ROOT / "replay").glob("*.py"), *(ROOT / "runner").glob("*.py")]
+    return {str(f.relative_to(ROOT)) for f in files if f.name != "__init__.py"}
 
 
 def test_readme_tree_names_every_module():
-    names = _tree_names()
-    patterns = [re.compile(re.escape(n).replace(r"\*", ".*") + "$") for n in names if "*" in n]
-    missing = []
-    for folder in ("sim", "replay", "runner"):
-        for f in sorted((ROOT / folder).glob("*.py")):
-            if f.name == "__init__.py" or f.name in names or any(p.match(f.name) for p in patterns):
-                continue
-            missing.append(f"{folder}/{f.name}")
+    missing = sorted(_modules() - _tree_paths())
     assert not missing, f"README's layout tree does not name {missing}"
 
 
 def test_readme_tree_names_only_modules_that_exist():
-    files = {f.name for folder in ("sim", "replay", "runner") for f in (ROOT / folder).glob("*.py")}
-    named = {n for n in _tree_names() if n.endswith(".py") and "*" not in n}
-    assert named <= files, f"README's layout tree names modules that do not exist: {sorted(named - files)}"
+    extra = sorted(p for p in _tree_paths() - _modules() if p.endswith(".py"))
+    assert not extra, f"README's layout tree names modules that do not exist: {extra}"
 
 
 def test_readme_cli_line_names_every_command():
-    line = next(ln for ln in _layout_tree().splitlines() if ln.strip().startswith("cli.py"))
+    line = next(ln for ln in _layout_tree().splitlines() if ln.strip().startswith("cli/"))
     listed = {w.strip() for w in line.split("CLI:", 1)[1].split(",")}
     group = typer.main.get_group(app)
     assert set(group.commands) == listed

@@ -34,8 +34,8 @@ def test_simulator_cli_loads_without_torch():
 
 def test_a_command_loads_only_its_own_module():
     code = ("import sys; from rlsim.cli import build; build('run'); "
-            "print([m for m in ('rlsim.commands_import', 'rlsim.replay.importers', 'rlsim.commands_plan', "
-            "'rlsim.plan', 'rlsim.commands_study', 'rlsim.report') if m in sys.modules])")
+            "print([m for m in ('rlsim.cli.imports', 'rlsim.replay.importers', 'rlsim.cli.plan', "
+            "'rlsim.sweeps.plan', 'rlsim.cli.study', 'rlsim.present.report') if m in sys.modules])")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
@@ -77,10 +77,10 @@ def test_no_private_name_is_imported_across_modules():
 def test_ray_ships_an_importable_rlsim(tmp_path):
     """What `rlsim sweep --ray-address` uploads is one folder `rlsim` holding the simulator and its
     `replay` subpackage: importable on its own, ahead of the installed package."""
-    from rlsim.backends import ship_package
+    from rlsim.sweeps.backends import ship_package
 
     root = ship_package(tmp_path)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import rlsim.whatif, rlsim.replay.fit, rlsim.cli; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import rlsim.whatif.predict, rlsim.replay.fit, rlsim.cli; "
             "print(rlsim.__file__, rlsim.replay.fit.__file__)")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr

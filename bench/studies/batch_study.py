@@ -31,7 +31,7 @@ another's, and what a perfect predictor would score against the 3-seed means.
     python -m bench.studies.batch_study --no-record --target 0.566 --fresh-from 3   # analyse as docs/results.md does
     python -m bench.studies.batch_study --seeds 1 --sizes 8,32 --budget 2048   # smoke test
 
-(from the repository root). rlsim's predictions are made in process (`rlsim.whatif.prepare` and `evaluate`, what
+(from the repository root). rlsim's predictions are made in process (`rlsim.whatif.predict.prepare` and `evaluate`, what
 `rlsim run --json` prints); the scoring is `rlsim.replay.evaluation`.
 
 `--lr` moves the reference lr (the sqrt rule scales it to every size); `--predict FILE` writes the reference-alone
@@ -51,8 +51,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.studies.recording import ROOT, complete, run_locked, tool
-from rlsim.config import WhatIf
-from rlsim.outcome import Outcome
+from rlsim.core.config import WhatIf
+from rlsim.whatif.outcome import Outcome
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.evaluation import (SeedRuns, b_crit_allowed, censored_log_error, critical_batches, error_summary,
                                      kendall_tau, measured_ratios, noise_split, resample_T, samples_to_target, score_ranking,
@@ -61,7 +61,7 @@ from rlsim.replay.io import Trace, read_trace
 from rlsim.replay.learning import fit_learning_curve, noise_scale
 from rlsim.replay.rho import curves_rho, fit_lr_aware, lr_aware_rho, noise_scale_rho
 from rlsim.replay.split_stats import split_stats
-from rlsim.whatif import Study, evaluate, prepare
+from rlsim.whatif.predict import Study, evaluate, prepare
 
 SIZES = (8, 16, 32, 64, 128, 256)
 REF_P, G, LR = 32, 8, 3e-4
@@ -537,7 +537,7 @@ def chart(res: dict, out_dir: Path) -> None:
     """Measured T ratio (seed spread as a band) against the two predictions, over P (log axis)."""
     import altair as alt
 
-    from rlsim.charts import save_chart
+    from rlsim.present.charts import save_chart
 
     pts = []
     for r in res["rows"]:

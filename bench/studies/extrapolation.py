@@ -29,11 +29,11 @@ import json
 from pathlib import Path
 
 from bench.studies.recording import ROOT, complete, run_locked, tool
-from rlsim.config import WhatIf
+from rlsim.core.config import WhatIf
 from rlsim.replay.evaluation import SigmaCase, sigma_summary
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import probe_sigma
-from rlsim.whatif import evaluate, prepare
+from rlsim.whatif.predict import evaluate, prepare
 
 # (name, algo, task, G, sizes P): ratios up to 16x, G 4 to 16, GRPO and PPO, one addmix
 CONFIGS = [

@@ -32,9 +32,9 @@ from rlsim.replay.io import read_trace
 from rlsim.replay.learning import fit_learning_curve
 from rlsim.replay.rho_errors import RhoErrors
 from rlsim.replay.split_stats import split_stats
-from rlsim.config import WhatIf
-from rlsim.plan import PlanConfig, plan
-from rlsim.whatif import evaluate, prepare
+from rlsim.core.config import WhatIf
+from rlsim.sweeps.plan import PlanConfig, plan
+from rlsim.whatif.predict import evaluate, prepare
 
 SIZES, REF_P, G = (8, 16, 32, 64, 128, 256), 32, 8
 

@@ -33,12 +33,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.studies.recording import complete, run_locked, tool
-from rlsim.config import WhatIf
-from rlsim.outcome import Outcome
+from rlsim.core.config import WhatIf
+from rlsim.whatif.outcome import Outcome
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import read_trace
 from rlsim.replay.split_stats import split_stats
-from rlsim.whatif import Study, evaluate, prepare
+from rlsim.whatif.predict import Study, evaluate, prepare
 
 P, G = 32, 8
 COMMON = ["--prompts", str(P), "--group", str(G), "--eval-every", "0", "--eval-prompts", "16", "--eval-k", "1",

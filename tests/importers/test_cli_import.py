@@ -1,4 +1,4 @@
-"""`rlsim import`: the commands of sim/commands_import.py on a throwaway typer app (and on the real
+"""`rlsim import`: the commands of sim/cli/imports.py on a throwaway typer app (and on the real
 `rlsim` app once it registers them), then a what-if on the imported shipped example."""
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from rlsim import commands_import
-from rlsim.config import WhatIf
+from rlsim.cli import imports as commands_import
+from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
-from rlsim.whatif import run
+from rlsim.whatif.predict import run
 from tests.importers.fixtures import OPENRLHF_CONFIG, write_openrlhf_csv
 
 ROOT = Path(__file__).resolve().parents[2]

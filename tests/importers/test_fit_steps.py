@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlsim.config import WhatIf
+from rlsim.core.config import WhatIf
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.fit_steps import fit_steps, is_step_level, lognormal_lengths, round_features
 from rlsim.replay.importers import import_log
 from rlsim.replay.io import read_trace
-from rlsim.whatif import run
+from rlsim.whatif.predict import run
 from tests.importers.fixtures import verl_line
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,9 +131,9 @@ def test_rlsim_run_on_an_imported_trace(example_trace):
 
 def test_rlsim_replay_on_an_imported_trace(example_trace):
     try:
-        from rlsim.fidelity import replay_trace
+        from rlsim.whatif.fidelity import replay_trace
     except ImportError:  # before the what-if split
-        from rlsim.whatif import replay_trace
+        from rlsim.whatif.predict import replay_trace
 
     r = replay_trace(example_trace)
     e = r.errors()["step_time"]

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from rlsim.config import WhatIf
+from rlsim.core.config import WhatIf
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.importers import import_log
 from rlsim.replay.io import read_trace
 from rlsim.replay.schema import EVAL, PHASE, STEP_STATS, UPDATE
-from rlsim.whatif import run
+from rlsim.whatif.predict import run
 from tests.importers.fixtures import (OPENRLHF_CONFIG, TRL_ENTRY_STEP1, trl_entry, write_openrlhf_csv, write_trl_state)
 
 GRPO_YAML = ("# GRPOConfig fields (TRL recipe YAML); values the tests'\nper_device_train_batch_size: 8\n"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
-from rlsim.config import WhatIf
+from rlsim.core.config import WhatIf
 from rlsim.replay.importers import import_log
 from rlsim.replay.io import read_trace
-from rlsim.whatif import _other_device, evaluate, prepare, reference_outcome
+from rlsim.whatif.predict import _other_device, evaluate, prepare, reference_outcome
 from tests.importers.fixtures import VERL_CONFIG, write_step_lines, write_verl_log
 
 ROW = dict(gen=30.0, reward=1.0, old_log_prob=5.0, ref=5.0, adv=0.5, update_actor=12.0)

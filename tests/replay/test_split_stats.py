@@ -236,7 +236,7 @@ def test_fit_and_replay_refuse_a_split_trace(split_path):
     with pytest.raises(RlsimError) as err:
         fit_trace([read_trace(V2[0]), t])
     assert str(err.value) == want
-    from rlsim.fidelity import replay_trace
+    from rlsim.whatif.fidelity import replay_trace
 
     with pytest.raises(RlsimError, match="recorded in split mode"):
         replay_trace(t)

@@ -191,7 +191,7 @@ def test_inspect_needs_no_engine(monkeypatch):
     assert res.exit_code == 0 and "responses/s" in res.output, res.output
 
 
-# ---- the options are RunConfig's fields (rlsim.cliopts, shared with rlsim) ---------------------------------------
+# ---- the options are RunConfig's fields (rlsim.cli.opts, shared with rlsim) ---------------------------------------
 
 # --max-model-len: record takes it too, as its own error message ("must be below --max-model-len") says
 RECORD_FLAGS = ['--algo', '--batch', '--calibrate', '--compile', '--critic-lr', '--dataset', '--drift-every',

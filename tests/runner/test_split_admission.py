@@ -1,10 +1,10 @@
 """The staleness rule is one rule: the runner's controller (runner/split.py `StalenessBook`) and the simulator's
-gate and consumption (rlsim.asyncrl_requests) admit and consume the same prompts for the same finish order."""
+gate and consumption (rlsim.modes.requests) admit and consume the same prompts for the same finish order."""
 import numpy as np
 import pytest
 import simpy
 
-from rlsim.asyncrl_requests import AdmissionGate, FinishedGroups
+from rlsim.modes.requests import AdmissionGate, FinishedGroups
 from rlsim.runner.split import StalenessBook
 
 NOT_STARTED = np.iinfo(np.int64).max

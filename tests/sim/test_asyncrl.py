@@ -1,4 +1,4 @@
-"""Split devices and asynchronous rollout (rlsim.asyncrl) on hand-made cost models: exact event times, the
+"""Split devices and asynchronous rollout (rlsim.modes.split) on hand-made cost models: exact event times, the
 staleness gate, partial rollout, eta = 0 as a synchronous schedule, idle ratios; sweeps and the CLI."""
 from dataclasses import replace
 
@@ -7,11 +7,11 @@ import pytest
 from typer.testing import CliRunner
 
 from rlsim.cli import app
-from rlsim.config import EngineConfig, SimConfig, SplitConfig, WhatIf
+from rlsim.core.config import EngineConfig, SimConfig, SplitConfig, WhatIf
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
-from rlsim.simulator import simulate
+from rlsim.modes.registry import simulate
 from tests.sim.hand_models import hand_models
 
 RNG = np.random.default_rng(0)
@@ -202,9 +202,9 @@ def traces(tmp_path_factory):
 
 
 def test_sweep_over_the_split_equals_single_runs(traces):
-    from rlsim import backends
-    from rlsim.grid import build_grid
-    from rlsim.whatif import evaluate, prepare
+    from rlsim.sweeps import backends
+    from rlsim.core.grid import build_grid
+    from rlsim.whatif.predict import evaluate, prepare
 
     study = prepare([read_trace(traces[0])])
     grid = build_grid(WhatIf, {"prompts": [8, 16], "gen_gpus": [1, 2], "train_gpus": [1, 2], "staleness": [0, 2],
@@ -217,7 +217,7 @@ def test_sweep_over_the_split_equals_single_runs(traces):
     assert all(r["staleness_max"] >= 1 and r["mode"].startswith("split 2 gen") for r in fast)
     assert any(r["allreduce_s"] > 0 for r in rows if r["train_gpus"] == 2)
     # the report's chart of T ratio over the split, per staleness: only when the sweep varied the split
-    from rlsim.views import build_charts
+    from rlsim.present.views import build_charts
 
     tr = [read_trace(traces[0])]
     axes = {"prompts": [8, 16], "gen_gpus": [1, 2], "train_gpus": [1, 2], "staleness": [0, 2], "partial_rollout": [False, True]}
@@ -231,7 +231,7 @@ def test_sweep_over_the_split_equals_single_runs(traces):
 
 
 def test_staleness_sample_cost_from_curves_and_the_default(traces):
-    from rlsim.whatif import evaluate, prepare
+    from rlsim.whatif.predict import evaluate, prepare
 
     t = [read_trace(p) for p in traces]
     study = prepare(t, target=0.05)
@@ -265,7 +265,7 @@ def test_cli_bad_split_input_is_one_line_exit_2(traces):
 def test_cli_run_and_perfetto_export_show_every_engine_and_rank(traces, tmp_path):
     import json
 
-    from rlsim import perfetto as pf
+    from rlsim.present import perfetto as pf
 
     res = runner.invoke(app, ["run", "--trace", str(traces[0]), "--updates", "4", "--gen-gpus", "2", "--train-gpus", "2",
                               "--staleness", "1", "--partial-rollout", "--json"])

@@ -1,18 +1,18 @@
-"""The split simulator's parts (rlsim.asyncrl_*) on their own: the admission gate, the consumption rule, the
-weight-sync barrier, and the choice between the colocated and the split loop (rlsim.simulator)."""
+"""The split simulator's parts (rlsim.modes) on their own: the admission gate, the consumption rule, the
+weight-sync barrier, and the choice between the colocated and the split loop (rlsim.modes.registry)."""
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import simpy
 
-from rlsim import pipeline
-from rlsim.asyncrl import simulate_split
-from rlsim.asyncrl_requests import AdmissionGate, FinishedGroups
-from rlsim.asyncrl_sync import WeightSync
-from rlsim.config import EngineConfig, SimConfig, SplitConfig
+from rlsim.core import pipeline
+from rlsim.modes.split import simulate_split
+from rlsim.modes.requests import AdmissionGate, FinishedGroups
+from rlsim.modes.sync import WeightSync
+from rlsim.core.config import EngineConfig, SimConfig, SplitConfig
 from rlsim.replay.errors import RlsimError
-from rlsim.simulator import simulate
+from rlsim.modes.registry import MODES, mode_of, register_mode, simulate
 from tests.sim.hand_models import hand_models
 
 NOT_STARTED = np.iinfo(np.int64).max
@@ -96,7 +96,7 @@ def test_the_colocated_loop_refuses_a_split_and_simulate_picks_the_loop():
 
 
 def test_ranks_get_token_balanced_shares_in_id_order():
-    from rlsim.asyncrl_trainer import balanced
+    from rlsim.modes.trainer import balanced
     tokens = np.array([1, 9, 2, 8, 3, 7, 4, 6])
     sh = balanced(np.arange(8), tokens, 2)
     assert sh.shape == (2, 4) and (np.diff(sh, axis=1) > 0).all()
@@ -105,14 +105,14 @@ def test_ranks_get_token_balanced_shares_in_id_order():
 
 
 def test_a_data_parallel_gpu_reference_holds_its_gradient_collective():
-    from rlsim.asyncrl import data_parallel
+    from rlsim.modes.split import data_parallel
     assert data_parallel({"device": "cuda", "device_name": "NVIDIA H20", "device_count": 32})
     assert not data_parallel({"device": "cuda", "device_count": 1}) and not data_parallel({"device": "cpu", "torch_threads": 2})
     assert not data_parallel(None)
     sp = SplitConfig(1, 4, allreduce_fitted=True)
     sp.validate(8)  # no interconnect needed: the fitted update already holds the collective
     m = hand_models([([1, 1, 1, 1, 1, 1, 1, 1], [1] * 8)], c=(1.0, 0.0, 0.0, 0.0), update=(0.5, 0.5), sync=0.2, prompts=8, group=1)
-    from rlsim.asyncrl_trainer import TrainerCosts
+    from rlsim.modes.trainer import TrainerCosts
     cfg = SimConfig(prompts=8, group=1, updates=1, split=sp)
     assert TrainerCosts.of(m, cfg).allreduce == 0.0
     assert TrainerCosts.of(m, replace(cfg, split=SplitConfig(1, 4, allreduce_gbs=1.0))).allreduce > 0
@@ -135,8 +135,16 @@ def test_the_gate_deals_admitted_prompts_out_evenly_over_replicas():
 
 
 def test_the_gate_floors_its_bound_as_written_not_as_rounded():
-    from rlsim.asyncrl_requests import admitted
+    from rlsim.modes.requests import admitted
     assert admitted(0.3, 1, 100) == 230 and admitted(0.1, 3, 30) == 123  # 229.99999..., 122.99999... in floats
     assert admitted(0.55, 0, 10) == 15
-    from rlsim.tables import describe
+    from rlsim.present.tables import describe
     assert describe({"staleness": 1.0, "prompts": 64}, ["staleness", "prompts"]) == "staleness 1 prompts 64"
+
+
+def test_execution_modes_are_one_registry():
+    assert {"colocated", "split"} <= set(MODES)
+    with pytest.raises(ValueError, match="registered twice"):
+        register_mode("split")(lambda *a, **k: None)
+    cfg = SimConfig(prompts=2, group=2, updates=1)
+    assert mode_of(cfg) == "colocated" and mode_of(replace(cfg, split=SplitConfig(1, 1))) == "split"

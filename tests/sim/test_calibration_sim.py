@@ -8,14 +8,14 @@ import pytest
 from typer.testing import CliRunner
 
 from rlsim.cli import app
-from rlsim.config import WhatIf
-from rlsim.pipeline import simulate
+from rlsim.core.config import WhatIf
+from rlsim.core.pipeline import simulate
 from rlsim.replay.models import Replicates
 from rlsim.replay.robust import AffineModel, FitQuality
 from rlsim.replay.models import GenStepModel
 from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
-from rlsim.whatif import evaluate, prepare, replicate_rates, sim_config
+from rlsim.whatif.predict import evaluate, prepare, replicate_rates, sim_config
 
 runner = CliRunner()
 KNEE = dict(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=2e-3, c_seq=1e-4, c_knee=2e-4, knee=200, calibrate=True)

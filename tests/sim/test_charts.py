@@ -8,7 +8,7 @@ import pytest
 from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim import charts as ch  # noqa: E402
+from rlsim.present import charts as ch  # noqa: E402
 from rlsim.replay.timeline import recorded_timeline
 
 

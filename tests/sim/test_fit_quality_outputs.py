@@ -14,12 +14,12 @@ from typer.testing import CliRunner
 
 import rlsim
 from rlsim.cli import app
-from rlsim.config import WhatIf
+from rlsim.core.config import WhatIf
 from rlsim.replay.devices import other_roof, rescale
 from rlsim.replay.io import read_trace
 from rlsim.replay.models import Replicates
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
-from rlsim.whatif import evaluate, prepare, run
+from rlsim.whatif.predict import evaluate, prepare, run
 
 ROOT = Path(__file__).resolve().parents[2]
 P128 = ROOT / "traces" / "grpo_p128.parquet"

@@ -15,10 +15,10 @@ import pytest
 from typer.testing import CliRunner
 
 from rlsim.cli import app
-from rlsim.config import WhatIf
+from rlsim.core.config import WhatIf
 from rlsim.replay.devices import PROFILES, host_name, rescale
 from rlsim.replay.io import read_trace
-from rlsim.whatif import evaluate, prepare, reference_config, reference_outcome, run
+from rlsim.whatif.predict import evaluate, prepare, reference_config, reference_outcome, run
 
 ROOT = Path(__file__).resolve().parents[2]
 P128, P64, P32 = (ROOT / "traces" / f"grpo_p{p}.parquet" for p in (128, 64, 32))

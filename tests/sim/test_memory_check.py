@@ -1,4 +1,4 @@
-"""Will it fit, in every answer (rlsim.memory_check): the memory line and object of `rlsim run`, the warning of a
+"""Will it fit, in every answer (rlsim.whatif.memory): the memory line and object of `rlsim run`, the warning of a
 configuration that does not fit, unknown memory when the model's size is not in the trace, the KV cache the
 simulated engine gets on the target device, and sweeps and plans that never put an infeasible config first."""
 import json
@@ -10,14 +10,14 @@ import pytest
 from typer.testing import CliRunner
 
 from rlsim.cli import app
-from rlsim.config import WhatIf
-from rlsim.memory_check import Load, candidate_memory, memory_line, memory_object, trace_memory
-from rlsim.plan import Scored, _feasible, pick, scores
+from rlsim.core.config import WhatIf
+from rlsim.whatif.memory import Load, candidate_memory, memory_line, memory_object, trace_memory
+from rlsim.sweeps.plan import Scored, _feasible, pick, scores
 from rlsim.replay.io import read_trace
 from rlsim.replay.memory import usable_memory_gb
-from rlsim.results import rank_rows
-from rlsim.tables import ranking_table, sweep_verdict
-from rlsim.whatif import evaluate, memory_of, models_for, prepare, sim_config
+from rlsim.present.results import rank_rows
+from rlsim.present.tables import ranking_table, sweep_verdict
+from rlsim.whatif.predict import evaluate, memory_of, models_for, prepare, sim_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "verl"

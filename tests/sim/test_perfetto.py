@@ -7,7 +7,7 @@ import pytest
 from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim import perfetto as pf
+from rlsim.present import perfetto as pf
 from rlsim.replay.timeline import Counter as Sample, Slice, _responses_from_steps  # noqa: E402
 
 

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from rlsim.cli import app
-from rlsim.config import WhatIf
-from rlsim.plan import PlanConfig, pick, plan, regret_after_pilot, scores
+from rlsim.core.config import WhatIf
+from rlsim.sweeps.plan import PlanConfig, pick, plan, regret_after_pilot, scores
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.evaluation import regret, regret_interval
 from rlsim.replay.io import read_trace
@@ -77,8 +77,8 @@ def test_exact_predictions_decide_without_pilots(synth):
 
 
 def test_sigma_uncertainty_comes_from_the_traces_own_intervals(synth):
-    from rlsim.plan import sigma_spread
-    from rlsim.whatif import evaluate, prepare
+    from rlsim.sweeps.plan import sigma_spread
+    from rlsim.whatif.predict import evaluate, prepare
 
     cfg = PlanConfig(prompts=(8, 32, 64), draws=2000)
     spans = {}
@@ -163,7 +163,7 @@ def test_sweep_and_report_show_the_plan(tmp_path):
     assert "plan: " in r.output and "exp. regret" in r.output
     meta = json.loads((out / "sweep.json").read_text())
     assert ("decision" in meta["plan"]) != ("pilots" in meta["plan"])
-    from rlsim.results import read_results
+    from rlsim.present.results import read_results
 
     rows, _ = read_results(out)
     assert all(math.isfinite(x["expected_regret"]) for x in rows)

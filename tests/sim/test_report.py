@@ -8,9 +8,9 @@ from typer.testing import CliRunner
 
 from tests.sim.study_synth import make_trace
 
-from rlsim.charts import png_size  # noqa: E402
+from rlsim.present.charts import png_size  # noqa: E402
 from rlsim.cli import app  # noqa: E402
-from rlsim.views import CHARTS
+from rlsim.present.views import CHARTS
 
 runner = CliRunner()
 
@@ -99,7 +99,7 @@ def _ranked(rows):
 
 
 def test_verdict_is_undecided_when_the_best_interval_spans_one():
-    from rlsim.tables import sweep_verdict
+    from rlsim.present.tables import sweep_verdict
 
     rows = _ranked([_row(4, 0.9, 0.8, 1.1, "undecided"), _row(8, 1.0, 1.0, 1.0, "flat"), _row(16, 1.4, 1.3, 1.5, "time rises")])
     v = sweep_verdict(rows, _meta())
@@ -110,7 +110,7 @@ def test_verdict_is_undecided_when_the_best_interval_spans_one():
 
 
 def test_verdict_is_tied_when_the_runner_up_interval_overlaps():
-    from rlsim.tables import sweep_verdict
+    from rlsim.present.tables import sweep_verdict
 
     rows = _ranked([_row(4, 0.80, 0.70, 0.90, "time falls"), _row(8, 0.85, 0.78, 0.93, "time falls"),
                     _row(16, 1.4, 1.3, 1.5, "time rises")])
@@ -132,7 +132,7 @@ def test_verdict_is_tied_when_the_runner_up_interval_overlaps():
 
 
 def test_verdict_keeps_warnings_apart_from_notes():
-    from rlsim.tables import sweep_verdict
+    from rlsim.present.tables import sweep_verdict
 
     rows = _ranked([_row(4, 0.6, 0.5, 0.7, "time falls", warnings="extrapolated 8x; KV cache full",
                          notes="generation rescaled x2.0 (bandwidth)"), _row(8, 1.0, 1.0, 1.0, "flat")])
@@ -144,7 +144,7 @@ def test_verdict_keeps_warnings_apart_from_notes():
 
 
 def test_verdict_names_each_config_once_and_a_shared_warning_once():
-    from rlsim.tables import config_warning_items, sweep_verdict
+    from rlsim.present.tables import config_warning_items, sweep_verdict
 
     spans = "the T / T_ref interval spans 1: undecided"
     rows = _ranked([_row(4, 0.90, 0.80, 1.10, "undecided", warnings=f"rho is a guess; {spans}; probe 4,8"),
@@ -159,7 +159,7 @@ def test_verdict_names_each_config_once_and_a_shared_warning_once():
 
 
 def test_the_reference_as_the_best_is_named_so():
-    from rlsim.tables import sweep_verdict
+    from rlsim.present.tables import sweep_verdict
 
     rows = _ranked([_row(8, 1.0, 1.0, 1.0, "reference"), _row(16, 1.4, 1.3, 1.5, "time rises")])
     v = sweep_verdict(rows, _meta(), describe_row=lambda r: f"--batch {r['prompts']}")
@@ -174,7 +174,7 @@ def _summary(html_text):
 def test_report_headline_says_undecided_and_shows_intervals_and_caveats(swept, tmp_path):
     """A sweep whose best config's T interval spans 1: the headline does not call a winner, the table carries
     the intervals, the study's warnings are in the caveats box and its notes folded away."""
-    from rlsim.results import write_results
+    from rlsim.present.results import write_results
 
     trace, _ = swept
     rows = _ranked([_row(4, 0.9, 0.8, 1.1, "undecided", warnings="T / T_ref interval 0.8..1.1 spans 1"),
@@ -201,7 +201,7 @@ def test_report_headline_says_undecided_and_shows_intervals_and_caveats(swept, t
 
 
 def test_report_headline_names_the_best_only_when_it_is_clear(swept, tmp_path):
-    from rlsim.results import write_results
+    from rlsim.present.results import write_results
 
     trace, _ = swept
     for name, rows, want in [

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from rlsim.config import WhatIf
+from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
 from rlsim.replay.measured_hosts import HOSTS
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
-from rlsim.whatif import evaluate, prepare
+from rlsim.whatif.predict import evaluate, prepare
 
 XEON = "Intel(R) Xeon(R) Processor @ 2.80GHz"
 

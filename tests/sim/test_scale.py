@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from rlsim import engine as engine_mod
-from rlsim import pipeline
+from rlsim.core import engine as engine_mod
+from rlsim.core import pipeline
 from rlsim.cli import app
-from rlsim.config import EngineConfig, SimConfig, WhatIf
-from rlsim.engine import run_round_steps, schedule_round, schedule_rounds
-from rlsim.pipeline import SAMPLING_ERROR, simulate
+from rlsim.core.config import EngineConfig, SimConfig, WhatIf
+from rlsim.core.engine import run_round_steps, schedule_round, schedule_rounds
+from rlsim.core.pipeline import SAMPLING_ERROR, simulate
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
-from rlsim.whatif import prepare, sim_config
+from rlsim.whatif.predict import prepare, sim_config
 from tests.sim.hand_models import hand_models
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p128.parquet"

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rlsim.config import WhatIf
+from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
-from rlsim.whatif import _decider, _held_out_error, evaluate, fit_check, prepare, timeline
+from rlsim.whatif.predict import _decider, _held_out_error, evaluate, fit_check, prepare, timeline
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet"
 

@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from rlsim.config import EngineConfig, SimConfig
-from rlsim.engine import round_plan_exact, run_round_steps, schedule_rounds, step_arrays
-from rlsim.pipeline import simulate
+from rlsim.core.config import EngineConfig, SimConfig
+from rlsim.core.engine import round_plan_exact, run_round_steps, schedule_rounds, step_arrays
+from rlsim.core.pipeline import simulate
 from tests.sim.hand_models import hand_models
 
 RNG = np.random.default_rng(0)

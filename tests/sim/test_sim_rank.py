@@ -2,7 +2,7 @@
 import pytest
 
 from rlsim.replay.errors import RlsimError
-from rlsim.rank import rank_file
+from rlsim.sweeps.rank import rank_file
 
 # GRPO, Qwen3-30B-A3B, reference P=128 (lr rescaled unless noted). sigma = end-to-end throughput gain,
 # rho = extra responses to the target: P=1024 +41% throughput, same responses -> 0.71x; P=2048/4096 ~60%

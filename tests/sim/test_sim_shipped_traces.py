@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from rlsim.replay.io import read_trace
 from rlsim.cli import app
-from rlsim.fidelity import noise_floor, replay_trace
+from rlsim.whatif.fidelity import noise_floor, replay_trace
 
 TRACES = sorted((Path(__file__).resolve().parents[2] / "traces").glob("*.parquet"))
 

@@ -6,9 +6,9 @@ import pytest
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
-from rlsim.config import WhatIf
-from rlsim.fidelity import replay_trace
-from rlsim.whatif import evaluate, prepare, run, timeline
+from rlsim.core.config import WhatIf
+from rlsim.whatif.fidelity import replay_trace
+from rlsim.whatif.predict import evaluate, prepare, run, timeline
 
 SPEC = SynthSpec(prompts=16, group=4, steps=6, max_num_seqs=32)
 

@@ -9,11 +9,13 @@ from typer.testing import CliRunner
 from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim import perfetto as pf  # noqa: E402
-from rlsim import backends, grid as grids, results
+from rlsim.present import perfetto as pf  # noqa: E402
+from rlsim.sweeps import backends
+from rlsim.core import grid as grids
+from rlsim.present import results
 from rlsim.cli import app  # noqa: E402
-from rlsim.config import WhatIf  # noqa: E402
-from rlsim.whatif import evaluate, prepare, run  # noqa: E402
+from rlsim.core.config import WhatIf  # noqa: E402
+from rlsim.whatif.predict import evaluate, prepare, run  # noqa: E402
 
 runner = CliRunner()
 
@@ -195,7 +197,7 @@ def _render(renderable, width=80):
 
 
 def test_sweep_table_prints_intervals_and_undecided():
-    from rlsim.tables import ranking_table
+    from rlsim.present.tables import ranking_table
 
     def row(rank, p, t, lo, hi, regime, warnings=""):
         return {"rank": rank, "prompts": p, "group": 8, "batch": 8 * p, "responses_per_s": 204.0, "responses_per_s_lo": 192.8,
@@ -243,8 +245,8 @@ def test_sweep_verdict_without_intervals_says_so():
     the missing interval is a warning, and the notes stay apart from the warnings."""
     from rich.console import Console
 
-    from rlsim.commands_study import print_verdict
-    from rlsim.tables import NO_INTERVAL
+    from rlsim.cli.study import print_verdict
+    from rlsim.present.tables import NO_INTERVAL
 
     rows = [{"rank": 1, "prompts": 64, "batch": 512, "time_to_target_ratio": 0.80, "regime": "time falls",
              "warnings": "study warning; with a; inside", "notes": "generation x2.1 (bandwidth)"},

@@ -7,8 +7,10 @@ import pytest
 from tests.sim.study_synth import fake_evaluate
 
 from rlsim.replay.errors import RlsimError  # noqa: E402
-from rlsim import backends, grid as grids, results
-from rlsim.config import WhatIf  # noqa: E402
+from rlsim.sweeps import backends
+from rlsim.core import grid as grids
+from rlsim.present import results
+from rlsim.core.config import WhatIf  # noqa: E402
 
 STUDY = {"prompts": 8, "group": 4}
 

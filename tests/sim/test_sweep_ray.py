@@ -8,9 +8,10 @@ pytestmark = pytest.mark.ray
 from tests.sim.study_synth import make_trace
 
 from rlsim.replay.io import read_trace  # noqa: E402
-from rlsim import backends, grid as grids
-from rlsim.config import WhatIf
-from rlsim.whatif import prepare
+from rlsim.sweeps import backends
+from rlsim.core import grid as grids
+from rlsim.core.config import WhatIf
+from rlsim.whatif.predict import prepare
 
 
 @pytest.fixture(scope="module")

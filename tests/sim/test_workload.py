@@ -1,21 +1,21 @@
-"""The simulator's seams: the one workload sampler (rlsim.workload), the one way to build a SimConfig from
-fitted models (rlsim.simconfig), and the engine's uses of the one cost model (round and stretch costs)."""
+"""The simulator's seams: the one workload sampler (rlsim.core.workload), the one way to build a SimConfig from
+fitted models (rlsim.whatif.simconfig), and the engine's uses of the one cost model (round and stretch costs)."""
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from rlsim.asyncrl_requests import queue_lengths as split_workload
-from rlsim.config import EngineConfig, SimConfig, SplitConfig, WhatIf
-from rlsim.engine import Stretch, round_cost, round_plan_exact, schedule_rounds, step_arrays
-from rlsim.pipeline import simulate
+from rlsim.modes.requests import queue_lengths as split_workload
+from rlsim.core.config import EngineConfig, SimConfig, SplitConfig, WhatIf
+from rlsim.core.engine import Stretch, round_cost, round_plan_exact, schedule_rounds, step_arrays
+from rlsim.core.pipeline import simulate
 from rlsim.replay.cost import EngineStepCost, StepSums
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
-from rlsim.simconfig import config_for, engine_of, gen_ratio
-from rlsim.whatif import prepare, sim_config
-from rlsim.workload import Workload
+from rlsim.whatif.simconfig import config_for, engine_of, gen_ratio
+from rlsim.whatif.predict import prepare, sim_config
+from rlsim.core.workload import Workload
 from tests.sim.hand_models import hand_models
 
 WL = [([3, 3, 5, 5], [4, 1, 6, 2]), ([4, 4, 1, 1], [2, 7, 1, 1]), ([9, 9, 2, 2], [250, 3, 1, 2])]

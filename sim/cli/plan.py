@@ -1,0 +1,71 @@
+"""`rlsim plan`: parse options, build a PlanConfig, call `rlsim.sweeps.plan.plan`, print the decision or the pilots."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from rlsim.cli.opts import default_text
+from rlsim.cli.options import StudyOptions, command
+from rlsim.sweeps.plan import Plan, PlanConfig, plan
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.util import dumps, fmt
+
+
+def _print(p: Plan) -> None:
+    con = Console(highlight=False)
+    t = Table(title=f"rlsim plan: reference P={p.reference_prompts}; T / T_ref over the measured rho uncertainty")
+    for c in ("P", "G", "sigma", "rho", "T / T_ref", "5..95 %", "p within 5 % of best", "p beats ref", "expected regret",
+              "measured"):
+        t.add_column(c, justify="right")
+    for c in p.candidates:
+        t.add_row(str(c.prompts), str(c.group), f"{c.sigma:.3f}", f"{c.rho:.3f}", f"{c.time_to_target_ratio:.3f}",
+                  f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}", fmt(c.p_within_5pct, ".2f"),
+                  fmt(c.p_beats_reference, ".2f"),
+                  fmt(c.expected_regret, ".1%") if c.fits is not False else "does not fit", "yes" if c.measured else "")
+    con.print(t)
+    if p.decision is not None:
+        d = p.decision
+        what = "keep the reference" if d.prompts == p.reference_prompts else f"run P={d.prompts}, G={d.group}"
+        sure = "" if d.p_within_5pct >= 0.8 else "; not a confident decision: see the warning"
+        con.print(f"decision: {what} (within 5 % of the best with probability {d.p_within_5pct:.2f}, expected regret "
+                  f"{d.expected_regret:.1%}{sure})")
+    elif p.no_move:
+        con.print("no move: the reference's cost fits cannot be used, so neither a decision nor a pilot rests on them "
+                  "(see the first warning for the recording that fixes it)")
+    else:
+        con.print(f"pilots (expected regret now {p.expected_regret:.1%}; each a run to the target, best value first):")
+        for x in p.pilots:
+            con.print(f"  P={x.prompts}: {x.steps} updates, {x.responses} responses -> expected regret "
+                      f"{x.expected_regret_after:.1%}\n    {x.command}")
+        con.print("then plan again with the pilots' traces added: rlsim plan --trace REF --trace pilot_pN.parquet ...")
+    for w in p.warnings:
+        con.print(f"[yellow]warning:[/yellow] {w}")
+    for n in p.notes:
+        con.print(f"[dim]note: {n}[/dim]")
+
+
+def register(app: typer.Typer) -> None:
+    @command(app, "plan", whatif="grid",
+             help="Which batch size to run, or which pilot runs would decide it most cheaply (by expected regret).",
+             study_help={"trace": "Recorded trace: the first is the reference; repeat to add the pilot runs' traces "
+                                  "(other batch sizes, each run to the target), which measure rho there."})
+    def plan_cmd(axes: dict, so: StudyOptions,
+                 budget: Optional[float] = typer.Option(None, "--budget", help=default_text(
+                     "Responses the pilots may spend in all.", "one reference run's")),
+                 as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
+        extra = sorted(set(axes) - {"prompts", "group"})
+        if extra:
+            raise RlsimError(f"rlsim plan takes candidate sizes (--batch P1,P2,... and one --group), not {', '.join(extra)}")
+        groups = axes.get("group", [None])
+        if len(groups) != 1:
+            raise RlsimError("rlsim plan takes one --group for every candidate; plan each group separately")
+        traces = so.traces()
+        cfg = PlanConfig(prompts=tuple(axes.get("prompts", ())), group=groups[0], budget=budget)
+        res = plan(traces[0], cfg, pilots=traces[1:], target=so.target)
+        if as_json:
+            typer.echo(dumps(res.to_dict(), indent=2))
+        else:
+            _print(res)

@@ -1,0 +1,1 @@
+"""The simulator's core: the configs, the workload sampler, the engine at engine-step granularity and the synchronous colocated loop."""
