@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rlsim.config import WhatIf
+from rlsim.core.config import WhatIf
 from rlsim.replay.devices import get_profile
 from rlsim.replay.io import read_trace
 from rlsim.replay.memory import (GIB, GenSetup, kv_tokens_from_bytes, model_shape, usable_memory_gb,
                                  vllm_kv_capacity_tokens, zero_host_bytes, zero_model_states_bytes)
-from rlsim.memory_check import Load, candidate_memory, trace_memory
+from rlsim.whatif.memory import Load, candidate_memory, trace_memory
 
 # vLLM's "GPU KV cache size" (or its "# GPU blocks" x 16): (source, model, GPU memory as CUDA reported it in GiB or
 # None for an A100-80GB profile, gpu_memory_utilization, max_num_batched_tokens, published tokens)
