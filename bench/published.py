@@ -31,7 +31,8 @@ from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.importers import import_log
 from rlsim.replay.io import read_trace
-from rlsim.whatif.predict import evaluate, prepare
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import prepare
 
 ROWS = Path(__file__).resolve().parent / "published"
 STEPS = 8                 # step lines per synthesized log (identical: the table prints means); the fit drops the first

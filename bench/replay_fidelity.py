@@ -117,7 +117,8 @@ def cross_batch(paths) -> None:
     from rlsim.replay.fit import fit_trace
     from rlsim.replay.io import read_trace
     from rlsim.core.config import WhatIf
-    from rlsim.whatif.predict import evaluate, prepare, same_setup
+    from rlsim.whatif.predict import evaluate
+    from rlsim.whatif.study import prepare, same_setup
 
     traces = [read_trace(p) for p in paths]
     tab = Table(title="what-if accuracy: predicted vs recorded responses/s of a trace from traces at other batch sizes")

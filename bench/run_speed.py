@@ -55,7 +55,8 @@ def main() -> None:
     os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
     from rlsim.replay.io import read_trace
     from rlsim.core.config import WhatIf
-    from rlsim.whatif.predict import evaluate, prepare
+    from rlsim.whatif.predict import evaluate
+    from rlsim.whatif.study import prepare
 
     t0 = time.perf_counter()
     study = prepare([read_trace(trace)])

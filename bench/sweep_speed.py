@@ -26,7 +26,8 @@ from rlsim.replay.io import read_trace  # noqa: E402
 from rlsim.sweeps import backends
 from rlsim.core import grid as grids
 from rlsim.core.config import WhatIf  # noqa: E402
-from rlsim.whatif.predict import evaluate, prepare  # noqa: E402
+from rlsim.whatif.predict import evaluate  # noqa: E402
+from rlsim.whatif.study import prepare
 
 # the example grid; seeds repeat it up to the asked size
 BATCHES = [64, 128, 256, 512, 1024, 2048, 4096]

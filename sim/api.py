@@ -35,7 +35,8 @@ from rlsim.replay.probe import refuse_probe
 from rlsim.replay.split_stats import split_stats as measure
 from rlsim.replay.steps import step_table
 from rlsim.sweeps.study import sweep_study
-from rlsim.whatif.predict import Study, evaluate, prepare, reference_outcome
+from rlsim.whatif.predict import evaluate, reference_outcome
+from rlsim.whatif.study import Study, prepare
 
 ALIASES = {"batch": "prompts"}  # the CLI's --batch is P
 

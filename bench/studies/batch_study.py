@@ -61,7 +61,8 @@ from rlsim.replay.io import Trace, read_trace
 from rlsim.replay.learning import fit_learning_curve, noise_scale
 from rlsim.replay.rho import curves_rho, fit_lr_aware, lr_aware_rho, noise_scale_rho
 from rlsim.replay.split_stats import split_stats
-from rlsim.whatif.predict import Study, evaluate, prepare
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import Study, prepare
 
 SIZES = (8, 16, 32, 64, 128, 256)
 REF_P, G, LR = 32, 8, 3e-4

@@ -33,7 +33,8 @@ from rlsim.core.config import WhatIf
 from rlsim.replay.evaluation import SigmaCase, sigma_summary
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import probe_sigma
-from rlsim.whatif.predict import evaluate, prepare
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import prepare
 
 # (name, algo, task, G, sizes P): ratios up to 16x, G 4 to 16, GRPO and PPO, one addmix
 CONFIGS = [

@@ -34,7 +34,8 @@ from rlsim.replay.rho_errors import RhoErrors
 from rlsim.replay.split_stats import split_stats
 from rlsim.core.config import WhatIf
 from rlsim.sweeps.plan import PlanConfig, plan
-from rlsim.whatif.predict import evaluate, prepare
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import prepare
 
 SIZES, REF_P, G = (8, 16, 32, 64, 128, 256), 32, 8
 

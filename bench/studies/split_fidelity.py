@@ -38,7 +38,8 @@ from rlsim.whatif.outcome import Outcome
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import read_trace
 from rlsim.replay.split_stats import split_stats
-from rlsim.whatif.predict import Study, evaluate, prepare
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import Study, prepare
 
 P, G = 32, 8
 COMMON = ["--prompts", str(P), "--group", str(G), "--eval-every", "0", "--eval-prompts", "16", "--eval-k", "1",

@@ -22,7 +22,7 @@ from rlsim.present.results import read_results, trace_identity
 from rlsim.present.tables import (NOT_FITTING, RANGED, config_warning_items, describe, fits_text, interval, own, plan_lines,
                           shown_column, sweep_verdict, varying, with_interval)
 from rlsim.present.views import CHARTS, OPTIONAL_CHARTS, axes_of, build_charts
-from rlsim.whatif.predict import prepare
+from rlsim.whatif.study import prepare
 
 TABLE_COLUMNS = (("responses_per_s", "resp/s", ".1f"), ("step_time_s", "step s", ".3f"), ("gen_s", "gen s", ".3f"),
                  ("train_s", "train s", ".3f"), ("sync_s", "sync s", ".4f"), ("sigma", "sigma", ".3f"),

@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 from rlsim.core.grid import plain
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import json_safe
-from rlsim.whatif.predict import Study, reference_outcome
+from rlsim.whatif.predict import reference_outcome
+from rlsim.whatif.study import Study
 
 SWEEP_META_KEY = b"rlsim_sweep"
 OUTPUT_FILES = ("results.parquet", "results.csv", "sweep.json", "charts")

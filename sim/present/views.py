@@ -14,7 +14,8 @@ import numpy as np
 
 from rlsim.core.config import WhatIf
 from rlsim.replay.timeline import simulated_timeline
-from rlsim.whatif.predict import Study, timeline
+from rlsim.whatif.predict import timeline
+from rlsim.whatif.study import Study
 
 CHARTS = (
     ("time_to_target", "Time to target vs batch size"),

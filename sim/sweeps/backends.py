@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import rlsim.replay
 from rlsim.core.grid import config_dict
 from rlsim.replay.errors import RlsimError
-from rlsim.whatif.predict import Study, sim_config
+from rlsim.whatif.study import Study, sim_config
 from rlsim.whatif.predict import evaluate as evaluate_config
 
 RAY_HINT = "--ray-address needs Ray, an optional extra: pip install 'rlsim[ray]'"

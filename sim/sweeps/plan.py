@@ -39,7 +39,8 @@ from rlsim.replay.models import INTERVAL
 from rlsim.replay.util import json_safe
 from rlsim.replay.rho_errors import RhoErrors, measured_errors
 from rlsim.whatif.outcome import Outcome
-from rlsim.whatif.predict import Study, evaluate, fit_check, prepare, reference_outcome
+from rlsim.whatif.predict import evaluate, reference_outcome
+from rlsim.whatif.study import Study, fit_check, prepare
 
 WITHIN = 0.05  # "within 5 % of the best"
 

@@ -18,7 +18,8 @@ from rlsim.replay.util import exclusive
 from rlsim.sweeps.plan import PlanConfig, plan
 from rlsim.present.tables import sweep_verdict
 from rlsim.present.views import sweep_charts
-from rlsim.whatif.predict import Study, prepare, timeline
+from rlsim.whatif.predict import timeline
+from rlsim.whatif.study import Study, prepare
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rlsim.whatif.fidelity import replay_trace
 from rlsim.core.config import WhatIf
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
@@ -130,11 +131,6 @@ def test_rlsim_run_on_an_imported_trace(example_trace):
 
 
 def test_rlsim_replay_on_an_imported_trace(example_trace):
-    try:
-        from rlsim.whatif.fidelity import replay_trace
-    except ImportError:  # before the what-if split
-        from rlsim.whatif.predict import replay_trace
-
     r = replay_trace(example_trace)
     e = r.errors()["step_time"]
     assert e["median"] < 0.08 and e["mean_error"] < 0.03

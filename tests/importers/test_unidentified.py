@@ -8,7 +8,9 @@ from types import SimpleNamespace
 from rlsim.core.config import WhatIf
 from rlsim.replay.importers import import_log
 from rlsim.replay.io import read_trace
-from rlsim.whatif.predict import _other_device, evaluate, prepare, reference_outcome
+from rlsim.whatif.intervals import other_device
+from rlsim.whatif.predict import evaluate, reference_outcome
+from rlsim.whatif.study import prepare
 from tests.importers.fixtures import VERL_CONFIG, write_step_lines, write_verl_log
 
 ROW = dict(gen=30.0, reward=1.0, old_log_prob=5.0, ref=5.0, adv=0.5, update_actor=12.0)
@@ -80,7 +82,7 @@ def test_another_gpu_spans_its_datasheet_gain_and_none(tmp_path):
     assert "datasheet gain at one end" in o.interval
     assert "datasheet gain" not in evaluate(study, WhatIf(gpus=16, updates=4)).interval
     cpu = SimpleNamespace(hardware={"device": "cpu", "torch_threads": 2}, models=SimpleNamespace(config={}))
-    assert not _other_device(cpu, "h100")  # a CPU trace's own speed is no end of a GPU's range
+    assert not other_device(cpu, "h100")  # a CPU trace's own speed is no end of a GPU's range
 
 
 def test_a_split_from_a_colocated_gpu_run_spans_the_sharing_costs(tmp_path):

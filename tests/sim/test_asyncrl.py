@@ -204,7 +204,8 @@ def traces(tmp_path_factory):
 def test_sweep_over_the_split_equals_single_runs(traces):
     from rlsim.sweeps import backends
     from rlsim.core.grid import build_grid
-    from rlsim.whatif.predict import evaluate, prepare
+    from rlsim.whatif.predict import evaluate
+    from rlsim.whatif.study import prepare
 
     study = prepare([read_trace(traces[0])])
     grid = build_grid(WhatIf, {"prompts": [8, 16], "gen_gpus": [1, 2], "train_gpus": [1, 2], "staleness": [0, 2],
@@ -231,7 +232,8 @@ def test_sweep_over_the_split_equals_single_runs(traces):
 
 
 def test_staleness_sample_cost_from_curves_and_the_default(traces):
-    from rlsim.whatif.predict import evaluate, prepare
+    from rlsim.whatif.predict import evaluate
+    from rlsim.whatif.study import prepare
 
     t = [read_trace(p) for p in traces]
     study = prepare(t, target=0.05)

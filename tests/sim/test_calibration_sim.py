@@ -15,7 +15,9 @@ from rlsim.replay.robust import AffineModel, FitQuality
 from rlsim.replay.models import GenStepModel
 from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
-from rlsim.whatif.predict import evaluate, prepare, replicate_rates, sim_config
+from rlsim.whatif.intervals import replicate_rates
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import prepare, sim_config
 
 runner = CliRunner()
 KNEE = dict(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=2e-3, c_seq=1e-4, c_knee=2e-4, knee=200, calibrate=True)

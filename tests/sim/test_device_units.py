@@ -9,7 +9,8 @@ import pytest
 
 from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
-from rlsim.whatif.predict import evaluate, models_for, prepare, recorded_devices, reference_config
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import models_for, prepare, recorded_devices, reference_config
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet"
 SPLIT = WhatIf(gen_gpus=1, train_gpus=1, staleness=1, updates=5)

@@ -19,7 +19,8 @@ from rlsim.replay.devices import other_roof, rescale
 from rlsim.replay.io import read_trace
 from rlsim.replay.models import Replicates
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
-from rlsim.whatif.predict import evaluate, prepare, run
+from rlsim.whatif.predict import evaluate, run
+from rlsim.whatif.study import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 P128 = ROOT / "traces" / "grpo_p128.parquet"

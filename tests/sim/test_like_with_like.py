@@ -18,7 +18,8 @@ from rlsim.cli import app
 from rlsim.core.config import WhatIf
 from rlsim.replay.devices import PROFILES, host_name, rescale
 from rlsim.replay.io import read_trace
-from rlsim.whatif.predict import evaluate, prepare, reference_config, reference_outcome, run
+from rlsim.whatif.predict import evaluate, reference_outcome, run
+from rlsim.whatif.study import prepare, reference_config
 
 ROOT = Path(__file__).resolve().parents[2]
 P128, P64, P32 = (ROOT / "traces" / f"grpo_p{p}.parquet" for p in (128, 64, 32))

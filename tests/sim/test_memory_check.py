@@ -17,7 +17,8 @@ from rlsim.replay.io import read_trace
 from rlsim.replay.memory import usable_memory_gb
 from rlsim.present.results import rank_rows
 from rlsim.present.tables import ranking_table, sweep_verdict
-from rlsim.whatif.predict import evaluate, memory_of, models_for, prepare, sim_config
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import memory_of, models_for, prepare, sim_config
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "docs" / "examples" / "verl"

@@ -78,7 +78,8 @@ def test_exact_predictions_decide_without_pilots(synth):
 
 def test_sigma_uncertainty_comes_from_the_traces_own_intervals(synth):
     from rlsim.sweeps.plan import sigma_spread
-    from rlsim.whatif.predict import evaluate, prepare
+    from rlsim.whatif.predict import evaluate
+    from rlsim.whatif.study import prepare
 
     cfg = PlanConfig(prompts=(8, 32, 64), draws=2000)
     spans = {}

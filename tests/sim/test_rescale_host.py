@@ -8,7 +8,8 @@ from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
 from rlsim.replay.measured_hosts import HOSTS
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
-from rlsim.whatif.predict import evaluate, prepare
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import prepare
 
 XEON = "Intel(R) Xeon(R) Processor @ 2.80GHz"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rlsim.replay.rho import staleness_rho
 from rlsim.replay.io import read_trace
-from rlsim.whatif.predict import prepare
+from rlsim.whatif.study import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = re.compile(r"§|\bsection \d|\.md\)? ?\d[a-z]?\b|\.md §")

@@ -16,7 +16,7 @@ from rlsim.core.engine import run_round_steps, schedule_round, schedule_rounds
 from rlsim.core.pipeline import SAMPLING_ERROR, simulate
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
-from rlsim.whatif.predict import prepare, sim_config
+from rlsim.whatif.study import prepare, sim_config
 from tests.sim.hand_models import hand_models
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p128.parquet"

@@ -11,7 +11,9 @@ import pytest
 
 from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
-from rlsim.whatif.predict import _decider, _held_out_error, evaluate, fit_check, prepare, timeline
+from rlsim.whatif.intervals import decider, held_out_error
+from rlsim.whatif.predict import evaluate, timeline
+from rlsim.whatif.study import fit_check, prepare
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet"
 
@@ -23,7 +25,7 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
     run = timeline(study, cfg)
     gen, train = float(np.sum(run.gen_time)), float(np.sum(run.train_time))
     expect = math.sqrt((gen * v.gen_cv ** 2 + train * (v.train_cv if math.isfinite(v.train_cv) else 0.0) ** 2) / (gen + train))
-    assert _held_out_error(fit_check(study), run) == pytest.approx(expect) and expect > 0
+    assert held_out_error(fit_check(study), run) == pytest.approx(expect) and expect > 0
     o = evaluate(study, cfg)
     assert o.sigma_lo < o.sigma < o.sigma_hi and "held-out error" in o.interval
     # about +-1.645 x the held-out error in log terms, at least (the replicates add their own spread)
@@ -32,7 +34,7 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
     same = evaluate(study, WhatIf(prompts=32, updates=10))
     assert "held-out error" not in same.interval
     near = evaluate(study, WhatIf(prompts=45, updates=10))
-    part = math.log2(45 / 32) * _held_out_error(fit_check(study), timeline(study, WhatIf(prompts=45, updates=10)))
+    part = math.log2(45 / 32) * held_out_error(fit_check(study), timeline(study, WhatIf(prompts=45, updates=10)))
     assert f"({100 * part:.1f} % RMS)" in near.interval
 
 
@@ -41,21 +43,21 @@ def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
     study = SimpleNamespace(framework="rlrun", algo="grpo", reference=WhatIf(prompts=128, group=8), task="addmix",
                             models=fits)
     iv = {"rho_lo": 0.99, "rho_hi": 1.01, "sigma_lo": 0.7, "sigma_hi": 1.4}  # sigma the less sure
-    probe = _decider(iv, 32, 8, study, WhatIf(prompts=32))
+    probe = decider(iv, 32, 8, study, WhatIf(prompts=32))
     assert "throughput decides it" in probe and "rlrun probe --algo grpo --prompts 32,128 --group 8 --task addmix" in probe
     # another group, a split, other hardware or engine limits: not the recorded setup a probe varies P in
     for cfg, G in ((WhatIf(prompts=512, group=16), 16), (WhatIf(prompts=512, gen_gpus=1, train_gpus=1), 8),
                    (WhatIf(prompts=512, device="h200"), 8), (WhatIf(prompts=512, max_num_seqs=64), 8)):
-        assert "rlrun record --algo grpo --prompts 512" in _decider(iv, 512, G, study, cfg)
+        assert "rlrun record --algo grpo --prompts 512" in decider(iv, 512, G, study, cfg)
     assert prepare([read_trace(TRACE)]).task == "add2"  # from the trace's config
     # rho the less sure: a recording to the target, added with --trace
-    assert "sample cost decides it" in _decider({**iv, "rho_lo": 0.5, "rho_hi": 3.0}, 512, 8, study, WhatIf(prompts=512))
+    assert "sample cost decides it" in decider({**iv, "rho_lo": 0.5, "rho_hi": 3.0}, 512, 8, study, WhatIf(prompts=512))
     # fits that cannot be used: no probe or run at another size helps, the recording itself is redone
     noisy = SimpleNamespace(calibrated=True, gen_cv=1.5, gen_r2=0.1, gen_levels=(None,) * 20, train_cv=math.nan,
                             train_r2=math.nan, train_levels=(), train_form="", train_flat=math.nan)
     config = {"algo": "grpo", "prompts": 128, "group": 8}
     bad = SimpleNamespace(**{**vars(study), "models": SimpleNamespace(**{**vars(fits), "validation": noisy,
                                                                          "config": config})})
-    redo = _decider(iv, 32, 8, bad, WhatIf(prompts=32))
+    redo = decider(iv, 32, 8, bad, WhatIf(prompts=32))
     assert "cost fits cannot be used" in redo and "quiet machine" in redo and "rlrun probe" not in redo
     assert "rlrun record --algo grpo --prompts 128 --group 8" in redo

@@ -8,7 +8,8 @@ from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
 from rlsim.core.config import WhatIf
 from rlsim.whatif.fidelity import replay_trace
-from rlsim.whatif.predict import evaluate, prepare, run, timeline
+from rlsim.whatif.predict import evaluate, run, timeline
+from rlsim.whatif.study import prepare
 
 SPEC = SynthSpec(prompts=16, group=4, steps=6, max_num_seqs=32)
 

@@ -15,7 +15,8 @@ from rlsim.core import grid as grids
 from rlsim.present import results
 from rlsim.cli import app  # noqa: E402
 from rlsim.core.config import WhatIf  # noqa: E402
-from rlsim.whatif.predict import evaluate, prepare, run  # noqa: E402
+from rlsim.whatif.predict import evaluate, run  # noqa: E402
+from rlsim.whatif.study import prepare
 
 runner = CliRunner()
 

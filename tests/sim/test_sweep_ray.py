@@ -11,7 +11,7 @@ from rlsim.replay.io import read_trace  # noqa: E402
 from rlsim.sweeps import backends
 from rlsim.core import grid as grids
 from rlsim.core.config import WhatIf
-from rlsim.whatif.predict import prepare
+from rlsim.whatif.study import prepare
 
 
 @pytest.fixture(scope="module")

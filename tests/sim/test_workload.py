@@ -14,7 +14,7 @@ from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import read_trace
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
 from rlsim.whatif.simconfig import config_for, engine_of, gen_ratio
-from rlsim.whatif.predict import prepare, sim_config
+from rlsim.whatif.study import prepare, sim_config
 from rlsim.core.workload import Workload
 from tests.sim.hand_models import hand_models
 

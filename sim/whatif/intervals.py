@@ -1,0 +1,245 @@
+"""The intervals of an Outcome and how they were made: the fits' bootstrap replicates widened by their held-out
+error, the far ends of what a log or a datasheet cannot decide (another roof, a split's gain, an unmeasured
+device), and, for an undecided verdict, the cheapest run that would decide it (`decider`).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from rlsim.core.config import WhatIf
+from rlsim.core.pipeline import SimRun
+from rlsim.modes.registry import simulate
+from rlsim.modes.split import data_parallel
+from rlsim.replay.calibration import REPLICATES
+from rlsim.replay.cost import EngineStepCost, StepSums
+from rlsim.replay.devices import get_profile, other_roof, profile_for_hardware, recorded_profile, rescale
+from rlsim.replay.fit_quality import FitCheck
+from rlsim.replay.models import INTERVAL, FittedModels, interval
+from rlsim.replay.rho import RhoModel
+from rlsim.whatif.study import (Study, fit_check, models_for, recorded_devices, reference_config, sim_config,
+                                simulate_reference)
+
+# The far end of a split predicted from a colocated GPU run: each side up to this many times the colocated per-device
+# speed. A colocated step holds costs of sharing the devices (weight reloads, memory swaps, a smaller KV cache, the
+# long tail holding every GPU) that a split drops and one log cannot separate. Published: verl's fully-async 7B
+# trainer updated 512 prompts on 16 H20s in 314 s where the colocated update on 32 took 270 s (1.7x per device);
+# NeMo RL's Llama-3.1-8B 1-step-off on 8 + 8 GPUs beat its colocated run on 16 (docs/results.md section 7).
+SPLIT_GAIN_HI = 2.0
+
+
+def replicate_rates(models: FittedModels, run_: SimRun) -> np.ndarray | None:
+    """Responses/s of `run_` under each bootstrap replicate of the engine-step and update models: the run's
+    summed features and per-update tokens with the replicate's coefficients in place of the point fit's."""
+    reps = models.replicates
+    if reps is None or not run_.features:
+        return None
+    sums = StepSums.from_dict(run_.features)
+    eng_point = models.gen.total(sums)
+    eng_reps = EngineStepCost.totals(reps.gen, sums)
+    tok = np.asarray(run_.tokens, float)
+    upd_point = np.maximum(models.update.predict(tok), 0.0).sum()
+    upd_reps = np.maximum(reps.update_seconds(tok), 0.0).sum(axis=1)
+    total = float(run_.step_time.sum()) - eng_point - upd_point + eng_reps + upd_reps
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(total > 0, float(run_.responses.sum()) / total, np.nan)
+
+
+def decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> str:
+    """The cheapest measurement that would decide an undecided verdict: whichever of rho and sigma is less sure.
+    Throughput at another P on the recorded hardware: `rlrun probe` of both sizes in one process, paired (two
+    recordings made apart differ by the machine's drift, 5-10 % between processes on a shared host, as much as
+    the gain in question; docs/results.md section 6)."""
+    def width(key: str) -> float:
+        lo, hi = iv.get(key + "_lo", math.nan), iv.get(key + "_hi", math.nan)
+        return math.log(hi / lo) if lo > 0 and math.isfinite(hi) and hi >= lo else 0.0
+
+    rho_side = width("rho") >= width("sigma")
+    check = fit_check(study)
+    if not rho_side and not check.usable:  # no run at another size helps while the recording's own fits are noise
+        return ("the throughput decides it, and this recording's cost fits cannot be used: "
+                f"{check.fix(study.models.config)}")
+    what = "to the target" if rho_side else "for a few updates"
+    if study.framework == "rlrun":
+        group = ("" if study.algo == "ppo" else f" --group {G}") + (f" --task {study.task}" if study.task else "")
+        as_recorded = not cfg.split and cfg.device is None and cfg.gpus is None and cfg.gen_batch is None and \
+            cfg.max_num_seqs is None and cfg.kv_cache_tokens is None  # what a probe runs: the recorded setup, P varied
+        if not rho_side and as_recorded and G == study.reference.group and P != study.reference.prompts:
+            sizes = ",".join(map(str, sorted((study.reference.prompts, P))))
+            return (f"the throughput decides it: measure both sizes in one process (rlrun probe --algo {study.algo} "
+                    f"--prompts {sizes}{group}), paired, so the machine's drift cancels")
+        run = f"rlrun record --algo {study.algo} --prompts {P}{group} " + ("..." if rho_side else "--steps 5")
+        how = f"record a run at this size {what} ({run})"
+    else:
+        how = (f"run {study.framework} at P={P}, G={G} {what} and import its log (rlsim import {study.framework} LOG "
+               "-o run.parquet)")
+    if rho_side:
+        return f"the sample cost decides it: {how}, then add it with --trace"
+    return f"the throughput decides it: {how}, which measures it"
+
+
+def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, rho: float, ratio: float, B: int,
+               kind: str, reference: bool, model: RhoModel | None = None, rho_stale: float = 1.0) -> dict[str, Any]:
+    """The `_lo` / `_hi` fields of an Outcome and how they were made (empty when nothing is uncertain or
+    nothing resamples). Throughput: the bootstrap replicates of the fits on the hardware `cfg` runs on (none for
+    split runs), widened by the fits' held-out error (`rlsim.replay.fit_quality`: at least its bound where the fits
+    cannot be used, and then the responses/s too). Sample cost: B_crit replicates (noise scale), or the bounds of an
+    unmeasured rho."""
+    reps = study.models.replicates
+    level = reps.level if reps is not None else INTERVAL
+    out: dict[str, Any] = {}
+    methods: list[str] = []
+    check = fit_check(study)
+    q_reps, ref_reps, how = _throughput_replicates(study, cfg, run_, reference, check)
+    sig_reps = None
+    if q_reps is not None:
+        rng = np.random.default_rng(cfg.seed)
+        sig_reps = np.ones(len(q_reps)) if reference or ref_reps is None else q_reps / ref_reps
+        if not check.usable:  # the throughput itself is not known: the fits' error on it, in full
+            q_reps = q_reps * np.exp(np.random.default_rng(cfg.seed + 1).normal(0.0, held_out_error(check, run_),
+                                                                                len(q_reps)))
+        out["responses_per_s_lo"], out["responses_per_s_hi"] = interval(q, q_reps, level)
+        # in full an octave or more from the reference's batch (its levels are then others than the reference's), less
+        # nearer: the same batch shares the reference's levels and their errors cancel in sigma
+        held_out = 0.0 if reference else held_out_error(check, run_) * min(1.0, abs(math.log2(B / study.b_ref)))
+        if held_out > 0:  # the fits' error on levels they did not see, beyond the replicates' spread
+            sig_reps = sig_reps * np.exp(rng.normal(0.0, held_out, len(sig_reps)))
+        out["sigma_lo"], out["sigma_hi"] = (1.0, 1.0) if reference else interval(sigma, sig_reps, level)
+        methods.append(how + (f", widened by the fits' held-out error ({100 * held_out:.1f} % RMS"
+                              f"{'' if check.usable else ', at least the bound of fits that cannot be used'})"
+                              if held_out > 0 else ""))
+    ends = _other_ends(study, cfg, reference)
+    widened = False  # whether an end lies beyond the sigma interval of the replicates
+    for q_end, s_end, how in ends:  # what the evidence cannot decide: the other end widens the interval (or makes one)
+        out["responses_per_s_lo"] = min(out.get("responses_per_s_lo", q), q_end)
+        out["responses_per_s_hi"] = max(out.get("responses_per_s_hi", q), q_end)
+        if not reference:
+            widened |= not out.get("sigma_lo", sigma) <= s_end <= out.get("sigma_hi", sigma)
+            out["sigma_lo"], out["sigma_hi"] = min(out.get("sigma_lo", sigma), s_end), max(out.get("sigma_hi", sigma), s_end)
+        methods.append(how)
+    if reference:
+        rho_reps, bounds, rho_note = None, None, "rho = 1"
+    else:
+        rho_reps, rho_note = study.rho_replicates(B, kind)
+        bounds = model.bounds(B) if model is not None else None
+    if bounds is not None:  # rho not measured here: its bounds, against the sigma interval's far ends
+        out["rho_lo"], out["rho_hi"] = bounds[0] * rho_stale, bounds[1] * rho_stale
+        s_lo, s_hi = out.get("sigma_lo", sigma), out.get("sigma_hi", sigma)
+        out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = out["rho_lo"] / s_hi, out["rho_hi"] / s_lo
+        methods.append(f"rho bounded {out['rho_lo']:.3g}..{out['rho_hi']:.3g} where it is not measured")
+    elif rho_reps is not None or sig_reps is not None:
+        rr = rho_reps * rho_stale if rho_reps is not None else np.full(len(sig_reps), rho)
+        ss = sig_reps if sig_reps is not None else np.full(len(rr), sigma)
+        m = min(len(rr), len(ss))
+        out["rho_lo"], out["rho_hi"] = interval(rho, rr, level) if rho_reps is not None else (rho, rho)
+        out["time_to_target_ratio_lo"], out["time_to_target_ratio_hi"] = (
+            (1.0, 1.0) if reference else interval(ratio, rr[:m] / ss[:m], level))
+        methods.append(rho_note)
+    if ends and not reference and (widened or "time_to_target_ratio_lo" not in out):  # T / T_ref across the ends too
+        out["time_to_target_ratio_lo"] = min(out.get("time_to_target_ratio_lo", ratio), out.get("rho_lo", rho) / out["sigma_hi"])
+        out["time_to_target_ratio_hi"] = max(out.get("time_to_target_ratio_hi", ratio), out.get("rho_hi", rho) / out["sigma_lo"])
+    if methods:
+        out["interval"] = "; ".join(methods)
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _alt_study(study: Study) -> Study:
+    """The study with its models at the other end of what the trace cannot identify (`FittedModels.alternative`)."""
+    return replace(study, models=study.models.alternative)
+
+
+def _rate(study: Study, cfg: WhatIf, reference: bool) -> tuple[float, float]:
+    """(responses/s, sigma) of `cfg` simulated on `study` (the reference configuration when `reference`)."""
+    if reference:
+        return simulate_reference(study, cfg).responses_per_s, 1.0
+    q = simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed)).responses_per_s
+    return q, q / simulate_reference(study, reference_config(study, cfg)).responses_per_s
+
+
+def _other_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float, float, str]]:
+    """(responses/s, sigma, how) at the far ends of what the evidence cannot decide: the trace's unidentified terms
+    (`FittedModels.alternative`), and for another device, its datasheet gain against none (frameworks reach a
+    different share of peak on new hardware, which no datasheet states)."""
+    out = []
+    m = study.models
+    if m.alternative is not None:
+        what = (f"the per-step generation cost {m.gen.c_step * 1e3:.3g}..{m.alternative.gen.c_step * 1e3:.3g} ms"
+                if m.alternative.update is m.update else "generation's share of the logged step")
+        out.append((*_rate(_alt_study(study), cfg, reference), f"both ends of what the trace cannot identify ({what})"))
+    if cfg.split and data_parallel(study.hardware):
+        out.append((*_rate(_split_gain_study(study), cfg, reference),
+                    f"the split free of the colocated run's device-sharing costs at the other end (each side up to "
+                    f"{SPLIT_GAIN_HI:g}x the recorded speed per device)"))
+    if cfg.device is not None and other_device(study, cfg.device):
+        out.append((*_rate(study, replace(cfg, device=None), reference),
+                    f"{cfg.device}'s datasheet gain at one end, the recorded device's own speed at the other"))
+    roof = _other_roof_study(study, cfg.device) if cfg.device is not None and not cfg.split else None
+    if roof is not None:
+        out.append((*_rate(roof[0], cfg, reference),
+                    f"per-token compute on {cfg.device} at its bandwidth gain at the other end, {roof[1]:.3g}x below "
+                    "its FLOP/s gain (which of the datasheet's two roofs a term reaches on a new device, none states)"))
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _other_roof_study(study: Study, device: str) -> tuple[Study, float] | None:
+    """The study at the other roof of the move to `device` (`rlsim.replay.devices.other_roof`) and its factor, or
+    None."""
+    hw = study.hardware or study.models.config.get("hardware") or {}
+    end = other_roof(study.models, device, source_profile=hw or None)
+    return None if end is None else (replace(study, models=end[0]), end[1])
+
+
+@functools.lru_cache(maxsize=8)
+def _split_gain_study(study: Study) -> Study:
+    """The study with every device cost SPLIT_GAIN_HI times faster (the roofline rule with both ratios at that
+    factor), for the far end of a split predicted from a colocated GPU run."""
+    hw = study.hardware or study.models.config.get("hardware") or {}
+    src = recorded_profile(hw)
+    fast = replace(src, key="split-gain", mem_bandwidth_gbs=SPLIT_GAIN_HI, flops_tflops=SPLIT_GAIN_HI)
+    n = recorded_devices(study)
+    models, _ = rescale(study.models, fast, n, source_profile=src, source_gpus=n)
+    return replace(study, models=replace(models, config=study.models.config, warnings=study.models.warnings, alternative=None))
+
+
+def other_device(study: Study, device: str) -> bool:
+    """Whether `device` is another GPU than the GPU the trace was recorded on (a CPU trace moved to a GPU has its
+    own warnings: its recorded speed is no end of anything)."""
+    hw = study.hardware or study.models.config.get("hardware") or {}
+    rec, dst = profile_for_hardware(hw), get_profile(device)
+    recorded_gpu = rec.kind == "gpu" if rec is not None else str(hw.get("device") or "").lower() not in ("cpu", "")
+    return recorded_gpu and dst.kind == "gpu" and (rec is None or dst.key != rec.key)
+
+
+def held_out_error(check: FitCheck, run_: SimRun) -> float:
+    """The relative error of a candidate's step costs where the fits have not seen it: the leave-one-level-out RMS
+    of the engine-step and the training fits (each level predicted from the others; `FitCheck.spread`: at least the
+    rule's bound for a fit that cannot be used), weighted by the candidate's generation and training shares of its
+    step. Measured (docs/results.md section 6): the bootstrap over levels alone gave sigma intervals that held a
+    paired measurement in 0 of 10 cases."""
+    gen, train = float(np.sum(run_.gen_time)), float(np.sum(run_.train_time))
+    cv_g, cv_t = check.spread("engine-step"), check.spread("training")
+    tot = gen + train
+    return float(math.sqrt((gen * cv_g ** 2 + train * cv_t ** 2) / tot)) if tot > 0 else 0.0
+
+
+def _throughput_replicates(study: Study, cfg: WhatIf, run_: SimRun, reference: bool,
+                           check: FitCheck) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+    """(responses/s of `run_` under each bootstrap replicate of the fits on the hardware `cfg` asks for, the same of
+    the reference configuration there (None for the reference itself), what was resampled). A split run: None (its
+    sides wait on each other; the replicates' summed costs do not give its rate). No replicates: None, unless the
+    fits cannot be used, then the point rate alone for the held-out error to spread."""
+    reps = study.models.replicates
+    models = models_for(study, cfg)[0]
+    q_reps = None if cfg.split or reps is None else replicate_rates(models, run_)
+    if q_reps is None:
+        if cfg.split or check.usable:
+            return None, None, ""
+        return np.full(REPLICATES, run_.responses_per_s), None, "no bootstrap (too few levels or updates)"
+    ref_reps = None if reference else replicate_rates(models, simulate_reference(study, reference_config(study, cfg)))
+    return q_reps, ref_reps, reps.method
