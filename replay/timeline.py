@@ -131,29 +131,52 @@ def _ids(rows, col: str) -> np.ndarray:
 def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
     """The recorded run as slices and counter samples: a lane per engine replica (`engine_id`) and per training
     rank (`rank`) in split and data-parallel traces; one engine and one trainer in v1/v2 traces."""
+    g, r = trace.rows("gen_step"), trace.rows("response")
+    spans, counters = _engine_slices(g)
+    spans += _response_slices(g, r) + _rank_slices(trace)
+    sync, sync_end = _sync_slices(trace)
+    spans += sync
+    phases = _phase_slices(trace)  # a step-level (imported) trace: its logged phases are the step's lanes
+    spans += phases
+    spans += _update_slices(trace, phases, *_round_bounds(g, r), sync_end)
+    e = trace.rows("eval")
+    for i in range(len(e["kind"])):
+        args = {k: json_scalar(e[k][i]) for k in ("step", "policy_version", "cum_responses", "cum_tokens", "score",
+                                                  "eval_k", "eval_prompts")}
+        t0, d = float(e["t_start"][i]), float(e["duration"][i])
+        spans.append(Slice(LANE_EVAL, "eval", "eval", t0, 0.0 if np.isnan(d) else d, args))
+        counters.append(Counter(LANE_EVAL, "eval.score", t0, float(e["score"][i])))
+    counters += _round_end_samples(spans)
+    return spans, counters
+
+
+def _engine_slices(g) -> tuple[list[Slice], list[Counter]]:
+    """Each engine step on its replica's lane (engine_id; v1/v2 traces: engine 0), with its counters."""
     spans: list[Slice] = []
     counters: list[Counter] = []
-    gen, train = LANE_GEN, LANE_TRAIN
-    split = (trace.config or {}).get("mode") == "split"
-    g = trace.rows("gen_step")
     eng = _ids(g, "engine_id")
     for i in range(len(g["kind"])):
         t0, d = float(g["t_start"][i]), float(g["duration"][i])
-        gen = f"gen/engine{eng[i]}"  # split traces: a lane per engine replica (engine_id; v1/v2 traces: engine 0)
-        args = {k: json_scalar(g[k][i]) for k in ("step", "policy_version", "num_running", "num_waiting", "prefill_tokens",
-                                          "decode_tokens", "context_tokens", "kv_usage", "finished")}
-        spans.append(Slice(gen, "gen_step", "gen.step", t0, d, args))
-        counters.append(Counter(gen, "gen.running", t0, float(g["num_running"][i])))
+        lane = f"gen/engine{eng[i]}"
+        args = {k: json_scalar(g[k][i]) for k in ("step", "policy_version", "num_running", "num_waiting",
+                                                  "prefill_tokens", "decode_tokens", "context_tokens", "kv_usage",
+                                                  "finished")}
+        spans.append(Slice(lane, "gen_step", "gen.step", t0, d, args))
+        counters.append(Counter(lane, "gen.running", t0, float(g["num_running"][i])))
         if not np.isnan(float(g["num_waiting"][i])):
-            counters.append(Counter(gen, "gen.waiting", t0 + d, float(g["num_waiting"][i])))
+            counters.append(Counter(lane, "gen.waiting", t0 + d, float(g["num_waiting"][i])))
         if not np.isnan(float(g["kv_usage"][i])):
-            counters.append(Counter(gen, "gen.kv_usage", t0 + d, float(g["kv_usage"][i])))
-    # a response occupies an engine slot from the start of the step that computed its first token to its end
+            counters.append(Counter(lane, "gen.kv_usage", t0 + d, float(g["kv_usage"][i])))
+    return spans, counters
+
+
+def _response_slices(g, r) -> list[Slice]:
+    """A response occupies an engine slot from the start of the step that computed its first token to its end."""
     order = np.argsort(np.asarray(g["t_start"], float), kind="stable")
     step_starts = np.asarray(g["t_start"], float)[order]
     step_ends = step_starts + np.asarray(g["duration"], float)[order]
-    r = trace.rows("response")
     r_eng = _ids(r, "engine_id")
+    spans = []
     for i in range(len(r["kind"])):
         queued = r["t_queued"][i]
         queued = float(r["t_start"][i]) if np.isnan(queued) else float(queued)
@@ -166,27 +189,36 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
             t0 = float(step_starts[k]) if k < len(step_starts) and step_starts[k] <= first else first
             t0 = min(max(t0, queued), end)
         name = f"p{int(r['prompt_id'][i])}/g{int(r['group_index'][i])}"
-        args = {k: json_scalar(r[k][i]) for k in ("step", "policy_version", "prompt_id", "group_index", "prompt_tokens",
-                                          "response_tokens", "reward", "consumed_step", "t_queued", "t_first_token")}
+        args = {k: json_scalar(r[k][i]) for k in ("step", "policy_version", "prompt_id", "group_index",
+                                                  "prompt_tokens", "response_tokens", "reward", "consumed_step",
+                                                  "t_queued", "t_first_token")}
         args["queued_s"] = json_scalar(t0 - queued)
         if "finish_version" in r:
             args["finish_version"] = json_scalar(r["finish_version"][i])
         spans.append(Slice(f"gen/engine{r_eng[i]}", "response", name, t0, max(end - t0, 0.0), args))
-    gen = LANE_GEN
-    # split and data-parallel traces (schema v3): per-rank compute and all-reduce, and idle intervals
+    return spans
+
+
+def _rank_slices(trace) -> list[Slice]:
+    """Split and data-parallel traces (schema v3): per-rank compute and all-reduce, and idle intervals."""
+    spans = []
     for kind, track, name in (("train_rank", "update", "train.compute"), ("allreduce", "allreduce", "train.allreduce")):
         x = trace.rows(kind)
         ranks = _ids(x, "rank")
         for i in range(len(x["kind"])):
-            spans.append(Slice(f"train/trainer{ranks[i]}", track, name, float(x["t_start"][i]), float(x["duration"][i]),
-                               {"step": json_scalar(x["step"][i]), "rank": int(ranks[i])}))
+            spans.append(Slice(f"train/trainer{ranks[i]}", track, name, float(x["t_start"][i]),
+                               float(x["duration"][i]), {"step": json_scalar(x["step"][i]), "rank": int(ranks[i])}))
     x = trace.rows("idle")
     for i in range(len(x["kind"])):
         e, k = json_scalar(x["engine_id"][i]), json_scalar(x["rank"][i])
         lane, nm = (f"gen/engine{int(e)}", "gen.idle") if e is not None else (f"train/trainer{int(k or 0)}", "train.idle")
         spans.append(Slice(lane, "idle", nm, float(x["t_start"][i]), float(x["duration"][i]),
                            {"policy_version": json_scalar(x["policy_version"][i])}))
-    # first request and first engine step of each RL step: where its generation round starts
+    return spans
+
+
+def _round_bounds(g, r) -> tuple[dict[int, float], dict[int, float]]:
+    """Per RL step: where its generation round starts (its first request or engine step), where it ends."""
     round_start: dict[int, float] = {}
     for st, t0 in zip(np.asarray(r["step"], float), np.where(np.isnan(r["t_queued"]), r["t_start"], r["t_queued"])):
         if np.isfinite(st) and np.isfinite(t0):
@@ -196,58 +228,63 @@ def recorded_timeline(trace) -> tuple[list[Slice], list[Counter]]:
         if np.isfinite(st):
             round_start[int(st)] = min(round_start.get(int(st), math.inf), float(t0))
             gen_end[int(st)] = max(gen_end.get(int(st), -math.inf), float(t0) + float(d))
+    return round_start, gen_end
+
+
+def _sync_slices(trace) -> tuple[list[Slice], dict[int, float]]:
+    """The weight syncs, and per RL step where its last sync ends."""
     s = trace.rows("sync")
-    sync_end: dict[int, float] = {}
+    spans, sync_end = [], {}
+    keys = ("step", "policy_version", "bytes") + (("engine_id",) if "engine_id" in s else ())
     for i in range(len(s["kind"])):
-        args = {k: json_scalar(s[k][i]) for k in ("step", "policy_version", "bytes") + (("engine_id",) if "engine_id" in s else ())}
         t0, d = float(s["t_start"][i]), float(s["duration"][i])
-        spans.append(Slice(LANE_SYNC, "sync", "sync.weights", t0, d, args))
+        spans.append(Slice(LANE_SYNC, "sync", "sync.weights", t0, d, {k: json_scalar(s[k][i]) for k in keys}))
         if np.isfinite(float(s["step"][i])):
             sync_end[int(s["step"][i])] = max(sync_end.get(int(s["step"][i]), -math.inf), t0 + d)
-    phases = _phase_slices(trace)  # a step-level (imported) trace: its logged phases are the step's lanes
-    spans += phases
+    return spans, sync_end
+
+
+def _update_slices(trace, phases: list[Slice], round_start: dict[int, float], gen_end: dict[int, float],
+                   sync_end: dict[int, float]) -> list[Slice]:
+    """Each update with its preparation, rewards, generation round and RL step (a step-level trace: the RL step
+    spans its logged phases)."""
+    split = (trace.config or {}).get("mode") == "split"
     u = trace.rows("update")
     step_s = step_table(trace)["step_time"]  # the step time's one definition (replay/steps.py)
+    spans = []
     for i in range(len(u["kind"])):
         args = {k: json_scalar(u[k][i]) for k in ("step", "policy_version", "num_responses", "num_tokens", "lr", "loss",
-                                          "reward", "t_forward", "t_backward", "t_optimizer", "grad_norm",
-                                          "step_time", "gen_time", "reward_time", "prep_time")}
-        t0, d = float(u["t_start"][i]), float(u["duration"][i])
+                                                  "reward", "t_forward", "t_backward", "t_optimizer", "grad_norm",
+                                                  "step_time", "gen_time", "reward_time", "prep_time")}
+        t0, d, step = float(u["t_start"][i]), float(u["duration"][i]), int(u["step"][i])
         if phases:  # the phases already show the update, its preparation and the rewards; the step spans them
-            mine = [s for s in phases if s.args.get("step") == int(u["step"][i])]
+            mine = [s for s in phases if s.args.get("step") == step]
             if mine:
                 a, b = min(s.start for s in mine), max(s.start + s.dur for s in mine)
-                spans.append(Slice(LANE_RL, "rl_step", "rl.step", a, b - a, {"step": int(u["step"][i])}))
+                spans.append(Slice(LANE_RL, "rl_step", "rl.step", a, b - a, {"step": step}))
             continue
-        spans.append(Slice(train, "update", "train.update", t0, d, args))
-        step = int(u["step"][i])
+        spans.append(Slice(LANE_TRAIN, "update", "train.update", t0, d, args))
         if split:  # no generation rounds: the replicas generate throughout; gen_time is the trainer's wait
             round_start.pop(step, None)
         prep, rew = float(u["prep_time"][i]), float(u["reward_time"][i])
         t = t0
         if np.isfinite(prep) and prep > 0:
             t -= prep
-            spans.append(Slice(train, "prep", "train.prep", t, prep, {"step": step}))
+            spans.append(Slice(LANE_TRAIN, "prep", "train.prep", t, prep, {"step": step}))
         if np.isfinite(rew) and rew > 0:
             spans.append(Slice(LANE_HOST, "reward", "host.reward", t - rew, rew, {"step": step}))
         gt = float(u["gen_time"][i])
         if step in round_start:
             start = round_start[step]
             dur = gt if np.isfinite(gt) and gt > 0 else gen_end.get(step, start) - start
-            spans.append(Slice(gen, "gen_round", "gen.round", start, dur, {"step": step, "requests": args["num_responses"]}))
+            spans.append(Slice(LANE_GEN, "gen_round", "gen.round", start, dur,
+                               {"step": step, "requests": args["num_responses"]}))
         st = float(step_s[i])
         end = sync_end.get(step, t0 + d)
         if np.isfinite(st) and st > 0:
-            spans.append(Slice(LANE_RL, "rl_step", "rl.step", end - st, st, {"step": step, "responses": args["num_responses"]}))
-    e = trace.rows("eval")
-    for i in range(len(e["kind"])):
-        args = {k: json_scalar(e[k][i]) for k in ("step", "policy_version", "cum_responses", "cum_tokens", "score",
-                                          "eval_k", "eval_prompts")}
-        t0, d = float(e["t_start"][i]), float(e["duration"][i])
-        spans.append(Slice(LANE_EVAL, "eval", "eval", t0, 0.0 if np.isnan(d) else d, args))
-        counters.append(Counter(LANE_EVAL, "eval.score", t0, float(e["score"][i])))
-    counters += _round_end_samples(spans)
-    return spans, counters
+            spans.append(Slice(LANE_RL, "rl_step", "rl.step", end - st, st,
+                               {"step": step, "responses": args["num_responses"]}))
+    return spans
 
 
 def simulated_timeline(run) -> tuple[list[Slice], list[Counter]]:
