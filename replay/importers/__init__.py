@@ -19,19 +19,20 @@ import numpy as np
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.importers import openrlhf, trl, verl
-from rlsim.replay.importers.common import write_step_trace
+from rlsim.replay.importers.common import ImportFlags, Importer, write_step_trace
 from rlsim.replay.io import read_trace
 from rlsim.replay.schema import EVAL, PHASE, UPDATE
 from rlsim.replay.steps import step_table
 
-FRAMEWORKS = ("verl", "openrlhf", "trl")
-_MODULES = {"verl": verl, "openrlhf": openrlhf, "trl": trl}
+# the importers, in the order `rlsim import --help` lists them: a new framework is its module and one entry here
+IMPORTERS: dict[str, Importer] = {m.IMPORTER.name: m.IMPORTER for m in (verl, openrlhf, trl)}
+FRAMEWORKS = tuple(IMPORTERS)
 
 
 def _loader(framework: str):
-    if framework not in _MODULES:
+    if framework not in IMPORTERS:
         raise RlsimError(f"unknown framework {framework!r}; rlsim imports {', '.join(FRAMEWORKS)}")
-    return _MODULES[framework].load
+    return IMPORTERS[framework].load
 
 
 def import_log(framework: str, path: str | Path, *, out: str | Path, overwrite: bool = False, device: str | None = None,
@@ -72,4 +73,4 @@ def _median(x) -> float:
     return float(np.median(x)) if len(x) else float("nan")
 
 
-__all__ = ["FRAMEWORKS", "import_log", "describe"]
+__all__ = ["FRAMEWORKS", "IMPORTERS", "ImportFlags", "Importer", "import_log", "describe"]

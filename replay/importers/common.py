@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import yaml
 
-from rlsim.replay.devices import get_profile
+from rlsim.replay.devices import get_profile, known_names
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import write_trace
 from rlsim.replay.schema import EVAL, PHASE, STEP_STATS, SYNC, UPDATE
@@ -283,6 +283,45 @@ class Eval:
     k: int | None
     metric: str
     seconds: float = math.nan
+
+
+@dataclass(frozen=True)
+class ImportFlags:
+    """What `rlsim import` takes beside the log, stated once; each importer names the ones it reads
+    (`Importer.flags`) and how its framework spells them (`Importer.help`)."""
+
+    config: Path | None = field(default=None, metadata={
+        "help": "the run's saved config (YAML or JSON) for batch sizes, GPUs, model and caps",
+        "flags": ["--config", "-c"]})
+    prompts: int | None = field(default=None, metadata={"help": "P: prompts per step", "flags": ["--prompts"]})
+    group: int | None = field(default=None, metadata={"help": "G: responses per prompt", "flags": ["--group"]})
+    gpus: int | None = field(default=None, metadata={"help": "GPUs the run trained on", "flags": ["--gpus"]})
+    device: str | None = field(default=None, metadata={
+        "help": f"the GPU the run used (a device profile: {known_names()}); enables the roofline priors and --device "
+                "rescaling", "flags": ["--device"]})
+    model_params: str | None = field(default=None, metadata={
+        "help": "model parameters, e.g. 7B, 0.5B, 1.5e9 (None: read from the model path in the config)",
+        "flags": ["--model-params"]})
+    tp: int | None = field(default=None, metadata={"help": "rollout tensor parallel size", "flags": ["--tp"]})
+    eval_metric: str | None = field(default=None, metadata={
+        "help": "the validation metric to use as the eval score (None: chosen per framework, see docs/importing.md)",
+        "flags": ["--eval-metric"]})
+    drop_truncated: bool = field(default=False, metadata={
+        "help": "skip truncated step lines instead of failing", "flags": ["--drop-truncated"]})
+
+
+@dataclass(frozen=True)
+class Importer:
+    """One framework's importer: what `rlsim import NAME` says and takes, and the function that reads its log."""
+
+    name: str = field(metadata={"help": "the subcommand, `rlsim import NAME`"})
+    help: str = field(metadata={"help": "the subcommand's one-line help"})
+    log_help: str = field(metadata={"help": "what LOG is for this framework"})
+    load: Callable[..., tuple[Any, list, list]] = field(metadata={
+        "help": "load(path, **flags) -> (RunSpec, steps, evals)"})
+    flags: tuple[str, ...] = field(metadata={"help": "the ImportFlags fields it reads"})
+    flag_help: dict[str, str] = field(default_factory=dict, metadata={
+        "help": "ImportFlags field -> its help in this framework's words (else the shared text)"})
 
 
 @dataclass

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, config_subset, fill_from_steps, load_config,
-                                           model_params_of, numeric, pick, positive_int, read_csv, read_jsonl)
+from rlsim.replay.importers.common import (Eval, ImportFlags, Importer, Phase, RunSpec, Step, config_subset,
+                                           fill_from_steps, load_config, model_params_of, numeric, pick, positive_int,
+                                           read_csv, read_jsonl)
 
 PERF = {"perf/experience_maker/generate_time": ("generate", "gen"),
         "perf/experience_maker/actor_value_rm_time": ("actor_value_rm", "prep"),
@@ -180,3 +181,13 @@ def _evals(rows: list[dict[str, float]], spec: RunSpec, eval_metric: str | None)
             upd = _get(r, "eval/train_step", "eval/global_step")
             evals.append(Eval(updates=int(upd) if math.isfinite(upd) else last, score=r[key], k=None, metric=key))
     return evals
+
+
+IMPORTER = Importer(
+    name="openrlhf", help="Import an OpenRLHF PPO/GRPO/REINFORCE++ run (Ray trainer).", load=load,
+    log_help="W&B history export (.csv or .jsonl) with train/* and perf/experience_maker/* metrics",
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "tp", "eval_metric"),
+    flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"]
+               + " (the W&B run config or the launch args as JSON/YAML)",
+               "prompts": "P: --rollout_batch_size (prompts per rollout)", "group": "G: --n_samples_per_prompt",
+               "gpus": "GPUs: actor_num_nodes x actor_num_gpus_per_node", "tp": "--vllm_tensor_parallel_size"})

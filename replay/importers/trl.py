@@ -22,8 +22,8 @@ from typing import Any
 
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, config_subset, fill_from_steps, load_config,
-                                           model_params_of, numeric, pick, positive_int)
+from rlsim.replay.importers.common import (Eval, ImportFlags, Importer, Phase, RunSpec, Step, config_subset,
+                                           fill_from_steps, load_config, model_params_of, numeric, pick, positive_int)
 
 USE = {
     "step": "step index (0-based in the trace: step - 1)", "step_time": "step time (whole optimizer step, generation included)",
@@ -198,3 +198,13 @@ def _evals(entries: list[dict[str, Any]], spec: RunSpec, eval_metric: str | None
             evals.append(Eval(updates=int(m.get("step", 0)), score=m[key], k=None, metric=key,
                               seconds=m.get("eval_runtime", math.nan)))
     return evals
+
+
+IMPORTER = Importer(
+    name="trl", help="Import a TRL GRPOTrainer run.", load=load,
+    log_help="trainer_state.json of a GRPOTrainer checkpoint (its log_history)",
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "eval_metric"),
+    flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"]
+               + " (the GRPOConfig recipe YAML/JSON)",
+               "prompts": "P: prompts per optimizer step", "group": "G: num_generations",
+               "gpus": "training processes (GPUs)"})

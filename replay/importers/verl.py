@@ -25,9 +25,9 @@ from typing import Any
 
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.importers.common import (Eval, Phase, RunSpec, Step, config_subset, dig, fill_from_steps, load_config,
-                                           model_params_of, numeric, parse_number, pick, positive_int, read_csv,
-                                           read_jsonl)
+from rlsim.replay.importers.common import (Eval, ImportFlags, Importer, Phase, RunSpec, Step, config_subset, dig,
+                                           fill_from_steps, load_config, model_params_of, numeric, parse_number, pick,
+                                           positive_int, read_csv, read_jsonl)
 
 ROLES = {"gen": "gen", "gen_max": "gen", "reward": "reward", "adv": "reward", "old_log_prob": "prep", "ref": "prep",
          "values": "prep", "update_critic": "update", "update_actor": "update", "update_weights": "sync",
@@ -321,3 +321,13 @@ def _gpus_from_throughput(spec: RunSpec, implied: float) -> None:
         spec.warnings.append(f"perf/throughput (tokens / (step time x GPUs)) implies {implied:.3g} GPUs, the "
                              f"config/flags say {spec.gpus}: the costs are scaled by {spec.gpus}; pass --gpus if the "
                              "config is wrong")
+
+
+IMPORTER = Importer(
+    name="verl", help="Import a verl PPO/GRPO run.", load=load,
+    log_help="console log (step:N - key:value - ...), metrics .jsonl, or W&B history .csv",
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "tp", "eval_metric", "drop_truncated"),
+    flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"] + " (Hydra's .hydra/config.yaml)",
+               "prompts": "P: data.train_batch_size (prompts per step)",
+               "group": "G: actor_rollout_ref.rollout.n (responses per prompt)",
+               "gpus": "GPUs: trainer.n_gpus_per_node x trainer.nnodes"})

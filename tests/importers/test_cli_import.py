@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from rlsim.cli import imports as commands_import
 from rlsim.core.config import WhatIf
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.importers import IMPORTERS, Importer
 from rlsim.replay.io import read_trace
 from rlsim.whatif.predict import run
 from tests.importers.fixtures import OPENRLHF_CONFIG, write_openrlhf_csv
@@ -94,3 +96,25 @@ def test_the_rlsim_app_registers_import():
     assert [g.name for g in app.registered_groups].count("import") == 1
     r = runner.invoke(app, ["import", "--help"])
     assert r.exit_code == 0 and "verl" in r.output and "openrlhf" in r.output and "trl" in r.output
+
+
+def test_an_importer_in_the_registry_is_a_subcommand_with_its_own_flags(tmp_path, monkeypatch):
+    """A new framework is its importer in the registry: `rlsim import` lists it, with the ImportFlags it names
+    in its words, and passes what was given to its `load` (no edit to the CLI)."""
+    seen = {}
+
+    def load(path, **flags):
+        seen.update(flags)
+        raise RlsimError("stop here")
+
+    fake = Importer(name="fakerl", help="Import a FakeRL run.", log_help="its metrics", load=load,
+                    flags=("prompts", "group"), flag_help={"prompts": "P: fake.batch"})
+    monkeypatch.setitem(IMPORTERS, "fakerl", fake)
+    app = _app()
+    assert "fakerl" in runner.invoke(app, ["import", "--help"]).output
+    r = runner.invoke(app, ["import", "fakerl", "--help"], env={"COLUMNS": "200"})
+    assert "P: fake.batch" in r.output and "--group" in r.output and "--tp" not in r.output
+    r = runner.invoke(app, ["import", "fakerl", str(tmp_path / "m.jsonl"), "-o", str(tmp_path / "o.parquet"),
+                            "--prompts", "8"])
+    assert r.exit_code == 2 and r.output.strip() == "error: stop here"
+    assert seen["prompts"] == 8 and "group" not in seen and "tp" not in seen
