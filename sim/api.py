@@ -195,7 +195,7 @@ def split_stats(trace: Trace | str | os.PathLike, *, skip: int = 2) -> dict[str,
 
 @_public
 def fit(traces: Any, *, rho_model: str = "auto", target: float | None = None, calibration: Any = ()):
-    """Fit the traces (a trace or path, or a list of them; the first is the reference): a `rlsim.whatif.predict.Study`.
+    """Fit the traces (a trace or path, or a list of them; the first is the reference): a `rlsim.whatif.study.Study`.
     `calibration`: traces of `rlrun calibrate` for a reference recorded without calibration."""
     read = _traces(traces)
     if not read:

@@ -31,7 +31,7 @@ another's, and what a perfect predictor would score against the 3-seed means.
     python -m bench.studies.batch_study --no-record --target 0.566 --fresh-from 3   # analyse as docs/results.md does
     python -m bench.studies.batch_study --seeds 1 --sizes 8,32 --budget 2048   # smoke test
 
-(from the repository root). rlsim's predictions are made in process (`rlsim.whatif.predict.prepare` and `evaluate`, what
+(from the repository root). rlsim's predictions are made in process (`rlsim.whatif.study.prepare` and `evaluate`, what
 `rlsim run --json` prints); the scoring is `rlsim.replay.evaluation`.
 
 `--lr` moves the reference lr (the sqrt rule scales it to every size); `--predict FILE` writes the reference-alone

@@ -1,5 +1,5 @@
 """The SimConfig of fitted models: the one place a simulation's configuration is built from what a trace
-recorded (its engine limits, P, G and over-generation) and what a caller changes (`rlsim.whatif.predict.sim_config`
+recorded (its engine limits, P, G and over-generation) and what a caller changes (`rlsim.whatif.study.sim_config`
 for a candidate; `rlsim.whatif.fidelity` and bench/extrapolation.py for the recorded configuration itself)."""
 from __future__ import annotations
 
