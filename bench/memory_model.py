@@ -114,7 +114,8 @@ def main() -> None:
         for case, published, predicted in rows:
             print(f"  {case:<98} {published:>10.6g} {predicted:>10.6g} {predicted / published - 1:>+7.1%}")
     trace = ROOT / "traces" / "grpo_p128.parquet"
-    print(f"time the estimate adds to rlsim run on {trace.name}: {cost_ms(trace):.2f} ms (median of 200; target < 50 ms)")
+    print(f"time the estimate adds to rlsim run on {trace.name}: {cost_ms(trace):.2f} ms (median of 200; "
+          "target < 50 ms)")
 
 
 if __name__ == "__main__":

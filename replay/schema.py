@@ -142,8 +142,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     # v4: the CPU threads (devices' cores) a calibration or drift row was measured at
     ("threads", i64, (CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN), "CPU threads the row was measured at (the calibration also measures one core, a CPU's device unit); null: the run's"),
     # v5: measured memory peaks of the step's phases in the recording process (null: not measured)
-    ("mem_gen_peak_bytes", i64, (UPDATE,), "peak memory during the step's generation, bytes: CPU, the recording process's resident-set high-water mark; CUDA, torch's max_memory_allocated (engine weights and KV pool included); null in split mode (the engines are other processes) or where not measurable"),
-    ("mem_train_peak_bytes", i64, (UPDATE,), "peak memory during the step's update, bytes, measured as mem_gen_peak_bytes (split mode: the trainer process's, rank 0)"),
+    ("mem_gen_peak_bytes", i64, (UPDATE,),
+     "peak memory during the step's generation, bytes: CPU, the recording process's resident-set high-water mark; "
+     "CUDA, torch's max_memory_allocated (engine weights and KV pool included); null in split mode (the engines are "
+     "other processes) or where not measurable"),
+    ("mem_train_peak_bytes", i64, (UPDATE,),
+     "peak memory during the step's update, bytes, measured as mem_gen_peak_bytes (split mode: the trainer process's, "
+     "rank 0)"),
 )
 
 COLUMN_NAMES = tuple(c[0] for c in COLUMNS)
@@ -189,8 +194,8 @@ _V2_COLUMNS = ("phase", "phase_role", "response_len_mean", "response_len_min", "
 _V3_COLUMNS = ("engine_id", "rank", "finish_version")
 _V4_COLUMNS = ("threads",)
 _V5_COLUMNS = ("mem_gen_peak_bytes", "mem_train_peak_bytes")
-COLUMN_SINCE: dict[str, int] = {**{c: 2 for c in _V2_COLUMNS}, **{c: 3 for c in _V3_COLUMNS}, **{c: 4 for c in _V4_COLUMNS},
-                                **{c: 5 for c in _V5_COLUMNS}}
+COLUMN_SINCE: dict[str, int] = {c: v for v, cols in ((2, _V2_COLUMNS), (3, _V3_COLUMNS), (4, _V4_COLUMNS),
+                                                     (5, _V5_COLUMNS)) for c in cols}
 KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2, IDLE: 3, TRAIN_RANK: 3, ALLREDUCE: 3,
                               DRIFT_GEN: 4, DRIFT_TRAIN: 4}
 

@@ -358,7 +358,8 @@ class _Checker:
         for k, r in rows.items():
             e = ends[k]
             self.flag(r, "t_start", e > limit,
-                      f"end after the run (`t_start` {'-' if k in END_AT_START else '+'} `duration` past {limit:.6g} s, "
+                      f"end after the run (`t_start` {'-' if k in END_AT_START else '+'} `duration` past "
+                      f"{limit:.6g} s, "
                       f"the run's end {run_end:.6g} s plus tolerance)", lambda i, _e=e: f"end {_e[i]:.6g} s")
 
     def check_updates(self) -> None:

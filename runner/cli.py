@@ -2,9 +2,9 @@
 
 Thin: parse -> RunConfig (ProbeConfig) -> one library call. The options of `record`, `calibrate` and `probe`
 are RunConfig's fields (runner/config.py states each default, help text and flag once), and `probe`'s own
-ProbeConfig's, made by `rlsim.cli.opts`, the mechanism `rlsim` uses. torch and vLLM are imported only when a run starts, so `--help` and bad-input
-errors are fast, and `inspect` works in the base install. Every RlsimError, a bad number or a missing
-engine extra included, is one line and exit code 2.
+ProbeConfig's, made by `rlsim.cli.opts`, the mechanism `rlsim` uses. torch and vLLM are imported only when a run
+starts, so `--help` and bad-input errors are fast, and `inspect` works in the base install. Every RlsimError, a bad
+number or a missing engine extra included, is one line and exit code 2.
 """
 from __future__ import annotations
 

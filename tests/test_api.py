@@ -38,8 +38,9 @@ def test_api_raises_the_cli_errors(tmp_path):
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: rlsim.predict(TRACE, batchsize=64), r"^predict: unknown keyword 'batchsize' \(did you mean batch\?\); the "
-                                                 r"keywords are rlsim.core.config.WhatIf's fields: prompts, group, lr_rule, "),
+    (lambda: rlsim.predict(TRACE, batchsize=64),
+     r"^predict: unknown keyword 'batchsize' \(did you mean batch\?\); the keywords are "
+     r"rlsim.core.config.WhatIf's fields: prompts, group, lr_rule, "),
     (lambda: rlsim.predict(TRACE, batch=64, prompts=64), "give prompts or batch, not both"),
     (lambda: rlsim.predict(TRACE, batch=0), "^prompts must be a positive integer, got 0$"),
     (lambda: rlsim.predict(TRACE, staleness=2), r"^staleness=2 needs split devices: add gen_gpus=N, train_gpus=M \("),

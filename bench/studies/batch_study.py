@@ -55,8 +55,8 @@ from rlsim.core.config import WhatIf
 from rlsim.whatif.outcome import Outcome
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.evaluation import (SeedRuns, b_crit_allowed, censored_log_error, critical_batches, error_summary,
-                                     kendall_tau, measured_ratios, noise_split, resample_T, samples_to_target, score_ranking,
-                                     tau_interval, within_spread)
+                                     kendall_tau, measured_ratios, noise_split, resample_T, samples_to_target,
+                                     score_ranking, tau_interval, within_spread)
 from rlsim.replay.io import Trace, read_trace
 from rlsim.replay.learning import fit_learning_curve, noise_scale
 from rlsim.replay.rho import curves_rho, fit_lr_aware, lr_aware_rho, noise_scale_rho

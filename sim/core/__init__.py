@@ -1,1 +1,3 @@
-"""The simulator's core: the configs, the workload sampler, the engine at engine-step granularity and the synchronous colocated loop."""
+"""The simulator's core: the configs, the workload sampler, the engine at engine-step granularity and the synchronous
+colocated loop.
+"""

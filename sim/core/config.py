@@ -183,7 +183,8 @@ class SimConfig:
     gen_batch: int = _f(0, "requests generated per round (B_gen >= B; 0: = B); the first G responses of each prompt to finish are trained on")
     lengths: str = _f("sampled", "sampled: draw lengths from the fitted distribution; recorded: replay the trace's responses step by step")
     exact_engine: bool = _f(False, "always run the step-level engine loop (with KV accounting and preemption) instead of the exact fast path")
-    split: SplitConfig | None = _f(None, "split devices and asynchronous rollout (rlsim.modes.split); None: the synchronous colocated loop")
+    split: SplitConfig | None = _f(None, "split devices and asynchronous rollout (rlsim.modes.split); None: the "
+                                         "synchronous colocated loop")
 
     @property
     def batch(self) -> int:

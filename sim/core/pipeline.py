@@ -42,7 +42,7 @@ import simpy
 
 from rlsim.core.config import SimConfig
 from rlsim.core.engine import (RoundPlan, Stretch, run_round_steps, schedule_round, schedule_rounds, step_arrays,
-                          trained_mask)
+                               trained_mask)
 from rlsim.replay.cost import StepSums
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
@@ -80,10 +80,12 @@ class SplitResult:
     train_gpus: int = field(metadata={"help": "data-parallel training ranks"})
     staleness: float = field(metadata={"help": "staleness limit eta"})
     partial_rollout: bool = field(metadata={"help": "in-flight responses continued across a weight sync"})
-    allreduce_s: float = field(metadata={"help": "seconds of the gradient all-reduce per update (0: one rank or fitted)"})
+    allreduce_s: float = field(metadata={
+        "help": "seconds of the gradient all-reduce per update (0: one rank or fitted)"})
     allreduce_gbs: float = field(metadata={"help": "the all-reduce's bandwidth, GB/s"})
     bandwidth_source: str = field(metadata={"help": "where that bandwidth came from"})
-    allreduce_fitted: bool = field(metadata={"help": "the collective is inside the fitted update (data-parallel reference)"})
+    allreduce_fitted: bool = field(metadata={
+        "help": "the collective is inside the fitted update (data-parallel reference)"})
     grad_bytes: float = field(metadata={"help": "gradient bytes all-reduced (the model's weight bytes)"})
     sync_s: float = field(metadata={"help": "seconds of one weight sync"})
     replica_idle: tuple[float, ...] = field(default=(), metadata={

@@ -23,7 +23,8 @@ from rlsim.core.workload import Workload
 
 def queue_lengths(models: FittedModels, cfg: SimConfig, rng: np.random.Generator, prompts: int) -> tuple[np.ndarray, np.ndarray]:
     """(S,) prompt and (S,) response lengths of the first `prompts` prompts' S = prompts x G sequences, in queue
-    order (prompt-major, P prompts per block, no over-generation): `rlsim.core.workload.Workload`'s rounds end to end."""
+    order (prompt-major, P prompts per block, no over-generation): `rlsim.core.workload.Workload`'s rounds end to
+    end."""
     P, G = cfg.prompts, cfg.group
     blocks = -(-prompts // P)
     wl = Workload.of(models, cfg, over_generate=False)
@@ -128,6 +129,8 @@ class FinishedGroups:
             ev.succeed()
 
     def _pick(self, u: int) -> tuple[np.ndarray, np.ndarray | None]:
+        if len(self.items) < self.prompts:  # fewer than a batch finished: nothing to weigh yet
+            return np.zeros(0, np.int64), None
         rg = np.fromiter(self.items, np.int64, len(self.items))
         started = int(np.searchsorted(self.pv, np.iinfo(np.int64).max, side="left"))
         window = np.arange(self.open_from, started)

@@ -190,7 +190,8 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> lis
     e = cfg.engine
     out = [f"split model: {N} generation replica{'s' if N > 1 else ''}, each the recorded engine (its fitted step cost, "
            f"max_num_seqs {e.max_num_seqs}, KV cache {e.kv_cache_tokens:,} tokens; cost per replica unchanged by their number), "
-           f"one shared queue admitting by AReaL's rule with eta = {eta:g} (rlsim.modes.split); the fixed per-round generation "
+           f"one shared queue admitting by AReaL's rule with eta = {eta:g} (rlsim.modes.split); the fixed per-round "
+           "generation "
            "overhead has no counterpart; rewards and the rest of the step run on the trainer's critical path"]
     if M > 1 and split.allreduce_fitted:
         out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens, balanced "

@@ -19,8 +19,8 @@ from rlsim.replay.robust import PiecewiseLinear
 from rlsim.replay.steps import step_table
 from rlsim.replay.util import atomic_write, fmt
 from rlsim.present.results import read_results, trace_identity
-from rlsim.present.tables import (NOT_FITTING, RANGED, config_warning_items, describe, fits_text, interval, own, plan_lines,
-                          shown_column, sweep_verdict, varying, with_interval)
+from rlsim.present.tables import (NOT_FITTING, RANGED, config_warning_items, describe, fits_text, interval, own,
+                                  plan_lines, shown_column, sweep_verdict, varying, with_interval)
 from rlsim.present.views import CHARTS, OPTIONAL_CHARTS, axes_of, build_charts
 from rlsim.whatif.study import prepare
 

@@ -115,7 +115,7 @@ def critical_batches(study: Study, rows: Sequence[Mapping[str, Any]], primary: S
 
 def sweep_charts(out_dir: str | os.PathLike, *, traces: Sequence[Any], study: Study, rows: Sequence[Mapping[str, Any]],
                  meta: Mapping[str, Any] | None = None, png: bool = True) -> dict[str, dict[str, Path]]:
-    from rlsim.present.charts import save_chart  # why here: the chart renderer (altair) loads only when charts are drawn
+    from rlsim.present.charts import save_chart  # why here: the renderer (altair) loads only when charts are drawn
 
     charts = build_charts(traces=traces, study=study, rows=rows, meta=meta)
     return {name: save_chart(c, out_dir, name, png=png) for name, c in charts.items()}

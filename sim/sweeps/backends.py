@@ -46,7 +46,8 @@ def check_configs(study: Study, cfgs: Sequence[Any], labels: Mapping[str, str] |
             raise RlsimError(f"config [{desc}] is invalid: {e}") from None
 
 
-def evaluate_chunk(study: Study, chunk: Sequence[tuple[int, Any]], evaluate: Callable | None = None) -> list[tuple[int, dict]]:
+def evaluate_chunk(study: Study, chunk: Sequence[tuple[int, Any]],
+                   evaluate: Callable | None = None) -> list[tuple[int, dict]]:
     evaluate = evaluate or evaluate_config
     return [(i, outcome_row(cfg, evaluate(study, cfg))) for i, cfg in chunk]
 

@@ -64,7 +64,8 @@ class Outcome:
     train_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the training side waits for generation (split: mean over ranks)"})
     staleness_mean: float = field(default=0.0, metadata={"help": "mean policy versions a consumed sample lagged"})
     staleness_max: int = field(default=0, metadata={"help": "most policy versions a consumed sample lagged"})
-    rho_staleness: float = field(default=1.0, metadata={"help": "factor of rho for the staleness limit (in rho; rlsim.modes.split.staleness_rho)"})
+    rho_staleness: float = field(default=1.0, metadata={
+        "help": "factor of rho for the staleness limit (in rho; rlsim.replay.rho.staleness_rho)"})
     allreduce_s: float = field(default=0.0, metadata={"help": "gradient all-reduce seconds per update (split with train_gpus > 1)"})
     fits: bool | None = field(default=None, metadata={
         "help": "the memory model says it fits its devices (None: unknown; rlsim.whatif.memory)"})

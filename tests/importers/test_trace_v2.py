@@ -11,8 +11,8 @@ import pytest
 
 from rlsim.replay.errors import TraceError
 from rlsim.replay.io import read_trace, write_trace
-from rlsim.replay.schema import (COLUMN_SINCE, COLUMNS, PHASE, READABLE_VERSIONS, REQUIRED, SCHEMA_VERSION, STEP_STATS, UPDATE,
-                                 columns_for_version, kinds_for_version)
+from rlsim.replay.schema import (COLUMN_SINCE, COLUMNS, PHASE, READABLE_VERSIONS, REQUIRED, SCHEMA_VERSION, STEP_STATS,
+                                 UPDATE, columns_for_version, kinds_for_version)
 
 ROOT = Path(__file__).resolve().parents[2]
 NEW = ("phase", "phase_role", "response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio",

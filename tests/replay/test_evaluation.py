@@ -6,9 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from rlsim.replay.evaluation import (Reached, SeedRuns, b_crit_allowed, censored_log_error, critical_batches, error_summary,
-                                     kendall_tau, measured_ratios, noise_split, pooled_sd, ranking_resolution, resample_T,
-                                     samples_to_target, score_ranking, tau_interval, within_spread)
+from rlsim.replay.evaluation import (Reached, SeedRuns, b_crit_allowed, censored_log_error, critical_batches,
+                                     error_summary, kendall_tau, measured_ratios, noise_split, pooled_sd,
+                                     ranking_resolution, resample_T, samples_to_target, score_ranking, tau_interval,
+                                     within_spread)
 from rlsim.replay.learning import LearningCurve
 
 

@@ -11,7 +11,11 @@ import pytest
 import rlsim.replay.devices as devices
 from rlsim.replay.devices import (HOST_PROFILES, host_identity, host_name, host_profile, profile_by_name,
                                   profile_for_hardware)
+from rlsim.replay.fit import fit_trace
+from rlsim.replay.io import read_trace
 from rlsim.replay.measured_hosts import HOSTS
+from rlsim.replay.synthetic import synthetic_trace
+from rlsim.runner.summary import summarize
 
 XEON = "Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz"  # no measured entry (checked below)
 
@@ -84,10 +88,6 @@ def test_a_trace_that_names_no_processor_is_an_unnamed_host():
 
 
 def test_rescaling_names_the_traces_host_and_warns_about_stand_in_figures(tmp_path):
-    from rlsim.replay.fit import fit_trace
-    from rlsim.replay.io import read_trace
-    from rlsim.replay.synthetic import synthetic_trace
-
     def rescaled(hw):
         path = tmp_path / f"{len(list(tmp_path.iterdir()))}.parquet"
         t = read_trace(synthetic_trace(path, meta_overrides={"hardware": hw}))
@@ -124,9 +124,6 @@ def test_the_bench_writes_a_host_under_its_processors_identity(tmp_path):
 
 
 def test_inspect_names_the_profile_a_cpu_trace_rescales_by(tmp_path):
-    from rlsim.replay.synthetic import synthetic_trace
-    from rlsim.runner.summary import summarize
-
     proc = next(iter(HOSTS.values()))[0]
     for name, hw, says in (("xeon", {"cpu_name": XEON, "device_name": XEON}, "(not measured: "),
                            ("measured", {"cpu_name": proc, "device_name": proc}, "(measured")):

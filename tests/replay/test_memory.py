@@ -14,8 +14,8 @@ from rlsim.replay.errors import RlsimError
 from rlsim.replay.importers.common import load_config
 from rlsim.replay.memory import (GIB, MODELS, GenSetup, ModelShape, TrainSetup, activation_bytes_per_token_layer,
                                  estimate_memory, kv_bytes_per_token, kv_tokens_from_bytes, model_shape,
-                                 setups_from_verl, shape_from_config, training_activation_bytes,
-                                 usable_memory_gb, vllm_kv_capacity_tokens, zero_host_bytes, zero_model_states_bytes)
+                                 setups_from_verl, shape_from_config, training_activation_bytes, usable_memory_gb,
+                                 vllm_kv_capacity_tokens, zero_host_bytes, zero_model_states_bytes)
 
 VERL_CONFIG = Path(__file__).resolve().parents[2] / "docs" / "examples" / "verl" / "config.yaml"
 

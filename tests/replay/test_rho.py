@@ -10,8 +10,8 @@ import pytest
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.learning import LearningCurve
 from rlsim.replay.rho import (RHO_MODELS, RHO_REGISTRY, CurvesRho, InvariantRho, LrAwareRho, NoiseScaleRho, RhoModel,
-                              curves_rho, get_rho_model, invariant_rho, lr_aware_rho, noise_scale_ratio, noise_scale_rho,
-                              register_rho)
+                              curves_rho, get_rho_model, invariant_rho, lr_aware_rho, noise_scale_ratio,
+                              noise_scale_rho, register_rho)
 
 
 def test_registry_names_every_model_once_and_auto_last():

@@ -11,8 +11,9 @@ import pytest
 from rlsim.replay.errors import RlsimError, TraceError
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.io import TraceWriter, read_trace
-from rlsim.replay.schema import (ALLREDUCE, COLUMN_SINCE, CONFIG_DEFAULTS, IDLE, KIND_SINCE, READABLE_VERSIONS, REQUIRED, SCHEMA_VERSION,
-                                 TRAIN_RANK, columns_for_version, kinds_for_version, placement)
+from rlsim.replay.schema import (ALLREDUCE, COLUMN_SINCE, CONFIG_DEFAULTS, IDLE, KIND_SINCE, READABLE_VERSIONS,
+                                 REQUIRED, SCHEMA_VERSION, TRAIN_RANK, columns_for_version, kinds_for_version,
+                                 placement)
 from rlsim.replay.split_stats import SplitStats, split_stats
 from rlsim.replay.steps import step_table
 

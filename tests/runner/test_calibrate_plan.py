@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from rlsim.runner.calibrate import SE_TARGET, Ladder, _Calibration, gen_ladder, half_octaves, median_se
-from rlsim.runner.summary import calibration_lines
+from rlsim.runner.summary import DEVICE_RATIO_RANGE, LADDER_MIN_SHARE, calibration_lines, calibration_warnings
 
 
 def test_half_octaves_are_distinct_and_end_at_top():
@@ -198,7 +198,6 @@ def test_the_console_prints_what_inspect_prints_and_counts_the_levels_measured(m
 
 
 def test_a_ladder_left_short_is_warned_about_once(monkeypatch):
-    from rlsim.runner.summary import LADDER_MIN_SHARE, calibration_warnings
 
     w = calibration_warnings(_mark({}, level="train"))  # one engine level of 20, below the run's 256
     assert len(w) == 1 and "measured only 1 of 20 engine levels, up to 1 (below the run's own 256)" in w[0]
@@ -222,7 +221,6 @@ def test_a_ladder_left_short_is_warned_about_once(monkeypatch):
 
 
 def test_an_implausible_one_core_ratio_is_warned_about_with_its_range(monkeypatch):
-    from rlsim.runner.summary import DEVICE_RATIO_RANGE, calibration_warnings
 
     lines: list[str] = []
     _fake_run(monkeypatch, 3.0, True, lines.append, one_core=0.03)  # one core 30x faster than two: no CPU does
