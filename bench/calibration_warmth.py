@@ -7,10 +7,11 @@ in a shuffled order. Prints microseconds per token per kind (medians). docs/resu
 
     VLLM_CPU_KVCACHE_SPACE=2 flock /tmp/rlsim-heavy.lock python -m bench.calibration_warmth   # ~3 min on 2 cores
 """
-import os, time, random, statistics as S
+import os
+import random
+import statistics as S
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-import torch
 from rlsim.runner.config import RunConfig
 from rlsim.runner.loop import setup
 from rlsim.runner.engine import Engine

@@ -48,7 +48,6 @@ def engine_main(idx: int, args: dict[str, Any], inq, outq) -> None:
     try:
         _pin(args["kind"], args["devices"], args["threads"])
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        import torch
 
         set_threads(args["threads"])
         from rlsim.runner.engine import Engine

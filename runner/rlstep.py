@@ -68,7 +68,6 @@ class Colocated:
     def step(self, cfg: RunConfig, step: int, stream: Iterator, first_prompt_id: int) -> StepResult:
         """One RL step at `cfg`'s size (P = cfg.prompts prompts from `stream`, ids from `first_prompt_id`, lr
         by its rule), rows labelled `step` (policy version `step`, `step + 1` after the sync)."""
-        import torch
 
         clock, engine, P, G, B = self.clock, self.engine, cfg.prompts, cfg.G, cfg.batch
         # the trainer sizes its micro-batches from its config (RunConfig.micro, a function of B): this step's
