@@ -86,3 +86,16 @@ def test_ray_ships_an_importable_rlsim(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [str(root / "__init__.py"), str(root / "replay" / "fit.py")]
     assert not (root / "runner").exists()
+
+
+def test_no_product_function_over_100_lines():
+    """Functions short enough to hold in the head: none in sim/, replay/ or runner/ runs past 100 lines."""
+    long = []
+    for package in ("sim", "replay", "runner"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    n = node.end_lineno - node.lineno + 1
+                    if n > 100:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
+    assert not long, "split these functions into named steps: " + "; ".join(long)
