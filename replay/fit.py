@@ -108,7 +108,7 @@ def warmup_excluded(trace: Trace) -> bool:
 
 
 def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Sequence[Trace] = (), *,
-              one_device: bool = False) -> FittedModels:
+              one_device: bool = False, step_overhead_s: float | None = None) -> FittedModels:
     """Fit every cost model to one trace, or to several traces of the same setup: then the step
     costs (update, prep, reward, other, sync) are fitted across them (their batch sizes give the
     slopes a range), while the generation side (engine-step model, round overhead, lengths), the
@@ -116,7 +116,8 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     trace, or in `calibration` traces from `rlrun calibrate`) refit the engine-step and update models
     over the calibrated range (replay/calibration.py); every fit gets its validation and replicates.
     `one_device`: the models of one device instead: the fitted ones with engine-step and training times scaled by
-    one device's speed over the run's, from the first trace's calibration (replay/device_speed.py)."""
+    one device's speed over the run's, from the first trace's calibration (replay/device_speed.py).
+    `step_overhead_s`: an imported log's engine-step overhead prior (replay/fit_steps.py; None: its default)."""
     traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
     ref = traces[0]
     _check_colocated(traces)
@@ -124,7 +125,7 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
         if calibration:  # its costs are per-phase totals: engine-step calibration rows have nothing to refit
             raise RlsimError(f"{ref.name} is a step-level trace imported from a log: {name('calibration')} applies "
                              f"only to traces recorded by `rlrun record`; drop {name('calibration')}")
-        return fit_steps(traces)
+        return fit_steps(traces, step_overhead_s=step_overhead_s)
     _check_rows(traces)
     drift = drift_of(ref)
     gen_rows = _gen_rows(ref, drift)

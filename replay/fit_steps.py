@@ -59,6 +59,13 @@ WORKLOAD_LIMIT = 4_000_000        # per-step workloads (for `rlsim replay`) kept
 GEN_SHARE_HI = 0.7
 C_STEP_MAX_REL_SE = 0.25          # a fitted c_step is trusted when its standard error is below this fraction
 DEFAULT_SIGMA = 0.6               # log-normal shape when a log gives only the mean length
+# A GPU engine step's cost beyond reading the weights (scheduling, sampling, kernel launches, the tensor-parallel
+# all-reduces of each layer), seconds, added to the roofline c_step prior of an imported log. vLLM's own profile:
+# "the GPU is idle for a significant portion of time" between steps, CPU scheduling and input preparation taking
+# up to half of a step for Llama-3-8B on one H100 (vLLM blog, "vLLM v0.6.0: 2.7x Throughput Improvement and 5x
+# Latency Reduction", 2024-09-05). No log identifies it; its value is fitted on published runs leave-one-source-out
+# (bench/published.py --fit, docs/results.md "Published runs at GPU scale").
+ENGINE_STEP_OVERHEAD_S = 0.0
 
 
 def is_step_level(trace: Trace) -> bool:
@@ -156,8 +163,9 @@ def _profile(meta: dict[str, Any]):
         return None
 
 
-def _priors(meta: dict[str, Any]) -> dict[str, Any]:
-    """Roofline priors: c_step (weights read once per engine step), per-token decode and prefill compute."""
+def _priors(meta: dict[str, Any], overhead: float = 0.0) -> dict[str, Any]:
+    """Priors: c_step (weights read once per engine step at the datasheet bandwidth, plus the engine's fixed
+    per-step overhead `overhead`), per-token decode and prefill compute (roofline)."""
     prof = _profile(meta)
     model = meta.get("model") or {}
     hw = meta.get("hardware") or {}
@@ -168,9 +176,12 @@ def _priors(meta: dict[str, Any]) -> dict[str, Any]:
     gpus = int(hw.get("device_count") or cfg.get("gpus") or 0) or None
     out: dict[str, Any] = {"profile": prof, "params": params, "bytes": mbytes, "tp": tp, "gpus": gpus}
     if prof is not None and mbytes:
-        out["c_step"] = float(mbytes) / (tp * prof.mem_bandwidth_gbs * 1e9)
+        read = float(mbytes) / (tp * prof.mem_bandwidth_gbs * 1e9)
+        out["c_step"] = read + (overhead if prof.kind != "cpu" else 0.0)
         out["c_step_text"] = (f"model bytes {float(mbytes):.3g} / (tp {tp} x {prof.mem_bandwidth_gbs:g} GB/s, "
-                              f"{prof.name} datasheet) = {out['c_step'] * 1e3:.3g} ms")
+                              f"{prof.name} datasheet) = {read * 1e3:.3g} ms"
+                              + (f" + the engine's per-step overhead {overhead * 1e3:.3g} ms" if overhead and prof.kind != "cpu"
+                                 else ""))
     if prof is not None and params and gpus:
         out["c_token"] = 2.0 * float(params) / (gpus * prof.flops_tflops * 1e12)
     return out
@@ -205,7 +216,7 @@ def _step_table(trace: Trace, tix: int) -> dict[str, np.ndarray]:
     return out
 
 
-def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
+def fit_steps(traces: Trace | Sequence[Trace], *, step_overhead_s: float | None = None) -> FittedModels:
     """FittedModels from one step-level trace, or several of one setup (their batch sizes then give the
     batch-dependent terms a range; generation's lengths, the engine and the recorded timings come from
     the first). See the module doc."""
@@ -223,7 +234,7 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     G = int(cfg.get("group") or 1)
     M = int(eng_meta.get("max_num_seqs") or 1024)
     ratio = float(eng_meta.get("prefill_ratio") or 1.0)
-    pri = _priors(meta)
+    pri = _priors(meta, ENGINE_STEP_OVERHEAD_S if step_overhead_s is None else float(step_overhead_s))
     n_steps = sum(t.count(UPDATE) for t in traces)
     warnings = [f"step-level trace imported from {src.get('framework', 'another framework')} ({src.get('file', ref.name)}, "
                 f"{n_steps} steps): only per-step phase times were logged, no engine steps or responses, so generation is "

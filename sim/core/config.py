@@ -61,6 +61,14 @@ class WhatIf:
                                       "recomputed) instead of finishing on the old ones while the sync waits for them")
     model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace "
                                           "names a model rlsim cannot size (None: the trace's model)")
+    gen_tp: int | None = _f(None, "with a split: devices per rollout replica, its tensor parallel size; the split's "
+                                  "--gen-gpus hold gen_gpus / gen_tp replicas (None: the trace's tensor parallel)")
+    weight_sync: str | None = _f(None, "with a split: how weights reach the rollout replicas, priced by model bytes "
+                                       "(rlsim.replay.rollout_costs): checkpoint_engine | moe_reshard | nccl (None: the "
+                                       "trace's timed sync; none when its log times none)")
+    rollout_log_probs: bool = _f(False, "with a split: the trainer takes the old log-probs from the rollout engines (verl "
+                                        "fully_async's use_rollout_log_probs) and runs no old-log-prob pass; a reference or "
+                                        "value pass still runs")
 
     def validate(self) -> None:
         for f in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch", "gpus"):
@@ -94,6 +102,8 @@ class WhatIf:
                              f"admitting that share of a batch ahead; 0 = synchronous), got {s!r}")
         if not isinstance(self.partial_rollout, bool):
             raise RlsimError(f"{name('partial_rollout')} must be true or false, got {self.partial_rollout!r}")
+        if self.gen_tp is not None and (not isinstance(self.gen_tp, int) or isinstance(self.gen_tp, bool) or self.gen_tp < 1):
+            raise RlsimError(f"{name('gen_tp')} must be a positive integer, got {self.gen_tp!r}")
         add_split = f"add {setting(gen_gpus='N', train_gpus='M')}"
         if self.split and (self.gen_gpus is None or self.train_gpus is None):
             given, missing = ("gen_gpus", "train_gpus") if self.train_gpus is None else ("train_gpus", "gen_gpus")
@@ -141,7 +151,7 @@ class EngineConfig:
 class SplitConfig:
     """Generation and training on separate devices, asynchronous within a staleness limit (`rlsim.modes.split`)."""
 
-    gen_gpus: int = _f(1, "generation engine replicas (one per device, each the recorded engine)")
+    gen_gpus: int = _f(1, "generation devices (gen_gpus / gen_tp engine replicas)")
     train_gpus: int = _f(1, "data-parallel training ranks")
     staleness: float = _f(0.0, "staleness limit eta (AReaL's; a fraction as verl's staleness_threshold): a consumed sample lags "
                                "at most ceil(eta) policy versions; 0 = synchronous")
@@ -150,12 +160,22 @@ class SplitConfig:
     bandwidth_source: str = _f("", "where allreduce_gbs comes from (trace metadata or a named device profile)")
     allreduce_fitted: bool = _f(False, "the fitted update already holds the gradient collective (the reference trained "
                                        "data-parallel on several GPUs), so no all-reduce is added")
+    gen_tp: int = _f(1, "devices per rollout replica (tensor parallel): gen_gpus / gen_tp replicas")
+    sync_s: float | None = _f(None, "seconds of one weight sync by its path (rlsim.replay.rollout_costs); None: the fitted sync")
+
+    @property
+    def replicas(self) -> int:
+        """Rollout engine replicas: one per gen_tp devices."""
+        return self.gen_gpus // self.gen_tp
 
     def validate(self, batch: int) -> None:
         if self.gen_gpus < 1 or self.train_gpus < 1:
             raise RlsimError(f"{name('gen_gpus')} and {name('train_gpus')} must be at least 1, got {self.gen_gpus} and {self.train_gpus}")
         if self.staleness < 0:
             raise RlsimError(f"{name('staleness')} must be a non-negative number, got {self.staleness}")
+        if self.gen_tp < 1 or self.gen_gpus % self.gen_tp:
+            raise RlsimError(f"{setting(gen_gpus=self.gen_gpus)} do not split into rollout replicas of {setting(gen_tp=self.gen_tp)}"
+                             f" devices; pick a multiple of {self.gen_tp}")
         if batch % self.train_gpus:
             divs = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:4]
             raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide the training batch B = P x G = {batch} "

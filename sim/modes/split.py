@@ -4,13 +4,13 @@
 `--partial-rollout`) here, `simulate_split`, and one without it in the colocated loop (`rlsim.core.pipeline`).
 
 Model
-- Generation: `gen_gpus` engine replicas, one per generation device. One replica = one recorded engine:
+- Generation: gen_gpus / gen_tp engine replicas, each a tensor-parallel group of gen_tp devices (the trace's
+  tensor parallel, or --gen-tp; `rlsim.replay.rollout_costs`). One replica = the recorded engine at that size:
   the fitted engine-step cost (`rlsim.replay.cost.EngineStepCost`, plus the fitted gap between steps), the
   trace's max_num_seqs and KV cache, and `rlsim.core.engine`'s continuous batching (FIFO admission while slots
   and KV blocks allow; prefill and first token in the admitting step, one token per step after; when the KV
   cache is full the latest admitted request is preempted and recomputes later). The per-replica cost does
-  not change with gen_gpus: N replicas are N independent recorded engines (no tensor parallelism across
-  them, no shared bandwidth). The fitted per-response host overhead is charged when a request is admitted;
+  not change with gen_gpus: N replicas are N independent engines (no shared bandwidth). The fitted per-response host overhead is charged when a request is admitted;
   the fixed per-round overhead has no counterpart (there are no rounds).
 - Requests: one queue shared by the replicas, in prompts of G sequences (a GRPO group: the trainer needs
   whole groups). A replica pulls prompts while it has free slots.
@@ -30,7 +30,8 @@ Model
   gradient bytes = the model's weight bytes (the trace's sync bytes), bandwidth = the interconnect of the
   trace's hardware metadata or its device profile (`rlsim.replay.devices`: profile_for_hardware,
   interconnect_gbs), or of --device; then the weight sync, then the rest of the step (host).
-- Weight sync: a collective of the trainer and every replica costing the fitted sync time; it starts when
+- Weight sync: a collective of the trainer and every replica costing the fitted sync time, or, with
+  --weight-sync PATH, the path's cost at the model's bytes (`rlsim.replay.rollout_costs`); it starts when
   all have joined and bumps the policy version at its end for all at once. Without partial rollout a
   replica joins once its in-flight responses have finished on the old weights (it admits nothing new
   meanwhile, so the sync waits for the longest response). With partial rollout it joins at the end of its
@@ -73,6 +74,7 @@ from rlsim.replay.admission import admitted
 from rlsim.replay.devices import profile_for_hardware
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
+from rlsim.replay.rollout_costs import weight_sync_seconds
 
 BYTES_PER_SEQUENCE = 112  # per-sequence arrays of a split run (14 x 8 bytes: `Requests`), all of the run's requests at once
 
@@ -99,9 +101,15 @@ def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None) -> Sp
     if not cfg.split:
         return None
     bw, src = interconnect(models, hardware)
+    sync_s = weight_sync_seconds(float(models.sync_bytes or 0), cfg.weight_sync) if cfg.weight_sync else None
     return SplitConfig(gen_gpus=int(cfg.gen_gpus), train_gpus=int(cfg.train_gpus), staleness=float(cfg.staleness or 0),
                        partial_rollout=bool(cfg.partial_rollout), allreduce_gbs=bw, bandwidth_source=src,
-                       allreduce_fitted=data_parallel(hardware))
+                       allreduce_fitted=data_parallel(hardware), gen_tp=replica_tp(cfg, hardware), sync_s=sync_s)
+
+
+def replica_tp(cfg: WhatIf, hardware: dict | None) -> int:
+    """Devices per rollout replica: the what-if's gen_tp, else the trace's tensor parallel (1 when unstated)."""
+    return int(cfg.gen_tp or (hardware or {}).get("tp") or 1)
 
 
 def data_parallel(hardware: dict | None) -> bool:
@@ -149,11 +157,11 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     env = simpy.Environment()
     rec = Recorder(record_timeline)
     finished = FinishedGroups(env, P, sp.staleness, q.pv)
-    sync = WeightSync(env, sp.gen_gpus)
+    sync = WeightSync(env, sp.replicas)
     totals = EngineTotals()
     spec = replica_spec(models, cfg, kv_bind)
-    gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus)
-    reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.gen_gpus)]
+    gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.replicas)
+    reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.replicas)]
     trainer = Trainer(env, models, q, finished, sync, totals, rec, TrainerCosts.of(models, cfg), U, B)
     env.run(until=env.process(trainer.run()))
     return split_run(models, cfg, env.now, reps, trainer, rec, kv_bind)
@@ -188,7 +196,9 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> lis
     """The split model's assumptions, one line each (they join the Outcome's warnings)."""
     N, M, eta = split.gen_gpus, split.train_gpus, split.staleness
     e = cfg.engine
-    out = [f"split model: {N} generation replica{'s' if N > 1 else ''}, each the recorded engine (its fitted step cost, "
+    R = cfg.split.replicas
+    out = [f"split model: {N} generation devices in {R} replica{'s' if R > 1 else ''} of {cfg.split.gen_tp}, each the "
+           "recorded engine at that size (its fitted step cost, "
            f"max_num_seqs {e.max_num_seqs}, KV cache {e.kv_cache_tokens:,} tokens; cost per replica unchanged by their number), "
            f"one shared queue admitting by AReaL's rule with eta = {eta:g} (rlsim.modes.split); the fixed per-round "
            "generation "
@@ -205,6 +215,7 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> lis
         out.append("training: 1 rank (the recorded trainer), no all-reduce")
     how = ("replicas join at their next engine step and in-flight responses continue on the new weights (KV recomputed)"
            if split.partial_rollout else "replicas join once their in-flight responses finish on the old weights")
-    out.append(f"weight sync: the fitted {split.sync_s * 1e3:.4g} ms as one collective of the trainer and all "
-               f"replicas; {how}")
+    by = (f"by its path ({cfg.split.sync_s:.3g} s for {models.sync_bytes / 1e9:.4g} GB, rlsim.replay.rollout_costs)"
+          if cfg.split.sync_s is not None else f"the fitted {split.sync_s * 1e3:.4g} ms")
+    out.append(f"weight sync: {by} as one collective of the trainer and all replicas; {how}")
     return out

@@ -46,7 +46,7 @@ class TrainerCosts:
         sp, B = cfg.split, cfg.batch
         M = sp.train_gpus
         return cls(reward=max(float(models.reward.predict(B)), 0.0), other=max(float(models.other.predict(B)), 0.0),
-                   sync=max(float(models.sync.predict(models.sync_bytes)), 0.0),
+                   sync=sp.sync_s if sp.sync_s is not None else max(float(models.sync.predict(models.sync_bytes)), 0.0),
                    allreduce=allreduce_seconds(models.sync_bytes, M, sp.allreduce_gbs) if M > 1 and not sp.allreduce_fitted
                    else 0.0, ranks=M)
 

@@ -18,7 +18,7 @@ import numpy as np
 from rlsim.core.config import EngineConfig, SimConfig, WhatIf
 from rlsim.core.pipeline import SimRun
 from rlsim.modes.registry import simulate
-from rlsim.modes.split import split_config
+from rlsim.modes.split import replica_tp, split_config
 from rlsim.replay.device_speed import device_ratios
 from rlsim.replay.devices import host_name, per_device, profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError, name, setting
@@ -28,9 +28,10 @@ from rlsim.replay.io import Trace
 from rlsim.replay.learning import (LearningCurve, NoiseScale, b_noise_replicates, fit_learning_curve, lr_scale,
                                    noise_scale)
 from rlsim.replay.models import INTERVAL, FittedModels, interval
+from rlsim.replay.rollout_costs import group_models, old_log_prob_share, without_share
 from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_ratio,
                               noise_scale_rho, parse_rho)
-from rlsim.replay.schema import EVAL, placement
+from rlsim.replay.schema import EVAL, PHASE, placement
 from rlsim.whatif.memory import Load, TraceMemory, candidate_memory, memory_object, memory_warning, trace_memory
 from rlsim.whatif.simconfig import config_for, engine_of, gen_ratio
 
@@ -59,6 +60,8 @@ class Study:
     device_models: FittedModels | None = field(default=None, metadata={
         "help": "one device's cost models, from the reference's calibration at one device's threads (a core on CPU); None: not measured"})
     task: str = field(default="", metadata={"help": "the reference's task (its config's `task`; '' when not recorded), for the runs a verdict names"})
+    old_log_prob_share: float = field(default=1.0, metadata={
+        "help": "the share of the reference's batch preparation logged as the old log-prob pass (rollout_log_probs drops it)"})
     memory: TraceMemory | None = field(default=None, metadata={
         "help": "the reference trace's memory inputs: model shape, framework settings, device memory "
                 "(rlsim.whatif.memory)"})
@@ -137,10 +140,28 @@ def models_for(study: Study, cfg: WhatIf) -> tuple[FittedModels, EngineConfig, t
     --gpus): the study's own when it asks for none; for a split, one device's (each engine replica and each
     trainer rank holds one device)."""
     if cfg.split:
-        return _one_device(study, cfg.device)
+        return _split_models(study, cfg.device, replica_tp(cfg, study.hardware), cfg.rollout_log_probs)
     if cfg.device is None and cfg.gpus is None:
         return study.models, study.engine, ()
     return _rescaled(study, cfg.device, cfg.gpus)
+
+
+@functools.lru_cache(maxsize=32)
+def _split_models(study: Study, device: str | None, tp: int, rollout_log_probs: bool
+                  ) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
+    """A split's models: one device's for each trainer rank, one tensor-parallel group's of `tp` devices for each
+    rollout replica (`rlsim.replay.rollout_costs.group_models`); with rollout_log_probs, no old log-prob pass."""
+    models, engine, notes = _one_device(study, device)
+    tp_ref = int((study.hardware or {}).get("tp") or 1)
+    if tp != 1 or tp_ref != 1:
+        group, _, _ = _rescaled(study, device, tp)
+        models, note = group_models(models, group, tp_ref, tp)
+        notes += (note,)
+    if rollout_log_probs:
+        models = replace(models, prep=without_share(models.prep, study.old_log_prob_share))
+        notes += (f"the trainer takes old log-probs from the rollout: its batch preparation less the old log-prob pass "
+                  f"({100 * study.old_log_prob_share:.0f} % of it as logged)",)
+    return models, engine_of(models), notes
 
 
 def recorded_devices(study: Study) -> int:
@@ -271,9 +292,10 @@ def memory_fields(study: Study, cfg: WhatIf) -> tuple[dict[str, Any], list[str],
 
 
 def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float | None = None,
-            calibration: Sequence[Trace] = ()) -> Study:
+            calibration: Sequence[Trace] = (), step_overhead_s: float | None = None) -> Study:
     """Fit the reference trace (the first) once, and the learning curves of all traces. `calibration`:
-    traces of `rlrun calibrate` (same model and device) whose calibration rows refit the step costs."""
+    traces of `rlrun calibrate` (same model and device) whose calibration rows refit the step costs.
+    `step_overhead_s`: an imported log's engine-step overhead prior (rlsim.replay.fit_steps; None: its default)."""
     traces = list(traces)
     if not traces:
         raise RlsimError(f"pass at least one trace ({name('trace')})")
@@ -299,7 +321,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     # step costs fitted across the traces of the same setup (their batch sizes give the slopes a range)
     # (split-mode recordings give learning curves at their staleness limit, not step costs: see fit_trace)
     pooled = [ref] + [t for t in traces[1:] if same_setup(ref, t) and placement(t.config)["mode"] == "colocated"]
-    models = fit_trace(pooled if len(pooled) > 1 else ref, calibration=list(calibration))
+    models = fit_trace(pooled if len(pooled) > 1 else ref, calibration=list(calibration), step_overhead_s=step_overhead_s)
     ratios = None if calibration else device_ratios(ref)  # one device's speed (a core on CPU), for splits
     device_models = per_device(models, ratios.gen, ratios.train, ratios.describe()) if ratios else None
     reference = WhatIf(prompts=models.prompts, group=models.group, lr_rule=str(cfg.get("lr_rule") or "sqrt"))
@@ -344,7 +366,17 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  recorded_time_to_target_s=rec_t, warnings=tuple(warnings), notes=tuple(notes), trace_names=tuple(t.name for t in traces),
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
                  framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models,
-                 task=str(ref.config.get("task") or ""), memory=trace_memory(ref.meta))
+                 task=str(ref.config.get("task") or ""), memory=trace_memory(ref.meta),
+                 old_log_prob_share=old_log_prob_share(phase_seconds(ref)))
+
+
+def phase_seconds(trace: Trace) -> dict[str, float]:
+    """Logged seconds per phase name over the trace (imported logs' phase rows; empty for rlrun traces)."""
+    ph = trace.rows(PHASE) if trace.count(PHASE) else {}
+    out: dict[str, float] = {}
+    for n, d in zip(ph.get("phase", ()), ph.get("duration", ())):
+        out[str(n)] = out.get(str(n), 0.0) + float(d)
+    return out
 
 
 def _check_target(target: float, curves: Sequence[LearningCurve]) -> None:

@@ -1,0 +1,110 @@
+"""Costs that decide a split (asynchronous) layout at GPU scale: the rollout replica as a tensor-parallel group of
+devices, and the weight sync from the trainer to the replicas by model size and path. Pure rules, no simulator.
+
+Rollout replica (`group_models`): a vLLM/SGLang engine with tensor parallel size tp spans tp devices, so a split's
+N generation GPUs hold N / tp replicas, not N. One replica's costs come from the recorded run's (which ran E
+engines at tensor parallel tp_ref, merged into one engine by the importers: per-sequence costs / E, slots x E) by
+the roofline rule (`rlsim.replay.devices.rescale`) to tp devices: per-sequence and per-token terms x E_ref devices
+/ tp, slots and KV cache / (devices / tp). The per-engine-step cost (the weights read once per step, split over the
+group's devices) scales tp_ref / tp when the replica's tensor parallel differs from the recorded one.
+
+Weight sync (`weight_sync_seconds`): seconds = fixed + model bytes / effective bandwidth of the path, where model
+bytes are all parameters (a mixture of experts sends every expert) at the bytes the engine loads. Published figures:
+
+- checkpoint-engine broadcast (MoonshotAI/checkpoint-engine README @ 415c3205, "Benchmark", vLLM 0.10.2rc1;
+  verl fully_async's default, `async_training.checkpoint_engine.enable` True): GLM-4.5-Air BF16 (106e9 params,
+  212 GB) 8 x H800 TP8 3.47 s + 0.12 s metadata; Qwen3-235B-A22B BF16 (470 GB) 6.22 + 0.33 s; DeepSeek-V3.1 FP8
+  (671 GB) 16 x H20 10.19 + 1.17 s, 256 x H20 11.33 + 0.80 s; Kimi-K2 FP8 (1.03 TB) 16 x H20 14.36 + 1.33 s,
+  256 x H20 16.04 + 1.22 s. Least squares of seconds on bytes over the six: 0.09 s + bytes / 62 GB/s (within
+  +-1.25 s of each); the instance count barely matters (a broadcast). These models are all MoE, so their figures
+  include the reshard from training shards to the engines' tensor-parallel layout: the `moe_reshard` path is this
+  one, not a separate term.
+- NCCL broadcast per tensor (verl's default before checkpoint-engine, NeMo RL's non-colocated refit, AReaL's NCCL
+  path): verl docs/advance/fully_async.md @ 1dda039b ("Enabling the checkpoint engine generally reduces
+  synchronization time overhead by more than 60% compared to the original per-tensor parameter synchronization"):
+  at least 1 / (1 - 0.6) = 2.5x the checkpoint-engine time, taken at 2.5x (both terms).
+Assumed: the trainer's gather of its shards into full tensors is inside these figures (checkpoint-engine's H2D
+stage starts from CPU-resident shards; verl says the gather dominates); a dense model moves at the same rate.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from rlsim.replay.errors import RlsimError
+from rlsim.replay.models import FittedModels
+from rlsim.replay.robust import AffineModel, PiecewiseLinear
+
+CKPT_FIXED_S = 0.09         # seconds: intercept of the least squares over checkpoint-engine's six benchmark rows
+CKPT_GBS = 62.0             # GB/s of model bytes: its slope
+PER_TENSOR_FACTOR = 2.5     # verl: checkpoint-engine saves "more than 60 %" of the per-tensor NCCL sync
+
+
+@dataclass(frozen=True)
+class SyncPath:
+    """One way weights reach the rollout engines."""
+
+    name: str = field(metadata={"help": "the path's name (--weight-sync)"})
+    fixed_s: float = field(metadata={"help": "seconds per sync besides the bytes (metadata, bucket planning, barriers)"})
+    gbs: float = field(metadata={"help": "effective GB/s of model bytes"})
+    source: str = field(metadata={"help": "where the figures come from"})
+
+
+SYNC_PATHS = {p.name: p for p in (
+    SyncPath("checkpoint_engine", CKPT_FIXED_S, CKPT_GBS,
+             "MoonshotAI/checkpoint-engine README @ 415c3205 Benchmark (six models 106e9-1e12 params, 8-256 GPUs), "
+             "least squares"),
+    SyncPath("moe_reshard", CKPT_FIXED_S, CKPT_GBS,
+             "as checkpoint_engine: its benchmark models are all mixtures of experts resharded to the engines' layout"),
+    SyncPath("nccl", CKPT_FIXED_S * PER_TENSOR_FACTOR, CKPT_GBS / PER_TENSOR_FACTOR,
+             "per-tensor NCCL broadcast: 2.5x checkpoint-engine (verl docs/advance/fully_async.md: checkpoint-engine "
+             "saves more than 60 %)"),
+)}
+
+
+def sync_path(name: str) -> SyncPath:
+    """The named path; RlsimError listing the known ones otherwise."""
+    try:
+        return SYNC_PATHS[name]
+    except KeyError:
+        raise RlsimError(f"weight sync path must be one of {' | '.join(SYNC_PATHS)}, got {name!r}") from None
+
+
+def weight_sync_seconds(model_bytes: float, path: str) -> float:
+    """Seconds of one trainer-to-rollout weight sync of `model_bytes` (all parameters, at the engines' bytes)."""
+    p = sync_path(path)
+    return p.fixed_s + float(model_bytes) / (p.gbs * 1e9) if model_bytes > 0 else 0.0
+
+
+def replicas(gen_gpus: int, tp: int) -> int:
+    """Rollout replicas of `gen_gpus` devices at tensor parallel `tp`; RlsimError when tp does not divide them."""
+    if tp < 1 or gen_gpus % tp:
+        raise RlsimError(f"{gen_gpus} generation GPUs do not split into replicas of tensor parallel {tp}; pick a multiple "
+                         f"of {tp} (each rollout replica spans tp devices)")
+    return gen_gpus // tp
+
+
+def group_models(one_device: FittedModels, group: FittedModels, tp_ref: int, tp: int) -> tuple[FittedModels, str]:
+    """(one trainer device's models with one rollout replica's generation, the note): `group` are the recorded
+    models rescaled to `tp` devices (`rescale`); their per-engine-step cost moves tp_ref / tp (module doc)."""
+    gen = replace(group.gen, c_step=group.gen.c_step * tp_ref / tp)
+    note = (f"each rollout replica is a tensor-parallel group of {tp} devices (its slots and KV cache those of {tp} "
+            f"devices, per-sequence costs over {tp} devices" + (f", the per-step weight read x {tp_ref}/{tp} from the "
+                                                                   f"recorded tensor parallel {tp_ref}" if tp != tp_ref else "")
+            + "); each trainer rank one device")
+    return replace(one_device, gen=gen, gen_overhead=group.gen_overhead, engine=dict(group.engine)), note
+
+
+def old_log_prob_share(phases: dict[str, float]) -> float:
+    """The share of the batch preparation (prep role) that recomputes old log-probs, from logged seconds per phase name:
+    verl's `old_log_prob` of old_log_prob + ref + values; 1 when the log names no such phase (an rlrun trace's prep is
+    the old log-prob pass)."""
+    prep = sum(v for k, v in phases.items() if k in ("old_log_prob", "ref", "values"))
+    return phases.get("old_log_prob", 0.0) / prep if prep > 0 and "old_log_prob" in phases else 1.0
+
+
+def without_share(m: AffineModel | PiecewiseLinear, share: float) -> AffineModel | PiecewiseLinear:
+    """The cost model `m` with `share` of it removed (a pass the trainer no longer runs)."""
+    k = max(1.0 - share, 0.0)
+    if isinstance(m, PiecewiseLinear):
+        return replace(m, values=tuple(v * k for v in m.values), offset=m.offset * k)
+    return replace(m, intercept=m.intercept * k, slope=m.slope * k)
