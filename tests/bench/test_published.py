@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from bench.published import Row, changes, load_groups, predict_group, summary, unusable, verl_log, what_if
+from bench.published import (Row, changes, interval_terms, leave_one_source_out, load_groups, predict_group, summary,
+                             unusable, verl_log, what_if)
 from rlsim.replay.importers.verl import parse_console
 
 GROUPS = load_groups()
@@ -75,3 +76,21 @@ def test_a_split_reference_scales_its_own_layout():
     w = what_if(g, ref, Row("x", "split_sync", 32, 1.0, {}, gen_gpus=16, train_gpus=16))
     assert (w.gpus, w.gen_gpus) == (32, None)
     assert what_if(g, ref, Row("x", "split_sync", 32, 1.0, {}, gen_gpus=8, train_gpus=24)).gen_gpus == 8
+
+
+def test_leave_one_source_out_scores_each_source_at_the_value_the_other_chose():
+    def row(fold, err):
+        return {"fold": fold, "error": err, "covered": True, "hi_lo": 1.5, "split": True}
+    by_value = {0.0: [row("verl", 0.1), row("nemo_rl+areal", 0.9)], 0.01: [row("verl", 0.8), row("nemo_rl+areal", 0.2)]}
+    rows, chosen = leave_one_source_out(by_value)
+    assert chosen == {"verl": 0.01, "nemo_rl+areal": 0.0}  # each fold takes the value best on the *other* fold's rows
+    assert sorted((r["fold"], r["error"]) for r in rows) == [("nemo_rl+areal", 0.9), ("verl", 0.8)]
+    assert not any(r["in_sample"] for r in rows)
+    s = summary(rows)
+    assert s["split"]["pairs"] == 2 and s["colocated"]["pairs"] == 0 and s["covered_within_2x"] == 2
+
+
+def test_interval_terms_name_what_the_log_leaves_unidentified():
+    how = ("bootstrap; both ends of what the trace cannot identify (the per-step generation cost 1..2 ms); the split "
+           "free of the colocated run's device-sharing costs at the other end")
+    assert interval_terms(how) == "per-step vs per-token generation cost; the colocated log's device-sharing costs"
