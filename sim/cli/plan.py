@@ -17,8 +17,8 @@ from rlsim.replay.util import dumps, fmt
 def _print(p: Plan) -> None:
     con = Console(highlight=False)
     t = Table(title=f"rlsim plan: reference P={p.reference_prompts}; T / T_ref over the measured rho uncertainty")
-    for c in ("P", "G", "sigma", "rho", "T / T_ref", "5..95 %", "p within 5 % of best", "p beats ref", "expected regret",
-              "measured"):
+    for c in ("P", "G", "sigma", "rho", "T / T_ref", "5..95 %", "p within 5 % of best", "p beats ref",
+              "expected regret", "measured"):
         t.add_column(c, justify="right")
     for c in p.candidates:
         t.add_row(str(c.prompts), str(c.group), f"{c.sigma:.3f}", f"{c.rho:.3f}", f"{c.time_to_target_ratio:.3f}",
