@@ -359,7 +359,8 @@ def _has_noise_scale(trace: Trace) -> bool:
 
 def _memory_notes(preds: Sequence[Outcome]) -> list[str]:
     """Why the candidates' memory is unknown or undecided, and what to pass: once, not per candidate."""
-    return list(dict.fromkeys(n for p in preds for n in p.notes if n.startswith(("memory unknown", "memory undecided"))))
+    memory = ("memory unknown", "memory undecided")
+    return list(dict.fromkeys(n for p in preds for n in p.notes if n.startswith(memory)))
 
 
 def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:

@@ -66,8 +66,9 @@ def _shape(model: dict[str, Any]) -> tuple[ModelShape | None, str]:
         return model_shape(model.get("name"), params=model.get("parameters")), ""
     except RlsimError:
         return None, (f"memory unknown: the trace's model {model.get('name')!r} is not in rlsim's registry and the "
-                      f"trace has no parameter count, so pass {name('model_params')} (its parameter count, e.g. 7e9) for "
-                      "its training state, or import the log again with --model-config PATH/config.json for all of it")
+                      f"trace has no parameter count, so pass {name('model_params')} (its parameter count, e.g. "
+                      "7e9) for its training state, or import the log again with --model-config PATH/config.json "
+                      "for all of it")
 
 
 def trace_memory(meta: dict[str, Any]) -> TraceMemory:
