@@ -54,13 +54,15 @@ class Row:
     phases: dict[str, float] = field(metadata={"help": "published per-phase seconds, by the source's names"})
     gen_gpus: int | None = field(default=None, metadata={"help": "generation GPUs of a split"})
     train_gpus: int | None = field(default=None, metadata={"help": "training GPUs of a split"})
-    staleness: float | None = field(default=None, metadata={"help": "the source's staleness setting (verl: a fraction of a batch)"})
+    staleness: float | None = field(default=None, metadata={
+        "help": "the source's staleness setting (verl: a fraction of a batch)"})
     partial_rollout: bool = field(default=False, metadata={"help": "responses continue across a weight update"})
     device: str | None = field(default=None, metadata={"help": "GPU type when it differs from the group's"})
     tp: int | None = field(default=None, metadata={"help": "generation tensor parallel size, where the row states it"})
     mean_response: float | None = field(default=None, metadata={"help": "published mean generated length, tokens"})
     precision: str = field(default="bf16", metadata={"help": "bf16 | fp8"})
-    weight_sync: str | None = field(default=None, metadata={"help": "the split's weight-sync path (rlsim.replay.rollout_costs)"})
+    weight_sync: str | None = field(default=None, metadata={
+        "help": "the split's weight-sync path (rlsim.replay.rollout_costs)"})
     rollout_log_probs: bool = field(default=False, metadata={
         "help": "the trainer takes old log-probs from the rollout (verl fully_async's use_rollout_log_probs)"})
 
@@ -70,7 +72,8 @@ class Group:
     """Rows of one model and setup from one source; the first is the reference."""
 
     id: str = field(metadata={"help": "unique name"})
-    meta: dict[str, Any] = field(metadata={"help": "the TOML group's fields (source, model, params, device, batch, caps)"})
+    meta: dict[str, Any] = field(metadata={
+        "help": "the TOML group's fields (source, model, params, device, batch, caps)"})
     rows: tuple[Row, ...] = field(metadata={"help": "the published rows, reference first"})
 
 
@@ -92,7 +95,8 @@ def _groups(path: Path) -> list[dict[str, Any]]:
                     raise ValueError(f"group {g.get('id')!r} has a row without {', '.join(missing)}")
         return groups
     except (ValueError, KeyError, TypeError) as e:  # tomllib.TOMLDecodeError is a ValueError
-        raise SystemExit(f"bench.published: {path} is not a rows file ({type(e).__name__}: {e}); see bench/published/verl.toml")
+        raise SystemExit(f"bench.published: {path} is not a rows file ({type(e).__name__}: {e}); "
+                         "see bench/published/verl.toml")
 
 
 def load_groups(folder: Path = ROWS) -> list[Group]:
@@ -119,10 +123,12 @@ def load_groups(folder: Path = ROWS) -> list[Group]:
 def _row(r: dict[str, Any], device: str | None, sync: str | None = None) -> Row:
     phases = {k: float(v) for k, v in r.items() if k in PHASES}
     st = r.get("staleness_threshold", r.get("staleness"))
-    return Row(label=r["label"], mode=r.get("mode", "colocate"), gpus=int(r["gpus"]), step=float(r["step"]), phases=phases,
+    return Row(label=r["label"], mode=r.get("mode", "colocate"), gpus=int(r["gpus"]), step=float(r["step"]),
+               phases=phases,
                gen_gpus=r.get("gen_gpus"), train_gpus=r.get("train_gpus"), staleness=None if st is None else float(st),
                partial_rollout=bool(r.get("partial_rollout", False)), device=r.get("device", device),
-               tp=r.get("tp", r.get("gen_tp")), mean_response=r.get("gen_avg_seq_len"), precision=r.get("precision", "bf16"),
+               tp=r.get("tp", r.get("gen_tp")), mean_response=r.get("gen_avg_seq_len"),
+               precision=r.get("precision", "bf16"),
                weight_sync=r.get("weight_sync", sync), rollout_log_probs=bool(r.get("use_rollout_log_probs", False)))
 
 
@@ -156,7 +162,8 @@ def verl_log(g: Group, r: Row) -> tuple[str, str]:
     m = g.meta
     cap, pcap = _caps(g)
     stats = {"response_length/mean": r.mean_response or ASSUMED["response_mean"] * cap, "response_length/max": cap,
-             "response_length/min": ASSUMED["response_min_tokens"], "response_length/clip_ratio": ASSUMED["response_clip_ratio"],
+             "response_length/min": ASSUMED["response_min_tokens"],
+             "response_length/clip_ratio": ASSUMED["response_clip_ratio"],
              "prompt_length/mean": ASSUMED["prompt_mean"] * pcap, "prompt_length/max": ASSUMED["prompt_max"] * pcap,
              "prompt_length/min": 16, "actor/lr": 1e-6, "critic/score/mean": 0.5}
     phases = dict(r.phases)
@@ -262,7 +269,8 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         cov = [r for r in rs if r["covered"] is not None]
         return {"pairs": len(rs), "median_abs_error": statistics.median(errs) if errs else math.nan,
                 "max_abs_error": max(errs) if errs else math.nan, "covered": sum(bool(r["covered"]) for r in cov),
-                "with_interval": len(cov), "covered_within_2x": sum(bool(r["covered"]) and r["hi_lo"] <= 2 for r in cov),
+                "with_interval": len(cov),
+                "covered_within_2x": sum(bool(r["covered"]) and r["hi_lo"] <= 2 for r in cov),
                 "within_2x": sum(r["hi_lo"] <= 2 for r in cov)}
     out = part(rows)
     out["split"] = part([r for r in rows if r["split"]])
@@ -277,8 +285,8 @@ def _line(name: str, s: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = ("| group | reference -> row | what changes | published s | predicted s (interval) | error | hi/lo | in interval "
-            "| in-sample | wider than 2x: unidentified |")
+    head = ("| group | reference -> row | what changes | published s | predicted s (interval) | error | hi/lo "
+            "| in interval | in-sample | wider than 2x: unidentified |")
     out = [head, "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         iv = f" ({r['lo_s']:.0f}..{r['hi_s']:.0f})" if math.isfinite(r["lo_s"]) else ""
@@ -321,8 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--group", action="append", help="only these group ids (repeatable)")
     ap.add_argument("--json", type=Path, help="also write the rows and the summary as JSON here")
-    ap.add_argument("--fit", type=str, default=None, help="comma-separated engine-step overheads (seconds) to fit leave-one-"
-                    "source-out, e.g. 0,0.004,0.008,0.016; without it, the package's ENGINE_STEP_OVERHEAD_S")
+    ap.add_argument("--fit", type=str, default=None, help="comma-separated engine-step overheads (seconds) to fit "
+                    "leave-one-source-out, e.g. 0,0.004,0.008,0.016; without it, the package's ENGINE_STEP_OVERHEAD_S")
     args = ap.parse_args(argv)
     groups = [g for g in load_groups() if not args.group or g.id in args.group]
     skipped = [f"{g.id}: {why}" for g in groups if (why := unusable(g))]

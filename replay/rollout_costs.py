@@ -44,7 +44,7 @@ class SyncPath:
     """One way weights reach the rollout engines."""
 
     name: str = field(metadata={"help": "the path's name (--weight-sync)"})
-    fixed_s: float = field(metadata={"help": "seconds per sync besides the bytes (metadata, bucket planning, barriers)"})
+    fixed_s: float = field(metadata={"help": "seconds per sync besides the bytes (metadata, buckets, barriers)"})
     gbs: float = field(metadata={"help": "effective GB/s of model bytes"})
     source: str = field(metadata={"help": "where the figures come from"})
 
@@ -78,8 +78,8 @@ def weight_sync_seconds(model_bytes: float, path: str) -> float:
 def replicas(gen_gpus: int, tp: int) -> int:
     """Rollout replicas of `gen_gpus` devices at tensor parallel `tp`; RlsimError when tp does not divide them."""
     if tp < 1 or gen_gpus % tp:
-        raise RlsimError(f"{gen_gpus} generation GPUs do not split into replicas of tensor parallel {tp}; pick a multiple "
-                         f"of {tp} (each rollout replica spans tp devices)")
+        raise RlsimError(f"{gen_gpus} generation GPUs do not split into replicas of tensor parallel {tp}; pick a "
+                         f"multiple of {tp} (each rollout replica spans tp devices)")
     return gen_gpus // tp
 
 
@@ -87,10 +87,9 @@ def group_models(one_device: FittedModels, group: FittedModels, tp_ref: int, tp:
     """(one trainer device's models with one rollout replica's generation, the note): `group` are the recorded
     models rescaled to `tp` devices (`rescale`); their per-engine-step cost moves tp_ref / tp (module doc)."""
     gen = replace(group.gen, c_step=group.gen.c_step * tp_ref / tp)
+    moved = f", the per-step weight read x {tp_ref}/{tp} from the recorded tensor parallel" if tp != tp_ref else ""
     note = (f"each rollout replica is a tensor-parallel group of {tp} devices (its slots and KV cache those of {tp} "
-            f"devices, per-sequence costs over {tp} devices" + (f", the per-step weight read x {tp_ref}/{tp} from the "
-                                                                   f"recorded tensor parallel {tp_ref}" if tp != tp_ref else "")
-            + "); each trainer rank one device")
+            f"devices, per-sequence costs over {tp} devices{moved}); each trainer rank one device")
     return replace(one_device, gen=gen, gen_overhead=group.gen_overhead, engine=dict(group.engine)), note
 
 

@@ -48,6 +48,7 @@ def test_tensor_parallel_must_divide_the_generation_gpus():
 def test_a_replica_group_reads_the_weights_over_its_own_devices():
     one = hand_models([([1], [2])], c=(1.0, 0.25, 0.0, 0.0))
     group = hand_models([([1], [2])], c=(1.0, 0.5, 0.0, 0.0), max_num_seqs=8)
-    m, note = group_models(one, group, tp_ref=4, tp=2)  # recorded at tp 4: a tp-2 group reads each step's weights 2x slower
+    # recorded at tp 4: a tp-2 group reads each step's weights 2x slower
+    m, note = group_models(one, group, tp_ref=4, tp=2)
     assert (m.gen.c_step, m.gen.c_seq, m.engine["max_num_seqs"], m.update) == (2.0, 0.5, 8, one.update)
     assert "tensor-parallel group of 2" in note and "x 4/2" in note
