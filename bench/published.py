@@ -1,6 +1,6 @@
 """Published GPU runs as a reality check: import one row of each group, predict the others.
 
-    python -m bench.published [--group ID] [--json docs/study/published.json]
+    python -m bench.published [--group ID] [--json docs/study/published.json] [--fit 0,0.003,0.006,0.012]
 
 The rows are in bench/published/*.toml, each transcribed from a framework's docs or a paper with its
 source (repository, path and commit, or paper and table), model, hardware and the configuration that
@@ -12,7 +12,10 @@ device) whose predicted step time is compared with the published one.
 What the tables do not print is assumed, the same for every group (`ASSUMED`): the response lengths (mean a
 quarter of the cap, the longest at the cap) and prompt lengths. Those assumptions and the split of
 generation into per-step and per-token cost are what a phase-level log cannot identify; rlsim's interval
-spans the second, the table states the first.
+spans the second, the table states the first, and each row names the terms its interval spans when it is
+wider than 2x. `--fit` sets the one constant no log identifies, the engine's per-step overhead
+(rlsim.replay.fit_steps.ENGINE_STEP_OVERHEAD_S), leave-one-source-out: verl's rows choose it for NeMo RL's and
+AReaL's and the other way round, so every row is scored out of sample (docs/results.md section 10).
 """
 from __future__ import annotations
 
