@@ -1,6 +1,6 @@
 """One exception type for every user-facing failure: the CLIs print its message as one line and exit non-zero.
 
-Messages name a setting the way the caller sets it (`name`, `setting`): the CLI's option (`--batch`, `--rho`) by
+Messages name a setting the way the caller sets it (`name`, `setting`): the CLI's option (`--prompts`, `--rho`) by
 default, or the notebook API's keyword (`prompts`, `rho_model`) inside `keyword_names()`, which rlsim.api enters.
 `did_you_mean` is the one suggestion for a misspelt keyword or label.
 """
@@ -36,9 +36,9 @@ def cli_errors(fn):
 
 
 _KEYWORDS: ContextVar[bool] = ContextVar("rlsim_keyword_names", default=False)
-# Where the CLI's option is not `--field-name`: P is --batch, as verl's train_batch_size (rlsim.cli.options), the
-# sample-cost model --rho. In the API, traces are the first argument of fit and sweep.
-OPTION_SPELLING = {"prompts": "--batch", "rho_model": "--rho"}
+# Where a library name is not the option's `--field-name` or the API's keyword: the sample-cost model is --rho and
+# rho=; in the API, traces are the first argument of fit and sweep.
+OPTION_SPELLING = {"rho_model": "--rho"}
 KEYWORD_SPELLING = {"trace": "traces=[...]"}
 
 
@@ -59,7 +59,7 @@ def setting(**values) -> str:
 
 @contextmanager
 def keyword_names() -> Iterator[None]:
-    """Within: RlsimErrors name the keyword (`prompts`) instead of the option (`--batch`)."""
+    """Within: RlsimErrors name the keyword (`prompts`) instead of the option (`--prompts`)."""
     token = _KEYWORDS.set(True)
     try:
         yield

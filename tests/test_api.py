@@ -73,7 +73,7 @@ def test_api_errors_are_one_line_in_keywords(call, message):
 
 def test_cli_keeps_its_option_names(tmp_path):
     r = CliRunner().invoke(app, ["run", str(TRACE), "--batch", "0"])
-    assert r.exit_code == 2 and r.output.strip() == "error: --batch must be a positive integer, got 0"
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"
     r = CliRunner().invoke(app, ["run", str(TRACE), "--staleness", "2"])
     assert "error: --staleness 2 needs split devices: add --gen-gpus N --train-gpus M" in r.output
     from rlsim.core.config import name

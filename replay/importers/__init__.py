@@ -63,7 +63,7 @@ def describe(path: str | Path) -> str:
         lines.append(f"note: {n}")
     for w in src.get("warnings") or []:
         lines.append(f"warning: {w}")
-    lines.append(f"next: rlsim run --trace {path} --batch {2 * int(cfg.get('prompts') or 1)}")
+    lines.append(f"next: rlsim run --trace {path} --prompts {2 * int(cfg.get('prompts') or 1)}")
     return "\n".join(lines)
 
 

@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
                  as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
         extra = sorted(set(axes) - {"prompts", "group"})
         if extra:
-            raise RlsimError(f"rlsim plan takes candidate sizes (--batch P1,P2,... and one --group), not {', '.join(extra)}")
+            raise RlsimError(f"rlsim plan takes candidate sizes (--prompts P1,P2,... and one --group), "
+                             f"not {', '.join(extra)}")
         groups = axes.get("group", [None])
         if len(groups) != 1:
             raise RlsimError("rlsim plan takes one --group for every candidate; plan each group separately")

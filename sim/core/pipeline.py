@@ -178,16 +178,17 @@ def check_memory(models: FittedModels, cfg: SimConfig, *, round_by_round: bool, 
     limit = f"over the simulator's limit of {MEMORY_LIMIT_BYTES / 2**30:g} GB (rlsim.core.pipeline.MEMORY_LIMIT_BYTES)"
     if est["timeline"] >= est["workload"]:
         what = f"recording the timeline of {U} updates of {B_gen:,} requests needs about {total / 2**30:.1f} GB of memory"
-        fix = "pass fewer --updates or a smaller --batch"
+        fix = "pass fewer --updates or a smaller --prompts"
     elif round_by_round:
         per_prompt = BYTES_PER_REQUEST_ROUND * B_gen / P
         p_max = int((MEMORY_LIMIT_BYTES - est["timeline"]) / per_prompt)
         what = (f"one generation round of {B_gen:,} requests (P={P:,} x G={G}"
                 f"{f', {B_gen - P * G:,} over-generated' if B_gen > P * G else ''}) needs about {total / 2**30:.1f} GB of memory")
-        fix = f"pass a smaller --batch (at most about {p_max:,} prompts at --group {G}){' or --gen-batch' if B_gen > P * G else ''}"
+        fix = (f"pass a smaller --prompts (at most about {p_max:,} prompts at --group {G})"
+               f"{' or --gen-batch' if B_gen > P * G else ''}")
     else:
         what = f"all {U} rounds of {B_gen:,} requests at once need about {total / 2**30:.1f} GB of memory"
-        fix = "pass fewer --updates or a smaller --batch"
+        fix = "pass fewer --updates or a smaller --prompts"
     raise RlsimError(f"{what}, {limit}; {fix}")
 
 

@@ -142,7 +142,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     if est > MEMORY_LIMIT_BYTES:
         raise RlsimError(f"a split simulation of {U} updates of B = {B:,} responses (staleness {sp.staleness:g}) holds every "
                          f"request at once and needs about {est / 2**30:.1f} GB of memory, over the simulator's limit of "
-                         f"{MEMORY_LIMIT_BYTES / 2**30:g} GB; pass fewer --updates or a smaller --batch")
+                         f"{MEMORY_LIMIT_BYTES / 2**30:g} GB; pass fewer --updates or a smaller --prompts")
     p, L = queue_lengths(models, cfg, rng, NP)
     q = Requests.of(p, L, G, models.lengths.prefill_ratio)
     kv_bind = cfg.exact_engine or cfg.engine.kv_can_bind(int((p + L).max()) if len(p) else 0)

@@ -114,7 +114,7 @@ def varying(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> list[str]
 
 
 def describe(row: Mapping[str, Any], axes: Sequence[str], labels: Mapping[str, str] | None = None) -> str:
-    """'--batch 64 --group 8': a config by the options that were swept."""
+    """'--prompts 64 --group 8': a config by the options that were swept."""
     labels = labels or {}
     def shown(v: Any) -> Any:
         return f"{v:g}" if isinstance(v, float) else v  # 1.0 as typed: 1
@@ -212,7 +212,7 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
 def config_warnings(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None,
                     name: Callable[[Mapping[str, Any]], str]) -> list[dict[str, list[str]]]:
     """The rows' own warnings (beyond the study's), each said once with the configs it applies to, and the
-    warnings of the same configs together: [{"configs": ["--batch 64", ...], "warnings": [text, ...]}], in the
+    warnings of the same configs together: [{"configs": ["--prompts 64", ...], "warnings": [text, ...]}], in the
     rows' order."""
     applies: dict[str, list[str]] = {}
     for r in rows:
@@ -227,7 +227,8 @@ def config_warnings(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] |
 
 
 def config_warning_items(v: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """A verdict's config warnings as (the configs, in words, the warnings): ('--batch 64 and --batch 32', 'a; b')."""
+    """A verdict's config warnings as (the configs, in words, the warnings):
+    ('--prompts 64 and --prompts 32', 'a; b')."""
     return [(_names(g["configs"], str, most=len(g["configs"])), "; ".join(g["warnings"]))
             for g in v.get("config_warnings", ())]
 

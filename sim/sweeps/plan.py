@@ -60,11 +60,11 @@ class PlanConfig:
     def validate(self) -> None:
         ps = list(self.prompts)
         if len(ps) < 2:
-            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --batch 16,32,64,128")
+            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --prompts 16,32,64,128")
         if any(not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in ps):
-            raise RlsimError(f"--batch sizes must be positive integers, got {ps}")
+            raise RlsimError(f"{name('prompts')} sizes must be positive integers, got {ps}")
         if len(set(ps)) != len(ps):
-            raise RlsimError(f"--batch lists a size twice ({ps}); give each candidate once")
+            raise RlsimError(f"{name('prompts')} lists a size twice ({ps}); give each candidate once")
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:

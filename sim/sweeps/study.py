@@ -42,7 +42,7 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
     what `rlsim run` gives for its config."""
     labels = dict(labels or {})
     if not axes:
-        raise RlsimError("nothing to sweep: give at least one option as a comma list, e.g. --batch 64,128,256")
+        raise RlsimError("nothing to sweep: give at least one option as a comma list, e.g. --prompts 64,128,256")
     if workers is not None and workers < 1:
         raise RlsimError("--workers must be at least 1")
     if ray_address:

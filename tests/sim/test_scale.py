@@ -32,7 +32,7 @@ def test_absurd_batch_is_refused_in_one_line():
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.output
-    assert "GB" in lines[0] and "--batch" in lines[0]
+    assert "GB" in lines[0] and "--prompts" in lines[0]
 
 
 def test_memory_check_raises_before_drawing(study):

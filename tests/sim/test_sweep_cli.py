@@ -40,7 +40,7 @@ def test_sweep_cli_writes_ranked_results_equal_to_single_evaluate(trace_path, tm
     assert table.num_rows == 16
     meta = json.loads(table.schema.metadata[results.SWEEP_META_KEY])
     assert meta["grid"]["axes"] == {"prompts": [4, 8, 16, 64], "group": [4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [8]}
-    assert meta["grid"]["options"]["prompts"] == "--batch"
+    assert meta["grid"]["options"]["prompts"] == "--prompts"
     ident = meta["traces"][0]
     assert ident["sha256"] == results.sha256_file(trace_path) and ident["config"]["prompts"] == 8
     assert json.loads((out / "sweep.json").read_text()) == meta
@@ -70,10 +70,10 @@ def test_sweep_local_pool_equals_in_process_and_single_evaluate(trace_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--batch", "64,,x"], "--batch: empty element in the list"),
-    (["--batch", "64,x"], "--batch: 'x' is not a valid value"),
-    (["--batch", ""], "--batch: empty list"),
-    (["--batch", "0,64"], "--batch must be a positive integer"),
+    (["--batch", "64,,x"], "--prompts: empty element in the list"),
+    (["--batch", "64,x"], "--prompts: 'x' is not a valid value"),
+    (["--batch", ""], "--prompts: empty list"),
+    (["--batch", "0,64"], "--prompts must be a positive integer"),
     (["--lr-rule", "sqrt,cubic"], "--lr-rule must be one of"),
     ([], "nothing to sweep"),
 ])
@@ -88,7 +88,7 @@ def test_sweep_bad_input_is_one_line_exit_2(trace_path, tmp_path, args, message)
 def test_sweep_rejects_a_grpo_group_of_one_before_running(trace_path, tmp_path):
     res = _invoke(["sweep", "--trace", trace_path, "--batch", "8,16", "--group", "1,4", "--out", tmp_path / "o"])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
-    assert "config [--batch 8 --group 1" in res.output and "GRPO needs a group of at least 2" in res.output
+    assert "config [--prompts 8 --group 1" in res.output and "GRPO needs a group of at least 2" in res.output
 
 
 def test_sweep_refuses_existing_output_unless_overwrite(trace_path, tmp_path):
