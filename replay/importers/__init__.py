@@ -55,8 +55,9 @@ def describe(path: str | Path) -> str:
     st = step_table(t)["step_time"]
     lines = [f"imported {src.get('framework')} {src.get('format')} log {src.get('file')}: {t.count(UPDATE)} steps "
              f"({src.get('first_step')}..{src.get('last_step')}), {t.count(EVAL)} evals -> {path}",
-             f"batch: P = {cfg.get('prompts')} prompts x G = {cfg.get('group')} = B = {cfg.get('batch')} responses per step; "
-             f"GPUs {hw.get('device_count') or '?'}" + (f" x {hw.get('profile')}" if hw.get("profile") else " (device not given)"),
+             f"batch: P = {cfg.get('prompts')} prompts x G = {cfg.get('group')} = B = {cfg.get('batch')} responses per "
+             f"step; GPUs {hw.get('device_count') or '?'}"
+             + (f" x {hw.get('profile')}" if hw.get("profile") else " (device not given)"),
              f"phases: {', '.join(names) if names else '-'}; median step {float(_median(st)):.4g} s",
              f"unknown metrics kept: {len(src.get('unknown_metrics') or [])} (step_stats.metrics)"]
     for n in src.get("notes") or []:

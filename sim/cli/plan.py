@@ -17,8 +17,8 @@ from rlsim.replay.util import dumps, fmt
 def _print(p: Plan) -> None:
     con = Console(highlight=False)
     t = Table(title=f"rlsim plan: reference P={p.reference_prompts}; T / T_ref over the measured rho uncertainty")
-    for c in ("P", "G", "sigma", "rho", "T / T_ref", "5..95 %", "p within 5 % of best", "p beats ref", "expected regret",
-              "measured"):
+    for c in ("P", "G", "sigma", "rho", "T / T_ref", "5..95 %", "p within 5 % of best", "p beats ref",
+              "expected regret", "measured"):
         t.add_column(c, justify="right")
     for c in p.candidates:
         t.add_row(str(c.prompts), str(c.group), f"{c.sigma:.3f}", f"{c.rho:.3f}", f"{c.time_to_target_ratio:.3f}",
@@ -58,8 +58,8 @@ def register(app: typer.Typer) -> None:
                  as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
         extra = sorted(set(axes) - {"prompts", "group"})
         if extra:
-            raise RlsimError(f"rlsim plan takes candidate sizes (--prompts P1,P2,... and one --group), "
-                             f"not {', '.join(extra)}")
+            raise RlsimError("rlsim plan takes candidate sizes (--prompts P1,P2,... and one --group), not "
+                             f"{', '.join(extra)}")
         groups = axes.get("group", [None])
         if len(groups) != 1:
             raise RlsimError("rlsim plan takes one --group for every candidate; plan each group separately")
