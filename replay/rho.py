@@ -254,10 +254,10 @@ def curves_rho(b_ref: float, curves: list[LearningCurve], target: float) -> Curv
     rules: dict[float, str] = {}
     for c in curves:
         n = c.samples_to_target(target)
-        if n is None or n <= 0 or c.batch <= 0:  # never reached, or already at the start
+        if n is None or n <= 0 or c.responses_per_update <= 0:  # never reached, or already at the start
             continue
-        pts.setdefault(float(c.batch), []).append(n)
-        rules[float(c.batch)] = c.lr_rule
+        pts.setdefault(float(c.responses_per_update), []).append(n)
+        rules[float(c.responses_per_update)] = c.lr_rule
     if len(pts) < 2:
         raise RlsimError(f"{setting(rho_model='curves')} needs traces at two or more batch sizes that reach the target "
                          f"{target:.4g}; got {len(pts)} (add runs at other batch sizes with {name('trace')}, or lower "
@@ -300,13 +300,14 @@ def rho_points(ref: LearningCurve, curves, target: float) -> list[RhoPoint]:
                          f"{name('target')}")
     out = []
     for c in curves:
-        if c is ref or c.batch <= 0 or not len(c.score):
+        if c is ref or c.responses_per_update <= 0 or not len(c.score):
             continue
-        x = c.lr / ref.lr if (c.lr > 0 and ref.lr > 0) else lr_scale(c.lr_rule or "sqrt", c.batch / ref.batch)
+        b_ratio = c.responses_per_update / ref.responses_per_update
+        x = c.lr / ref.lr if (c.lr > 0 and ref.lr > 0) else lr_scale(c.lr_rule or "sqrt", b_ratio)
         n, cens = samples_to_target(c, target)
         if not cens and n <= 0:
             continue
-        out.append(RhoPoint(float(c.batch), float(x), float(n / n_ref), cens))
+        out.append(RhoPoint(float(c.responses_per_update), float(x), float(n / n_ref), cens))
     return out
 
 
@@ -317,11 +318,11 @@ def fit_lr_aware(ref: LearningCurve, curves, target: float) -> LrAwareFit:
     if not pts:
         raise RlsimError(f"fitting the lr-aware model needs runs at other batch sizes or lrs that have evals (add "
                          f"them with {name('trace')})")
-    base = lr_aware_rho(ref.batch, ref.batch, 0.0)
+    base = lr_aware_rho(ref.responses_per_update, ref.responses_per_update, 0.0)
     best = None
     for m in 2.0 ** np.arange(-8, 8.01, 0.25):
         for k in np.linspace(0.0, 0.95, 96):
-            model = dataclasses.replace(base, b_bend=float(m * ref.batch), kappa=float(k))
+            model = dataclasses.replace(base, b_bend=float(m * ref.responses_per_update), kappa=float(k))
             loss = 0.0
             for b, x, r, cens in pts:
                 p = model.rho(b, x=x)
@@ -329,7 +330,7 @@ def fit_lr_aware(ref: LearningCurve, curves, target: float) -> LrAwareFit:
                 loss += 0.0 if (cens and e > 0) else e * e
             if best is None or loss < best[0] - 1e-12:
                 best = (loss, float(m), float(k))
-    return LrAwareFit(b_bend=best[1] * ref.batch, kappa=best[2], loss=best[0], runs=len(pts))
+    return LrAwareFit(b_bend=best[1] * ref.responses_per_update, kappa=best[2], loss=best[0], runs=len(pts))
 
 
 # ---- the --rho option and the verdict ----------------------------------------------------------
@@ -388,7 +389,7 @@ def staleness_rho(curves: Sequence[LearningCurve], target: float, b_ref: int, et
     pts: dict[int, list[float]] = {}
     if curves and math.isfinite(target):
         for c in curves:
-            if c.batch != b_ref:
+            if c.responses_per_update != b_ref:
                 continue
             n_ = c.samples_to_target(target)
             if n_ is not None and n_ > 0:

@@ -317,9 +317,9 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
     room = max(engine.max_model_len - p_max - 2, VISIT_STEPS)
     rungs, wave = gen_ladder(cfg.gen_responses, engine.max_num_seqs, engine.kv_cache_tokens, engine.block_size,
                              p_max + min(room, MAX_VISIT_STEPS + 1))
-    batches = {max(G, int(round(f * cfg.batch / G)) * G): None for f in TRAIN_FACTORS}
+    batches = {max(G, int(round(f * cfg.responses_per_update / G)) * G): None for f in TRAIN_FACTORS}
     batches = {R: cal.batch(R) for R in sorted(batches)}
-    one = batches.get(max(G, cfg.batch // G * G)) or cal.batch(max(G, cfg.batch // G * G))
+    one = batches.get(max(G, cfg.responses_per_update // G * G)) or cal.batch(max(G, cfg.responses_per_update // G * G))
     train0 = Ladder()
     per_tok = cal.warm(one, train0 if batches.get(len(one)) is one else None)
     t_warm = cal.clock()
@@ -360,7 +360,7 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
     t0 = time.perf_counter()
     cal.engine.generate(reqs, cal.engine.sampling(cfg.max_tokens, cfg.temperature))
     round_s = time.perf_counter() - t0
-    one_x = min(batches, key=lambda R: abs(R - cfg.batch))
+    one_x = min(batches, key=lambda R: abs(R - cfg.responses_per_update))
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batches[one_x])
     evals = (cfg.steps // cfg.eval_every if cfg.eval_every else 0) + 2
     run_s = cfg.steps * (round_s + per_tok * tokens) + evals * round_s * cfg.eval_prompts * cfg.eval_k / max(cfg.gen_responses, 1)
@@ -425,7 +425,7 @@ class DriftProbe:
         self.cal.kinds, self.cal.threads = (DRIFT_GEN, DRIFT_TRAIN), threads
         G = max(cfg.G, 1)
         self.level = min(DRIFT_LEVEL, cfg.gen_responses)
-        self.samples = self.cal.batch(max(G, int(round(DRIFT_TRAIN_FACTOR * cfg.batch / G)) * G))
+        self.samples = self.cal.batch(max(G, int(round(DRIFT_TRAIN_FACTOR * cfg.responses_per_update / G)) * G))
 
     def __call__(self, step: int) -> list[tuple[str, dict[str, Any]]]:
         """Run the probe after update `step`; its rows."""

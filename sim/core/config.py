@@ -156,16 +156,17 @@ class SplitConfig:
     allreduce_fitted: bool = _f(False, "the fitted update already holds the gradient collective (the reference trained "
                                        "data-parallel on several GPUs), so no all-reduce is added")
 
-    def validate(self, batch: int) -> None:
+    def validate(self, responses_per_update: int) -> None:
         if self.gen_gpus < 1 or self.train_gpus < 1:
             raise RlsimError(f"{name('gen_gpus')} and {name('train_gpus')} must be at least 1, got {self.gen_gpus} and "
                              f"{self.train_gpus}")
         if self.staleness < 0:
             raise RlsimError(f"{name('staleness')} must be a non-negative number, got {self.staleness}")
-        if batch % self.train_gpus:
-            divs = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:4]
+        if responses_per_update % self.train_gpus:
+            divs = [d for d in range(2, min(responses_per_update, 64) + 1) if responses_per_update % d == 0][:4]
             raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide the training batch B = P x G = "
-                             f"{batch} responses (each data-parallel rank trains B / train_gpus); pick a divisor of B"
+                             f"{responses_per_update} responses (each data-parallel rank trains B / train_gpus); "
+                             "pick a divisor of B"
                              f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or change "
                              f"{name('prompts')}")
         if self.train_gpus > 1 and not self.allreduce_fitted and not self.allreduce_gbs > 0:
@@ -198,19 +199,19 @@ class SimConfig:
                                          "synchronous colocated loop")
 
     @property
-    def batch(self) -> int:
-        """B = P x G responses per update."""
+    def responses_per_update(self) -> int:
+        """B = P x G responses trained per update (B_gen >= B are generated)."""
         return self.prompts * self.group
 
     @property
     def gen_requests(self) -> int:
         """B_gen: requests per generation round."""
-        return max(self.gen_batch, self.batch)
+        return max(self.gen_batch, self.responses_per_update)
 
     def validate(self) -> None:
-        if self.gen_batch and self.gen_batch < self.batch:
+        if self.gen_batch and self.gen_batch < self.responses_per_update:
             raise RlsimError(f"{setting(gen_batch=self.gen_batch)} is smaller than the train batch B = P x G = "
-                             f"{self.batch}")
+                             f"{self.responses_per_update}")
         if self.prompts <= 0 or self.group <= 0 or self.updates <= 0:
             raise RlsimError(f"prompts, group and updates must be positive, got {self.prompts}, {self.group}, "
                              f"{self.updates}")
@@ -218,4 +219,4 @@ class SimConfig:
             raise RlsimError(f"lengths must be one of {', '.join(LENGTHS)}, got {self.lengths!r}")
         self.engine.validate()
         if self.split is not None:
-            self.split.validate(self.batch)
+            self.split.validate(self.responses_per_update)

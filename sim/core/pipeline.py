@@ -96,7 +96,7 @@ class SplitResult:
 class SimRun:
     """Result of one simulation: per-update arrays, totals, and the timeline when asked for."""
 
-    batch: int = field(metadata={"help": "responses per update"})
+    responses_per_update: int = field(metadata={"help": "B = P x G responses trained per update"})
     step_time: np.ndarray = field(metadata={"help": "seconds of each RL step"})
     gen_time: np.ndarray = field(metadata={"help": "generation seconds of each step (engine steps + round overhead)"})
     train_time: np.ndarray = field(metadata={"help": "training seconds (batch preparation + optimizer update)"})
@@ -233,7 +233,7 @@ def _fast_round(models: FittedModels, cfg: SimConfig, plan: RoundPlan, row: int,
     """Round `row` of a plan of the fast path (`schedule_rounds`: the KV cache cannot bind); `sums`: its features,
     `cost`: their seconds."""
     K = int(plan.steps[row])
-    extra = max(cfg.gen_requests - cfg.batch, 0)
+    extra = max(cfg.gen_requests - cfg.responses_per_update, 0)
     finish = plan.start[row] + L - 1 if extra else None
     responses, tokens = _trained(p, L, finish, extra, cfg.group, models.shared_prompts)
     return _Round(requests=len(L), engine_s=float(cost) + models.gen_overhead.per_step * K, steps=K,
@@ -245,7 +245,7 @@ def _fast_round(models: FittedModels, cfg: SimConfig, plan: RoundPlan, row: int,
 def _exact_round(models: FittedModels, cfg: SimConfig, p: np.ndarray, L: np.ndarray, keep_timeline: bool) -> _Round:
     """One round by the step-level loop (`run_round_steps`: KV accounting, preemption), stretch by stretch."""
     gm, per_step = models.gen, models.gen_overhead.per_step
-    extra = max(cfg.gen_requests - cfg.batch, 0)
+    extra = max(cfg.gen_requests - cfg.responses_per_update, 0)
     finish = np.zeros(len(L), np.int64) if extra else None
     stretches = [] if keep_timeline else None
     hist = _needs_hist(models)
@@ -470,9 +470,9 @@ class _Loop:
             timeline = sorted(self.tl.slices, key=lambda s: (s.start, -s.dur))
             counters = sorted(self.tl.counters, key=lambda c: c.t)
         r = self.rounds
-        return SimRun(batch=self.cfg.batch, total_time=float(self.env.now), exact_engine=r.exact, timeline=timeline,
-                      counters=counters, rounds_simulated=r.rounds, approximation=r.approximation(),
-                      features=self.features.to_dict(), **self.per)
+        return SimRun(responses_per_update=self.cfg.responses_per_update, total_time=float(self.env.now),
+                      exact_engine=r.exact, timeline=timeline, counters=counters, rounds_simulated=r.rounds,
+                      approximation=r.approximation(), features=self.features.to_dict(), **self.per)
 
 
 def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,

@@ -116,11 +116,11 @@ def data_parallel(hardware: dict | None) -> bool:
 def memory_estimate(cfg: SimConfig, record_timeline: bool = False, mean_len: float = 32.0) -> float:
     """Bytes a split simulation needs: every request it may start, and the timeline when recorded."""
     sp = cfg.split
-    seqs = math.ceil(cfg.updates + sp.staleness + 1) * cfg.batch
+    seqs = math.ceil(cfg.updates + sp.staleness + 1) * cfg.responses_per_update
     tl = 0.0
     if record_timeline:
         # steps, and one slice per response
-        steps = seqs * mean_len / max(min(cfg.engine.max_num_seqs, cfg.batch), 1) + seqs
+        steps = seqs * mean_len / max(min(cfg.engine.max_num_seqs, cfg.responses_per_update), 1) + seqs
         tl = steps * BYTES_PER_TIMELINE_STEP
     return seqs * BYTES_PER_SEQUENCE + tl
 
@@ -139,7 +139,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     sp = cfg.split
     if sp is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
-    U, P, G, B = cfg.updates, cfg.prompts, cfg.group, cfg.batch
+    U, P, G, B = cfg.updates, cfg.prompts, cfg.group, cfg.responses_per_update
     NP = admitted(sp.staleness, U, P)  # the gate's bound at version U: no more prompts can start before the run ends
     est = memory_estimate(cfg, record_timeline, float(np.mean(models.lengths.response_tokens)))
     if est > MEMORY_LIMIT_BYTES:
@@ -174,13 +174,14 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
     if rec.on:
         rec.responses(trainer.q)
     timeline, counters = rec.ordered()
-    consumed = cfg.updates * cfg.batch
+    consumed = cfg.updates * cfg.responses_per_update
     idle = 1.0 - busy / wall if wall > 0 else np.full(len(reps), math.nan)
     split = SplitResult(gen_gpus=sp.gen_gpus, train_gpus=sp.train_gpus, staleness=sp.staleness,
                         partial_rollout=sp.partial_rollout, allreduce_s=c.allreduce, allreduce_gbs=sp.allreduce_gbs,
                         bandwidth_source=sp.bandwidth_source, allreduce_fitted=sp.allreduce_fitted,
                         grad_bytes=float(models.sync_bytes), sync_s=c.sync, replica_idle=tuple(map(float, idle)))
-    return SimRun(batch=cfg.batch, total_time=wall, exact_engine=kv_bind, timeline=timeline, counters=counters,
+    return SimRun(responses_per_update=cfg.responses_per_update, total_time=wall, exact_engine=kv_bind,
+                  timeline=timeline, counters=counters,
                   rounds_simulated=cfg.updates, approximation="", features={},
                   gen_idle_ratio=float(1.0 - busy.mean() / wall) if wall > 0 else math.nan,
                   train_idle_ratio=float(1.0 - log.rank_busy.mean() / wall) if wall > 0 else math.nan,

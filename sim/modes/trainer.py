@@ -43,7 +43,7 @@ class TrainerCosts:
 
     @classmethod
     def of(cls, models: FittedModels, cfg: SimConfig) -> TrainerCosts:
-        sp, B = cfg.split, cfg.batch
+        sp, B = cfg.split, cfg.responses_per_update
         M = sp.train_gpus
         return cls(reward=max(float(models.reward.predict(B)), 0.0), other=max(float(models.other.predict(B)), 0.0),
                    sync=max(float(models.sync.predict(models.sync_bytes)), 0.0),
@@ -127,7 +127,7 @@ class Trainer:
     rec: Recorder
     costs: TrainerCosts
     updates: int
-    batch: int
+    responses_per_update: int
     log: UpdateLog = field(init=False)
 
     def __post_init__(self):
@@ -148,10 +148,11 @@ class Trainer:
             t = env.now
             yield env.timeout(c.other)
             self.rec.slice(LANE_HOST, "other", "host.other", t, c.other, update=u)
-            self.rec.slice(LANE_RL, "rl_step", "rl.step", prev, env.now - prev, update=u, responses=self.batch)
+            B = self.responses_per_update
+            self.rec.slice(LANE_RL, "rl_step", "rl.step", prev, env.now - prev, update=u, responses=B)
             for k, v in (("step_time", env.now - prev), ("gen_time", waited + sync_wait),
                          ("train_time", float(w.compute.max()) + c.allreduce), ("sync_time", c.sync),
-                         ("other_time", c.reward + c.other), ("responses", self.batch), ("tokens", w.tokens),
+                         ("other_time", c.reward + c.other), ("responses", B), ("tokens", w.tokens),
                          ("gen_steps", self.totals.steps - steps_prev),
                          ("preemptions", self.totals.preemptions - pre_prev)):
                 per[k][u] = v

@@ -14,7 +14,7 @@ from rich.table import Table
 from rlsim.replay.rho import regime_key
 from rlsim.replay.util import fmt
 
-TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
+TERMINAL_COLUMNS = (("responses_per_update", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
                     ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""),
                     ("fits", "fits", ""),  # only when a config does not fit in memory
                     ("expected_regret", "exp. regret", "%"))  # the last: only when the sweep has a plan
@@ -120,7 +120,7 @@ def describe(row: Mapping[str, Any], axes: Sequence[str], labels: Mapping[str, s
     def shown(v: Any) -> Any:
         return f"{v:g}" if isinstance(v, float) else v  # 1.0 as typed: 1
 
-    return " ".join(f"{labels.get(a, a)} {shown(row.get(a))}" for a in axes) or f"B={row.get('batch')}"
+    return " ".join(f"{labels.get(a, a)} {shown(row.get(a))}" for a in axes) or f"B={row.get('responses_per_update')}"
 
 
 def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None, *,
@@ -250,7 +250,8 @@ def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top
     each with its interval under it where there is one; a row with warnings of its own (beyond the study's,
     meta['warnings']) is marked `!`. Too wide for `width` columns, it leaves out, in turn, responses/s (sigma
     carries it), B, then the sigma and rho intervals; never the T ratio's."""
-    drops = [(), ("responses_per_s",), ("responses_per_s", "batch"), ("responses_per_s", "batch", "sigma_iv", "rho_iv")]
+    drops = [(), ("responses_per_s",), ("responses_per_s", "responses_per_update"),
+             ("responses_per_s", "responses_per_update", "sigma_iv", "rho_iv")]
     for drop in drops:
         t = _ranking_table(rows, axes, top=top, labels=labels or {}, meta=meta, drop=drop)
         if width is None:

@@ -22,7 +22,7 @@ class Outcome:
 
     prompts: int = field(metadata={"help": "P"})
     group: int = field(metadata={"help": "G"})
-    batch: int = field(metadata={"help": "B = P x G responses per update"})
+    responses_per_update: int = field(metadata={"help": "B = P x G responses trained per update"})
     lr_rule: str = field(metadata={"help": "learning-rate rule"})
     responses_per_s: float = field(metadata={"help": "simulated end-to-end responses per second (q)"})
     step_time_s: float = field(metadata={"help": "mean seconds per RL step"})

@@ -69,8 +69,8 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
         # the same words for every config (its interval is printed beside it): a sweep says them once for all
         warnings.append("the T / T_ref interval spans 1: whether time to target falls or rises is undecided at this "
                         f"confidence; {decider(iv, P, G, study, cfg)}")
-    return Outcome(prompts=P, group=G, batch=B, lr_rule=rule, responses_per_s=q, step_time_s=step, gen_s=gen,
-                   train_s=train,
+    return Outcome(prompts=P, group=G, responses_per_update=B, lr_rule=rule, responses_per_s=q, step_time_s=step,
+                   gen_s=gen, train_s=train,
                    sync_s=syn, other_s=oth, idle_s=max(step - gen - train - syn, 0.0), sigma=sigma, rho=rho,
                    rho_model=kind, time_to_target_ratio=ratio, time_to_target_s=t_abs, regime=reg, **iv,
                    updates=int(len(run_.step_time)), gen_steps=float(run_.gen_steps.mean()),

@@ -129,8 +129,8 @@ class Study:
         another base lr is another configuration, not a point of this one), else by the rule's name."""
         ref_lr, lr = self.curves[0].lr, c.lr
         if math.isfinite(ref_lr) and math.isfinite(lr) and ref_lr > 0:
-            return math.isclose(lr, ref_lr * lr_scale(lr_rule, c.batch / self.b_ref), rel_tol=0.02)
-        return c.lr_rule == lr_rule or c.batch == self.b_ref
+            return math.isclose(lr, ref_lr * lr_scale(lr_rule, c.responses_per_update / self.b_ref), rel_tol=0.02)
+        return c.lr_rule == lr_rule or c.responses_per_update == self.b_ref
 
     def rho_replicates(self, b: float, kind: str) -> tuple[np.ndarray | None, str]:
         """rho at batch b for each B_crit replicate (noise-scale), ones (invariant), or None (curves, lr-aware), and a
@@ -397,13 +397,13 @@ def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float
     come from, and whether they are identified (two constants need runs at two other sizes or lrs)."""
     rule = ref.lr_rule or "sqrt"
     if params is not None:
-        return (lr_aware_rho(ref.batch, *params, rule),
+        return (lr_aware_rho(ref.responses_per_update, *params, rule),
                 f"lr-aware rho: B_bend = {params[0]:.4g}, kappa = {params[1]:.3g} as given", True)
     if len(curves) > 1 and math.isfinite(target):
         f = fit_lr_aware(ref, curves, target)
         src = f"fitted on {f.runs} runs"
         few = "; two constants from one run are not identified: add runs at more sizes" if f.runs < 2 else ""
-        return lr_aware_rho(ref.batch, f.b_bend, f.kappa, rule, source=src), \
+        return lr_aware_rho(ref.responses_per_update, f.b_bend, f.kappa, rule, source=src), \
             (f"lr-aware rho: B_bend = {f.b_bend:.4g} responses, kappa = {f.kappa:.3g} {src} (squared log error "
              f"{f.loss:.3g}){few}"), \
             f.runs >= 2

@@ -201,7 +201,8 @@ def test_sweep_table_prints_intervals_and_undecided():
     from rlsim.present.tables import ranking_table
 
     def row(rank, p, t, lo, hi, regime, warnings=""):
-        return {"rank": rank, "prompts": p, "group": 8, "batch": 8 * p, "responses_per_s": 204.0, "responses_per_s_lo": 192.8,
+        return {"rank": rank, "prompts": p, "group": 8, "responses_per_update": 8 * p, "responses_per_s": 204.0,
+                "responses_per_s_lo": 192.8,
                 "responses_per_s_hi": 214.6, "sigma": 0.907, "sigma_lo": 0.863, "sigma_hi": 0.920, "rho": 0.739,
                 "rho_lo": 0.694, "rho_hi": 0.807, "time_to_target_ratio": t, "time_to_target_ratio_lo": lo,
                 "time_to_target_ratio_hi": hi, "regime": regime, "warnings": warnings}
@@ -249,11 +250,13 @@ def test_sweep_verdict_without_intervals_says_so():
     from rlsim.cli.study import print_verdict
     from rlsim.present.tables import NO_INTERVAL
 
-    rows = [{"rank": 1, "prompts": 64, "batch": 512, "time_to_target_ratio": 0.80, "regime": "time falls",
-             "warnings": "study warning; with a; inside", "notes": "generation x2.1 (bandwidth)"},
-            {"rank": 2, "prompts": 96, "batch": 768, "time_to_target_ratio": 0.83, "regime": "time falls",
-             "warnings": "study warning; with a; inside; extrapolated 8x"},
-            {"rank": 3, "prompts": 256, "batch": 2048, "time_to_target_ratio": 1.5, "regime": "time rises"}]
+    rows = [{"rank": 1, "prompts": 64, "responses_per_update": 512, "time_to_target_ratio": 0.80,
+             "regime": "time falls", "warnings": "study warning; with a; inside",
+             "notes": "generation x2.1 (bandwidth)"},
+            {"rank": 2, "prompts": 96, "responses_per_update": 768, "time_to_target_ratio": 0.83,
+             "regime": "time falls", "warnings": "study warning; with a; inside; extrapolated 8x"},
+            {"rank": 3, "prompts": 256, "responses_per_update": 2048, "time_to_target_ratio": 1.5,
+             "regime": "time rises"}]
     meta = {"warnings": ["study warning; with a; inside"], "notes": ["rho model: noise-scale"]}
     con = Console(width=400, record=True, highlight=False)
     print_verdict(con, rows, meta, ["prompts"], {"prompts": "--batch"})
@@ -286,3 +289,13 @@ def test_sweep_labels_the_reference_and_names_each_config_once(calibrated_path, 
     assert len(named) == len(set(named))  # each set of configs once
     for w in meta.get("warnings", []):
         assert out.count(" ".join(w.split())) == 1
+
+
+def test_a_sweep_folder_with_the_older_column_name_reads(tmp_path):
+    """results.parquet written when B's column was `batch` reads with it as responses_per_update (report, plan)."""
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"rank": [2, 1], "prompts": [64, 32], "batch": [512, 256]}), tmp_path / "results.parquet")
+    rows, _ = results.read_results(tmp_path)
+    assert rows == [{"rank": 1, "prompts": 32, "responses_per_update": 256},
+                    {"rank": 2, "prompts": 64, "responses_per_update": 512}]
