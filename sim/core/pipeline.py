@@ -5,31 +5,17 @@ batch preparation (old log-probs), the optimizer update, the weight sync and the
 fitted cost. All state lives in the SimPy Environment and the objects this call creates; ids come from
 a per-run counter; nothing is class-level.
 
-Split devices and staleness (`SimConfig.split`) run in `rlsim.modes.split`, which sits above this module and
-shares its engine's step semantics (`rlsim.core.engine.Stretch`), cost model (`rlsim.replay.cost`) and workload
-sampler (`rlsim.core.workload`); `rlsim.modes.registry.simulate` picks one of the two by the config.
+Split devices and staleness (`SimConfig.split`) run in `rlsim.modes.split`, which shares this module's engine
+semantics (`rlsim.core.engine.Stretch`), cost model (`rlsim.replay.cost`) and workload sampler
+(`rlsim.core.workload`); `rlsim.modes.registry.simulate` picks one of the two by the config.
 
-How a simulation runs, step by step:
-1. the rounds: what each update's generation round does (`_Round`: its engine seconds, steps, peaks and
-   trained tokens), from `_AllRounds` or `_RoundByRound` below, each built by one of two engine paths:
-   `_fast_round` (a schedule of slot releases when the KV cache cannot bind: summed features in closed
-   form) or `_exact_round` (the step-level loop with KV accounting and preemption);
-2. the loop (`_Loop`): one SimPy process per RL step, generation then the fitted phases; the timeline
-   (`_Timeline`) when asked for.
-
-Size. Per-update arrays are O(U); the generation workload is O(B_gen) per round. Up to
-ALL_ROUNDS_MAX_REQUESTS requests in all (U x B_gen) every round's lengths are drawn at once and all
-rounds are scheduled together (`_AllRounds`, vectorised across rounds). Beyond it the rounds are drawn
-and simulated one at a time (`_RoundByRound`, memory O(B_gen), never U x B nor B x steps):
-- exact: every round's schedule (`schedule_round`, the same admission steps as `schedule_rounds`, or
-  the step-level loop with KV accounting), its step-cost sums and its trained tokens; recorded lengths
-  without over-generation repeat with the trace's period and are computed once per distinct round;
-- approximate: with sampled lengths only ceil(SAMPLED_REQUESTS / B_gen) rounds are drawn and simulated
-  (at least 1, at most U) and update u reuses round u mod that number. Rounds are i.i.d., so this is a
-  Monte-Carlo sample of fewer rounds; its error is stated in `SimRun.approximation` (measured, see
-  SAMPLED_REQUESTS).
-Before allocating, `check_memory` estimates the bytes a configuration needs and raises RlsimError
-(one line: what is too large, how to fix it) above MEMORY_LIMIT_BYTES.
+How a simulation runs: the rounds (`_Round`: one update's engine seconds, steps, peaks and trained tokens),
+all at once (`_AllRounds`) up to ALL_ROUNDS_MAX_REQUESTS requests in all, else one at a time
+(`_RoundByRound`, memory O(B_gen); with sampled lengths a Monte-Carlo sample of SAMPLED_REQUESTS requests'
+rounds, its error in `SimRun.approximation`), each by `_fast_round` (closed form when the KV cache cannot bind)
+or `_exact_round` (the step loop with KV accounting); then the loop (`_Loop`): one SimPy process per RL step,
+and the timeline (`_Timeline`) when asked for. `check_memory` refuses a configuration above MEMORY_LIMIT_BYTES
+in one line first. Sizes and paths in detail: docs/simulator.md, "The simulation".
 """
 from __future__ import annotations
 

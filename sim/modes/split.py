@@ -3,56 +3,20 @@
 `rlsim.modes.registry.simulate` runs a `SimConfig` with a `split` (`--gen-gpus`, `--train-gpus`, `--staleness`,
 `--partial-rollout`) here, `simulate_split`, and one without it in the colocated loop (`rlsim.core.pipeline`).
 
-Model
-- Generation: `gen_gpus` engine replicas, one per generation device. One replica = one recorded engine:
-  the fitted engine-step cost (`rlsim.replay.cost.EngineStepCost`, plus the fitted gap between steps), the
-  trace's max_num_seqs and KV cache, and `rlsim.core.engine`'s continuous batching (FIFO admission while slots
-  and KV blocks allow; prefill and first token in the admitting step, one token per step after; when the KV
-  cache is full the latest admitted request is preempted and recomputes later). The per-replica cost does
-  not change with gen_gpus: N replicas are N independent recorded engines (no tensor parallelism across
-  them, no shared bandwidth). The fitted per-response host overhead is charged when a request is admitted;
-  the fixed per-round overhead has no counterpart (there are no rounds).
-- Requests: one queue shared by the replicas, in prompts of G sequences (a GRPO group: the trainer needs
-  whole groups). A replica pulls prompts while it has free slots.
-- Admission (AReaL's rule, eta = `staleness`): a new prompt starts only while
-      prompts started (consumed + finished + running + queued on a replica) < (eta + v + 1) · P,
-  v the current policy version (weight syncs so far). In-flight requests count, so the k-th P prompts
-  to start (batch k) start no earlier than version k - eta. eta = 0 is synchronous: batch k is generated
-  on the weights of version k, after update k-1's sync.
-- Trainer: update u (version u -> u+1) consumes P finished groups: every prompt admitted at a version
-  <= u - eta (consumed later it would exceed the limit; the gate keeps them within one batch), then the
-  oldest admitted of the other finished ones (ties: completion order); it waits until those are finished,
-  so a consumed sample's staleness never exceeds eta (`rlrun record --mode split` does the same). Then
-  rewards (host), then on each of the `train_gpus` = M data-parallel ranks the fitted prep and update models
-  at that rank's tokens (B / M responses each, token-balanced as verl's balance_batch: a + b·tokens_r, the
-  trace's one-device fit), then a ring all-reduce of the gradients once the slowest rank is done:
-      2 (M - 1) / M · gradient bytes / bandwidth,
-  gradient bytes = the model's weight bytes (the trace's sync bytes), bandwidth = the interconnect of the
-  trace's hardware metadata or its device profile (`rlsim.replay.devices`: profile_for_hardware,
-  interconnect_gbs), or of --device; then the weight sync, then the rest of the step (host).
-- Weight sync: a collective of the trainer and every replica costing the fitted sync time; it starts when
-  all have joined and bumps the policy version at its end for all at once. Without partial rollout a
-  replica joins once its in-flight responses have finished on the old weights (it admits nothing new
-  meanwhile, so the sync waits for the longest response). With partial rollout it joins at the end of its
-  current engine step; its in-flight responses continue after the sync on the new weights with their KV
-  recomputed (prompt + generated tokens prefilled in the next step): a response may span several
-  versions (its start and finish versions are in the timeline).
-- Staleness of a consumed sample = the update that consumes it - the policy version its generation
-  started under (its oldest tokens); at most eta by the consumption rule above.
+- Generation: `gen_gpus` replicas of the recorded engine (its fitted step cost, max_num_seqs, KV cache and
+  continuous batching), pulling prompts of G sequences from one shared queue.
+- Admission (AReaL's rule, eta = `staleness`, `rlsim.replay.admission`): a prompt starts only while prompts
+  started, in-flight ones counted, stay under (eta + v + 1) · P at policy version v.
+- Trainer: update u consumes P finished groups so that no sample lags more than ceil(eta) versions, then the
+  fitted prep and update on each of the `train_gpus` data-parallel ranks and a ring all-reduce.
+- Weight sync: one collective of the trainer and every replica; with partial rollout in-flight responses
+  continue on the new weights, their KV recomputed.
 
-Outputs (SimRun): per update, the step time (between consecutive update ends), the time the trainer waited
-for generation (batch, and replicas joining the sync: `gen_time`), training (slowest rank + all-reduce),
-sync, rewards + the rest; the generator and trainer idle ratios (mean over replicas / ranks of the fraction
-of wall time not running engine steps / not computing or communicating); mean and max staleness.
-
-Sample cost: rho is multiplied by N*(eta) / N*(eta_ref) (`rlsim.replay.rho.staleness_rho`; its evidence:
-docs/simulator.md).
-
-Structure: one SimPy Environment per run; one process per replica (`rlsim.modes.replica.Replica`) and one
-for the trainer (`rlsim.modes.trainer.Trainer`); they share the requests' numpy arrays, the admission gate
-and the pool of finished groups (`rlsim.modes.requests`), the weight sync (`rlsim.modes.sync`) and the
-timeline recorder (`rlsim.modes.timeline`). Per-sequence state is in numpy arrays (no process per request);
-slice ids come from a per-run counter; the rng is passed in.
+Outputs (SimRun): per-update phase times, the generator and trainer idle ratios and the staleness of consumed
+samples. One process per replica (`rlsim.modes.replica`) and one for the trainer (`rlsim.modes.trainer`); they
+share the requests' arrays, the gate and finished pool (`rlsim.modes.requests`), the sync (`rlsim.modes.sync`)
+and the timeline (`rlsim.modes.timeline`); the rng is passed in. The model, its formulas and its evidence:
+docs/simulator.md, "Split devices and asynchronous rollout".
 """
 from __future__ import annotations
 
