@@ -5,8 +5,7 @@
     tr = rlsim.load_trace("traces/grpo_p128.parquet")   # validated; tr.table is the pyarrow Table
     rlsim.events(tr)                                     # one row per recorded event
     rlsim.steps(tr)                                      # one row per RL step (rlsim.replay.steps)
-    rlsim.split_stats(tr)                                # measured idle ratios, staleness, overlap
-                                                         # (rlsim.replay.split_stats)
+    rlsim.split_stats(tr)                                # idle ratios, staleness, overlap (replay/split_stats.py)
     study = rlsim.fit([tr])                              # cost and learning models, fitted once
     rlsim.predict(study, prompts=2048)                   # reference and candidate, sigma, rho, T ratio
     rlsim.predict_sizes(study, prompts=[256, 512, 1024]) # the reference and one row per size
@@ -15,9 +14,8 @@
     rlsim.example_trace("grpo_p128")                     # the path of a trace shipped under traces/
 
 Keywords are the CLI's option names (`--rho` is `rho=`, `rlsim replay --sampled` is `sampled=`); config keywords
-are the fields of `rlsim.core.config.WhatIf`, as `rlsim run` takes them, and `batch` is accepted for `prompts` (the
-CLI's `--batch` is P too). Errors name those keywords, not the CLI's options. A deprecated keyword (`DEPRECATED`)
-still works, with a DeprecationWarning naming its replacement.
+are the fields of `rlsim.core.config.WhatIf`, and `batch` is accepted for `prompts` (the CLI's `--batch` is P too).
+Errors name those keywords. A deprecated keyword (`DEPRECATED`) still works, with a DeprecationWarning.
 """
 from __future__ import annotations
 

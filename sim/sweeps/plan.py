@@ -2,24 +2,17 @@
 
 The time to target of candidate i relative to the reference is T_i = rho_i / sigma_i. sigma comes from the
 simulator; rho from a sample-cost model that, from one reference trace, is known to err a lot (docs/results.md).
-The plan does not pretend otherwise: its uncertainty about rho is *measured*, as error curves e(d) = log(rho
-measured / rho predicted from a reference alone) at d = log2(B / B_ref), one per reference seed of the recorded
-batch-size studies (`rlsim.replay.rho_errors`). A draw of the truth is one such curve (plus the noise of the
-studies' own seed means), so errors at neighbouring sizes move together, as a misplaced bend makes them. Its
-uncertainty about sigma is the trace's own: each candidate's sigma interval as `rlsim run` gives it (the fits'
-bootstrap widened by their held-out error), read as a log-normal spread. A trace whose cost fits cannot be used
-(`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
+So the plan's uncertainty about rho is *measured*: error curves e(d) = log(rho measured / rho predicted from a
+reference alone) at d = log2(B / B_ref), one per reference seed of the recorded batch-size studies
+(`rlsim.replay.rho_errors`); a draw of the truth is one such curve plus the studies' seed noise. Its uncertainty
+about sigma is each candidate's sigma interval as `rlsim run` gives it, read as a log-normal spread. A trace whose
+cost fits cannot be used (`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
 
-Over the draws (weights w, shape (K,)), for each candidate i (T: (K, n)):
-    expected regret   E_w[T_i / min_j T_j - 1]        p_within_5pct   P_w[T_i <= 1.05 min_j T_j]
-The pick is the least expected regret (ties: the reference). It is a **decision** when p_within_5pct reaches
-`PlanConfig.confidence`; otherwise the plan lists **pilots**: a run at candidate j to the target, whose measured
-rho (one seed: noise `seed_sd` in log) would reweight the draws. The expected regret after a pilot is computed
-before it is run (preposterior: each draw in turn taken as the truth, its pilot observed with seed noise, the
-pick made on the reweighted draws, its regret scored on that truth); pilots are ranked by regret removed per
-response spent. This is the multi-fidelity logic of successive halving (spend little on configurations the
-evidence already rules out) with one fidelity, a run to the target, because a prefix of a run measures
-samples-to-target only once it reaches the target. A pilot trace given back (`--trace`) is such an observation.
+Over the draws (weights w), for each candidate i: expected regret E_w[T_i / min_j T_j - 1] and p_within_5pct
+P_w[T_i <= 1.05 min_j T_j]. The pick is the least expected regret (ties: the reference), a **decision** when
+p_within_5pct reaches `PlanConfig.confidence`; otherwise the plan lists **pilots** (a run at candidate j to the
+target), ranked by the regret they are expected to remove (preposterior) per response spent. A pilot trace given
+back (`--trace`) reweights the draws. The method in full: docs/usage.md, "Planning".
 """
 from __future__ import annotations
 
