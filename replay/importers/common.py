@@ -304,6 +304,10 @@ class ImportFlags:
     model_params: str | None = field(default=None, metadata={
         "help": "model parameters, e.g. 7B, 0.5B, 1.5e9 (None: read from the model path in the config)",
         "flags": ["--model-params"]})
+    model_config: Path | None = field(default=None, metadata={
+        "help": "the model's Hugging Face config.json: its layer shapes size the KV cache and activations in the "
+                "memory estimate (None: the model's name, if rlsim knows it, else --model-params alone)",
+        "flags": ["--model-config"]})
     tp: int | None = field(default=None, metadata={"help": "rollout tensor parallel size", "flags": ["--tp"]})
     eval_metric: str | None = field(default=None, metadata={
         "help": "the validation metric to use as the eval score (None: chosen per framework, see docs/importing.md)",
@@ -341,6 +345,7 @@ class RunSpec:
     model_name: str | None = None
     model_params: float | None = None
     model_params_source: str = ""
+    model_dims: dict[str, int] | None = None  # layers, hidden, heads, kv_heads, head_dim, intermediate, vocab
     tp: int = 1
     engines: int | None = None           # generation engines (default: GPUs / tp)
     max_prompt_len: int | None = None
@@ -543,7 +548,7 @@ def _step_meta(spec: RunSpec, steps: list[Step], evals: list[Eval], model_bytes:
               "task": spec.task, "adv_estimator": spec.adv_estimator, "tp": spec.tp, "gpus": spec.gpus,
               "framework": spec.framework, "framework_config": spec.config, "fully_async": spec.fully_async or None}
     model = {"name": spec.model_name, "parameters": spec.model_params, "bytes": model_bytes,
-             "parameters_source": spec.model_params_source or None}
+             "parameters_source": spec.model_params_source or None, **(spec.model_dims or {})}
     phases: dict[str, str] = {}
     for s in steps:
         for ph in s.phases:

@@ -187,7 +187,7 @@ def _evals(rows: list[dict[str, float]], spec: RunSpec, eval_metric: str | None)
 IMPORTER = Importer(
     name="openrlhf", help="Import an OpenRLHF PPO/GRPO/REINFORCE++ run (Ray trainer).", load=load,
     log_help="W&B history export (.csv or .jsonl) with train/* and perf/experience_maker/* metrics",
-    flags=("config", "prompts", "group", "gpus", "device", "model_params", "tp", "eval_metric"),
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "model_config", "tp", "eval_metric"),
     flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"]
                + " (the W&B run config or the launch args as JSON/YAML)",
                "prompts": "P: --rollout_batch_size (prompts per rollout)", "group": "G: --n_samples_per_prompt",

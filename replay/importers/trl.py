@@ -206,7 +206,7 @@ def _evals(entries: list[dict[str, Any]], spec: RunSpec, eval_metric: str | None
 IMPORTER = Importer(
     name="trl", help="Import a TRL GRPOTrainer run.", load=load,
     log_help="trainer_state.json of a GRPOTrainer checkpoint (its log_history)",
-    flags=("config", "prompts", "group", "gpus", "device", "model_params", "eval_metric"),
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "model_config", "eval_metric"),
     flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"]
                + " (the GRPOConfig recipe YAML/JSON)",
                "prompts": "P: prompts per optimizer step", "group": "G: num_generations",

@@ -330,7 +330,8 @@ def _gpus_from_throughput(spec: RunSpec, implied: float) -> None:
 IMPORTER = Importer(
     name="verl", help="Import a verl PPO/GRPO run.", load=load,
     log_help="console log (step:N - key:value - ...), metrics .jsonl, or W&B history .csv",
-    flags=("config", "prompts", "group", "gpus", "device", "model_params", "tp", "eval_metric", "drop_truncated"),
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "model_config", "tp", "eval_metric",
+           "drop_truncated"),
     flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"] + " (Hydra's .hydra/config.yaml)",
                "prompts": "P: data.train_batch_size (prompts per step)",
                "group": "G: actor_rollout_ref.rollout.n (responses per prompt)",

@@ -86,13 +86,15 @@ def _print_run(res) -> None:
         con.print(f"hardware: {cand.hardware}; there the reference configuration runs {cand.hardware_gain:.3g}x its "
                   "recorded responses/s. T vs the reference as recorded (batch and hardware together): "
                   f"{fmt(cand.time_to_target_vs_recorded, 'x')}")
-    for line in _memory_lines(ref, cand):
+    memory = _memory_lines(ref, cand)
+    for line in memory:
         con.print(f"memory: {line}")
     con.print(f"verdict: {_verdict(cand)}")
     for w in list(res.warnings) + list(cand.warnings):
         con.print(f"[yellow]warning:[/yellow] {w}")
     for n in list(res.notes) + list(cand.notes):
-        con.print(f"[dim]note: {n}[/dim]")
+        if n.split(": ", 1)[-1] not in " ".join(memory):  # the memory line says it already
+            con.print(f"[dim]note: {n}[/dim]")
 
 
 def _memory_lines(ref, cand) -> list[str]:

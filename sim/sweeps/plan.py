@@ -52,6 +52,9 @@ class PlanConfig:
                        metadata={"help": "draws of the truth (error curves plus the studies' seed noise)"})
     seed: int = field(default=0, metadata={"help": "seed of the draws"})
     updates: int = field(default=40, metadata={"help": "updates simulated per candidate for sigma"})
+    model_params: float | None = field(default=None, metadata={
+        "help": "the model's parameter count, e.g. 7e9, for the candidates' memory when the trace names a model rlsim "
+                "cannot size (None: the trace's model; WhatIf.model_params)"})
 
     def validate(self) -> None:
         ps = list(self.prompts)
@@ -65,6 +68,7 @@ class PlanConfig:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
             raise RlsimError(f"--confidence must be in [0.5, 1), got {self.confidence}")
+        WhatIf(model_params=self.model_params).validate()
 
 
 @dataclass(frozen=True)
@@ -225,7 +229,7 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     """Predict every candidate, draw its truth from the measured errors, weigh the draws by the pilots' measurements."""
     G = cfg.group or study.reference.group
     sizes = sorted(set(cfg.prompts) | {study.reference.prompts})
-    preds = [_predict(study, P, G, cfg.updates) for P in sizes]
+    preds = [_predict(study, P, G, cfg) for P in sizes]
     log_t = np.log([p.time_to_target_ratio for p in preds])
     d = np.log2(np.array(sizes, float) * G / study.b_ref)
     ref = sizes.index(study.reference.prompts)
@@ -234,7 +238,7 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     away = sd[d != 0]
     notes = [errors.describe(), f"sigma uncertainty: the trace's own sigma intervals (its fits' bootstrap and held-out "
                                 f"error), sd {away.min():.2f}..{away.max():.2f} in log" if len(away) else ""]
-    notes = [n for n in notes if n]
+    notes = [n for n in notes if n] + _memory_notes(preds)
     warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing "
                 "resamples its fits): taken as exact, which understates the uncertainty"] if bare else []
     w, measured = np.ones(cfg.draws), {ref}
@@ -346,10 +350,17 @@ def _has_noise_scale(trace: Trace) -> bool:
     return bool(np.isfinite(noise_scale(trace).b_crit))
 
 
-def _predict(study: Study, P: int, G: int, updates: int) -> Outcome:
+def _memory_notes(preds: Sequence[Outcome]) -> list[str]:
+    """Why the candidates' memory is unknown or undecided, and what to pass: once, not per candidate."""
+    memory = ("memory unknown", "memory undecided")
+    return list(dict.fromkeys(n for p in preds for n in p.notes if n.startswith(memory)))
+
+
+def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:
+    like = WhatIf(updates=cfg.updates, model_params=cfg.model_params)
     if P == study.reference.prompts and G == study.reference.group:
-        return reference_outcome(study, updates, 0)
-    return evaluate(study, WhatIf(prompts=P, group=G, updates=updates))
+        return reference_outcome(study, cfg.updates, 0, like=like)
+    return evaluate(study, replace(like, prompts=P, group=G))
 
 
 def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, rho_pred: Sequence[float],

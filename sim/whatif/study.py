@@ -31,7 +31,8 @@ from rlsim.replay.models import INTERVAL, FittedModels, interval
 from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_ratio,
                               noise_scale_rho, parse_rho)
 from rlsim.replay.schema import EVAL, placement
-from rlsim.whatif.memory import Load, TraceMemory, candidate_memory, memory_object, memory_warning, trace_memory
+from rlsim.whatif.memory import (PARTIAL, Load, TraceMemory, candidate_memory, memory_object, memory_warning,
+                                 trace_memory)
 from rlsim.whatif.simconfig import config_for, engine_of, gen_ratio
 
 
@@ -277,6 +278,8 @@ def memory_fields(study: Study, cfg: WhatIf) -> tuple[dict[str, Any], list[str],
     est, _, why = memory_of(study, cfg)
     warning = memory_warning(est)
     notes = [why] if why else []
+    if est is not None and est.fits is None:
+        notes.append(f"memory undecided: {PARTIAL}")
     if est is not None and study.memory is not None and study.memory.assumed:
         notes.append(study.memory.assumed)
     return {"fits": None if est is None else est.fits, "memory": memory_object(est, why)}, \
