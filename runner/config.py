@@ -139,7 +139,7 @@ class RunConfig:
         """Responses per micro-batch (per rank): explicit, or the (mini)batch split in 4 (at least 4 responses).
 
         Four micro-batches give the small-batch gradient norms for the noise-scale estimate at little cost
-        (measured on 2 CPU cores, B=256: 2 micro-batches 0.44 s per update, 8 micro-batches 0.52 s)."""
+        (docs/results.md section 10)."""
         per_update = self.responses_per_update // (self.minibatches * self.train_devices)
         if self.micro_batch:
             return min(self.micro_batch, per_update)
