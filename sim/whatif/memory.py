@@ -170,7 +170,8 @@ def memory_warning(est: MemoryEstimate | None) -> str:
     """The warning of a configuration that does not fit: the overflowing term and the smallest changes that fit."""
     if est is None or est.fits is not False:
         return ""
-    fix = (f"; it would fit with {est.fixes[0]}" + (f" (or: {'; '.join(est.fixes[1:3])})" if len(est.fixes) > 1 else "")
+    fix = (f"; the smallest change that fits: {est.fixes[0]}"
+           + (f" (or: {'; '.join(est.fixes[1:3])})" if len(est.fixes) > 1 else "")
            if est.fixes else "; no single change tried fits (micro-batch, checkpointing, TP, sharding, offload, "
                              "up to 16x the GPUs)")
     return f"does not fit in memory: {est.overflow}{fix}"
