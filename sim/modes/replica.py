@@ -33,6 +33,7 @@ class ReplicaSpec:
     kv_cache_tokens: int
     kv_bind: bool          # KV accounting on: the cache can bind (or the exact engine is asked for)
     partial: bool          # partial rollout: join a sync at the next step boundary
+    recompute: bool = True  # partial rollout: the in-flight responses' KV is prefilled again after the sync
 
 
 @dataclass(eq=False)
@@ -98,14 +99,20 @@ class Replica:
         self.idle: simpy.Event | None = None  # set while nothing runs: the next sync request triggers it
         self.in_stretch = False               # waiting out a stretch that a sync request may interrupt
         sync.listeners.append(self.on_sync_request)
+        gate.listeners.append(self.wake)
         self.proc = env.process(self.run())
+
+    def wake(self) -> bool:
+        """(AdmissionGate listener) An idle replica wakes to pull what the gate admits; whether it was idle."""
+        if self.idle is not None and not self.idle.triggered:
+            self.idle.succeed()
+            return True
+        return False
 
     def on_sync_request(self) -> None:
         """(WeightSync listener) An idle replica wakes to join; with partial rollout one in a stretch is cut short.
         Idle replicas wake in replica order, the order they then join and start pulling prompts after the sync."""
-        if self.idle is not None and not self.idle.triggered:
-            self.idle.succeed()
-        elif self.spec.partial and self.in_stretch:
+        if not self.wake() and self.spec.partial and self.in_stretch:
             self.in_stretch = False
             self.proc.interrupt()
 
@@ -120,7 +127,7 @@ class Replica:
             pre, b.recompute, host = b.recompute, 0.0, 0.0
             if not self.sync.requested and not preempted:
                 used, pre, host = self.admit(used, pre)
-            if not len(b.run):  # nothing to run: wait for a sync request (the gate opens only at a sync's end)
+            if not len(b.run):  # nothing to run: wait for a sync request or, with refill, for the gate to move
                 self.idle = self.env.event()
                 yield self.idle
                 self.idle = None
@@ -133,7 +140,7 @@ class Replica:
         b, n, tj = self.b, len(self.b.run), self.env.now
         yield self.sync.join(self.r)
         b.version = self.sync.version
-        if n:  # partial rollout: the running sequences' KV is recomputed on the new weights
+        if n and self.spec.recompute:  # partial rollout: the running sequences' KV is recomputed on the new weights
             b.recompute += float(b.context())
         self.rec.slice(lane_gen(self.r), "weight_load", "gen.weight_sync", tj, self.env.now - tj, policy_version=b.version,
                        in_flight=n)

@@ -57,6 +57,7 @@ slice ids come from a per-run counter; the rng is passed in.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import simpy
@@ -94,14 +95,16 @@ def interconnect(models: FittedModels, hardware: dict | None) -> tuple[float, st
     return float(prof.interconnect_gbs), f"device profile {prof.key} ({prof.source})"
 
 
-def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None) -> SplitConfig | None:
-    """The SplitConfig a WhatIf asks for (None: colocated)."""
+def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None, **mode: Any) -> SplitConfig | None:
+    """The SplitConfig a WhatIf asks for (None: colocated); `mode`: the fields its execution mode sets
+    (`rlsim.modes.registry.split_config`)."""
     if not cfg.split:
         return None
     bw, src = interconnect(models, hardware)
-    return SplitConfig(gen_gpus=int(cfg.gen_gpus), train_gpus=int(cfg.train_gpus), staleness=float(cfg.staleness or 0),
-                       partial_rollout=bool(cfg.partial_rollout), allreduce_gbs=bw, bandwidth_source=src,
-                       allreduce_fitted=data_parallel(hardware))
+    base = dict(gen_gpus=int(cfg.gen_gpus or 0), train_gpus=int(cfg.train_gpus), staleness=float(cfg.staleness or 0),
+                partial_rollout=bool(cfg.partial_rollout), allreduce_gbs=bw, bandwidth_source=src,
+                allreduce_fitted=data_parallel(hardware))
+    return SplitConfig(**{**base, **mode})
 
 
 def data_parallel(hardware: dict | None) -> bool:
@@ -112,10 +115,19 @@ def data_parallel(hardware: dict | None) -> bool:
     return str(hw.get("device") or "").lower() != "cpu" and isinstance(n, (int, float)) and n > 1
 
 
+def queue_prompts(sp: SplitConfig, updates: int, prompts: int) -> int:
+    """Prompts a run may start: the gate's bound at version U (no more can start before the run ends); with refill,
+    those dispatched ahead plus one per prompt trained, and as many again for groups dropped as too old."""
+    if not sp.refill:
+        return admitted(sp.staleness, updates, prompts)
+    drops = updates * prompts if sp.off_policy and not sp.off_policy_wait else 0
+    return admitted(sp.staleness, 0, prompts) + updates * prompts + drops
+
+
 def memory_estimate(cfg: SimConfig, record_timeline: bool = False, mean_len: float = 32.0) -> float:
     """Bytes a split simulation needs: every request it may start, and the timeline when recorded."""
     sp = cfg.split
-    seqs = math.ceil(cfg.updates + sp.staleness + 1) * cfg.batch
+    seqs = queue_prompts(sp, cfg.updates, cfg.prompts) * cfg.group
     tl = 0.0
     if record_timeline:
         steps = seqs * mean_len / max(min(cfg.engine.max_num_seqs, cfg.batch), 1) + seqs  # steps, and one slice per response
@@ -127,7 +139,7 @@ def replica_spec(models: FittedModels, cfg: SimConfig, kv_bind: bool) -> Replica
     eng, ov = cfg.engine, models.gen_overhead
     return ReplicaSpec(cost=models.gen, gap=ov.per_step, per_response=ov.per_response, max_seqs=eng.max_num_seqs,
                        kv=KvCache(eng.block_size, eng.kv_blocks), kv_cache_tokens=eng.kv_cache_tokens,
-                       kv_bind=kv_bind, partial=cfg.split.partial_rollout)
+                       kv_bind=kv_bind, partial=cfg.split.partial_rollout, recompute=cfg.split.recompute)
 
 
 def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False) -> SimRun:
@@ -137,7 +149,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     if sp is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
     U, P, G, B = cfg.updates, cfg.prompts, cfg.group, cfg.batch
-    NP = admitted(sp.staleness, U, P)  # the gate's bound at version U: no more prompts can start before the run ends
+    NP = queue_prompts(sp, U, P)
     est = memory_estimate(cfg, record_timeline, float(np.mean(models.lengths.response_tokens)))
     if est > MEMORY_LIMIT_BYTES:
         raise RlsimError(f"a split simulation of {U} updates of B = {B:,} responses (staleness {sp.staleness:g}) holds every "
@@ -148,11 +160,12 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     kv_bind = cfg.exact_engine or cfg.engine.kv_can_bind(int((p + L).max()) if len(p) else 0)
     env = simpy.Environment()
     rec = Recorder(record_timeline)
-    finished = FinishedGroups(env, P, sp.staleness, q.pv)
     sync = WeightSync(env, sp.gen_gpus)
     totals = EngineTotals()
     spec = replica_spec(models, cfg, kv_bind)
-    gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus)
+    gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus, refill=sp.refill)
+    finished = FinishedGroups(env, P, sp.staleness, q.pv, fifo=sp.fifo, off_policy=sp.off_policy, wait=sp.off_policy_wait,
+                              gate=gate)
     reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.gen_gpus)]
     trainer = Trainer(env, models, q, finished, sync, totals, rec, TrainerCosts.of(models, cfg), U, B)
     env.run(until=env.process(trainer.run()))
@@ -175,7 +188,8 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
     split = SplitResult(gen_gpus=sp.gen_gpus, train_gpus=sp.train_gpus, staleness=sp.staleness,
                         partial_rollout=sp.partial_rollout, allreduce_s=c.allreduce, allreduce_gbs=sp.allreduce_gbs,
                         bandwidth_source=sp.bandwidth_source, allreduce_fitted=sp.allreduce_fitted,
-                        grad_bytes=float(models.sync_bytes), sync_s=c.sync, replica_idle=tuple(map(float, idle)))
+                        grad_bytes=float(models.sync_bytes), sync_s=c.sync, replica_idle=tuple(map(float, idle)),
+                        mode=sp.mode, hybrid=sp.hybrid, chunks=sp.chunks, dropped=trainer.finished.dropped)
     return SimRun(batch=cfg.batch, total_time=wall, exact_engine=kv_bind, timeline=timeline, counters=counters,
                   rounds_simulated=cfg.updates, approximation="", features={},
                   gen_idle_ratio=float(1.0 - busy.mean() / wall) if wall > 0 else math.nan,

@@ -31,6 +31,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rlsim.core.config import WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
@@ -56,6 +57,8 @@ class PlanConfig:
     draws: int = field(default=4000, metadata={"help": "draws of the truth (error curves plus the studies' seed noise)"})
     seed: int = field(default=0, metadata={"help": "seed of the draws"})
     updates: int = field(default=40, metadata={"help": "updates simulated per candidate for sigma"})
+    fixed: tuple = field(default=(), metadata={"help": "((WhatIf field, value), ...) every candidate shares: the execution "
+                                                       "mode, its settings and devices (e.g. (('mode', 'fully_async'),))"})
 
     def validate(self) -> None:
         ps = list(self.prompts)
@@ -65,6 +68,10 @@ class PlanConfig:
             raise RlsimError(f"--batch sizes must be positive integers, got {ps}")
         if len(set(ps)) != len(ps):
             raise RlsimError(f"--batch lists a size twice ({ps}); give each candidate once")
+        if self.fixed:
+            cfg = WhatIf(**dict(self.fixed))
+            cfg.validate()
+            check_mode(cfg)
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
@@ -224,7 +231,7 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     """Predict every candidate, draw its truth from the measured errors, weigh the draws by the pilots' measurements."""
     G = cfg.group or study.reference.group
     sizes = sorted(set(cfg.prompts) | {study.reference.prompts})
-    preds = [_predict(study, P, G, cfg.updates) for P in sizes]
+    preds = [_predict(study, P, G, cfg.updates, dict(cfg.fixed)) for P in sizes]
     log_t = np.log([p.time_to_target_ratio for p in preds])
     d = np.log2(np.array(sizes, float) * G / study.b_ref)
     ref = sizes.index(study.reference.prompts)
@@ -344,10 +351,11 @@ def _has_noise_scale(trace: Trace) -> bool:
     return bool(np.isfinite(noise_scale(trace).b_crit))
 
 
-def _predict(study: Study, P: int, G: int, updates: int) -> Outcome:
-    if P == study.reference.prompts and G == study.reference.group:
+def _predict(study: Study, P: int, G: int, updates: int, fixed: Mapping | None = None) -> Outcome:
+    """Candidate P under the shared settings `fixed` (a mode: every size runs in it, the reference's too)."""
+    if P == study.reference.prompts and G == study.reference.group and not fixed:
         return reference_outcome(study, updates, 0)
-    return evaluate(study, WhatIf(prompts=P, group=G, updates=updates))
+    return evaluate(study, WhatIf(prompts=P, group=G, updates=updates, **(fixed or {})))
 
 
 def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, rho_pred: Sequence[float],

@@ -60,6 +60,8 @@ class Outcome:
     time_to_target_ratio_hi: float = field(default=math.nan, metadata={"help": "upper end of the T / T_ref interval"})
     interval: str = field(default="", metadata={"help": "how the intervals were made (empty: none)"})
     mode: str = field(default="colocated", metadata={"help": "colocated, or the split: generation : training devices, staleness limit, partial rollout"})
+    execution_mode: str = field(default="colocated", metadata={
+        "help": "the execution mode's registered name (rlsim.modes.registry); `mode` describes its devices and limits"})
     gen_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the generation side waits (split: mean over replicas; colocated: while training)"})
     train_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the training side waits for generation (split: mean over ranks)"})
     staleness_mean: float = field(default=0.0, metadata={"help": "mean policy versions a consumed sample lagged"})
