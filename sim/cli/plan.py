@@ -72,7 +72,8 @@ def register(app: typer.Typer) -> None:
             raise RlsimError("rlsim plan takes one --group for every candidate; plan each group separately")
         many = [k for k in SHARED if len(axes.get(k, ())) > 1]
         if many:
-            raise RlsimError(f"rlsim plan takes one value of {', '.join(many)} for every candidate; plan each separately")
+            raise RlsimError(f"rlsim plan takes one value of {', '.join(many)} for every candidate; plan each "
+                             "separately")
         fixed = tuple((k, axes[k][0]) for k in SHARED if k in axes)
         cfg = PlanConfig(prompts=tuple(axes.get("prompts", ())), group=groups[0], budget=budget, fixed=fixed)
         cfg.validate()  # before the traces are read and fitted

@@ -62,43 +62,46 @@ class WhatIf:
                                       "recomputed) instead of finishing on the old ones while the sync waits for them")
     model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace "
                                           "names a model rlsim cannot size (None: the trace's model)")
-    mode: str | None = _f(None, "execution mode, as the frameworks name them (rlsim.modes.registry lists them; None: split "
-                                "when --gen-gpus/--train-gpus are given, else colocated)")
-    staleness_threshold: float | None = _f(None, "fully_async (verl async_training.staleness_threshold): samples generated "
-                                                 "ahead per weight sync, as a fraction of a step's batch; 0 = on-policy "
-                                                 "(None: 0)")
-    trigger_parameter_sync_step: int | None = _f(None, "fully_async (verl async_training.trigger_parameter_sync_step): local "
-                                                       "updates of require_batches PPO mini-batches per weight sync; "
-                                                       "P = trigger_parameter_sync_step x require_batches x mini-batch "
-                                                       "(None: 1)")
-    require_batches: int | None = _f(None, "fully_async (verl async_training.require_batches): PPO mini-batches the trainer "
-                                           "fetches at once (None: 1)")
-    num_warmup_batches: float | None = _f(None, "colocate_async, separate_async (verl trainer.v1.*.num_warmup_batches): "
-                                                "batches of prompts dispatched ahead of training; one prompt is refilled per "
-                                                "prompt trained or dropped, a fraction dispatches that share of a batch "
-                                                "(None: 1)")
-    parameter_sync_step: int | None = _f(None, "separate_async (verl trainer.v1.separate_async.parameter_sync_step): PPO "
-                                               "mini-batches per weight sync, each trained as soon as it is ready; "
-                                               "P = parameter_sync_step x mini-batch (None: 1)")
-    max_off_policy_threshold: int | None = _f(None, "colocate_async, separate_async (verl trainer.v1.sampler."
-                                                    "max_off_policy_threshold): policy versions from a prompt's first "
-                                                    "generation to its training before max_off_policy_strategy acts; 0 = off "
-                                                    "(verl's null) (None: 8)")
-    max_off_policy_strategy: str | None = _f(None, "colocate_async, separate_async (verl trainer.v1.sampler."
-                                                   "max_off_policy_strategy): drop (evict a stale group, dispatch a new "
-                                                   "prompt in its place) | wait (block training until a group in flight at "
-                                                   "the threshold finishes) (None: drop)")
-    max_head_offpolicyness: int | None = _f(None, "areal (AReaL rollout.max_head_offpolicyness, its eta): a prompt starts only "
-                                                  "while prompts started stay under (eta + version + 1) x P (None: 0)")
-    max_trajectory_age_steps: int | None = _f(None, "nemo_async (NeMo RL grpo.async_grpo.max_trajectory_age_steps): a batch "
-                                                    "generated under version v is trained by step v + this at the latest "
-                                                    "(None: 1)")
-    in_flight_weight_updates: bool = _f(False, "nemo_async (NeMo RL grpo.async_grpo.in_flight_weight_updates): load new "
-                                               "weights into the engines mid-generation instead of waiting for the longest "
-                                               "response")
-    recompute_kv_cache_after_weight_updates: bool = _f(False, "nemo_async (NeMo RL grpo.async_grpo.recompute_kv_cache_after_"
-                                                              "weight_updates): with in-flight weight updates, prefill the "
-                                                              "KV cache of responses in flight again on the new weights")
+    mode: str | None = _f(
+        None, "execution mode, as the frameworks name them (rlsim.modes.registry lists them; None: split when "
+           "--gen-gpus/--train-gpus are given, else colocated)")
+    staleness_threshold: float | None = _f(
+        None, "fully_async (verl async_training.staleness_threshold): samples generated ahead per weight sync, "
+           "as a fraction of a step's batch; 0 = on-policy (None: 0)")
+    trigger_parameter_sync_step: int | None = _f(
+        None, "fully_async (verl async_training.trigger_parameter_sync_step): local updates of require_batches "
+           "PPO mini-batches per weight sync; P = trigger_parameter_sync_step x require_batches x mini-batch"
+           " (None: 1)")
+    require_batches: int | None = _f(
+        None, "fully_async (verl async_training.require_batches): PPO mini-batches the trainer fetches at once "
+           "(None: 1)")
+    num_warmup_batches: float | None = _f(
+        None, "colocate_async, separate_async (verl trainer.v1.*.num_warmup_batches): batches of prompts "
+           "dispatched ahead of training; one prompt is refilled per prompt trained or dropped, a fraction "
+           "dispatches that share of a batch (None: 1)")
+    parameter_sync_step: int | None = _f(
+        None, "separate_async (verl trainer.v1.separate_async.parameter_sync_step): PPO mini-batches per weight"
+           " sync, each trained as soon as it is ready; P = parameter_sync_step x mini-batch (None: 1)")
+    max_off_policy_threshold: int | None = _f(
+        None, "colocate_async, separate_async (verl trainer.v1.sampler.max_off_policy_threshold): policy "
+           "versions from a prompt's first generation to its training before max_off_policy_strategy acts; 0"
+           " = off (verl's null) (None: 8)")
+    max_off_policy_strategy: str | None = _f(
+        None, "colocate_async, separate_async (verl trainer.v1.sampler.max_off_policy_strategy): drop (evict a "
+           "stale group, dispatch a new prompt in its place) | wait (block training until a group in flight "
+           "at the threshold finishes) (None: drop)")
+    max_head_offpolicyness: int | None = _f(
+        None, "areal (AReaL rollout.max_head_offpolicyness, its eta): a prompt starts only while prompts "
+           "started stay under (eta + version + 1) x P (None: 0)")
+    max_trajectory_age_steps: int | None = _f(
+        None, "nemo_async (NeMo RL grpo.async_grpo.max_trajectory_age_steps): a batch generated under version v"
+           " is trained by step v + this at the latest (None: 1)")
+    in_flight_weight_updates: bool = _f(
+        False, "nemo_async (NeMo RL grpo.async_grpo.in_flight_weight_updates): load new weights into the engines"
+           " mid-generation instead of waiting for the longest response")
+    recompute_kv_cache_after_weight_updates: bool = _f(
+        False, "nemo_async (NeMo RL grpo.async_grpo.recompute_kv_cache_after_weight_updates): with in-flight "
+           "weight updates, prefill the KV cache of responses in flight again on the new weights")
 
     def validate(self) -> None:
         for f in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch", "gpus"):
@@ -145,7 +148,8 @@ class WhatIf:
         for f in ("staleness_threshold", "num_warmup_batches"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf):
-                raise RlsimError(f"{name(f)} must be a non-negative number (batches), got {v!r}; e.g. {setting(**{f: 0.5})}")
+                raise RlsimError(f"{name(f)} must be a non-negative number (batches), got {v!r}; e.g. "
+                                 f"{setting(**{f: 0.5})}")
         s = self.max_off_policy_strategy
         if s is not None and s not in OFF_POLICY_STRATEGIES:
             raise RlsimError(f"{name('max_off_policy_strategy')} must be one of {' | '.join(OFF_POLICY_STRATEGIES)}, "
@@ -224,20 +228,28 @@ class SplitConfig:
     bandwidth_source: str = _f("", "where allreduce_gbs comes from (trace metadata or a named device profile)")
     allreduce_fitted: bool = _f(False, "the fitted update already holds the gradient collective (the reference trained "
                                        "data-parallel on several GPUs), so no all-reduce is added")
-    mode: str = _f("split", "the execution mode's registered name (rlsim.modes.registry), for the outputs")
-    hybrid: bool = _f(False, "the replicas sit on the training devices (gen_gpus = train_gpus): they stop at their next "
-                             "engine step when the trainer takes a batch and resume after the weight sync")
-    refill: bool = _f(False, "admission counts prompts consumed, not policy versions: (staleness + 1) x P started ahead, one "
-                             "prompt dispatched per prompt trained or dropped (verl V1's replay buffer)")
-    chunks: int = _f(1, "trainer fetches per weight sync, P / chunks prompts each, each trained as soon as it is ready "
-                        "(verl's PPO mini-batch streaming)")
-    fifo: bool = _f(False, "the trainer takes finished groups in completion order (a message queue); else AReaL's rule, "
-                           "oldest started first within the staleness deadline")
-    off_policy: int = _f(0, "verl V1 max_off_policy_threshold: versions a group may age before the strategy acts (0: off)")
-    off_policy_wait: bool = _f(False, "at the threshold, wait for the group in flight (verl's wait) instead of dropping it "
-                                      "and dispatching a new prompt (drop)")
-    recompute: bool = _f(True, "with partial rollout, the in-flight responses' KV is prefilled again on the new weights "
-                               "(else they continue on their old KV)")
+    mode: str = _f(
+        "split", "the execution mode's registered name (rlsim.modes.registry), for the outputs")
+    hybrid: bool = _f(
+        False, "the replicas sit on the training devices (gen_gpus = train_gpus): they stop at their next engine"
+           " step when the trainer takes a batch and resume after the weight sync")
+    refill: bool = _f(
+        False, "admission counts prompts consumed, not policy versions: (staleness + 1) x P started ahead, one "
+           "prompt dispatched per prompt trained or dropped (verl V1's replay buffer)")
+    chunks: int = _f(
+        1, "trainer fetches per weight sync, P / chunks prompts each, each trained as soon as it is ready "
+           "(verl's PPO mini-batch streaming)")
+    fifo: bool = _f(
+        False, "the trainer takes finished groups in completion order (a message queue); else AReaL's rule, "
+           "oldest started first within the staleness deadline")
+    off_policy: int = _f(
+        0, "verl V1 max_off_policy_threshold: versions a group may age before the strategy acts (0: off)")
+    off_policy_wait: bool = _f(
+        False, "at the threshold, wait for the group in flight (verl's wait) instead of dropping it and "
+           "dispatching a new prompt (drop)")
+    recompute: bool = _f(
+        True, "with partial rollout, the in-flight responses' KV is prefilled again on the new weights (else "
+           "they continue on their old KV)")
 
     def validate(self, batch: int, prompts: int | None = None) -> None:
         if self.gen_gpus < 1 or self.train_gpus < 1:
@@ -250,8 +262,8 @@ class SplitConfig:
                              f"responses (each data-parallel rank trains B / train_gpus); pick a divisor of B"
                              f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or change {name('prompts')}")
         if prompts is not None and (self.chunks < 1 or prompts % self.chunks):
-            raise RlsimError(f"{self.mode}: P = {prompts} prompts per step do not split into {self.chunks} equal trainer "
-                             f"fetches (PPO mini-batches); pick {name('prompts')} a multiple of {self.chunks}")
+            raise RlsimError(f"{self.mode}: P = {prompts} prompts per step do not split into {self.chunks} equal "
+                             f"trainer fetches (PPO mini-batches); pick {name('prompts')} a multiple of {self.chunks}")
         if self.chunks > 1 and (batch // self.chunks) % self.train_gpus:
             raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide one trainer fetch of "
                              f"{batch // self.chunks} responses ({self.chunks} per step); pick a divisor of it")

@@ -135,7 +135,8 @@ def _v1(cfg: WhatIf) -> dict:
     partial rollout always on; max_off_policy_threshold with drop or wait."""
     t = 8 if cfg.max_off_policy_threshold is None else cfg.max_off_policy_threshold
     return dict(staleness=float(1.0 if cfg.num_warmup_batches is None else cfg.num_warmup_batches), refill=True,
-                fifo=True, partial_rollout=True, off_policy=int(t), off_policy_wait=cfg.max_off_policy_strategy == "wait")
+                fifo=True, partial_rollout=True, off_policy=int(t),
+                off_policy_wait=cfg.max_off_policy_strategy == "wait")
 
 
 def _fully_async(cfg: WhatIf) -> dict:
@@ -152,7 +153,8 @@ register_mode("areal", devices="split", settings=("max_head_offpolicyness", "par
               configure=lambda c: dict(staleness=float(c.max_head_offpolicyness or 0),
                                        partial_rollout=bool(c.partial_rollout)))(_split_mode)
 register_mode("nemo_async", devices="split", source=NEMO,
-              settings=("max_trajectory_age_steps", "in_flight_weight_updates", "recompute_kv_cache_after_weight_updates"),
+              settings=("max_trajectory_age_steps", "in_flight_weight_updates",
+                        "recompute_kv_cache_after_weight_updates"),
               configure=lambda c: dict(staleness=float(c.max_trajectory_age_steps or 1),
                                        partial_rollout=bool(c.in_flight_weight_updates),
                                        recompute=bool(c.recompute_kv_cache_after_weight_updates)))(_split_mode)

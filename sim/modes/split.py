@@ -164,8 +164,8 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     totals = EngineTotals()
     spec = replica_spec(models, cfg, kv_bind)
     gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus, refill=sp.refill)
-    finished = FinishedGroups(env, P, sp.staleness, q.pv, fifo=sp.fifo, off_policy=sp.off_policy, wait=sp.off_policy_wait,
-                              gate=gate)
+    finished = FinishedGroups(env, P, sp.staleness, q.pv, fifo=sp.fifo, off_policy=sp.off_policy,
+                              wait=sp.off_policy_wait, gate=gate)
     reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.gen_gpus)]
     trainer = Trainer(env, models, q, finished, sync, totals, rec, TrainerCosts.of(models, cfg), U, B)
     env.run(until=env.process(trainer.run()))

@@ -57,8 +57,9 @@ class PlanConfig:
     draws: int = field(default=4000, metadata={"help": "draws of the truth (error curves plus the studies' seed noise)"})
     seed: int = field(default=0, metadata={"help": "seed of the draws"})
     updates: int = field(default=40, metadata={"help": "updates simulated per candidate for sigma"})
-    fixed: tuple = field(default=(), metadata={"help": "((WhatIf field, value), ...) every candidate shares: the execution "
-                                                       "mode, its settings and devices (e.g. (('mode', 'fully_async'),))"})
+    fixed: tuple = field(default=(), metadata={
+        "help": "((WhatIf field, value), ...) every candidate shares: the execution mode, its settings and devices "
+                "(e.g. (('mode', 'fully_async'),))"})
 
     def validate(self) -> None:
         ps = list(self.prompts)

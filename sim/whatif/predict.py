@@ -119,14 +119,16 @@ def _split_fields(run_: SimRun, rho_stale: float) -> dict[str, Any]:
     if not sp:
         total = float(run_.step_time.sum())
         gen = float(run_.gen_time.sum()) / total if total > 0 else math.nan
-        return {"mode": "colocated", "execution_mode": "colocated", "gen_idle_ratio": 1.0 - gen, "train_idle_ratio": gen}
+        return {"mode": "colocated", "execution_mode": "colocated", "gen_idle_ratio": 1.0 - gen,
+                "train_idle_ratio": gen}
     if sp.hybrid:
         where = f"{sp.mode} on {sp.train_gpus} devices (hybrid replicas)"
     else:
         where = f"{sp.mode} {sp.gen_gpus} gen : {sp.train_gpus} train"
     mode = (f"{where}, staleness {sp.staleness:g}" + (", partial rollout" if sp.partial_rollout else "")
             + (f", {sp.chunks} fetches per sync" if sp.chunks > 1 else ""))
-    return {"mode": mode, "execution_mode": sp.mode, "gen_idle_ratio": run_.gen_idle_ratio, "train_idle_ratio": run_.train_idle_ratio,
+    return {"mode": mode, "execution_mode": sp.mode, "gen_idle_ratio": run_.gen_idle_ratio,
+            "train_idle_ratio": run_.train_idle_ratio,
             "staleness_mean": run_.staleness_mean, "staleness_max": int(run_.staleness_max), "rho_staleness": rho_stale,
             "allreduce_s": float(sp.allreduce_s)}
 
