@@ -90,6 +90,10 @@ class WhatIf:
         None, "colocate_async, separate_async (verl trainer.v1.sampler.max_off_policy_strategy): drop (evict a "
            "stale group, dispatch a new prompt in its place) | wait (block training until a group in flight "
            "at the threshold finishes) (None: drop)")
+    switch_threshold_ratio: float | None = _f(
+        None, "separate_async_switch (verl trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio): while "
+              "fewer than this share of P groups wait to be trained, the training devices' hybrid replicas join "
+              "rollout, and switch back once it is reached; in (0, 1] (None: 0.4)")
     max_head_offpolicyness: int | None = _f(
         None, "areal (AReaL rollout.max_head_offpolicyness, its eta): a prompt starts only while prompts "
            "started stay under (eta + version + 1) x P (None: 0)")
@@ -150,6 +154,10 @@ class WhatIf:
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf):
                 raise RlsimError(f"{name(f)} must be a non-negative number (batches), got {v!r}; e.g. "
                                  f"{setting(**{f: 0.5})}")
+        r = self.switch_threshold_ratio
+        if r is not None and (not isinstance(r, (int, float)) or isinstance(r, bool) or not 0 < r <= 1):
+            raise RlsimError(f"{name('switch_threshold_ratio')} must be in (0, 1] (a share of P), got {r!r}; e.g. "
+                             f"{setting(switch_threshold_ratio=0.4)}")
         s = self.max_off_policy_strategy
         if s is not None and s not in OFF_POLICY_STRATEGIES:
             raise RlsimError(f"{name('max_off_policy_strategy')} must be one of {' | '.join(OFF_POLICY_STRATEGIES)}, "
@@ -247,6 +255,10 @@ class SplitConfig:
     off_policy_wait: bool = _f(
         False, "at the threshold, wait for the group in flight (verl's wait) instead of dropping it and "
            "dispatching a new prompt (drop)")
+    switch_ratio: float = _f(
+        0.0, "verl V1 hybrid_rollout.switch_threshold_ratio with enable_switch: while fewer than this share of P "
+             "groups wait to be trained, one hybrid replica per training device joins rollout, then switches back "
+             "(0: no switch)")
     recompute: bool = _f(
         True, "with partial rollout, the in-flight responses' KV is prefilled again on the new weights (else "
            "they continue on their old KV)")

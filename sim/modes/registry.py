@@ -9,7 +9,8 @@ SimConfig asks for; `check(cfg)` refuses a WhatIf whose mode, devices or setting
 
 Registered: `colocated` (`rlsim.core.pipeline.simulate`) and, all as parameters of the one split model
 (`rlsim.modes.split.simulate_split`: replica, trainer, gate, sync processes), `split`, `areal`, `nemo_async`,
-`one_step_off`, `fully_async`, `colocate_async` and `separate_async` (docs/simulator.md states each).
+`one_step_off`, `fully_async`, `colocate_async`, `separate_async` and `separate_async_switch` (docs/simulator.md
+states each).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ DEVICES = ("colocated", "split", "hybrid")
 GENERAL = {f.name for f in fields(WhatIf)} - {
     "staleness", "partial_rollout", "staleness_threshold", "trigger_parameter_sync_step", "require_batches",
     "num_warmup_batches", "parameter_sync_step", "max_off_policy_threshold", "max_off_policy_strategy",
-    "max_head_offpolicyness", "max_trajectory_age_steps", "in_flight_weight_updates",
+    "max_head_offpolicyness", "max_trajectory_age_steps", "switch_threshold_ratio", "in_flight_weight_updates",
     "recompute_kv_cache_after_weight_updates"}
 
 
@@ -165,10 +166,13 @@ register_mode("fully_async", devices="split", source=FULLY_ASYNC, configure=_ful
     _split_mode)
 register_mode("colocate_async", devices="hybrid", source=VERL_V1, configure=_v1,
               settings=("num_warmup_batches", "max_off_policy_threshold", "max_off_policy_strategy"))(_split_mode)
-register_mode("separate_async", devices="split", source=VERL_V1,
-              configure=lambda c: dict(_v1(c), chunks=int(c.parameter_sync_step or 1)),
-              settings=("num_warmup_batches", "parameter_sync_step", "max_off_policy_threshold",
-                        "max_off_policy_strategy"))(_split_mode)
+V1_SEPARATE = ("num_warmup_batches", "parameter_sync_step", "max_off_policy_threshold", "max_off_policy_strategy")
+register_mode("separate_async", devices="split", source=VERL_V1, settings=V1_SEPARATE,
+              configure=lambda c: dict(_v1(c), chunks=int(c.parameter_sync_step or 1)))(_split_mode)
+register_mode("separate_async_switch", devices="split", source=VERL_V1,
+              settings=V1_SEPARATE + ("switch_threshold_ratio",),
+              configure=lambda c: dict(_v1(c), chunks=int(c.parameter_sync_step or 1),
+                                       switch_ratio=float(c.switch_threshold_ratio or 0.4)))(_split_mode)
 
 
 def mode_of(cfg: SimConfig) -> str:

@@ -98,6 +98,9 @@ class Replica:
         self.stats = ReplicaStats()
         self.idle: simpy.Event | None = None  # set while nothing runs: the next sync request triggers it
         self.in_stretch = False               # waiting out a stretch that a sync request may interrupt
+        self.parked = False                   # a hybrid replica in trainer mode: it joins syncs, generates nothing
+        self.switch_s = 0.0                   # seconds to switch to rollout before its next stretch (lent)
+        self.stopped: simpy.Event | None = None  # (reclaimed) triggered once it has parked
         sync.listeners.append(self.on_sync_request)
         gate.listeners.append(self.wake)
         self.proc = env.process(self.run())
@@ -116,6 +119,37 @@ class Replica:
             self.in_stretch = False
             self.proc.interrupt()
 
+    def lend(self, switch_s: float) -> None:
+        """(trainer) A parked hybrid replica switches to rollout (`switch_s` seconds) and pulls from the shared queue."""
+        self.parked, self.switch_s = False, switch_s
+        self.wake()
+
+    def reclaim(self) -> simpy.Event:
+        """(trainer) Switch back to trainer mode at the end of the engine step in progress; the event fires once parked.
+        Its responses in flight keep their tokens and go back to the shared queue (`park`)."""
+        self.parked, self.stopped = True, self.env.event()
+        if not self.wake() and self.in_stretch:
+            self.in_stretch = False
+            self.proc.interrupt()
+        return self.stopped
+
+    def park(self):
+        """(a generator) Hand every sequence back to the shared queue, the running ones with their tokens (resumed by
+        any replica after a prefill of their prefix, as a preempted sequence is), then wait, parked."""
+        b, q = self.b, self.q
+        back = [(int(i), int(i) + 1) for i in b.run.tolist()]
+        q.done[b.run] = b.s - q.a[b.run]
+        back += list(b.wait)
+        if back:
+            self.gate.resume.extend(back)
+            self.gate.release(0, wake=True)
+        b.run, b.last, b.wait, b.nwait, b.sum_p, b.sum_a = b.run[:0], b.last[:0], deque(), 0, 0, 0
+        if self.stopped is not None and not self.stopped.triggered:
+            self.stopped.succeed()
+        self.idle = self.env.event()
+        yield self.idle
+        self.idle = None
+
     def run(self):
         """The process: each pass joins a requested sync, or preempts, admits and runs one stretch of steps."""
         b = self.b
@@ -123,6 +157,13 @@ class Replica:
             if self.sync.requested and (self.spec.partial or not len(b.run)):
                 yield from self.join_sync()
                 continue
+            if self.parked:
+                yield from self.park()
+                continue
+            if self.switch_s:  # a lent hybrid replica wakes its engine and loads the current weights
+                t, d, self.switch_s = self.env.now, self.switch_s, 0.0
+                yield self.env.timeout(d)
+                self.rec.slice(lane_gen(self.r), "weight_load", "gen.switch", t, d)
             used, preempted = self.preempt()
             pre, b.recompute, host = b.recompute, 0.0, 0.0
             if not self.sync.requested and not preempted:
@@ -169,6 +210,10 @@ class Replica:
         allow: (blocks used, prefill tokens, host seconds of admission)."""
         b, G = self.b, self.q.group
         free = self.spec.max_seqs - len(b.run)
+        while self.gate.resume and b.nwait < free:  # sequences a reclaimed replica handed back: oldest first
+            lo, hi = self.gate.resume.popleft()
+            b.wait.append((lo, hi))
+            b.nwait += hi - lo
         if b.nwait < free and self.gate.is_open(self.sync.version):
             lo, hi = self.gate.pull(self.sync.version, -(-(free - b.nwait) // G))
             b.wait.append((lo * G, hi * G))

@@ -88,16 +88,18 @@ class AdmissionGate:
     refill: bool = False  # the bound moves with prompts released (trained or dropped), not with the version (verl V1)
     released: int = 0     # prompts trained or dropped so far
     listeners: list = field(default_factory=list)  # (refill) told when the bound moves: idle replicas wake
+    resume: deque = field(default_factory=deque)   # [lo, hi) sequence ranges a reclaimed replica handed back
 
     def bound(self, version: int) -> int:
         if self.refill:  # (eta + 1) x P dispatched ahead, one more per prompt released
             return min(admitted(self.staleness, 0, self.prompts) + self.released, len(self.pv))
         return min(admitted(self.staleness, version, self.prompts), len(self.pv))
 
-    def release(self, n: int) -> None:
-        """(trainer) n prompts trained or dropped: with refill, as many new ones may start."""
+    def release(self, n: int, wake: bool = False) -> None:
+        """(trainer) n prompts trained or dropped: with refill, as many new ones may start (`wake`: tell the replicas
+        anyway, sequences were handed back)."""
         self.released += n
-        if self.refill and n:
+        if (self.refill and n) or wake:
             for tell in self.listeners:
                 tell()
 
@@ -187,6 +189,14 @@ class FinishedGroups:
         self.taken[ids] = True
         while self.open_from < len(self.taken) and self.taken[self.open_from]:
             self.open_from += 1
+
+    def wait_for(self, n: int):
+        """(trainer; a generator) Until n finished prompts wait to be trained."""
+        while len(self.items) < n:
+            self.need = n
+            self.ready = self.env.event()
+            yield self.ready
+            self.ready = None
 
     def take(self, u: int, want: int | None = None):
         """(trainer; a generator to `yield from`) The prompt ids update u consumes (P, or `want` of them with fifo),

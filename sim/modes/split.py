@@ -160,14 +160,18 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     kv_bind = cfg.exact_engine or cfg.engine.kv_can_bind(int((p + L).max()) if len(p) else 0)
     env = simpy.Environment()
     rec = Recorder(record_timeline)
-    sync = WeightSync(env, sp.gen_gpus)
+    helpers = sp.train_gpus if sp.switch_ratio else 0  # step switching: a parked hybrid replica per training device
+    sync = WeightSync(env, sp.gen_gpus + helpers)
     totals = EngineTotals()
     spec = replica_spec(models, cfg, kv_bind)
-    gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus, refill=sp.refill)
+    gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus + helpers, refill=sp.refill)
     finished = FinishedGroups(env, P, sp.staleness, q.pv, fifo=sp.fifo, off_policy=sp.off_policy,
                               wait=sp.off_policy_wait, gate=gate)
-    reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.gen_gpus)]
-    trainer = Trainer(env, models, q, finished, sync, totals, rec, TrainerCosts.of(models, cfg), U, B)
+    reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.gen_gpus + helpers)]
+    for h in reps[sp.gen_gpus:]:
+        h.parked = True
+    trainer = Trainer(env, models, q, finished, sync, totals, rec, TrainerCosts.of(models, cfg), U, B,
+                      helpers=reps[sp.gen_gpus:])
     env.run(until=env.process(trainer.run()))
     return split_run(models, cfg, env.now, reps, trainer, rec, kv_bind)
 
@@ -177,7 +181,8 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
     """The SimRun of a finished split simulation (module doc: Outputs)."""
     sp, log, c = cfg.split, trainer.log, trainer.costs
     wall = float(wall)
-    busy = np.array([R.stats.busy + (wall - R.stats.stretch_start if R.stats.stretch_start is not None else 0.0) for R in reps])
+    busy = np.array([R.stats.busy + (wall - R.stats.stretch_start if R.stats.stretch_start is not None else 0.0)
+                     for R in reps[:sp.gen_gpus]])  # the generation devices (hybrid helpers train in between)
     log.per["peak_running"][:] = max(R.stats.peak_running for R in reps)
     log.per["peak_kv_tokens"][:] = max(R.stats.peak_kv for R in reps)
     if rec.on:

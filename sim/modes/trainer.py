@@ -42,6 +42,7 @@ class TrainerCosts:
     ranks: int
     chunks: int = 1        # trainer fetches per weight sync (PPO mini-batches streamed), P / chunks prompts each
     hybrid: bool = False   # the replicas sit on the training devices: they stop while the trainer trains
+    switch_ratio: float = 0.0  # verl V1 step switching: lend the hybrid replicas until this share of P is ready
 
     @classmethod
     def of(cls, models: FittedModels, cfg: SimConfig) -> TrainerCosts:
@@ -50,7 +51,7 @@ class TrainerCosts:
         return cls(reward=max(float(models.reward.predict(B)), 0.0), other=max(float(models.other.predict(B)), 0.0),
                    sync=max(float(models.sync.predict(models.sync_bytes)), 0.0),
                    allreduce=allreduce_seconds(models.sync_bytes, M, sp.allreduce_gbs) if M > 1 and not sp.allreduce_fitted
-                   else 0.0, ranks=M, chunks=sp.chunks, hybrid=sp.hybrid)
+                   else 0.0, ranks=M, chunks=sp.chunks, hybrid=sp.hybrid, switch_ratio=sp.switch_ratio)
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,7 @@ class Trainer:
     costs: TrainerCosts
     updates: int
     batch: int
+    helpers: list = field(default_factory=list)  # (step switching) the parked hybrid replicas on the training devices
     log: UpdateLog = field(init=False)
 
     def __post_init__(self):
@@ -150,6 +152,10 @@ class Trainer:
         steps_prev = pre_prev = 0
         for u in range(self.updates):
             waited = sync_wait = compute = tokens = 0.0
+            if self.helpers:
+                tw = env.now
+                yield from self.switch()
+                waited += env.now - tw
             for _ in range(c.chunks):  # one fetch of P / chunks prompts, trained as soon as it is ready
                 tw = env.now
                 groups = yield from self.finished.take(u, self.finished.prompts // c.chunks)
@@ -177,6 +183,19 @@ class Trainer:
             steps_prev, pre_prev = self.totals.steps, self.totals.preemptions
             self.log.rank_busy[:] += c.sync + c.other
             prev = env.now
+
+    def switch(self):
+        """(a generator) verl V1 step switching: while fewer than the target of finished groups wait, the hybrid
+        replicas switch to rollout (a weight load each, the fitted sync) and help, then switch back at the end of
+        their engine step in progress; target = round(ratio x P), at least one fetch, at most P."""
+        P = self.finished.prompts
+        target = min(max(round(self.costs.switch_ratio * P), P // self.costs.chunks), P)
+        if len(self.finished.items) >= target:
+            return
+        for h in self.helpers:
+            h.lend(self.costs.sync)
+        yield from self.finished.wait_for(target)
+        yield self.env.all_of([h.reclaim() for h in self.helpers])
 
     def consume(self, groups: np.ndarray, u: int) -> np.ndarray:
         """(B,) sequence ids of the (P,) prompts `groups`, marked consumed by update u."""

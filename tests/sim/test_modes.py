@@ -54,7 +54,7 @@ def _stream_models(n=6):
 
 def test_every_framework_mode_is_registered_with_its_source():
     names = {"colocated", "split", "areal", "nemo_async", "one_step_off", "fully_async", "colocate_async",
-             "separate_async"}
+             "separate_async", "separate_async_switch"}
     assert names <= set(MODES) and all(MODES[n].source for n in names)
 
 
@@ -101,6 +101,44 @@ def test_separate_async_trains_each_mini_batch_as_it_is_ready():
     assert run.gen_time == pytest.approx([1.5 + 1.0 + 1.0, 0.0 + 1.0 + 1.0])
     p3 = next(s for s in run.timeline if s.track == "response" and s.args["prompt_id"] == 3)
     assert (p3.args["start_version"], p3.args["finish_version"], p3.args["consumed_update"]) == (0, 1, 1)
+
+
+def test_separate_async_switch_lends_the_training_devices_replica_until_the_threshold():
+    run = _run(_stream_models(), prompts=2, mode="separate_async_switch", gen_gpus=1, train_gpus=1,
+               num_warmup_batches=1, switch_threshold_ratio=1.0)
+    # 4 prompts dispatched, dealt out over 2 replicas. The trainer finds none ready: the hybrid replica switches to
+    # rollout (the fitted sync, 0.5 s) while the standalone one runs prompts 0 (1 token) and 1 (3 tokens) at 1.5 s a
+    # step. At 0.5 the hybrid one takes prompt 2 (1 token): [0.5, 1.75]; at 1.5 the standalone one takes prompt 3.
+    # At 1.75 prompts 0 and 2 are ready (the threshold, 1.0 x P): the hybrid replica switches back (idle) and the
+    # trainer trains them [1.75, 4.75]. The standalone replica runs prompts 1 and 3 to 4.5, then 3 and 4 [4.5, 6]:
+    # the sync waits for that step: [6, 6.5]
+    assert _spans(run, "gen.switch", "gen/engine1") == pytest.approx([0.0, 0.5])
+    assert _spans(run, "gen.step", "gen/engine1") == pytest.approx([0.5, 1.25])
+    assert _spans(run, "gen.step", "gen/engine0")[:6] == pytest.approx(_flat([(0.0, 1.5), (1.5, 1.5), (3.0, 1.5)]))
+    assert _spans(run, "train.update")[:4] == pytest.approx(_flat([(1.75, 3.0), (6.5, 3.0)]))
+    assert _spans(run, "sync.weights")[:2] == pytest.approx([6.0, 0.5])
+    assert run.step_time[0] == pytest.approx(6.5) and run.gen_time[0] == pytest.approx(1.75 + 1.25)
+
+
+def test_a_reclaimed_hybrid_replica_hands_its_response_back_with_its_tokens():
+    m = hand_models([([1, 1], [3, 1])] * 6, c=(1.0, 0.25, 0.0, 0.0), update=(3.0, 0.0), sync=0.5, max_num_seqs=4,
+                    prompts=2, group=1)
+    run = _run(m, prompts=2, mode="separate_async_switch", gen_gpus=1, train_gpus=1, num_warmup_batches=1,
+               switch_threshold_ratio=1.0)
+    # prompts of 3, 1, 3, 1 ... tokens. Standalone: prompts 0, 1 [0, 1.5]; prompt 1 done, 3 joins [1.5, 3]: 3 done;
+    # prompts 1 and 3 are the threshold at 3. Hybrid (lent [0, 0.5]): prompt 2 from 0.5, 1.25 s steps; reclaimed at
+    # 3, the end of its 2nd step: prompt 2 goes back with 2 tokens. The standalone replica finishes prompt 0
+    # [3, 4.25], then resumes prompt 2 (its 1 + 2 tokens prefilled) beside prompt 4 (1 token): prefill 4,
+    # [4.25, 5.75], where prompt 2 ends; then 4 and 5 [5.75, 7.25]; the sync asked at 6 waits for that step
+    assert _spans(run, "gen.step", "gen/engine1") == pytest.approx(_flat([(0.5, 1.25), (1.75, 1.25)]))
+    assert _spans(run, "gen.step", "gen/engine0")[:10] == pytest.approx(_flat(
+        [(0.0, 1.5), (1.5, 1.5), (3.0, 1.25), (4.25, 1.5), (5.75, 1.5)]))
+    steps0 = [s for s in run.timeline if s.name == "gen.step" and s.lane == "gen/engine0"]
+    assert steps0[3].args["prefill_tokens"] == 4
+    assert _spans(run, "train.update")[:2] == pytest.approx([3.0, 3.0])
+    assert _spans(run, "sync.weights")[:2] == pytest.approx([7.25, 0.5])
+    p2 = next(s for s in run.timeline if s.track == "response" and s.args["prompt_id"] == 2)
+    assert (p2.start, p2.dur) == pytest.approx((0.5, 5.25))
 
 
 def test_fully_async_on_policy_stream_waits_for_the_sync_to_admit_more():
