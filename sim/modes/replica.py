@@ -120,7 +120,8 @@ class Replica:
             self.proc.interrupt()
 
     def lend(self, switch_s: float) -> None:
-        """(trainer) A parked hybrid replica switches to rollout (`switch_s` seconds) and pulls from the shared queue."""
+        """(trainer) A parked hybrid replica switches to rollout (`switch_s` seconds), then pulls from the shared
+        queue."""
         self.parked, self.switch_s = False, switch_s
         self.wake()
 
