@@ -226,4 +226,29 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> lis
            if split.partial_rollout else "replicas join once their in-flight responses finish on the old weights")
     out.append(f"weight sync: the fitted {split.sync_s * 1e3:.4g} ms as one collective of the trainer and all "
                f"replicas; {how}")
+    if split.mode != "split":
+        out.append(mode_note(cfg.split, split.dropped))
     return out
+
+
+def mode_note(sp: SplitConfig, dropped: int) -> str:
+    """How the mode `sp` sets the shared split model's parameters, in one line (docs/simulator.md states each mode)."""
+    parts = [f"{sp.mode}: "]
+    parts.append(f"the {sp.gen_gpus} replicas sit on the training devices and stop at their next engine step while the "
+                 "trainer trains, their responses in flight resumed after the sync; " if sp.hybrid else "")
+    parts.append(f"admission: {sp.staleness:g} batches dispatched ahead, one prompt refilled per prompt trained or dropped"
+                 if sp.refill else f"admission: the gate with eta = {sp.staleness:g} policy versions")
+    parts.append(f"; the trainer takes P/{sp.chunks} prompts at a time and trains each as it is ready, a weight sync "
+                 f"every {sp.chunks}" if sp.chunks > 1 else "; the trainer takes P prompts per step")
+    parts.append(" in completion order" if sp.fifo else " by AReaL's rule (oldest started, within the deadline)")
+    if sp.off_policy:
+        act = ("waits for a group in flight at that age" if sp.off_policy_wait else
+               f"drops a finished group older than that and dispatches a new prompt ({dropped} dropped)")
+        parts.append(f"; max_off_policy_threshold {sp.off_policy}: training {act}")
+    if sp.switch_ratio:
+        parts.append(f"; step switching: while fewer than {sp.switch_ratio:g} x P groups are ready, one hybrid replica per "
+                     "training device generates (switching costs one fitted weight sync; the adaptive threshold and the "
+                     "switch-cost estimate are not modelled)")
+    if sp.partial_rollout and not sp.recompute:
+        parts.append("; in-flight weight updates keep the responses' old KV")
+    return "".join(parts)
