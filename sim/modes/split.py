@@ -207,9 +207,11 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> lis
     """The split model's assumptions, one line each (they join the Outcome's warnings)."""
     N, M, eta = split.gen_gpus, split.train_gpus, split.staleness
     e = cfg.engine
+    gate = (f"AReaL's rule with eta = {eta:g} (rlsim.modes.split)" if split.mode == "split" else
+            f"the rule of {split.mode} (below)")
     out = [f"split model: {N} generation replica{'s' if N > 1 else ''}, each the recorded engine (its fitted step cost, "
            f"max_num_seqs {e.max_num_seqs}, KV cache {e.kv_cache_tokens:,} tokens; cost per replica unchanged by their number), "
-           f"one shared queue admitting by AReaL's rule with eta = {eta:g} (rlsim.modes.split); the fixed per-round "
+           f"one shared queue admitting by {gate}; the fixed per-round "
            "generation "
            "overhead has no counterpart; rewards and the rest of the step run on the trainer's critical path"]
     if M > 1 and split.allreduce_fitted:
