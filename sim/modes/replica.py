@@ -102,7 +102,7 @@ class Replica:
         self.switch_s = 0.0                   # seconds to switch to rollout before its next stretch (lent)
         self.stopped: simpy.Event | None = None  # (reclaimed) triggered once it has parked
         sync.listeners.append(self.on_sync_request)
-        gate.listeners.append(self.wake)
+        gate.listeners.append(self.on_gate_open)
         self.proc = env.process(self.run())
 
     def wake(self) -> bool:
@@ -116,6 +116,13 @@ class Replica:
         """(WeightSync listener) An idle replica wakes to join; with partial rollout one in a stretch is cut short.
         Idle replicas wake in replica order, the order they then join and start pulling prompts after the sync."""
         if not self.wake() and self.spec.partial and self.in_stretch:
+            self.in_stretch = False
+            self.proc.interrupt()
+
+    def on_gate_open(self) -> None:
+        """(AdmissionGate listener, refill) An idle replica wakes; one in a stretch with free slots ends it after the
+        step in progress, so the prompts admitted join at the next engine step, as vLLM schedules new requests."""
+        if not self.wake() and self.in_stretch and not self.parked and len(self.b.run) < self.spec.max_seqs:
             self.in_stretch = False
             self.proc.interrupt()
 

@@ -86,19 +86,19 @@ def test_colocate_async_stops_its_hybrid_replicas_for_training_and_resumes_parti
 def test_separate_async_trains_each_mini_batch_as_it_is_ready():
     run = _run(_stream_models(), prompts=2, mode="separate_async", gen_gpus=1, train_gpus=1, num_warmup_batches=0,
                parameter_sync_step=2)
-    # P = 2 prompts, parameter_sync_step = 2: a fetch is 1 prompt, trained at 3 / 2 = 1.5 s (its share of the step).
-    # 0: prompts 0 (1 token) and 1 (3 tokens) run; prompt 0 is done at 1.5 -> trained [1.5, 3]; one prompt refilled;
-    # prompt 1 alone to 4 (1.25 s steps) -> trained [4, 5.5]; the refill, prompt 2, runs [4, 5.25]; prompt 3 starts
-    # at 5.25; the sync request at 5.5 cuts it after its step [5.25, 6.5]: sync [6.5, 7]. Version 1: prompt 2
-    # trained [7, 8.5]; prompt 3 continues, done at 9.5 -> trained [9.5, 11]; prompt 4 runs [9.5, 10.75], prompt 5
-    # from 10.75, cut at the end of its step [10.75, 12]: sync [12, 12.5]
-    assert _spans(run, "train.update") == pytest.approx(_flat([(1.5, 1.5), (4.0, 1.5), (7.0, 1.5), (9.5, 1.5)]))
-    assert _spans(run, "sync.weights") == pytest.approx(_flat([(6.5, 0.5), (12.0, 0.5)]))
-    assert _spans(run, "gen.step") == pytest.approx(_flat([(0.0, 1.5), (1.5, 1.25), (2.75, 1.25), (4.0, 1.25),
-                                                     (5.25, 1.25), (7.0, 1.25), (8.25, 1.25), (9.5, 1.25),
-                                                     (10.75, 1.25)]))
-    assert run.step_time == pytest.approx([7.0, 5.5]) and run.train_time == pytest.approx([3.0, 3.0])
-    assert run.gen_time == pytest.approx([1.5 + 1.0 + 1.0, 0.0 + 1.0 + 1.0])
+    # P = 2 prompts, parameter_sync_step = 2: a fetch is 1 prompt, trained at 3 / 2 = 1.5 s (its share of the step);
+    # a prompt trained is refilled, and joins the engine at its next step (the stretch in progress is cut).
+    # 0: prompts 0 (1 token) and 1 (3 tokens) [0, 1.5]; prompt 0 trained [1.5, 3]; prompt 1 steps alone [1.5, 2.75],
+    # then with the refill, prompt 2 (1 token), [2.75, 4.25]: both done; prompt 1 trained [4.25, 5.75]; its refill,
+    # prompt 3 (3 tokens), runs from 4.25 (1.25 s steps); the sync asked at 5.75 waits for the step [5.5, 6.75]:
+    # sync [6.75, 7.25]. Version 1: prompt 3's last token [7.25, 8.5]; prompt 2 trained [7.25, 8.75]; prompt 4 (1
+    # token) [8.5, 9.75]; prompt 3 trained [8.75, 10.25]; prompt 5 from 9.75, the sync waits for [9.75, 11]: [11, 11.5]
+    assert _spans(run, "train.update") == pytest.approx(_flat([(1.5, 1.5), (4.25, 1.5), (7.25, 1.5), (8.75, 1.5)]))
+    assert _spans(run, "sync.weights") == pytest.approx(_flat([(6.75, 0.5), (11.0, 0.5)]))
+    assert _spans(run, "gen.step") == pytest.approx(_flat([(0.0, 1.5), (1.5, 1.25), (2.75, 1.5), (4.25, 1.25),
+                                                     (5.5, 1.25), (7.25, 1.25), (8.5, 1.25), (9.75, 1.25)]))
+    assert run.step_time == pytest.approx([7.25, 4.25]) and run.train_time == pytest.approx([3.0, 3.0])
+    assert run.gen_time == pytest.approx([1.5 + 1.25 + 1.0, 0.0 + 0.0 + 0.75])
     p3 = next(s for s in run.timeline if s.track == "response" and s.args["prompt_id"] == 3)
     assert (p3.args["start_version"], p3.args["finish_version"], p3.args["consumed_update"]) == (0, 1, 1)
 
@@ -110,14 +110,14 @@ def test_separate_async_switch_lends_the_training_devices_replica_until_the_thre
     # rollout (the fitted sync, 0.5 s) while the standalone one runs prompts 0 (1 token) and 1 (3 tokens) at 1.5 s a
     # step. At 0.5 the hybrid one takes prompt 2 (1 token): [0.5, 1.75]; at 1.5 the standalone one takes prompt 3.
     # At 1.75 prompts 0 and 2 are ready (the threshold, 1.0 x P): the hybrid replica switches back (idle) and the
-    # trainer trains them [1.75, 4.75]. The standalone replica runs prompts 1 and 3 to 4.5, then 3 and 4 [4.5, 6]:
-    # the sync waits for that step: [6, 6.5]
+    # trainer trains them [1.75, 4.75]; their refills: the standalone replica ends its step [1.5, 3] and takes prompt
+    # 4 beside 1 and 3: [3, 4.75] (1.75 s), where 1 and 4 finish; the sync asked at 4.75 runs at once: [4.75, 5.25]
     assert _spans(run, "gen.switch", "gen/engine1") == pytest.approx([0.0, 0.5])
     assert _spans(run, "gen.step", "gen/engine1") == pytest.approx([0.5, 1.25])
-    assert _spans(run, "gen.step", "gen/engine0")[:6] == pytest.approx(_flat([(0.0, 1.5), (1.5, 1.5), (3.0, 1.5)]))
-    assert _spans(run, "train.update")[:4] == pytest.approx(_flat([(1.75, 3.0), (6.5, 3.0)]))
-    assert _spans(run, "sync.weights")[:2] == pytest.approx([6.0, 0.5])
-    assert run.step_time[0] == pytest.approx(6.5) and run.gen_time[0] == pytest.approx(1.75 + 1.25)
+    assert _spans(run, "gen.step", "gen/engine0")[:6] == pytest.approx(_flat([(0.0, 1.5), (1.5, 1.5), (3.0, 1.75)]))
+    assert _spans(run, "train.update")[:4] == pytest.approx(_flat([(1.75, 3.0), (5.25, 3.0)]))
+    assert _spans(run, "sync.weights")[:2] == pytest.approx([4.75, 0.5])
+    assert run.step_time[0] == pytest.approx(5.25) and run.gen_time[0] == pytest.approx(1.75)
 
 
 def test_a_reclaimed_hybrid_replica_hands_its_response_back_with_its_tokens():
