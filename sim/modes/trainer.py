@@ -153,6 +153,7 @@ class Trainer:
         steps_prev = pre_prev = 0
         for u in range(self.updates):
             waited = sync_wait = compute = tokens = 0.0
+            busy = np.zeros(c.ranks)  # (M,) each rank's busy seconds this update, summed as one step's terms
             if self.helpers:
                 tw = env.now
                 yield from self.switch()
@@ -168,7 +169,7 @@ class Trainer:
                 yield from self.train(u, w)
                 compute += float(w.compute.max()) + c.allreduce
                 tokens += w.tokens
-                self.log.rank_busy[:] += c.reward / c.chunks + w.compute + c.allreduce
+                busy = busy + (c.reward / c.chunks + w.compute + c.allreduce)
             if not c.hybrid:
                 sync_wait += yield from self.request_sync()
             yield from self.sync_weights(u, sync_wait)
@@ -183,7 +184,7 @@ class Trainer:
                          ("preemptions", self.totals.preemptions - pre_prev)):
                 per[k][u] = v
             steps_prev, pre_prev = self.totals.steps, self.totals.preemptions
-            self.log.rank_busy[:] += c.sync + c.other
+            self.log.rank_busy[:] += busy + c.sync + c.other
             prev = env.now
 
     def switch(self):
