@@ -242,8 +242,8 @@ def mode_note(sp: SplitConfig, dropped: int) -> str:
     parts = [f"{sp.mode}: "]
     parts.append(f"the {sp.gen_gpus} replicas sit on the training devices and stop at their next engine step while the "
                  "trainer trains, their responses in flight resumed after the sync; " if sp.hybrid else "")
-    parts.append(f"admission: {sp.staleness:g} batches dispatched ahead, one prompt refilled per prompt trained or dropped"
-                 if sp.refill else f"admission: the gate with eta = {sp.staleness:g} policy versions")
+    parts.append(f"admission: {sp.staleness:g} batches dispatched ahead, one prompt refilled per prompt trained or "
+                 "dropped" if sp.refill else f"admission: the gate with eta = {sp.staleness:g} policy versions")
     parts.append(f"; the trainer takes P/{sp.chunks} prompts at a time and trains each as it is ready, a weight sync "
                  f"every {sp.chunks}" if sp.chunks > 1 else "; the trainer takes P prompts per step")
     parts.append(" in completion order" if sp.fifo else " by AReaL's rule (oldest started, within the deadline)")
@@ -252,9 +252,9 @@ def mode_note(sp: SplitConfig, dropped: int) -> str:
                f"drops a finished group older than that and dispatches a new prompt ({dropped} dropped)")
         parts.append(f"; max_off_policy_threshold {sp.off_policy}: training {act}")
     if sp.switch_ratio:
-        parts.append(f"; step switching: while fewer than {sp.switch_ratio:g} x P groups are ready, one hybrid replica per "
-                     "training device generates (switching costs one fitted weight sync; the adaptive threshold and the "
-                     "switch-cost estimate are not modelled)")
+        parts.append(f"; step switching: while fewer than {sp.switch_ratio:g} x P groups are ready, one hybrid replica "
+                     "per training device generates (switching costs one fitted weight sync; the adaptive threshold "
+                     "and the switch-cost estimate are not modelled)")
     if sp.partial_rollout and not sp.recompute:
         parts.append("; in-flight weight updates keep the responses' old KV")
     return "".join(parts)

@@ -264,8 +264,8 @@ async_training: {staleness_threshold: 0.5, trigger_parameter_sync_step: 4, requi
 
 @pytest.mark.parametrize("text, mode, settings", [
     (V1_SEPARATE, "separate_async_switch",
-     {"num_warmup_batches": 1, "parameter_sync_step": 4, "max_off_policy_threshold": 2, "max_off_policy_strategy": "wait",
-      "switch_threshold_ratio": 0.5, "train_gpus": 8, "gen_gpus": 8}),
+     {"num_warmup_batches": 1, "parameter_sync_step": 4, "max_off_policy_threshold": 2,
+      "max_off_policy_strategy": "wait", "switch_threshold_ratio": 0.5, "train_gpus": 8, "gen_gpus": 8}),
     (V1_SEPARATE.replace("separate_async\n", "colocate_async\n", 1), "colocate_async",
      {"max_off_policy_threshold": 2, "max_off_policy_strategy": "wait", "train_gpus": 8}),
     (FULLY_ASYNC, "fully_async", {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 4, "require_batches": 1,
