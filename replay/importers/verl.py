@@ -298,6 +298,7 @@ MODE_SETTINGS = {
                     "require_batches": "async_training.require_batches",
                     "partial_rollout": "async_training.partial_rollout"},
 }
+MODE_SETTINGS["one_step_off"] = {}
 MODE_SETTINGS["separate_async_switch"] = {
     **MODE_SETTINGS["separate_async"],
     "switch_threshold_ratio": V1 + "separate_async.hybrid_rollout.switch_threshold_ratio"}
@@ -306,8 +307,9 @@ MODE_SETTINGS["separate_async_switch"] = {
 def execution_mode(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any], dict[str, int]]:
     """(the rlsim execution mode, its settings, its devices) a verl config asks for: the V1 trainer's
     `trainer.v1.trainer_mode` (sync, colocate_async, separate_async with or without
-    hybrid_rollout.enable_switch, when trainer.use_v1) or the fully_async recipe's `async_training` section;
-    (None, {}, {}) for the classic trainer. Devices: trainer.n_gpus_per_node x nnodes train; the standalone
+    hybrid_rollout.enable_switch, when trainer.use_v1), the fully_async recipe's `async_training` section, or the
+    one-step-off recipe's top-level `rollout` pool (verl/experimental/one_step_off_policy/config); (None, {}, {})
+    for the classic trainer. Devices: trainer.n_gpus_per_node x nnodes train; the standalone
     rollout pool (rollout.* or actor_rollout_ref.rollout.* n_gpus_per_node x nnodes) generates."""
     mode = dig(cfg, V1 + "trainer_mode")
     if mode is not None and dig(cfg, "trainer.use_v1") is False:
@@ -319,6 +321,8 @@ def execution_mode(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any], dic
         mode = "separate_async_switch"
     if mode is None and isinstance(dig(cfg, "async_training"), dict):
         mode = "fully_async"
+    elif mode is None and dig(cfg, "rollout.n_gpus_per_node") is not None:
+        mode = "one_step_off"  # the one-step-off recipe: a top-level rollout pool, no async_training section
     if mode not in MODE_SETTINGS:
         return None, {}, {}
     settings = {k: dig(cfg, key) for k, key in MODE_SETTINGS[mode].items() if dig(cfg, key) is not None}

@@ -270,6 +270,7 @@ async_training: {staleness_threshold: 0.5, trigger_parameter_sync_step: 4, requi
      {"max_off_policy_threshold": 2, "max_off_policy_strategy": "wait", "train_gpus": 8}),
     (FULLY_ASYNC, "fully_async", {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 4, "require_batches": 1,
                                   "partial_rollout": True, "train_gpus": 16, "gen_gpus": 16}),
+    (FULLY_ASYNC.replace("async_training", "other"), "one_step_off", {"train_gpus": 16, "gen_gpus": 16}),
     (VERL_CONFIG, None, None),
 ])
 def test_the_execution_mode_is_read_from_a_v1_or_fully_async_config(tmp_path, text, mode, settings):
