@@ -243,7 +243,10 @@ def test_api_and_cli_run_a_mode(traces):
     df = rlsim.predict(traces[0], prompts=8, updates=3, mode="colocate_async", train_gpus=1)
     assert df.loc["candidate", "execution_mode"] == "colocate_async"
     with pytest.raises(RlsimError, match="mode 'nope' is not an execution mode"):
-        rlsim.predict(traces[0], prompts=8, mode="nope")
+        rlsim.predict("no/such/trace.parquet", prompts=8, mode="nope")  # checked before the trace is read
+    with pytest.raises(RlsimError, match="require_batches applies to mode fully_async, not colocated; drop it or add "
+                                         "mode=fully_async"):
+        rlsim.predict("no/such/trace.parquet", require_batches=2)
     res = runner.invoke(app, ["run", str(traces[0]), "--batch", "8", "--updates", "3", "--mode", "fully_async",
                               "--gen-gpus", "1", "--train-gpus", "1", "--staleness-threshold", "0.5",
                               "--partial-rollout",
