@@ -128,7 +128,8 @@ VERL_V1 = "verl-project/verl docs/advance/v1_async_trainer.md @1b86216e1f70195d6
 FULLY_ASYNC = f"{VERL} docs/advance/fully_async.md @b178a3cd56f58b2d502255daba591e92833930a7"
 ONE_STEP = f"{VERL} docs/advance/one_step_off.md @b178a3cd56f58b2d502255daba591e92833930a7"
 NEMO = "NVIDIA-NeMo/RL docs/guides/async-grpo.md @0f8bce6422931dc26d80fdad6a8dafb164682b2b"
-AREAL = "inclusionAI/AReaL (Fu et al. 2025, arXiv 2505.24298): rlsim.replay.admission states its rule"
+AREAL = ("inclusionAI/AReaL areal/core/staleness_manager.py @08911ddf, areal/core/workflow_executor.py @0db3083b "
+         "(Fu et al. 2025, arXiv 2505.24298)")
 
 
 def _v1(cfg: WhatIf) -> dict:
@@ -149,9 +150,10 @@ def _fully_async(cfg: WhatIf) -> dict:
                 partial_rollout=bool(cfg.partial_rollout))
 
 
-register_mode("split", devices="split", settings=("staleness", "partial_rollout"), source=AREAL)(_split_mode)
+register_mode("split", devices="split", settings=("staleness", "partial_rollout"),
+              source="rlsim.replay.admission: AReaL's gate, consumed by rlsim's deadline rule")(_split_mode)
 register_mode("areal", devices="split", settings=("max_head_offpolicyness", "partial_rollout"), source=AREAL,
-              configure=lambda c: dict(staleness=float(c.max_head_offpolicyness or 0),
+              configure=lambda c: dict(staleness=float(c.max_head_offpolicyness or 0), fifo=True, oldest=True,
                                        partial_rollout=bool(c.partial_rollout)))(_split_mode)
 register_mode("nemo_async", devices="split", source=NEMO,
               settings=("max_trajectory_age_steps", "in_flight_weight_updates",

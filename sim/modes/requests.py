@@ -128,7 +128,7 @@ class FinishedGroups:
     re-checks the rule."""
 
     def __init__(self, env: simpy.Environment, prompts: int, staleness: float, pv: np.ndarray, *, fifo: bool = False,
-                 off_policy: int = 0, wait: bool = False, gate: AdmissionGate | None = None):
+                 off_policy: int = 0, wait: bool = False, oldest: bool = False, gate: AdmissionGate | None = None):
         self.env = env
         self.prompts = prompts
         self.staleness = staleness
@@ -137,7 +137,7 @@ class FinishedGroups:
         self.ready: simpy.Event | None = None
         self.taken = np.zeros(len(pv), bool)
         self.open_from = 0                 # prompts below it have all been consumed
-        self.fifo, self.off_policy, self.wait, self.gate = fifo, off_policy, wait, gate
+        self.fifo, self.off_policy, self.wait, self.oldest, self.gate = fifo, off_policy, wait, oldest, gate
         self.need = prompts                # finished prompts the waiting take needs before it weighs them
         self.finished = np.zeros(len(pv), bool)
         self.dropped = 0                   # groups evicted as too old (verl V1 drop)
@@ -163,8 +163,9 @@ class FinishedGroups:
 
     def _pick_fifo(self, u: int, want: int) -> tuple[np.ndarray, np.ndarray | None]:
         """verl's rules: drop evicts finished groups older than the threshold (a new prompt is dispatched for each);
-        wait holds the take while a group in flight has reached it; then the first `want` in completion order
-        (wait: oldest started first, so the awaited group is trained)."""
+        wait holds the take while a group in flight has reached it; then the first `want` in completion order, or
+        (oldest, and with wait, so the awaited group is trained) the `want` started first (AReaL's wait_results:
+        the finished results sorted by creation time)."""
         T = self.off_policy
         if T and not self.wait and self.items:
             rg = np.fromiter(self.items, np.int64, len(self.items))
@@ -184,7 +185,8 @@ class FinishedGroups:
             running = window[~self.taken[window] & ~self.finished[window]]
             if len(running) and (u - self.pv[running] >= T).any():
                 return rg, None
-            return rg, np.sort(np.lexsort((np.arange(len(rg)), self.pv[rg]))[:want])
+        if self.oldest or (T and self.wait):
+            return rg, np.sort(np.argsort(rg, kind="stable")[:want])  # prompt ids are in start order
         return rg, np.arange(want)
 
     def _mark(self, ids: np.ndarray) -> None:

@@ -169,7 +169,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     spec = replica_spec(models, cfg, kv_bind)
     gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus + helpers, refill=sp.refill)
     finished = FinishedGroups(env, P, sp.staleness, q.pv, fifo=sp.fifo, off_policy=sp.off_policy,
-                              wait=sp.off_policy_wait, gate=gate)
+                              wait=sp.off_policy_wait, oldest=sp.oldest, gate=gate)
     reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.gen_gpus + helpers)]
     for h in reps[sp.gen_gpus:]:
         h.parked = True
@@ -246,7 +246,8 @@ def mode_note(sp: SplitConfig, dropped: int) -> str:
                  "dropped" if sp.refill else f"admission: the gate with eta = {sp.staleness:g} policy versions")
     parts.append(f"; the trainer takes P/{sp.chunks} prompts at a time and trains each as it is ready, a weight sync "
                  f"every {sp.chunks}" if sp.chunks > 1 else "; the trainer takes P prompts per step")
-    parts.append(" in completion order" if sp.fifo else " by AReaL's rule (oldest started, within the deadline)")
+    parts.append(" by AReaL's wait_results (the finished started first)" if sp.oldest else " in completion order"
+                 if sp.fifo else " by rlsim's deadline rule (oldest started, every open prompt within the limit)")
     if sp.off_policy:
         act = ("waits for a group in flight at that age" if sp.off_policy_wait else
                f"drops a finished group older than that and dispatches a new prompt ({dropped} dropped)")

@@ -196,6 +196,17 @@ def test_verl_v1_wait_holds_training_for_a_group_in_flight_at_the_threshold():
     assert list(out[0]) == [0] and fg.dropped == 0  # then it is trained first, oldest started
 
 
+def test_areal_takes_the_finished_groups_started_first():
+    pv = np.array([0, 0, 0, 0], np.int64)
+    env = simpy.Environment()
+    fg = FinishedGroups(env, 2, 0.0, pv, fifo=True, oldest=True)
+    fg.put(np.array([3, 1, 2]))  # completion order
+    out = []
+    env.process((lambda: (out.append((yield from fg.take(0)))))())
+    env.run()
+    assert list(out[0]) == [1, 2] and list(fg.items) == [3]  # created first (ids are in start order), not finished first
+
+
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     """A synthetic CPU trace (P 8, G 4)."""
