@@ -256,8 +256,8 @@ class SplitConfig:
         False, "the trainer takes finished groups in completion order (a message queue); else AReaL's rule, "
            "oldest started first within the staleness deadline")
     oldest: bool = _f(
-        False, "with fifo, the trainer takes the finished groups started first (AReaL's wait_results sorts the finished "
-               "by creation time), not the first finished")
+        False, "with fifo, the trainer takes the finished groups started first (AReaL's wait_results sorts the "
+               "finished by creation time), not the first finished")
     off_policy: int = _f(
         0, "verl V1 max_off_policy_threshold: versions a group may age before the strategy acts (0: off)")
     off_policy_wait: bool = _f(

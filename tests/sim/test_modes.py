@@ -204,7 +204,8 @@ def test_areal_takes_the_finished_groups_started_first():
     out = []
     env.process((lambda: (out.append((yield from fg.take(0)))))())
     env.run()
-    assert list(out[0]) == [1, 2] and list(fg.items) == [3]  # created first (ids are in start order), not finished first
+    # the created first (ids are in start order), not the first finished
+    assert list(out[0]) == [1, 2] and list(fg.items) == [3]
 
 
 @pytest.fixture(scope="module")
