@@ -249,6 +249,17 @@ def test_cli_lists_the_registered_modes_and_refuses_a_bad_one_in_one_line(traces
     assert res.exit_code == 2 and "--require-batches must be a positive integer" in res.output
 
 
+def test_a_sweep_takes_modes_as_an_axis_and_each_row_equals_its_single_run(traces):
+    import rlsim
+
+    df = rlsim.sweep(traces[0], {"mode": ["one_step_off", "separate_async"], "gen_gpus": [1], "train_gpus": [1],
+                                 "prompts": [8], "updates": [3]})
+    assert sorted(df["execution_mode"]) == ["one_step_off", "separate_async"]
+    one = rlsim.predict(traces[0], mode="separate_async", gen_gpus=1, train_gpus=1, prompts=8, updates=3)
+    row = df[df["execution_mode"] == "separate_async"].iloc[0]
+    assert row["responses_per_s"] == pytest.approx(one.loc["candidate", "responses_per_s"], rel=1e-12)
+
+
 def test_api_and_cli_run_a_mode(traces):
     import rlsim
 
