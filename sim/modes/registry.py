@@ -94,6 +94,10 @@ def check(cfg: WhatIf) -> None:
     if spec.devices == "hybrid" and (cfg.train_gpus is None or cfg.gen_gpus is not None):
         raise RlsimError(f"{setting(mode=m)} runs its rollout replicas on the training devices: give "
                          f"{setting(train_gpus='N')} and no {name('gen_gpus')}")
+    k = (spec.configure(cfg) if spec.configure else {}).get("chunks", 1)
+    if cfg.prompts is not None and cfg.prompts % k:  # else checked once the trace gives P (SplitConfig.validate)
+        raise RlsimError(f"{m}: P = {cfg.prompts} prompts per step do not split into {k} equal trainer fetches (PPO "
+                         f"mini-batches); pick {name('prompts')} a multiple of {k}")
     if spec.devices != "colocated" and (cfg.gpus is not None or cfg.gen_batch is not None):
         bad = "gpus" if cfg.gpus is not None else "gen_batch"
         raise RlsimError(f"{name(bad)} does not apply to {setting(mode=m)}: it places its devices by "

@@ -224,6 +224,8 @@ def traces(tmp_path_factory):
     (dict(mode="separate_async", gen_gpus=1, train_gpus=1, max_off_policy_strategy="later"),
      "must be one of drop | wait"),
     (dict(mode="separate_async", gen_gpus=1, train_gpus=1, parameter_sync_step=0), "must be a positive integer"),
+    (dict(mode="separate_async", gen_gpus=1, train_gpus=1, prompts=127, parameter_sync_step=2),
+     "P = 127 prompts per step do not split into 2 equal trainer fetches"),
 ])
 def test_mode_settings_are_checked_with_their_fix(kw, msg):
     with pytest.raises(RlsimError, match=msg.replace("|", r"\|")):
