@@ -9,6 +9,7 @@
     study = rlsim.fit([tr])                              # cost and learning models, fitted once
     rlsim.predict(study, prompts=2048)                   # reference and candidate, sigma, rho, T ratio
     rlsim.predict_sizes(study, prompts=[256, 512, 1024]) # the reference and one row per size
+    rlsim.predict(study, mode="fully_async", gen_gpus=4, train_gpus=4, staleness_threshold=0.5)  # a framework's mode
     rlsim.sweep([tr], {"prompts": [256, 1024], "group": [4, 8]})   # ranked, best first
     rlsim.check_fidelity(tr)                             # recorded vs simulated, per update (rlsim replay)
     rlsim.example_trace("grpo_p128")                     # the path of a trace shipped under traces/
@@ -30,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from rlsim.core.config import WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.replay.errors import RlsimError, did_you_mean, keyword_names
 from rlsim.replay.io import Trace, read_trace
@@ -241,6 +243,7 @@ def _frame(study_or_traces: Any, candidates: Sequence[dict[str, Any]], roles: Se
     cfgs = [WhatIf(**c) for c in candidates]
     for cfg in cfgs:
         cfg.validate()
+        check_mode(cfg)  # the execution mode and its settings (rlsim.modes.registry), before anything is fitted
     study = _study(study_or_traces)
     outs = [reference_outcome(study, cfgs[0].updates, cfgs[0].seed, like=cfgs[0])] + [evaluate(study, c) for c in cfgs]
     # each row carries the study's warnings beside its own, as `rlsim run` prints them

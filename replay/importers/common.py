@@ -358,6 +358,8 @@ class RunSpec:
     prefill_ratio: float | None = None   # prompt tokens computed / submitted (1/G when a group shares its prompt)
     task: str | None = None
     fully_async: bool = False            # generation and training overlapped (verl fully_async)
+    execution_mode: str | None = None     # the rlsim mode its config asks for (rlsim.modes.registry's names)
+    mode_settings: dict[str, Any] = field(default_factory=dict)  # that mode's settings and devices, rlsim's names
     config_file: str | None = None
     config: dict[str, Any] = field(default_factory=dict)   # the framework config values used
     flags: dict[str, Any] = field(default_factory=dict)
@@ -546,7 +548,8 @@ def _step_meta(spec: RunSpec, steps: list[Step], evals: list[Eval], model_bytes:
               "lr": spec.lr if spec.lr is not None else float(steps[-1].lr) if math.isfinite(steps[-1].lr) else None,
               "lr_rule": "sqrt", "max_tokens": spec.max_response_len, "max_prompt_tokens": spec.max_prompt_len,
               "task": spec.task, "adv_estimator": spec.adv_estimator, "tp": spec.tp, "gpus": spec.gpus,
-              "framework": spec.framework, "framework_config": spec.config, "fully_async": spec.fully_async or None}
+              "framework": spec.framework, "framework_config": spec.config, "fully_async": spec.fully_async or None,
+              "execution_mode": spec.execution_mode, "mode_settings": spec.mode_settings or None}
     model = {"name": spec.model_name, "parameters": spec.model_params, "bytes": model_bytes,
              "parameters_source": spec.model_params_source or None, **(spec.model_dims or {})}
     phases: dict[str, str] = {}

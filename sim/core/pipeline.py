@@ -76,6 +76,11 @@ class SplitResult:
     sync_s: float = field(metadata={"help": "seconds of one weight sync"})
     replica_idle: tuple[float, ...] = field(default=(), metadata={
         "help": "(replicas,) each replica's fraction of wall time running no engine step"})
+    mode: str = field(default="split", metadata={"help": "the execution mode's registered name"})
+    hybrid: bool = field(default=False, metadata={"help": "the replicas sat on the training devices"})
+    chunks: int = field(default=1, metadata={"help": "trainer fetches per weight sync"})
+    dropped: int = field(default=0, metadata={
+        "help": "groups evicted as too old (verl V1 drop), their generation lost"})
 
 
 @dataclass(frozen=True, eq=False)

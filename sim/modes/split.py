@@ -21,6 +21,7 @@ docs/simulator.md, "Split devices and asynchronous rollout".
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import simpy
@@ -59,14 +60,16 @@ def interconnect(models: FittedModels, hardware: dict | None) -> tuple[float, st
     return float(prof.interconnect_gbs), f"device profile {prof.key} ({prof.source})"
 
 
-def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None) -> SplitConfig | None:
-    """The SplitConfig a WhatIf asks for (None: colocated)."""
+def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None, **mode: Any) -> SplitConfig | None:
+    """The SplitConfig a WhatIf asks for (None: colocated); `mode`: the fields its execution mode sets
+    (`rlsim.modes.registry.split_config`)."""
     if not cfg.split:
         return None
     bw, src = interconnect(models, hardware)
-    return SplitConfig(gen_gpus=int(cfg.gen_gpus), train_gpus=int(cfg.train_gpus), staleness=float(cfg.staleness or 0),
-                       partial_rollout=bool(cfg.partial_rollout), allreduce_gbs=bw, bandwidth_source=src,
-                       allreduce_fitted=data_parallel(hardware))
+    base = dict(gen_gpus=int(cfg.gen_gpus or 0), train_gpus=int(cfg.train_gpus), staleness=float(cfg.staleness or 0),
+                partial_rollout=bool(cfg.partial_rollout), allreduce_gbs=bw, bandwidth_source=src,
+                allreduce_fitted=data_parallel(hardware))
+    return SplitConfig(**{**base, **mode})
 
 
 def data_parallel(hardware: dict | None) -> bool:
@@ -77,10 +80,19 @@ def data_parallel(hardware: dict | None) -> bool:
     return str(hw.get("device") or "").lower() != "cpu" and isinstance(n, (int, float)) and n > 1
 
 
+def queue_prompts(sp: SplitConfig, updates: int, prompts: int) -> int:
+    """Prompts a run may start: the gate's bound at version U (no more can start before the run ends); with refill,
+    those dispatched ahead plus one per prompt trained, and as many again for groups dropped as too old."""
+    if not sp.refill:
+        return admitted(sp.staleness, updates, prompts)
+    drops = updates * prompts if sp.off_policy and not sp.off_policy_wait else 0
+    return admitted(sp.staleness, 0, prompts) + updates * prompts + drops
+
+
 def memory_estimate(cfg: SimConfig, record_timeline: bool = False, mean_len: float = 32.0) -> float:
     """Bytes a split simulation needs: every request it may start, and the timeline when recorded."""
     sp = cfg.split
-    seqs = math.ceil(cfg.updates + sp.staleness + 1) * cfg.responses_per_update
+    seqs = queue_prompts(sp, cfg.updates, cfg.prompts) * cfg.group
     tl = 0.0
     if record_timeline:
         # steps, and one slice per response
@@ -93,7 +105,7 @@ def replica_spec(models: FittedModels, cfg: SimConfig, kv_bind: bool) -> Replica
     eng, ov = cfg.engine, models.gen_overhead
     return ReplicaSpec(cost=models.gen, gap=ov.per_step, per_response=ov.per_response, max_seqs=eng.max_num_seqs,
                        kv=KvCache(eng.block_size, eng.kv_blocks), kv_cache_tokens=eng.kv_cache_tokens,
-                       kv_bind=kv_bind, partial=cfg.split.partial_rollout)
+                       kv_bind=kv_bind, partial=cfg.split.partial_rollout, recompute=cfg.split.recompute)
 
 
 def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator,
@@ -104,7 +116,7 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     if sp is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
     U, P, G, B = cfg.updates, cfg.prompts, cfg.group, cfg.responses_per_update
-    NP = admitted(sp.staleness, U, P)  # the gate's bound at version U: no more prompts can start before the run ends
+    NP = queue_prompts(sp, U, P)
     est = memory_estimate(cfg, record_timeline, float(np.mean(models.lengths.response_tokens)))
     if est > MEMORY_LIMIT_BYTES:
         raise RlsimError(f"a split simulation of {U} updates of B = {B:,} responses (staleness {sp.staleness:g}) holds "
@@ -115,13 +127,18 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     kv_bind = cfg.exact_engine or cfg.engine.kv_can_bind(int((p + L).max()) if len(p) else 0)
     env = simpy.Environment()
     rec = Recorder(record_timeline)
-    finished = FinishedGroups(env, P, sp.staleness, q.pv)
-    sync = WeightSync(env, sp.gen_gpus)
+    helpers = sp.train_gpus if sp.switch_ratio else 0  # step switching: a parked hybrid replica per training device
+    sync = WeightSync(env, sp.gen_gpus + helpers)
     totals = EngineTotals()
     spec = replica_spec(models, cfg, kv_bind)
-    gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus)
-    reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.gen_gpus)]
-    trainer = Trainer(env, models, q, finished, sync, totals, rec, TrainerCosts.of(models, cfg), U, B)
+    gate = AdmissionGate(P, sp.staleness, q.pv, replicas=sp.gen_gpus + helpers, refill=sp.refill)
+    finished = FinishedGroups(env, P, sp.staleness, q.pv, fifo=sp.fifo, off_policy=sp.off_policy,
+                              wait=sp.off_policy_wait, oldest=sp.oldest, gate=gate)
+    reps = [Replica(r, env, spec, q, gate, finished, sync, totals, rec) for r in range(sp.gen_gpus + helpers)]
+    for h in reps[sp.gen_gpus:]:
+        h.parked = True
+    trainer = Trainer(env, models, q, finished, sync, totals, rec, TrainerCosts.of(models, cfg), U, B,
+                      helpers=reps[sp.gen_gpus:])
     env.run(until=env.process(trainer.run()))
     return split_run(models, cfg, env.now, reps, trainer, rec, kv_bind)
 
@@ -132,7 +149,7 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
     sp, log, c = cfg.split, trainer.log, trainer.costs
     wall = float(wall)
     busy = np.array([R.stats.busy + (wall - R.stats.stretch_start if R.stats.stretch_start is not None else 0.0)
-                     for R in reps])
+                     for R in reps[:sp.gen_gpus]])  # the generation devices (hybrid helpers train in between)
     log.per["peak_running"][:] = max(R.stats.peak_running for R in reps)
     log.per["peak_kv_tokens"][:] = max(R.stats.peak_kv for R in reps)
     if rec.on:
@@ -143,7 +160,8 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
     split = SplitResult(gen_gpus=sp.gen_gpus, train_gpus=sp.train_gpus, staleness=sp.staleness,
                         partial_rollout=sp.partial_rollout, allreduce_s=c.allreduce, allreduce_gbs=sp.allreduce_gbs,
                         bandwidth_source=sp.bandwidth_source, allreduce_fitted=sp.allreduce_fitted,
-                        grad_bytes=float(models.sync_bytes), sync_s=c.sync, replica_idle=tuple(map(float, idle)))
+                        grad_bytes=float(models.sync_bytes), sync_s=c.sync, replica_idle=tuple(map(float, idle)),
+                        mode=sp.mode, hybrid=sp.hybrid, chunks=sp.chunks, dropped=trainer.finished.dropped)
     return SimRun(responses_per_update=cfg.responses_per_update, total_time=wall, exact_engine=kv_bind,
                   timeline=timeline, counters=counters,
                   rounds_simulated=cfg.updates, approximation="", features={},
@@ -157,9 +175,11 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> lis
     """The split model's assumptions, one line each (they join the Outcome's warnings)."""
     N, M, eta = split.gen_gpus, split.train_gpus, split.staleness
     e = cfg.engine
+    gate = (f"AReaL's rule with eta = {eta:g} (rlsim.modes.split)" if split.mode == "split" else
+            f"the rule of {split.mode} (below)")
     out = [f"split model: {N} generation replica{'s' if N > 1 else ''}, each the recorded engine (its fitted step "
            f"cost, max_num_seqs {e.max_num_seqs}, KV cache {e.kv_cache_tokens:,} tokens; cost per replica unchanged by "
-           f"their number), one shared queue admitting by AReaL's rule with eta = {eta:g} (rlsim.modes.split); the "
+           f"their number), one shared queue admitting by {gate}; the "
            "fixed per-round generation "
            "overhead has no counterpart; rewards and the rest of the step run on the trainer's critical path"]
     if M > 1 and split.allreduce_fitted:
@@ -177,4 +197,30 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> lis
            if split.partial_rollout else "replicas join once their in-flight responses finish on the old weights")
     out.append(f"weight sync: the fitted {split.sync_s * 1e3:.4g} ms as one collective of the trainer and all "
                f"replicas; {how}")
+    if split.mode != "split":
+        out.append(mode_note(cfg.split, split.dropped))
     return out
+
+
+def mode_note(sp: SplitConfig, dropped: int) -> str:
+    """How the mode `sp` sets the shared split model's parameters, in one line (docs/simulator.md states each mode)."""
+    parts = [f"{sp.mode}: "]
+    parts.append(f"the {sp.gen_gpus} replicas sit on the training devices and stop at their next engine step while the "
+                 "trainer trains, their responses in flight resumed after the sync; " if sp.hybrid else "")
+    parts.append(f"admission: {sp.staleness:g} batches dispatched ahead, one prompt refilled per prompt trained or "
+                 "dropped" if sp.refill else f"admission: the gate with eta = {sp.staleness:g} policy versions")
+    parts.append(f"; the trainer takes P/{sp.chunks} prompts at a time and trains each as it is ready, a weight sync "
+                 f"every {sp.chunks}" if sp.chunks > 1 else "; the trainer takes P prompts per step")
+    parts.append(" by AReaL's wait_results (the finished started first)" if sp.oldest else " in completion order"
+                 if sp.fifo else " by rlsim's deadline rule (oldest started, every open prompt within the limit)")
+    if sp.off_policy:
+        act = ("waits for a group in flight at that age" if sp.off_policy_wait else
+               f"drops a finished group older than that and dispatches a new prompt ({dropped} dropped)")
+        parts.append(f"; max_off_policy_threshold {sp.off_policy}: training {act}")
+    if sp.switch_ratio:
+        parts.append(f"; step switching: while fewer than {sp.switch_ratio:g} x P groups are ready, one hybrid replica "
+                     "per training device generates (switching costs one fitted weight sync; the adaptive threshold "
+                     "and the switch-cost estimate are not modelled)")
+    if sp.partial_rollout and not sp.recompute:
+        parts.append("; in-flight weight updates keep the responses' old KV")
+    return "".join(parts)

@@ -24,6 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rlsim.core.config import WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
@@ -55,6 +56,9 @@ class PlanConfig:
     model_params: float | None = field(default=None, metadata={
         "help": "the model's parameter count, e.g. 7e9, for the candidates' memory when the trace names a model rlsim "
                 "cannot size (None: the trace's model; WhatIf.model_params)"})
+    fixed: tuple = field(default=(), metadata={
+        "help": "((WhatIf field, value), ...) every candidate shares: the execution mode, its settings and devices "
+                "(e.g. (('mode', 'fully_async'),))"})
 
     def validate(self) -> None:
         ps = list(self.prompts)
@@ -64,6 +68,10 @@ class PlanConfig:
             raise RlsimError(f"{name('prompts')} sizes must be positive integers, got {ps}")
         if len(set(ps)) != len(ps):
             raise RlsimError(f"{name('prompts')} lists a size twice ({ps}); give each candidate once")
+        if self.fixed:
+            cfg = WhatIf(**dict(self.fixed))
+            cfg.validate()
+            check_mode(cfg)
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
@@ -357,8 +365,9 @@ def _memory_notes(preds: Sequence[Outcome]) -> list[str]:
 
 
 def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:
-    like = WhatIf(updates=cfg.updates, model_params=cfg.model_params)
-    if P == study.reference.prompts and G == study.reference.group:
+    """Candidate P; under the plan's shared settings `fixed` (a mode) every size runs in it, the reference's too."""
+    like = WhatIf(updates=cfg.updates, model_params=cfg.model_params, **dict(cfg.fixed))
+    if P == study.reference.prompts and G == study.reference.group and not cfg.fixed:
         return reference_outcome(study, cfg.updates, 0, like=like)
     return evaluate(study, replace(like, prompts=P, group=G))
 

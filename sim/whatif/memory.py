@@ -120,7 +120,7 @@ def candidate_setups(tm: TraceMemory, cfg: WhatIf, load: Load) -> tuple[GenSetup
     --gen-gpus engines and --train-gpus trainer ranks; a CPU host is one memory whatever its cores."""
     split = cfg.split and not tm.cpu
     n = 1 if tm.cpu else int(cfg.gpus or load.recorded_devices)
-    n_gen, n_train = (int(cfg.gen_gpus), int(cfg.train_gpus)) if split else (n, n)
+    n_gen, n_train = (int(cfg.gen_gpus or cfg.train_gpus), int(cfg.train_gpus)) if split else (n, n)  # hybrid: the same
     if tm.verl:  # its engine and FSDP settings; the batch enters below, as each engine's concurrency
         gen, _ = setups_from_verl(tm.verl, gpus=n_gen)
         _, train = setups_from_verl(tm.verl, gpus=n_train)

@@ -68,6 +68,8 @@ class Outcome:
     interval: str = field(default="", metadata={"help": "how the intervals were made (empty: none)"})
     mode: str = field(default="colocated", metadata={"help": "colocated, or the split: generation : training devices, "
                                                              "staleness limit, partial rollout"})
+    execution_mode: str = field(default="colocated", metadata={
+        "help": "the execution mode's registered name (rlsim.modes.registry); `mode` describes its devices and limits"})
     gen_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the generation side waits "
                                                                       "(split: mean over replicas; colocated: while "
                                                                       "training)"})

@@ -18,7 +18,7 @@ import numpy as np
 from rlsim.core.config import EngineConfig, SimConfig, WhatIf
 from rlsim.core.pipeline import SimRun
 from rlsim.modes.registry import simulate
-from rlsim.modes.split import split_config
+from rlsim.modes.registry import check as check_mode, split_config
 from rlsim.replay.device_speed import device_ratios
 from rlsim.replay.devices import host_name, per_device, profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError, name, setting
@@ -184,7 +184,7 @@ def reference_config(study: Study, cfg: WhatIf, *, updates: int | None = None, s
     colocated on as many devices as the split holds (each replica and each trainer rank is one device)."""
     gpus = cfg.gpus
     if cfg.split:
-        gpus = int(cfg.gen_gpus) + int(cfg.train_gpus)
+        gpus = cfg.split_devices
         if cfg.device is None and gpus == recorded_devices(study):
             gpus = None
     return replace(study.reference, updates=cfg.updates if updates is None else updates,
@@ -198,7 +198,7 @@ def hardware_label(study: Study, cfg: WhatIf) -> str:
     hw = study.hardware or {}
     host = host_name(hw.get("cpu_name") or hw.get("device_name")) if hw.get("device") == "cpu" else ""
     name = cfg.device or host or hw.get("device_name") or hw.get("device") or "the recorded device"
-    n = int(cfg.gen_gpus) + int(cfg.train_gpus) if cfg.split else cfg.gpus or recorded_devices(study)
+    n = cfg.split_devices if cfg.split else cfg.gpus or recorded_devices(study)
     return f"{n} x {name}"
 
 
@@ -225,6 +225,7 @@ def resolve_batch(study_ref: WhatIf | None, models: FittedModels, cfg: WhatIf) -
 
 def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimConfig:
     cfg.validate()
+    check_mode(cfg)
     P, G, _ = resolve_batch(study.reference, study.models, cfg)
     if study.algo == "grpo" and G < 2:
         raise RlsimError(f"GRPO needs a group of at least 2 responses per prompt (group-relative advantages), got "
