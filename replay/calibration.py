@@ -139,10 +139,12 @@ class _GenProblem:
         self.level_center = np.array([np.median(n[lev == i]) for i in range(n_lev)])
         self.level_rows = np.bincount(lev, minlength=n_lev)
         self.level_weight = np.minimum(self.level_rows, LEVEL_FULL_ROWS) / LEVEL_FULL_ROWS
-        cal_rows = np.bincount(lev, weights=np.asarray(cal, float), minlength=n_lev) if cal is not None else np.zeros(n_lev)
+        cal_rows = (np.bincount(lev, weights=np.asarray(cal, float), minlength=n_lev) if cal is not None
+                    else np.zeros(n_lev))
         self.knot_level = cal_rows >= KNOT_CAL_ROWS  # the interpolated form's knots (KNOT_CAL_ROWS)
         # groups of calibration rows (their seconds scale with the anchor) and of the run rows that anchor them
-        self.grp_cal = np.bincount(grp, weights=np.asarray(cal, float), minlength=ng) > 0 if cal is not None else np.zeros(ng, bool)
+        self.grp_cal = (np.bincount(grp, weights=np.asarray(cal, float), minlength=ng) > 0 if cal is not None
+                        else np.zeros(ng, bool))
         self.grp_anchor = (np.bincount(grp, weights=np.asarray(anchor, float), minlength=ng) > 0 if anchor is not None
                            else np.zeros(ng, bool))
 
@@ -203,7 +205,8 @@ class _GenProblem:
         for d, k in zip(c[4::2], c[5::2]):
             if d:
                 if k not in self._hinge_sums:
-                    self._hinge_sums[k] = np.bincount(self._grp, weights=np.maximum(self._n - k, 0.0), minlength=len(self.Y))
+                    self._hinge_sums[k] = np.bincount(self._grp, weights=np.maximum(self._n - k, 0.0),
+                                                      minlength=len(self.Y))
                 t = t + d * self._hinge_sums[k]
         return t
 
@@ -274,7 +277,8 @@ class GenFit:
 
     coef: np.ndarray = field(metadata={"help": "(4 + 2K,) coefficients of the form used (replay.cost array layout)"})
     form: str = field(metadata={"help": "linear | knee | interp"})
-    problem: _GenProblem = field(metadata={"help": "the weighted NNLS by groups of rows (refits for CV and the bootstrap)"})
+    problem: _GenProblem = field(metadata={"help": "the weighted NNLS by groups of rows (refits for CV and the "
+                                                   "bootstrap)"})
     cv: dict[str, tuple[float, float, tuple[LevelError, ...]]] = field(metadata={
         "help": "form -> leave-one-level-out (RMS, max |error|, per level)"})
     r2: float = field(metadata={"help": "R2 on the rows used"})
@@ -453,12 +457,14 @@ def fit_train_calibrated(tok, dur, level) -> TrainFit:
     tok, dur, level = tok[ok], dur[ok], level[ok]
     x, y, n, _ = _token_levels(tok, dur, level)
     if len(x) < 2:
-        raise RlsimError(f"calibration has {len(x)} training token levels; at least 2 are needed (re-run `rlrun calibrate`)")
+        raise RlsimError(f"calibration has {len(x)} training token levels; at least 2 are needed (re-run `rlrun "
+                         "calibrate`)")
     errs = []
     if len(x) >= 3:
         for i in range(len(x)):
             m = np.arange(len(x)) != i
-            errs.append(LevelError(float(x[i]), int(n[i]), float(hinge_predict(_fb_coefs(x[m], y[m]), x[i]) / y[i] - 1)))
+            errs.append(LevelError(float(x[i]), int(n[i]),
+                                   float(hinge_predict(_fb_coefs(x[m], y[m]), x[i]) / y[i] - 1)))
     e = np.array([v.rel_err for v in errs])
     knots, values = tuple(float(v) for v in x), tuple(float(v) for v in isotonic(y))
     pred = hinge_predict(PiecewiseLinear.coefs(knots, values), tok)
@@ -488,9 +494,9 @@ def check_compatible(ref: Trace, cal: Trace) -> None:
     for key, what in (("model", "model"), ("parameters", "model size (parameters)"), ("device", "device type"),
                       ("device_name", "device"), ("dtype", "dtype")):
         if a[key] is not None and b[key] is not None and a[key] != b[key]:
-            raise RlsimError(f"{cal.path} was calibrated with {what} {b[key]!r}, the trace {ref.name} ran with {a[key]!r}: "
-                             "a calibration applies only to the same model on the same device; run `rlrun calibrate` "
-                             "with the trace's model on its device")
+            raise RlsimError(f"{cal.path} was calibrated with {what} {b[key]!r}, the trace {ref.name} ran with "
+                             f"{a[key]!r}: a calibration applies only to the same model on the same device; run `rlrun "
+                             "calibrate` with the trace's model on its device")
     if not (cal.count(CALIB_GEN) or cal.count(CALIB_TRAIN)):
         raise RlsimError(f"{cal.path} has no calibration rows (calib_gen / calib_train); make one with "
                          "`rlrun calibrate --out calib.parquet`")
@@ -579,7 +585,8 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
         train = _train_calibrated(src.cal_train, run_upd, reps, rng, notes)
     else:
         train = _Part(models.update, _bootstrap_update_rows(run_upd.tokens, run_upd.seconds, run_upd.t_opt, reps, rng),
-                      dict(train_r2=models.update.quality.r2, train_source=f"{len(run_upd.tokens)} run updates only (no calibration)"),
+                      dict(train_r2=models.update.quality.r2,
+                           train_source=f"{len(run_upd.tokens)} run updates only (no calibration)"),
                       f"{len(run_upd.tokens)} updates")
     out = _with_validation(models, gen, train, calibrated=len(src.cal_gen["duration"]) >= 8, warnings=warnings,
                            notes=notes)
@@ -591,9 +598,11 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
 class _Sources:
     """The rows the calibrated fits use: calibration rows (scaled later) and the run's own."""
 
-    cal_gen: dict[str, np.ndarray] = field(metadata={"help": "calib_gen rows: duration, num_running, context_tokens, prefill_tokens"})
+    cal_gen: dict[str, np.ndarray] = field(metadata={"help": "calib_gen rows: duration, num_running, context_tokens, "
+                                                             "prefill_tokens"})
     cal_train: dict[str, np.ndarray] = field(metadata={"help": "calib_train rows: duration, num_tokens, calib_level"})
-    run: dict[str, np.ndarray] = field(metadata={"help": "the run's gen_step rows after warm-up (empty for a foreign calibration)"})
+    run: dict[str, np.ndarray] = field(metadata={"help": "the run's gen_step rows after warm-up (empty for a foreign "
+                                                         "calibration)"})
     rounds: np.ndarray = field(metadata={"help": "(run rows,) RL step of each run row (bootstrap clusters)"})
     upd_ok: np.ndarray = field(metadata={"help": "(updates,) update rows usable (none for a foreign calibration)"})
 
@@ -614,8 +623,9 @@ class _Sources:
             run = {k: v[:0] for k, v in run.items()}
             rounds = rounds[:0]
             upd_ok = np.zeros_like(upd_ok)
-            notes.append(f"calibration at {threads_of(foreign[0])} thread(s) (the run: {threads_of(ref)}): engine steps and "
-                         "training passes as measured there, not rescaled to the run; the optimizer step from the run")
+            notes.append(f"calibration at {threads_of(foreign[0])} thread(s) (the run: {threads_of(ref)}): engine "
+                         "steps and training passes as measured there, not rescaled to the run; the optimizer step "
+                         "from the run")
         return cls(cal_gen=_rows(sources, CALIB_GEN, GEN_COLUMNS),
                    cal_train=_rows(sources, CALIB_TRAIN, ("duration", "num_tokens", "calib_level")),
                    run=run, rounds=rounds, upd_ok=upd_ok)
@@ -702,7 +712,8 @@ def _gen_run_only(ref: Trace, gen: GenStepModel, src: _Sources, reps: int, rng: 
     val = dict(gen_form="linear", gen_knee=math.nan, gen_r2=gen.quality.r2, gen_cv=cv[0], gen_cv_max=cv[1],
                gen_cv_linear=cv[0], gen_cv_knee=math.nan, gen_levels=cv[2],
                gen_source=f"{len(y)} run steps only, {lo}..{hi} running (no calibration)")
-    gen_reps = bootstrap_gen(prob, "linear", reps, rng, by="cluster") if len(prob.cluster_ids) >= 3 else np.zeros((0, 4))
+    gen_reps = (bootstrap_gen(prob, "linear", reps, rng, by="cluster") if len(prob.cluster_ids) >= 3
+                else np.zeros((0, 4)))
     return _Part(gen, gen_reps, val, f"{len(prob.cluster_ids)} RL steps")
 
 
@@ -714,7 +725,8 @@ class _RunUpdates:
     seconds: np.ndarray = field(metadata={"help": "update seconds without batch preparation"})
     t_opt: np.ndarray = field(metadata={"help": "optimizer-step seconds"})
     t_fb: np.ndarray | None = field(metadata={"help": "forward + backward seconds (None: not recorded)"})
-    t_opt_all: np.ndarray = field(metadata={"help": "(all updates,) optimizer-step seconds (when no update row is usable)"})
+    t_opt_all: np.ndarray = field(metadata={"help": "(all updates,) optimizer-step seconds (when no update row is "
+                                                    "usable)"})
 
 
 def _train_calibrated(ct: dict[str, np.ndarray], run: _RunUpdates, reps: int, rng: np.random.Generator,
@@ -734,7 +746,8 @@ def _train_calibrated(ct: dict[str, np.ndarray], run: _RunUpdates, reps: int, rn
         ct = {**ct, "duration": ct["duration"] * s_train}
         tf = fit_train_calibrated(ct["num_tokens"], ct["duration"], ct["calib_level"])
         if abs(s_train - 1) > 0.05:
-            notes.append(f"calibration training passes scaled by {s_train:.3g} to the run's own forward + backward time")
+            notes.append(f"calibration training passes scaled by {s_train:.3g} to the run's own forward + backward "
+                         "time")
     fixed = _fixed_cost(tf.curve, run.tokens, run.seconds, run.t_opt_all)
     update = _update_model(tf, fixed, ct, run)
     run_err = math.nan
@@ -747,7 +760,8 @@ def _train_calibrated(ct: dict[str, np.ndarray], run: _RunUpdates, reps: int, rn
                train_run_err=run_err, train_form="interp", train_flat=flat_span(tf.curve.knots, tf.curve.values),
                train_source=f"{tf.rows} calibration passes at {len(x_l)} token levels "
                             f"{x_l.min():.0f}..{x_l.max():.0f} + {len(tok_run)} run updates")
-    return _Part(update, _bootstrap_train(ct, fixed, run, reps, rng), val, f"{len(x_l)} token levels and {len(tok_run)} updates")
+    return _Part(update, _bootstrap_train(ct, fixed, run, reps, rng), val,
+                 f"{len(x_l)} token levels and {len(tok_run)} updates")
 
 
 def _fixed_cost(fb: PiecewiseLinear, tok: np.ndarray, seconds: np.ndarray, t_opt_all: np.ndarray) -> float:
@@ -777,8 +791,8 @@ def _with_validation(models: FittedModels, gen: _Part, train: _Part, *, calibrat
               f"{'' if calibrated else ' (no calibration: the run rows only)'}")
     replicates = Replicates(gen=gen.reps[:k], update=train.reps[:k], method=method) if k >= 8 else None
     validation = Validation(**gen.validation, **train.validation, calibrated=calibrated,
-                            interval_method=method if replicates is not None else "none (too few levels or updates to resample)",
-                            notes=tuple(notes))
+                            interval_method=method if replicates is not None
+                            else "none (too few levels or updates to resample)", notes=tuple(notes))
     return replace(models, gen=gen.model, update=train.model, warnings=tuple(warnings), validation=validation,
                    replicates=replicates)
 
@@ -804,7 +818,8 @@ def _bootstrap_train(ct: dict[str, np.ndarray], fixed: float, run: _RunUpdates, 
     return np.array(out) if out else np.zeros((0, 2))
 
 
-def _bootstrap_update_rows(tok: np.ndarray, upd: np.ndarray, t_opt: np.ndarray, reps: int, rng: np.random.Generator) -> np.ndarray:
+def _bootstrap_update_rows(tok: np.ndarray, upd: np.ndarray, t_opt: np.ndarray, reps: int,
+                           rng: np.random.Generator) -> np.ndarray:
     if len(tok) < 3:
         return np.zeros((0, 2))
     hint = robust_location(t_opt) if np.isfinite(t_opt).any() else 0.0

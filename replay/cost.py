@@ -71,7 +71,8 @@ class StepSums:
         L p + L (L - 1) / 2 to S2 wherever it is scheduled. `steps`: the schedule's engine steps (..., )."""
         L = np.asarray(length).astype(float)
         p = np.asarray(prompt).astype(float)
-        return cls(steps, L.sum(axis=-1), (L * p + L * (L - 1) / 2).sum(axis=-1), np.asarray(prefill, float).sum(axis=-1), hist)
+        return cls(steps, L.sum(axis=-1), (L * p + L * (L - 1) / 2).sum(axis=-1),
+                   np.asarray(prefill, float).sum(axis=-1), hist)
 
     @classmethod
     def of_stretch(cls, k: int, n: int, context0: float, prefill: float, hist: bool = False) -> StepSums:
@@ -135,7 +136,8 @@ class StepSums:
 class EngineStepCost:
     """Seconds of an engine step from its batch composition (module doc): the formula and its coefficients."""
 
-    c_step: float = field(metadata={"help": "fixed seconds per engine step, amortised over the batch (weight reads, scheduling)"})
+    c_step: float = field(metadata={"help": "fixed seconds per engine step, amortised over the batch (weight reads, "
+                                            "scheduling)"})
     c_seq: float = field(metadata={"help": "seconds per sequence in the batch, below the first knee"})
     c_ctx: float = field(metadata={"help": "seconds per KV token attended"})
     c_prefill: float = field(metadata={"help": "seconds per prompt token computed"})
@@ -189,7 +191,8 @@ class EngineStepCost:
     @staticmethod
     def features(running, context, prefill=0.0, knees: Sequence[float] = ()) -> np.ndarray:
         """(..., 4 + K) features of steps (arguments broadcast): [n > 0], n, context, prefill, max(0, n - k_j)."""
-        n, ctx, pre = np.broadcast_arrays(np.asarray(running, float), np.asarray(context, float), np.asarray(prefill, float))
+        n, ctx, pre = np.broadcast_arrays(np.asarray(running, float), np.asarray(context, float),
+                                          np.asarray(prefill, float))
         return np.stack([(n > 0).astype(float), n, ctx, pre] + [_hinge(n, k) for k in knees], axis=-1)
 
     def step(self, running, context, prefill=0.0):
@@ -203,7 +206,8 @@ class EngineStepCost:
         return self.step(n, context0 + n * np.arange(k, dtype=float), pre)
 
     def stretch(self, k: int, n: int, context0: float, prefill: float = 0.0) -> float:
-        """Seconds of a stretch in closed form: `total` of its StepSums, in plain floats (the simulators' inner loop)."""
+        """Seconds of a stretch in closed form: `total` of its StepSums, in plain floats (the simulators' inner
+        loop)."""
         cost = (k * (self.c_step * (n > 0) + self.c_seq * n) + self.c_ctx * (k * context0 + n * k * (k - 1) / 2)
                 + self.c_prefill * prefill)
         for knee, d in self.hinges:

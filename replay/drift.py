@@ -49,9 +49,9 @@ class Drift:
 
     def describe(self) -> str:
         (g0, g1), (t0, t1) = self.spread("gen"), self.spread("train")
-        return (f"machine speed over the run ({len(self.t)} drift probes): engine steps {g0:.2f}x..{g1:.2f}x and training "
-                f"{t0:.2f}x..{t1:.2f}x of their median time; the fits normalise the run's timings to the median "
-                "(the recorded step times stay as measured)")
+        return (f"machine speed over the run ({len(self.t)} drift probes): engine steps {g0:.2f}x..{g1:.2f}x and "
+                f"training {t0:.2f}x..{t1:.2f}x of their median time; the fits normalise the run's timings to the "
+                "median (the recorded step times stay as measured)")
 
 
 def drift_of(trace: Trace) -> Drift | None:

@@ -70,7 +70,8 @@ class RhoModel:
     """Sample cost rho(B) relative to B_ref. A subclass registers itself with `register_rho`."""
 
     kind: ClassVar[str] = ""
-    follows_lr_rule: ClassVar[bool] = False  # whether rho depends on the candidate's lr rule (others assume it rescaled)
+    # whether rho depends on the candidate's lr rule (others assume it rescaled)
+    follows_lr_rule: ClassVar[bool] = False
     b_ref: float = field(metadata={"help": "reference batch in responses"})
 
     def rho(self, b: float, lr_rule: str | None = None, x: float | None = None) -> float:
@@ -120,9 +121,9 @@ class InvariantRho(RhoModel):
                     "article found approximately invariant; record runs at other batch sizes (--rho curves)"]
         if self.outside(b):
             lo, hi = self.bounds(b)
-            return [f"the sample cost is not measured (no learning curves at other batch sizes, no gradient noise scale): "
-                    f"rho = 1 is assumed, and only {lo:.3g}..{hi:.3g} is bounded (samples rise, updates fall with the "
-                    "batch); record a run at another batch size and add it with --trace"]
+            return ["the sample cost is not measured (no learning curves at other batch sizes, no gradient noise "
+                    f"scale): rho = 1 is assumed, and only {lo:.3g}..{hi:.3g} is bounded (samples rise, updates fall "
+                    "with the batch); record a run at another batch size and add it with --trace"]
         return []
 
 
@@ -136,7 +137,8 @@ def noise_scale_ratio(b, b_ref: float, b_crit):
 class NoiseScaleRho(RhoModel):
     """rho from the gradient noise scale B_crit, at the lr tuned for each batch."""
 
-    b_crit: float = field(default=math.nan, metadata={"help": "critical batch (the reference's gradient noise scale), responses"})
+    b_crit: float = field(default=math.nan,
+                          metadata={"help": "critical batch (the reference's gradient noise scale), responses"})
 
     def rho(self, b: float, lr_rule: str | None = None, x: float | None = None) -> float:
         return noise_scale_ratio(b, self.b_ref, self.b_crit)
@@ -149,7 +151,8 @@ class CurvesRho(RhoModel):
 
     follows_lr_rule: ClassVar[bool] = True  # the runs on the candidate's lr line are chosen (`Study.rho_model`)
     log_b: tuple[float, ...] = field(default=(), metadata={"help": "log batch of each measured size (sorted)"})
-    n_star: tuple[float, ...] = field(default=(), metadata={"help": "samples-to-target at each size (mean of its runs)"})
+    n_star: tuple[float, ...] = field(default=(),
+                                      metadata={"help": "samples-to-target at each size (mean of its runs)"})
     lr_rules: tuple[str, ...] = field(default=(), metadata={"help": "lr rule of the runs at each size"})
 
     def rho(self, b: float, lr_rule: str | None = None, x: float | None = None) -> float:
@@ -184,9 +187,10 @@ class CurvesRho(RhoModel):
         if not self.outside(b):
             return []
         lo, hi = self.bounds(b)
-        return [f"batch {b:g} is outside the measured curves ({math.exp(self.log_b[0]):g}..{math.exp(self.log_b[-1]):g}): "
-                f"rho {self.rho(b):.3g} extrapolates the nearest segment as a power law, and only {lo:.3g}..{hi:.3g} "
-                "is bounded (samples rise, updates fall with the batch); record a run near this batch to measure it"]
+        return [f"batch {b:g} is outside the measured curves "
+                f"({math.exp(self.log_b[0]):g}..{math.exp(self.log_b[-1]):g}): rho {self.rho(b):.3g} extrapolates the "
+                f"nearest segment as a power law, and only {lo:.3g}..{hi:.3g} is bounded (samples rise, updates fall "
+                "with the batch); record a run near this batch to measure it"]
 
 
 @register_rho("lr-aware")
@@ -196,7 +200,8 @@ class LrAwareRho(RhoModel):
 
     follows_lr_rule: ClassVar[bool] = True
     b_bend: float = field(default=math.nan, metadata={"help": "the batch (responses) where rho bends upward, B_bend"})
-    kappa: float = field(default=math.nan, metadata={"help": "share of the reference update's gain that curvature takes back"})
+    kappa: float = field(default=math.nan,
+                         metadata={"help": "share of the reference update's gain that curvature takes back"})
     lr_rule: str = field(default="sqrt", metadata={"help": "the reference's lr rule (the default for a candidate)"})
     source: str = field(default="", metadata={"help": "where B_bend and kappa come from"})
 
@@ -235,10 +240,11 @@ def noise_scale_rho(b_ref: float, b_crit: float) -> NoiseScaleRho:
     return NoiseScaleRho(float(b_ref), b_crit=float(b_crit))
 
 
-def lr_aware_rho(b_ref: float, b_bend: float, kappa: float, lr_rule: str = "sqrt", *, source: str = "given") -> LrAwareRho:
+def lr_aware_rho(b_ref: float, b_bend: float, kappa: float, lr_rule: str = "sqrt", *,
+                 source: str = "given") -> LrAwareRho:
     if not (b_bend > 0 and math.isfinite(b_bend)) or not (0 <= kappa < 1):
-        raise RlsimError(f"lr-aware constants out of range: --bend-batch must be > 0 responses (got {b_bend:g}) and --kappa "
-                         f"in [0, 1) (got {kappa:g})")
+        raise RlsimError(f"lr-aware constants out of range: --bend-batch must be > 0 responses (got {b_bend:g}) and "
+                         f"--kappa in [0, 1) (got {kappa:g})")
     return LrAwareRho(float(b_ref), b_bend=float(b_bend), kappa=float(kappa), lr_rule=lr_rule, source=source)
 
 
@@ -259,8 +265,8 @@ def curves_rho(b_ref: float, curves: list[LearningCurve], target: float) -> Curv
     if float(b_ref) not in pts:
         raise RlsimError(f"the reference trace does not reach the target {target:.4g}; lower {name('target')}")
     bs = sorted(pts)
-    return CurvesRho(float(b_ref), log_b=tuple(math.log(b) for b in bs), n_star=tuple(float(np.mean(pts[b])) for b in bs),
-                     lr_rules=tuple(rules[b] for b in bs))
+    return CurvesRho(float(b_ref), log_b=tuple(math.log(b) for b in bs),
+                     n_star=tuple(float(np.mean(pts[b])) for b in bs), lr_rules=tuple(rules[b] for b in bs))
 
 
 # ---- the lr-aware model's fit ------------------------------------------------------------------
@@ -271,7 +277,8 @@ class LrAwareFit:
 
     b_bend: float = field(metadata={"help": "fitted bend batch, responses"})
     kappa: float = field(metadata={"help": "fitted kappa"})
-    loss: float = field(metadata={"help": "sum of squared log-rho errors at the fit (censored runs count only when predicted too low)"})
+    loss: float = field(metadata={"help": "sum of squared log-rho errors at the fit (censored runs count only when "
+                                          "predicted too low)"})
     runs: int = field(metadata={"help": "runs other than the reference that entered the fit"})
 
 
@@ -393,15 +400,16 @@ def staleness_rho(curves: Sequence[LearningCurve], target: float, b_ref: int, et
         notes = [f"staleness: rho x{mult:.4g} at eta = {eta:g} from learning curves recorded at staleness "
                  f"{', '.join(map(str, xs))} (batch {b_ref}), linear in eta"]
         if eta < xs[0] or eta > xs[-1]:
-            notes.append(f"staleness {eta:g} is outside the recorded {xs[0]}..{xs[-1]}: its sample cost is clamped to the nearest")
+            notes.append(f"staleness {eta:g} is outside the recorded {xs[0]}..{xs[-1]}: its sample cost is clamped to "
+                         "the nearest")
         return mult, notes
     if eta == ref_eta:
         return 1.0, []
-    notes = [f"staleness: rho x1 assumed for eta = {eta:g}, not measured on this task: flat up to eta = {STALENESS_FLAT_UP_TO} "
-             "with an off-policy correction and rising from eta = 2 without one (plain PPO/GRPO clipping) in AReaL's "
-             "staleness ablation (Fu et al. 2025, arXiv:2505.24298); record runs at this staleness (--trace, config staleness) for "
-             "learning curves"]
+    notes = [f"staleness: rho x1 assumed for eta = {eta:g}, not measured on this task: flat up to eta = "
+             f"{STALENESS_FLAT_UP_TO} with an off-policy correction and rising from eta = 2 without one (plain "
+             "PPO/GRPO clipping) in AReaL's staleness ablation (Fu et al. 2025, arXiv:2505.24298); record runs at this "
+             "staleness (--trace, config staleness) for learning curves"]
     if eta > STALENESS_FLAT_UP_TO:
-        notes.append(f"staleness {eta:g} is beyond eta = {STALENESS_FLAT_UP_TO}, where that ablation's final scores fall even "
-                     "with the correction: rho = 1 is optimistic here")
+        notes.append(f"staleness {eta:g} is beyond eta = {STALENESS_FLAT_UP_TO}, where that ablation's final scores "
+                     "fall even with the correction: rho = 1 is optimistic here")
     return 1.0, notes

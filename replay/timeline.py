@@ -211,7 +211,8 @@ def _rank_slices(trace) -> list[Slice]:
     x = trace.rows("idle")
     for i in range(len(x["kind"])):
         e, k = json_scalar(x["engine_id"][i]), json_scalar(x["rank"][i])
-        lane, nm = (f"gen/engine{int(e)}", "gen.idle") if e is not None else (f"train/trainer{int(k or 0)}", "train.idle")
+        lane, nm = (f"gen/engine{int(e)}",
+                    "gen.idle") if e is not None else (f"train/trainer{int(k or 0)}", "train.idle")
         spans.append(Slice(lane, "idle", nm, float(x["t_start"][i]), float(x["duration"][i]),
                            {"policy_version": json_scalar(x["policy_version"][i])}))
     return spans

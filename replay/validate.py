@@ -164,7 +164,8 @@ def validate_meta(meta: Any, path: Path) -> None:
         raise TraceError(f"{path}: the `rlsim` metadata is {type(meta).__name__}, not a JSON object; {META_FIX}")
     version = meta.get("schema_version")
     if not _int(version) or version not in READABLE_VERSIONS:
-        reads = f"version {SCHEMA_VERSION}" if len(READABLE_VERSIONS) == 1 else "versions " + ", ".join(map(str, READABLE_VERSIONS))
+        reads = (f"version {SCHEMA_VERSION}" if len(READABLE_VERSIONS) == 1
+                 else "versions " + ", ".join(map(str, READABLE_VERSIONS)))
         raise TraceError(f"{path} has trace schema version {_short(version)}, this rlsim reads {reads}; "
                          "re-record it with this rlsim's `rlrun record`")
     for sec in META_SECTIONS:
@@ -177,15 +178,17 @@ def validate_meta(meta: Any, path: Path) -> None:
             name = f"{sec}.{key}" if sec else key
             raise TraceError(f"{path}: metadata `{name}` must be {_TYPE_TEXT[ok]}, got {_short(v)}; {META_FIX}")
     eng = meta.get("engine") or {}
-    if eng.get("kv_cache_tokens") is not None and eng.get("block_size") is not None and eng["kv_cache_tokens"] < eng["block_size"]:
-        raise TraceError(f"{path}: metadata `engine.kv_cache_tokens` {eng['kv_cache_tokens']} is less than one KV block "
-                         f"(`engine.block_size` {eng['block_size']}): no engine runs like that; {META_FIX}")
+    if (eng.get("kv_cache_tokens") is not None and eng.get("block_size") is not None
+            and eng["kv_cache_tokens"] < eng["block_size"]):
+        raise TraceError(f"{path}: metadata `engine.kv_cache_tokens` {eng['kv_cache_tokens']} is less than one KV "
+                         f"block (`engine.block_size` {eng['block_size']}): no engine runs like that; {META_FIX}")
 
 
 # ---------------------------------------------------------------------------------------------- columns
 def _string_like(t: pa.DataType) -> bool:
     return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
-            or (pa.types.is_dictionary(t) and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))))
+            or (pa.types.is_dictionary(t)
+                and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))))
 
 
 def _numeric_like(t: pa.DataType) -> bool:
@@ -198,7 +201,8 @@ def check_columns(table: pa.Table, path: Path, version: int = SCHEMA_VERSION) ->
     names = table.column_names
     missing = [c for c in columns_for_version(version) if c not in names]
     if missing:
-        raise TraceError(f"{path} lacks columns {', '.join(missing)}; it was not written by a compatible `rlrun record`")
+        raise TraceError(f"{path} lacks columns {', '.join(missing)}; it was not written by a compatible "
+                         "`rlrun record`")
     dup = [c for c in COLUMN_NAMES if names.count(c) > 1]
     if dup:
         raise TraceError(f"{path} has columns {', '.join(dup)} more than once; it was not written by `rlrun record`")
@@ -259,10 +263,12 @@ class _Checker:
                 continue
             col = table[name]
             if not (pa.types.is_integer(dtype) or pa.types.is_floating(dtype)):  # text: only null-checked
-                full[name] = (np.zeros(n), col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool))
+                full[name] = (np.zeros(n),
+                              col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool))
                 continue
             null = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool)
-            full[name] = (pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False).astype(float, copy=False), null)
+            vals = pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+            full[name] = (vals.astype(float, copy=False), null)
         self.rows: dict[str, _Rows] = {}
         for k in EVENT_KINDS:
             pos = np.nonzero(pc.equal(table["kind"], k).fill_null(False).to_numpy(zero_copy_only=False))[0]
@@ -302,7 +308,8 @@ class _Checker:
         try:
             self.result.table = table.cast(arrow_schema())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # pragma: no cover - the checks above prevent it
-            raise TraceError(f"{self.path}: values do not fit the trace schema ({str(e).splitlines()[0][:120]}); {FIX}") from None
+            raise TraceError(f"{self.path}: values do not fit the trace schema ({str(e).splitlines()[0][:120]}); "
+                             f"{FIX}") from None
         return self.result
 
     def check_values(self, r: _Rows) -> None:
@@ -380,7 +387,8 @@ class _Checker:
         uniq, counts = np.unique(cs, return_counts=True)
         n = np.zeros(len(steps))
         idx = np.searchsorted(uniq, steps)
-        hit = (idx < len(uniq)) & (uniq[np.minimum(idx, len(uniq) - 1)] == steps) if len(uniq) else np.zeros(len(steps), bool)
+        hit = ((idx < len(uniq)) & (uniq[np.minimum(idx, len(uniq) - 1)] == steps) if len(uniq)
+               else np.zeros(len(steps), bool))
         n[hit] = counts[idx[hit]]
         nr = u.values["num_responses"]
         self.flag(u, "num_responses", hit & (nr != n),
@@ -394,7 +402,8 @@ class _Checker:
         idle = self.rows.get(IDLE)
         if idle is not None and len(idle.pos):
             has_e, has_r = ~idle.null["engine_id"], ~idle.null["rank"]
-            self.flag(idle, "engine_id", has_e == has_r, "have both or neither of `engine_id` and `rank` (an idle row is "
+            self.flag(idle, "engine_id", has_e == has_r,
+                      "have both or neither of `engine_id` and `rank` (an idle row is "
                       "one engine's wait or one trainer rank's: exactly one of them)",
                       lambda i: f"engine_id {'set' if has_e[i] else 'null'}, rank {'set' if has_r[i] else 'null'}")
         resp = self.rows.get(RESPONSE)
@@ -403,8 +412,9 @@ class _Checker:
             both = ~resp.null["finish_version"] & ~resp.null["policy_version"]
             with np.errstate(invalid="ignore"):
                 self.flag(resp, "finish_version", both & (fv < pv),
-                          "have a `finish_version` below their `policy_version` (a response cannot finish on older weights "
-                          "than it started on)", lambda i: f"policy_version {pv[i]:.0f}, finish_version {fv[i]:.0f}")
+                          "have a `finish_version` below their `policy_version` (a response cannot finish on older "
+                          "weights than it started on)",
+                          lambda i: f"policy_version {pv[i]:.0f}, finish_version {fv[i]:.0f}")
 
 
 def validate(table: pa.Table, meta: Any, path: str | Path, *, drop_invalid: bool = False) -> Result:

@@ -5,7 +5,8 @@
     tr = rlsim.load_trace("traces/grpo_p128.parquet")   # validated; tr.table is the pyarrow Table
     rlsim.events(tr)                                     # one row per recorded event
     rlsim.steps(tr)                                      # one row per RL step (rlsim.replay.steps)
-    rlsim.split_stats(tr)                                # measured idle ratios, staleness, overlap (rlsim.replay.split_stats)
+    rlsim.split_stats(tr)                                # measured idle ratios, staleness, overlap
+                                                         # (rlsim.replay.split_stats)
     study = rlsim.fit([tr])                              # cost and learning models, fitted once
     rlsim.predict(study, prompts=2048)                   # reference and candidate, sigma, rho, T ratio
     rlsim.predict_sizes(study, prompts=[256, 512, 1024]) # the reference and one row per size

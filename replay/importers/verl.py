@@ -44,14 +44,17 @@ USE = {
     "perf/total_num_tokens": "update num_tokens (prompt + response tokens)",
     "perf/throughput": "checked against tokens / (step time x GPUs)",
     "response_length/mean": "step_stats response_len_mean", "response_length/min": "step_stats response_len_min",
-    "response_length/max": "step_stats response_len_max", "response_length/clip_ratio": "step_stats response_clip_ratio",
+    "response_length/max": "step_stats response_len_max",
+    "response_length/clip_ratio": "step_stats response_clip_ratio",
     "prompt_length/mean": "step_stats prompt_len_mean", "prompt_length/min": "step_stats prompt_len_min",
     "prompt_length/max": "step_stats prompt_len_max", "prompt_length/clip_ratio": "step_stats prompt_clip_ratio",
     "critic/score/mean": "update reward, step_stats score_mean", "critic/score/min": "step_stats score_min",
     "critic/score/max": "step_stats score_max", "actor/lr": "update lr", "actor/pg_loss": "update loss",
-    "actor/grad_norm": "update grad_norm", "critic/vf_loss": "update critic_loss", "critic/grad_norm": "update critic_grad_norm",
+    "actor/grad_norm": "update grad_norm", "critic/vf_loss": "update critic_loss",
+    "critic/grad_norm": "update critic_grad_norm",
     "training/global_step": "step index (0-based in the trace: global_step - 1)",
-    "trainer/idle_ratio": "fully-async run detected (a warning at fit time)", "rollouter/idle_ratio": "fully-async run detected",
+    "trainer/idle_ratio": "fully-async run detected (a warning at fit time)",
+    "rollouter/idle_ratio": "fully-async run detected",
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -118,7 +121,8 @@ def parse_table(path: Path, rows: list[dict[str, Any]]) -> dict[int, dict[str, f
         m = numeric(r)
         s = next((m[k] for k in ("training/global_step", "step", "_step") if k in m), None)
         if s is None:
-            raise RlsimError(f"{path}: a row has no step (training/global_step, step or _step); export the run's history with its step column")
+            raise RlsimError(f"{path}: a row has no step (training/global_step, step or _step); export the run's "
+                             "history with its step column")
         steps.setdefault(int(s), {}).update({k: v for k, v in m.items() if k not in ("step",)})
     return steps
 
@@ -326,7 +330,8 @@ def _gpus_from_throughput(spec: RunSpec, implied: float) -> None:
 IMPORTER = Importer(
     name="verl", help="Import a verl PPO/GRPO run.", load=load,
     log_help="console log (step:N - key:value - ...), metrics .jsonl, or W&B history .csv",
-    flags=("config", "prompts", "group", "gpus", "device", "model_params", "tp", "eval_metric", "drop_truncated"),
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "model_config", "tp", "eval_metric",
+           "drop_truncated"),
     flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"] + " (Hydra's .hydra/config.yaml)",
                "prompts": "P: data.train_batch_size (prompts per step)",
                "group": "G: actor_rollout_ref.rollout.n (responses per prompt)",

@@ -49,10 +49,11 @@ class StudyOptions:
                 "(None: auto; `report`: the sweep's)",
         "flags": ["--rho", "--rho-model"]})
     bend_batch: Optional[float] = field(default=None, metadata={
-        "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they are "
-                "fitted on the other --trace runs).", "flags": ["--bend-batch"]})
+        "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they "
+                "are fitted on the other --trace runs).", "flags": ["--bend-batch"]})
     kappa: Optional[float] = field(default=None, metadata={
-        "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with --bend-batch).",
+        "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with "
+                "--bend-batch).",
         "flags": ["--kappa"]})
     target: Optional[float] = field(default=None, metadata={
         "help": "Eval score that defines time-to-target (None: the best the reference reached; with several "

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlsim.cli.opts import default_text
-from rlsim.cli.options import StudyOptions, command
+from rlsim.cli.options import StudyOptions, command, labels
 from rlsim.sweeps.plan import Plan, PlanConfig, plan
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import dumps, fmt
@@ -17,8 +17,8 @@ from rlsim.replay.util import dumps, fmt
 def _print(p: Plan) -> None:
     con = Console(highlight=False)
     t = Table(title=f"rlsim plan: reference P={p.reference_prompts}; T / T_ref over the measured rho uncertainty")
-    for c in ("P", "G", "sigma", "rho", "T / T_ref", "5..95 %", "p within 5 % of best", "p beats ref", "expected regret",
-              "measured"):
+    for c in ("P", "G", "sigma", "rho", "T / T_ref", "5..95 %", "p within 5 % of best", "p beats ref",
+              "expected regret", "measured"):
         t.add_column(c, justify="right")
     for c in p.candidates:
         t.add_row(str(c.prompts), str(c.group), f"{c.sigma:.3f}", f"{c.rho:.3f}", f"{c.time_to_target_ratio:.3f}",
@@ -56,14 +56,18 @@ def register(app: typer.Typer) -> None:
                  budget: Optional[float] = typer.Option(None, "--budget", help=default_text(
                      "Responses the pilots may spend in all.", "one reference run's")),
                  as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
-        extra = sorted(set(axes) - {"prompts", "group"})
+        extra = sorted(set(axes) - {"prompts", "group", "model_params"})
         if extra:
-            raise RlsimError(f"rlsim plan takes candidate sizes (--batch P1,P2,... and one --group), not {', '.join(extra)}")
-        groups = axes.get("group", [None])
+            raise RlsimError(f"rlsim plan takes candidate sizes (--batch P1,P2,... and one --group) and the model's "
+                             f"--model-params, not {', '.join(labels()[x] for x in extra)}")
+        groups, params = axes.get("group", [None]), axes.get("model_params", [None])
         if len(groups) != 1:
             raise RlsimError("rlsim plan takes one --group for every candidate; plan each group separately")
+        if len(params) != 1:
+            raise RlsimError("rlsim plan takes one --model-params (the model's parameter count)")
         traces = so.traces()
-        cfg = PlanConfig(prompts=tuple(axes.get("prompts", ())), group=groups[0], budget=budget)
+        cfg = PlanConfig(prompts=tuple(axes.get("prompts", ())), group=groups[0], budget=budget,
+                         model_params=params[0])
         res = plan(traces[0], cfg, pilots=traces[1:], target=so.target)
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))

@@ -46,19 +46,22 @@ class WhatIf:
     device: str | None = _f(None, "named device profile to predict for, e.g. h200 (rlsim.replay.devices); costs move "
                                    "by the roofline rule and the notes say which (None: the trace's own hardware)")
     gpus: int | None = _f(None, "devices of that profile (None: as many as recorded)")
-    gen_batch: int | None = _f(None, "responses generated per update, B_gen >= B = P x G; the first G of each prompt to "
-                                     "finish are trained on (None: the trace's over-generation ratio B_gen / B)")
-    gen_gpus: int | None = _f(None, "generation devices of a split (generation and training on separate devices): one engine "
-                                    "replica each, each the recorded engine (its fitted step cost, max_num_seqs and KV cache), "
-                                    "pulling requests from one shared queue (None: colocated, as recorded)")
-    train_gpus: int | None = _f(None, "data-parallel training devices of a split: each trains B / train_gpus responses, then a ring "
-                                      "all-reduce of the gradients (None: colocated, as recorded)")
-    staleness: float | None = _f(None, "staleness limit eta (AReaL's): a prompt starts only while prompts started stay under "
-                                       "(eta + version + 1) x P, in-flight ones counted, so a trained sample lags at most "
-                                       "ceil(eta) policy versions; a fraction admits that share of a batch ahead (verl's "
-                                       "staleness_threshold); 0 = synchronous (None: 0)")
-    partial_rollout: bool = _f(False, "with a split: responses in flight at a weight update continue on the new weights (KV "
-                                      "recomputed) instead of finishing on the old ones while the sync waits for them")
+    gen_batch: int | None = _f(None, "responses generated per update, B_gen >= B = P x G; the first G of each prompt "
+                                     "to finish are trained on (None: the trace's over-generation ratio B_gen / B)")
+    gen_gpus: int | None = _f(None, "generation devices of a split (generation and training on separate devices): one "
+                                    "engine replica each, each the recorded engine (its fitted step cost, max_num_seqs "
+                                    "and KV cache), pulling requests from one shared queue (None: colocated, as "
+                                    "recorded)")
+    train_gpus: int | None = _f(None, "data-parallel training devices of a split: each trains B / train_gpus "
+                                      "responses, then a ring all-reduce of the gradients (None: colocated, as "
+                                      "recorded)")
+    staleness: float | None = _f(None, "staleness limit eta (AReaL's): a prompt starts only while prompts started stay "
+                                       "under (eta + version + 1) x P, in-flight ones counted, so a trained sample "
+                                       "lags at most ceil(eta) policy versions; a fraction admits that share of a "
+                                       "batch ahead (verl's staleness_threshold); 0 = synchronous (None: 0)")
+    partial_rollout: bool = _f(False, "with a split: responses in flight at a weight update continue on the new "
+                                      "weights (KV recomputed) instead of finishing on the old ones while the sync "
+                                      "waits for them")
     model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace "
                                           "names a model rlsim cannot size (None: the trace's model)")
 
@@ -90,15 +93,15 @@ class WhatIf:
                 raise RlsimError(f"{name(f)} must be a positive integer (devices), got {v!r}")
         s = self.staleness
         if s is not None and (not isinstance(s, (int, float)) or isinstance(s, bool) or not 0 <= s < math.inf):
-            raise RlsimError(f"{name('staleness')} must be a non-negative number (policy versions a sample may lag, a fraction "
-                             f"admitting that share of a batch ahead; 0 = synchronous), got {s!r}")
+            raise RlsimError(f"{name('staleness')} must be a non-negative number (policy versions a sample may lag, a "
+                             f"fraction admitting that share of a batch ahead; 0 = synchronous), got {s!r}")
         if not isinstance(self.partial_rollout, bool):
             raise RlsimError(f"{name('partial_rollout')} must be true or false, got {self.partial_rollout!r}")
         add_split = f"add {setting(gen_gpus='N', train_gpus='M')}"
         if self.split and (self.gen_gpus is None or self.train_gpus is None):
             given, missing = ("gen_gpus", "train_gpus") if self.train_gpus is None else ("train_gpus", "gen_gpus")
-            raise RlsimError(f"{name(given)} needs {name(missing)} too: a split is generation devices plus training devices "
-                             f"(e.g. {setting(gen_gpus=6, train_gpus=2)})")
+            raise RlsimError(f"{name(given)} needs {name(missing)} too: a split is generation devices plus training "
+                             f"devices (e.g. {setting(gen_gpus=6, train_gpus=2)})")
         if not self.split:
             if self.partial_rollout:
                 raise RlsimError(f"{name('partial_rollout')} needs split devices: {add_split} "
@@ -107,11 +110,11 @@ class WhatIf:
                 raise RlsimError(f"{setting(staleness=s)} needs split devices: {add_split} "
                                  "(colocated generation and training cannot overlap)")
         elif self.gpus is not None:
-            raise RlsimError(f"{name('gpus')} sets the colocated device count; with a split give {name('gen_gpus')} and "
-                             f"{name('train_gpus')} instead")
+            raise RlsimError(f"{name('gpus')} sets the colocated device count; with a split give {name('gen_gpus')} "
+                             f"and {name('train_gpus')} instead")
         elif self.gen_batch is not None:
-            raise RlsimError(f"{name('gen_batch')} does not apply with a split: asynchronous generation keeps its replicas full "
-                             f"from one queue (B_gen = B); drop {name('gen_batch')} or the split")
+            raise RlsimError(f"{name('gen_batch')} does not apply with a split: asynchronous generation keeps its "
+                             f"replicas full from one queue (B_gen = B); drop {name('gen_batch')} or the split")
 
 
 @dataclass(frozen=True)
@@ -143,27 +146,32 @@ class SplitConfig:
 
     gen_gpus: int = _f(1, "generation engine replicas (one per device, each the recorded engine)")
     train_gpus: int = _f(1, "data-parallel training ranks")
-    staleness: float = _f(0.0, "staleness limit eta (AReaL's; a fraction as verl's staleness_threshold): a consumed sample lags "
-                               "at most ceil(eta) policy versions; 0 = synchronous")
-    partial_rollout: bool = _f(False, "in-flight responses continue across a weight sync (KV recomputed) instead of finishing first")
-    allreduce_gbs: float = _f(0.0, "bandwidth of the ring all-reduce of the gradients, GB/s (0: unknown; needed when train_gpus > 1)")
+    staleness: float = _f(0.0, "staleness limit eta (AReaL's; a fraction as verl's staleness_threshold): a consumed "
+                               "sample lags at most ceil(eta) policy versions; 0 = synchronous")
+    partial_rollout: bool = _f(False, "in-flight responses continue across a weight sync (KV recomputed) instead of "
+                                      "finishing first")
+    allreduce_gbs: float = _f(0.0, "bandwidth of the ring all-reduce of the gradients, GB/s (0: unknown; needed when "
+                                   "train_gpus > 1)")
     bandwidth_source: str = _f("", "where allreduce_gbs comes from (trace metadata or a named device profile)")
     allreduce_fitted: bool = _f(False, "the fitted update already holds the gradient collective (the reference trained "
                                        "data-parallel on several GPUs), so no all-reduce is added")
 
     def validate(self, batch: int) -> None:
         if self.gen_gpus < 1 or self.train_gpus < 1:
-            raise RlsimError(f"{name('gen_gpus')} and {name('train_gpus')} must be at least 1, got {self.gen_gpus} and {self.train_gpus}")
+            raise RlsimError(f"{name('gen_gpus')} and {name('train_gpus')} must be at least 1, got {self.gen_gpus} and "
+                             f"{self.train_gpus}")
         if self.staleness < 0:
             raise RlsimError(f"{name('staleness')} must be a non-negative number, got {self.staleness}")
         if batch % self.train_gpus:
             divs = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:4]
-            raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide the training batch B = P x G = {batch} "
-                             f"responses (each data-parallel rank trains B / train_gpus); pick a divisor of B"
-                             f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or change {name('prompts')}")
+            raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide the training batch B = P x G = "
+                             f"{batch} responses (each data-parallel rank trains B / train_gpus); pick a divisor of B"
+                             f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or change "
+                             f"{name('prompts')}")
         if self.train_gpus > 1 and not self.allreduce_fitted and not self.allreduce_gbs > 0:
-            raise RlsimError(f"{name('train_gpus')} > 1 needs the interconnect bandwidth for the gradient all-reduce: the trace's "
-                             f"hardware matches no device profile; pass {setting(device='NAME')} (rlsim.replay.devices)")
+            raise RlsimError(f"{name('train_gpus')} > 1 needs the interconnect bandwidth for the gradient all-reduce: "
+                             f"the trace's hardware matches no device profile; pass {setting(device='NAME')} "
+                             "(rlsim.replay.devices)")
 
 
 @dataclass(frozen=True)
@@ -180,9 +188,12 @@ class SimConfig:
     group: int = _f(8, "G: responses per prompt")
     updates: int = _f(100, "updates to simulate")
     engine: EngineConfig = _f(EngineConfig(), "generation engine limits")
-    gen_batch: int = _f(0, "requests generated per round (B_gen >= B; 0: = B); the first G responses of each prompt to finish are trained on")
-    lengths: str = _f("sampled", "sampled: draw lengths from the fitted distribution; recorded: replay the trace's responses step by step")
-    exact_engine: bool = _f(False, "always run the step-level engine loop (with KV accounting and preemption) instead of the exact fast path")
+    gen_batch: int = _f(0, "requests generated per round (B_gen >= B; 0: = B); the first G responses of each prompt to "
+                           "finish are trained on")
+    lengths: str = _f("sampled", "sampled: draw lengths from the fitted distribution; recorded: replay the trace's "
+                                 "responses step by step")
+    exact_engine: bool = _f(False, "always run the step-level engine loop (with KV accounting and preemption) instead "
+                                   "of the exact fast path")
     split: SplitConfig | None = _f(None, "split devices and asynchronous rollout (rlsim.modes.split); None: the "
                                          "synchronous colocated loop")
 
@@ -198,9 +209,11 @@ class SimConfig:
 
     def validate(self) -> None:
         if self.gen_batch and self.gen_batch < self.batch:
-            raise RlsimError(f"{setting(gen_batch=self.gen_batch)} is smaller than the train batch B = P x G = {self.batch}")
+            raise RlsimError(f"{setting(gen_batch=self.gen_batch)} is smaller than the train batch B = P x G = "
+                             f"{self.batch}")
         if self.prompts <= 0 or self.group <= 0 or self.updates <= 0:
-            raise RlsimError(f"prompts, group and updates must be positive, got {self.prompts}, {self.group}, {self.updates}")
+            raise RlsimError(f"prompts, group and updates must be positive, got {self.prompts}, {self.group}, "
+                             f"{self.updates}")
         if self.lengths not in LENGTHS:
             raise RlsimError(f"lengths must be one of {', '.join(LENGTHS)}, got {self.lengths!r}")
         self.engine.validate()

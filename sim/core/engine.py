@@ -104,7 +104,8 @@ class RoundPlan:
     preemptions: np.ndarray = field(metadata={"help": "(rounds,) preemptions (0 on the fast path)"})
     peak_kv_tokens: np.ndarray = field(metadata={"help": "(rounds,) most KV tokens allocated in one step"})
     peak_running: np.ndarray = field(metadata={"help": "(rounds,) most sequences in one step"})
-    length: np.ndarray | None = field(default=None, metadata={"help": "(rounds, B) response lengths (for num_running per step)"})
+    length: np.ndarray | None = field(default=None,
+                                      metadata={"help": "(rounds, B) response lengths (for num_running per step)"})
 
     def sums(self, hist: bool = False) -> StepSums:
         """(rounds,) summed engine-step features; `hist`: with the (rounds, max n + 1) histogram of num_running
@@ -161,7 +162,8 @@ def schedule_rounds(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, p
     return _plan(start, prompt, length, prefill, max_num_seqs)
 
 
-def _plan(start: np.ndarray, prompt: np.ndarray, length: np.ndarray, prefill: np.ndarray, max_num_seqs: int) -> RoundPlan:
+def _plan(start: np.ndarray, prompt: np.ndarray, length: np.ndarray, prefill: np.ndarray,
+          max_num_seqs: int) -> RoundPlan:
     """RoundPlan of (rounds, B) admission steps: the summed features are closed forms of the lengths."""
     U, B = length.shape
     lmax = int(length.max())
@@ -192,7 +194,8 @@ def schedule_round(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, pr
         prefill = prompt
     if B == 0:
         z = np.zeros(1)
-        return RoundPlan(np.zeros((1, 0), np.int64), z.astype(np.int64), z, z, z, z.astype(np.int64), z, z.astype(np.int64))
+        return RoundPlan(np.zeros((1, 0), np.int64), z.astype(np.int64), z, z, z, z.astype(np.int64), z,
+                         z.astype(np.int64))
     rel_len = np.maximum(length, 1) if length.min() < 1 else length
     R = int(rel_len.max()) + 1
     ring = np.zeros(2 * R, np.int64)  # slot releases at steps base .. base + 2R - 1
@@ -251,7 +254,8 @@ def round_cost(gen: EngineStepCost, plan: RoundPlan) -> np.ndarray:
     return gen.total(plan.sums(hist=bool(gen.hinges)))
 
 
-def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray, prefill: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray,
+                prefill: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-step composition of one round from its schedule: num_running, context_tokens, prefill_tokens, finished."""
     start = np.asarray(start, np.int64)
     length = np.asarray(length, np.int64)
@@ -261,7 +265,8 @@ def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray, prefi
     K = int(end.max()) if len(end) else 0
     n = np.cumsum(np.bincount(start, minlength=K + 1) - np.bincount(end, minlength=K + 1))[:K]
     a = (prompt - start).astype(float)  # context of a request at step s is a + s
-    ctx = np.cumsum(np.bincount(start, a, minlength=K + 1) - np.bincount(end, a, minlength=K + 1))[:K] + np.arange(K) * n
+    ctx = np.cumsum(np.bincount(start, a, minlength=K + 1)
+                    - np.bincount(end, a, minlength=K + 1))[:K] + np.arange(K) * n
     pre = np.bincount(start, np.asarray(prefill, float), minlength=K + 1)[:K]
     fin = np.bincount(end - 1, minlength=K + 1)[:K]
     return {"num_running": n.astype(np.int64), "context_tokens": ctx, "prefill_tokens": pre, "finished": fin}

@@ -29,7 +29,8 @@ def parse_value(text: str, tp: Any, option: str) -> Any:
     base, optional = base_type(tp)
     s = text.strip()
     if s == "":
-        raise RlsimError(f"{option}: empty element in the list (write values separated by single commas, e.g. {option} 64,128)")
+        raise RlsimError(f"{option}: empty element in the list (write values separated by single commas, e.g. {option} "
+                         "64,128)")
     if optional and s.lower() in ("none", "null", "-"):
         return None
     try:

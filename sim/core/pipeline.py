@@ -110,10 +110,14 @@ class SimRun:
     peak_running: np.ndarray = field(metadata={"help": "most concurrent sequences in a step of each round"})
     total_time: float = field(metadata={"help": "simulated seconds at the end"})
     exact_engine: bool = field(default=False, metadata={"help": "the step-level loop (KV accounting) was used"})
-    timeline: list = field(default_factory=list, metadata={"help": "Slices (rlsim.replay.timeline) when record_timeline=True"})
-    counters: list = field(default_factory=list, metadata={"help": "Counters gen.running, gen.kv_usage when record_timeline=True"})
-    rounds_simulated: int = field(default=0, metadata={"help": "distinct generation rounds simulated (= updates unless rounds were reused)"})
-    approximation: str = field(default="", metadata={"help": "empty when every update's round was simulated; else what was sampled and its error"})
+    timeline: list = field(default_factory=list,
+                           metadata={"help": "Slices (rlsim.replay.timeline) when record_timeline=True"})
+    counters: list = field(default_factory=list,
+                           metadata={"help": "Counters gen.running, gen.kv_usage when record_timeline=True"})
+    rounds_simulated: int = field(default=0, metadata={"help": "distinct generation rounds simulated (= updates unless "
+                                                               "rounds were reused)"})
+    approximation: str = field(default="", metadata={"help": "empty when every update's round was simulated; else what "
+                                                             "was sampled and its error"})
     features: dict = field(default_factory=dict, metadata={
         "help": "summed engine-step features over all updates: K steps, S1 running, S2 context, S3 prefill tokens, and "
                 "hist (steps per num_running; only for a knee step model): any step-cost coefficients give the engine "
@@ -121,8 +125,10 @@ class SimRun:
     gen_idle_ratio: float = field(default=math.nan, metadata={
         "help": "split runs: mean over replicas of the fraction of wall time running no engine step (nan: colocated)"})
     train_idle_ratio: float = field(default=math.nan, metadata={
-        "help": "split runs: mean over ranks of the fraction of wall time neither computing nor communicating (nan: colocated)"})
-    staleness_mean: float = field(default=0.0, metadata={"help": "mean policy versions a consumed sample lagged (0: synchronous)"})
+        "help": "split runs: mean over ranks of the fraction of wall time neither computing nor communicating (nan: "
+                "colocated)"})
+    staleness_mean: float = field(default=0.0,
+                                  metadata={"help": "mean policy versions a consumed sample lagged (0: synchronous)"})
     staleness_max: int = field(default=0, metadata={"help": "most policy versions a consumed sample lagged"})
     split: SplitResult | None = field(default=None, metadata={
         "help": "split runs (rlsim.modes.split): devices, staleness limit, all-reduce; None: colocated"})
@@ -137,7 +143,8 @@ class SimRun:
         return float(self.step_time.mean())
 
 
-def _trained(p: np.ndarray, L: np.ndarray, finish: np.ndarray | None, extra: int, G: int, shared_prompts: bool) -> tuple[int, float]:
+def _trained(p: np.ndarray, L: np.ndarray, finish: np.ndarray | None, extra: int, G: int,
+             shared_prompts: bool) -> tuple[int, float]:
     """Responses trained on and tokens trained on, counted as the trace's num_tokens counts them."""
     n = len(L) - extra
     prompt_of = np.concatenate([np.arange(n) // G, np.arange(extra) % max(n // G, 1)])
@@ -170,21 +177,25 @@ def check_memory(models: FittedModels, cfg: SimConfig, *, round_by_round: bool, 
                  rounds_kept: int = 0) -> None:
     """Raise RlsimError (one line: what is too large, how to fix it) when `memory_estimate` exceeds
     MEMORY_LIMIT_BYTES; nothing is allocated before."""
-    est = memory_estimate(models, cfg, round_by_round=round_by_round, record_timeline=record_timeline, rounds_kept=rounds_kept)
+    est = memory_estimate(models, cfg, round_by_round=round_by_round, record_timeline=record_timeline,
+                          rounds_kept=rounds_kept)
     total = sum(est.values())
     if total <= MEMORY_LIMIT_BYTES:
         return
     U, P, G, B_gen = cfg.updates, cfg.prompts, cfg.group, cfg.gen_requests
     limit = f"over the simulator's limit of {MEMORY_LIMIT_BYTES / 2**30:g} GB (rlsim.core.pipeline.MEMORY_LIMIT_BYTES)"
     if est["timeline"] >= est["workload"]:
-        what = f"recording the timeline of {U} updates of {B_gen:,} requests needs about {total / 2**30:.1f} GB of memory"
+        what = (f"recording the timeline of {U} updates of {B_gen:,} requests needs about {total / 2**30:.1f} GB of "
+                "memory")
         fix = "pass fewer --updates or a smaller --batch"
     elif round_by_round:
         per_prompt = BYTES_PER_REQUEST_ROUND * B_gen / P
         p_max = int((MEMORY_LIMIT_BYTES - est["timeline"]) / per_prompt)
         what = (f"one generation round of {B_gen:,} requests (P={P:,} x G={G}"
-                f"{f', {B_gen - P * G:,} over-generated' if B_gen > P * G else ''}) needs about {total / 2**30:.1f} GB of memory")
-        fix = f"pass a smaller --batch (at most about {p_max:,} prompts at --group {G}){' or --gen-batch' if B_gen > P * G else ''}"
+                f"{f', {B_gen - P * G:,} over-generated' if B_gen > P * G else ''}) needs about {total / 2**30:.1f} GB "
+                "of memory")
+        fix = (f"pass a smaller --batch (at most about {p_max:,} prompts at --group "
+               f"{G}){' or --gen-batch' if B_gen > P * G else ''}")
     else:
         what = f"all {U} rounds of {B_gen:,} requests at once need about {total / 2**30:.1f} GB of memory"
         fix = "pass fewer --updates or a smaller --batch"
@@ -226,8 +237,8 @@ def _fast_round(models: FittedModels, cfg: SimConfig, plan: RoundPlan, row: int,
     finish = plan.start[row] + L - 1 if extra else None
     responses, tokens = _trained(p, L, finish, extra, cfg.group, models.shared_prompts)
     return _Round(requests=len(L), engine_s=float(cost) + models.gen_overhead.per_step * K, steps=K,
-                  preemptions=0, peak_kv_tokens=float(plan.peak_kv_tokens[row]), peak_running=int(plan.peak_running[row]),
-                  responses=responses, tokens=tokens, features=sums,
+                  preemptions=0, peak_kv_tokens=float(plan.peak_kv_tokens[row]),
+                  peak_running=int(plan.peak_running[row]), responses=responses, tokens=tokens, features=sums,
                   schedule=(plan.start[row], L, p) if keep_timeline else None)
 
 
@@ -316,7 +327,8 @@ class _RoundByRound:
             self.period = max(int(S), 1)
             self.sampled = self.period < U
         self.rounds = min(U, self.period)
-        self.exact = cfg.exact_engine or cfg.engine.kv_can_bind(min(self.workload.context_bound(), cfg.engine.max_model_len))
+        self.exact = cfg.exact_engine or cfg.engine.kv_can_bind(min(self.workload.context_bound(),
+                                                                    cfg.engine.max_model_len))
         self._kept: dict[int, _Round] = {}
 
     def _simulate(self, key: int) -> _Round:
@@ -359,9 +371,10 @@ class _Timeline:
     def add(self, lane: str, track: str, name: str, t: float, dur: float, **args) -> None:
         self.slices.append(Slice(lane, track, name, t, dur, {"id": next(self.ids), **args}))
 
-    def _step(self, t: float, d: float, u: int, n: int, ctx: float, pre: float, finished: int, kv_tokens: float) -> None:
-        self.add(LANE_GEN, "gen_step", "gen.step", t, d, update=u, num_running=n, context_tokens=ctx, prefill_tokens=pre,
-                 finished=finished)
+    def _step(self, t: float, d: float, u: int, n: int, ctx: float, pre: float, finished: int,
+              kv_tokens: float) -> None:
+        self.add(LANE_GEN, "gen_step", "gen.step", t, d, update=u, num_running=n, context_tokens=ctx,
+                 prefill_tokens=pre, finished=finished)
         self.counters.append(Counter(LANE_GEN, "gen.running", t, float(n)))
         self.counters.append(Counter(LANE_GEN, "gen.kv_usage", t, float(min(kv_tokens / self.kv_cache_tokens, 1.0))))
 
@@ -393,8 +406,10 @@ class _Loop:
         self.tl = _Timeline(models, cfg) if record_timeline else None
         U = cfg.updates
         self.per = dict(step_time=np.zeros(U), gen_time=np.zeros(U), train_time=np.zeros(U), sync_time=np.zeros(U),
-                        other_time=np.zeros(U), responses=np.zeros(U), tokens=np.zeros(U), gen_steps=np.zeros(U, np.int64),
-                        preemptions=np.zeros(U, np.int64), peak_kv_tokens=np.zeros(U), peak_running=np.zeros(U, np.int64))
+                        other_time=np.zeros(U), responses=np.zeros(U), tokens=np.zeros(U),
+                        gen_steps=np.zeros(U, np.int64),
+                        preemptions=np.zeros(U, np.int64), peak_kv_tokens=np.zeros(U),
+                        peak_running=np.zeros(U, np.int64))
         self.features = StepSums.zero(_needs_hist(models))
 
     def generate(self, u: int):

@@ -135,8 +135,8 @@ class Replica:
         b.version = self.sync.version
         if n:  # partial rollout: the running sequences' KV is recomputed on the new weights
             b.recompute += float(b.context())
-        self.rec.slice(lane_gen(self.r), "weight_load", "gen.weight_sync", tj, self.env.now - tj, policy_version=b.version,
-                       in_flight=n)
+        self.rec.slice(lane_gen(self.r), "weight_load", "gen.weight_sync", tj, self.env.now - tj,
+                       policy_version=b.version, in_flight=n)
         self.rec.counter(lane_gen(self.r), "gen.running", tj, 0.0)
 
     def preempt(self) -> tuple[int, int]:
@@ -263,7 +263,8 @@ class Replica:
         return x
 
     def end_stretch(self, x: Stretch, ends: np.ndarray) -> None:
-        """After stretch x: its finished sequences leave; prompts whose sequences have all finished go to the trainer."""
+        """After stretch x: its finished sequences leave; prompts whose sequences have all finished go to the
+        trainer."""
         b, q = self.b, self.q
         b.s += x.steps
         self.totals.steps += x.steps

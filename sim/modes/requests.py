@@ -21,7 +21,8 @@ from rlsim.replay.models import FittedModels
 from rlsim.core.workload import Workload
 
 
-def queue_lengths(models: FittedModels, cfg: SimConfig, rng: np.random.Generator, prompts: int) -> tuple[np.ndarray, np.ndarray]:
+def queue_lengths(models: FittedModels, cfg: SimConfig, rng: np.random.Generator,
+                  prompts: int) -> tuple[np.ndarray, np.ndarray]:
     """(S,) prompt and (S,) response lengths of the first `prompts` prompts' S = prompts x G sequences, in queue
     order (prompt-major, P prompts per block, no over-generation): `rlsim.core.workload.Workload`'s rounds end to
     end."""
@@ -67,7 +68,8 @@ class Requests:
         pre0 = p * prefill_ratio
         return cls(group, p, L, pre0, np.concatenate([[0], np.cumsum(p)]), np.concatenate([[0.0], np.cumsum(pre0)]),
                    a=np.zeros(S, np.int64), fin=np.zeros(S, np.int64), done=np.zeros(S, np.int64),
-                   v0=np.full(S, -1, np.int64), v1=np.full(S, -1, np.int64), t0=np.full(S, np.nan), t1=np.full(S, np.nan),
+                   v0=np.full(S, -1, np.int64), v1=np.full(S, -1, np.int64), t0=np.full(S, np.nan),
+                   t1=np.full(S, np.nan),
                    rep=np.full(S, -1, np.int64), cons=np.full(S, -1, np.int64), left=np.full(NP, group, np.int64),
                    pv=np.full(NP, np.iinfo(np.int64).max, np.int64))
 

@@ -74,7 +74,8 @@ from rlsim.replay.devices import profile_for_hardware
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
 
-BYTES_PER_SEQUENCE = 112  # per-sequence arrays of a split run (14 x 8 bytes: `Requests`), all of the run's requests at once
+# per-sequence arrays of a split run (14 x 8 bytes: `Requests`), all of the run's requests at once
+BYTES_PER_SEQUENCE = 112
 
 
 def interconnect(models: FittedModels, hardware: dict | None) -> tuple[float, str]:
@@ -118,7 +119,8 @@ def memory_estimate(cfg: SimConfig, record_timeline: bool = False, mean_len: flo
     seqs = math.ceil(cfg.updates + sp.staleness + 1) * cfg.batch
     tl = 0.0
     if record_timeline:
-        steps = seqs * mean_len / max(min(cfg.engine.max_num_seqs, cfg.batch), 1) + seqs  # steps, and one slice per response
+        # steps, and one slice per response
+        steps = seqs * mean_len / max(min(cfg.engine.max_num_seqs, cfg.batch), 1) + seqs
         tl = steps * BYTES_PER_TIMELINE_STEP
     return seqs * BYTES_PER_SEQUENCE + tl
 
@@ -130,7 +132,8 @@ def replica_spec(models: FittedModels, cfg: SimConfig, kv_bind: bool) -> Replica
                        kv_bind=kv_bind, partial=cfg.split.partial_rollout)
 
 
-def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False) -> SimRun:
+def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator,
+                   record_timeline: bool = False) -> SimRun:
     """Simulate `cfg.updates` updates of the split asynchronous loop (module doc). Deterministic given the rng."""
     cfg.validate()
     sp = cfg.split
@@ -140,9 +143,9 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     NP = admitted(sp.staleness, U, P)  # the gate's bound at version U: no more prompts can start before the run ends
     est = memory_estimate(cfg, record_timeline, float(np.mean(models.lengths.response_tokens)))
     if est > MEMORY_LIMIT_BYTES:
-        raise RlsimError(f"a split simulation of {U} updates of B = {B:,} responses (staleness {sp.staleness:g}) holds every "
-                         f"request at once and needs about {est / 2**30:.1f} GB of memory, over the simulator's limit of "
-                         f"{MEMORY_LIMIT_BYTES / 2**30:g} GB; pass fewer --updates or a smaller --batch")
+        raise RlsimError(f"a split simulation of {U} updates of B = {B:,} responses (staleness {sp.staleness:g}) holds "
+                         f"every request at once and needs about {est / 2**30:.1f} GB of memory, over the simulator's "
+                         f"limit of {MEMORY_LIMIT_BYTES / 2**30:g} GB; pass fewer --updates or a smaller --batch")
     p, L = queue_lengths(models, cfg, rng, NP)
     q = Requests.of(p, L, G, models.lengths.prefill_ratio)
     kv_bind = cfg.exact_engine or cfg.engine.kv_can_bind(int((p + L).max()) if len(p) else 0)
@@ -164,7 +167,8 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
     """The SimRun of a finished split simulation (module doc: Outputs)."""
     sp, log, c = cfg.split, trainer.log, trainer.costs
     wall = float(wall)
-    busy = np.array([R.stats.busy + (wall - R.stats.stretch_start if R.stats.stretch_start is not None else 0.0) for R in reps])
+    busy = np.array([R.stats.busy + (wall - R.stats.stretch_start if R.stats.stretch_start is not None else 0.0)
+                     for R in reps])
     log.per["peak_running"][:] = max(R.stats.peak_running for R in reps)
     log.per["peak_kv_tokens"][:] = max(R.stats.peak_kv for R in reps)
     if rec.on:
@@ -180,25 +184,26 @@ def split_run(models: FittedModels, cfg: SimConfig, wall: float, reps: list[Repl
                   rounds_simulated=cfg.updates, approximation="", features={},
                   gen_idle_ratio=float(1.0 - busy.mean() / wall) if wall > 0 else math.nan,
                   train_idle_ratio=float(1.0 - log.rank_busy.mean() / wall) if wall > 0 else math.nan,
-                  staleness_mean=log.lag_sum / consumed if consumed else 0.0, staleness_max=int(log.lag_max), split=split,
-                  notes=tuple(split_notes(models, cfg, split)), **log.per)
+                  staleness_mean=log.lag_sum / consumed if consumed else 0.0, staleness_max=int(log.lag_max),
+                  split=split, notes=tuple(split_notes(models, cfg, split)), **log.per)
 
 
 def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> list[str]:
     """The split model's assumptions, one line each (they join the Outcome's warnings)."""
     N, M, eta = split.gen_gpus, split.train_gpus, split.staleness
     e = cfg.engine
-    out = [f"split model: {N} generation replica{'s' if N > 1 else ''}, each the recorded engine (its fitted step cost, "
-           f"max_num_seqs {e.max_num_seqs}, KV cache {e.kv_cache_tokens:,} tokens; cost per replica unchanged by their number), "
-           f"one shared queue admitting by AReaL's rule with eta = {eta:g} (rlsim.modes.split); the fixed per-round "
-           "generation "
+    out = [f"split model: {N} generation replica{'s' if N > 1 else ''}, each the recorded engine (its fitted step "
+           f"cost, max_num_seqs {e.max_num_seqs}, KV cache {e.kv_cache_tokens:,} tokens; cost per replica unchanged by "
+           f"their number), one shared queue admitting by AReaL's rule with eta = {eta:g} (rlsim.modes.split); the "
+           "fixed per-round generation "
            "overhead has no counterpart; rewards and the rest of the step run on the trainer's critical path"]
     if M > 1 and split.allreduce_fitted:
-        out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens, balanced "
-                   "by tokens; the gradient collective is inside the fitted update (the reference trained data-parallel), not added")
+        out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens, "
+                   "balanced by tokens; the gradient collective is inside the fitted update (the reference trained "
+                   "data-parallel), not added")
     elif M > 1:
-        out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens; gradient "
-                   f"all-reduce 2({M}-1)/{M} x {split.grad_bytes / 1e6:.4g} MB (the model's weight bytes) / "
+        out.append(f"training: {M} data-parallel ranks, each the fitted prep + update at its B/{M} responses' tokens; "
+                   f"gradient all-reduce 2({M}-1)/{M} x {split.grad_bytes / 1e6:.4g} MB (the model's weight bytes) / "
                    f"{split.allreduce_gbs:g} GB/s ({split.bandwidth_source}) = {split.allreduce_s * 1e3:.4g} ms per "
                    "update")
     else:

@@ -47,8 +47,8 @@ class TrainerCosts:
         M = sp.train_gpus
         return cls(reward=max(float(models.reward.predict(B)), 0.0), other=max(float(models.other.predict(B)), 0.0),
                    sync=max(float(models.sync.predict(models.sync_bytes)), 0.0),
-                   allreduce=allreduce_seconds(models.sync_bytes, M, sp.allreduce_gbs) if M > 1 and not sp.allreduce_fitted
-                   else 0.0, ranks=M)
+                   allreduce=allreduce_seconds(models.sync_bytes, M, sp.allreduce_gbs)
+                   if M > 1 and not sp.allreduce_fitted else 0.0, ranks=M)
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def rank_work(models: FittedModels, q: Requests, seqs: np.ndarray, ranks: int) -
         ptok = p[sh].sum(axis=1)
         tokens = float(p[seqs].sum() + L[seqs].sum())
     tok_r = (ptok + L[sh].sum(axis=1)).astype(float)
-    return RankWork(tokens, tok_r, np.maximum(models.prep.predict(tok_r), 0.0), np.maximum(models.update.predict(tok_r), 0.0))
+    return RankWork(tokens, tok_r, np.maximum(models.prep.predict(tok_r), 0.0),
+                    np.maximum(models.update.predict(tok_r), 0.0))
 
 
 @dataclass(eq=False)
@@ -104,8 +105,8 @@ class UpdateLog:
     @classmethod
     def of(cls, updates: int, ranks: int) -> UpdateLog:
         f, i = (lambda: np.zeros(updates)), (lambda: np.zeros(updates, np.int64))
-        per = dict(step_time=f(), gen_time=f(), train_time=f(), sync_time=f(), other_time=f(), responses=f(), tokens=f(),
-                   gen_steps=i(), preemptions=i(), peak_kv_tokens=f(), peak_running=i())
+        per = dict(step_time=f(), gen_time=f(), train_time=f(), sync_time=f(), other_time=f(), responses=f(),
+                   tokens=f(), gen_steps=i(), preemptions=i(), peak_kv_tokens=f(), peak_running=i())
         return cls(per, np.zeros(ranks))
 
     def staleness(self, lag: np.ndarray) -> None:
@@ -151,7 +152,8 @@ class Trainer:
             for k, v in (("step_time", env.now - prev), ("gen_time", waited + sync_wait),
                          ("train_time", float(w.compute.max()) + c.allreduce), ("sync_time", c.sync),
                          ("other_time", c.reward + c.other), ("responses", self.batch), ("tokens", w.tokens),
-                         ("gen_steps", self.totals.steps - steps_prev), ("preemptions", self.totals.preemptions - pre_prev)):
+                         ("gen_steps", self.totals.steps - steps_prev),
+                         ("preemptions", self.totals.preemptions - pre_prev)):
                 per[k][u] = v
             steps_prev, pre_prev = self.totals.steps, self.totals.preemptions
             self.log.rank_busy[:] += c.reward + w.compute + c.allreduce + c.sync + c.other
@@ -173,7 +175,8 @@ class Trainer:
         rec.slice(LANE_HOST, "reward", "host.reward", t, c.reward, update=u)
         t = env.now
         for m in range(c.ranks):
-            rec.slice(lane_train(m), "prep", "train.prep", t, float(w.prep[m]), update=u, tokens=float(w.rank_tokens[m]))
+            rec.slice(lane_train(m), "prep", "train.prep", t, float(w.prep[m]), update=u,
+                      tokens=float(w.rank_tokens[m]))
             rec.slice(lane_train(m), "update", "train.update", t + float(w.prep[m]), float(w.update[m]), update=u,
                       tokens=float(w.rank_tokens[m]))
         yield env.timeout(float(w.compute.max()))  # the slowest rank
@@ -191,6 +194,6 @@ class Trainer:
         ts = env.now
         yield env.timeout(self.costs.sync)
         self.sync.publish()
-        self.rec.slice(LANE_SYNC, "sync", "sync.weights", ts, self.costs.sync, update=u, policy_version=self.sync.version,
-                       waited_s=wait)
+        self.rec.slice(LANE_SYNC, "sync", "sync.weights", ts, self.costs.sync, update=u,
+                       policy_version=self.sync.version, waited_s=wait)
         return wait

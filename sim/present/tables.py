@@ -95,7 +95,8 @@ def _split(s: str) -> list[str]:
 
 
 def own(row: Mapping[str, Any], key: str, meta: Mapping[str, Any] | None = None) -> list[str]:
-    """A row's warnings (key 'warnings') or notes ('notes') less the study's own (meta[key]), which every row repeats."""
+    """A row's warnings (key 'warnings') or notes ('notes') less the study's own (meta[key]), which every row
+    repeats."""
     study = items((meta or {}).get(key))
     return [x for x in items(row.get(key), study) if x not in study]
 
@@ -172,7 +173,8 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
         out["title"] = f"Undecided: {name(best)} may not beat the reference"
         out["text"] = (f"it has the smallest predicted T / T_ref, {tv(best)}, but "
                        + ("its interval spans 1" if spans_one else "its regime is undecided")
-                       + ": whether time to target falls or rises against the reference is undecided at this confidence")
+                       + ": whether time to target falls or rises against the reference is undecided at this "
+                         "confidence")
         if tied:
             out["text"] += f"; {_names(tied, name)} {'is' if len(tied) == 1 else 'are'} not told apart from it either"
     elif tied:
@@ -185,7 +187,8 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
         out["text"] = f"T / T_ref {vals}: {why}, so which is fastest is undecided at this confidence"
         regimes = {str(r.get("regime")) for r in group}
         if regimes == {"time falls"} and all((interval(r, "time_to_target_ratio") or (1, 1))[1] < 1 for r in group):
-            out["text"] += f"; {'both' if len(group) == 2 else 'all'} reach the target sooner than the reference (time falls)"
+            out["text"] += (f"; {'both' if len(group) == 2 else 'all'} reach the target sooner than the reference "
+                            "(time falls)")
     else:
         out["kind"] = "clear"
         out["title"] = (f"Best of {len(rows)} configs: {name(best)}" if regime == "time falls" else
@@ -240,7 +243,8 @@ def _names(rows: Sequence[Mapping[str, Any]], name: Callable, most: int = 4) -> 
 
 
 def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top: int = 10,
-                  labels: Mapping[str, str] | None = None, meta: Mapping[str, Any] | None = None, width: int | None = None):
+                  labels: Mapping[str, str] | None = None, meta: Mapping[str, Any] | None = None,
+                  width: int | None = None):
     """A rich table of the best `top` rows (rows already ranked): the axes that vary, then the key results,
     each with its interval under it where there is one; a row with warnings of its own (beyond the study's,
     meta['warnings']) is marked `!`. Too wide for `width` columns, it leaves out, in turn, responses/s (sigma

@@ -28,7 +28,8 @@ class SweepResult:
 
     rows: list = field(metadata={"help": "ranked result rows, best first (config fields + outcome)"})
     meta: dict = field(metadata={"help": "grid, study options, backend, traces' identity, the reference's outcome"})
-    paths: dict = field(default_factory=dict, metadata={"help": "files written (parquet, csv, json), when `out` was given"})
+    paths: dict = field(default_factory=dict,
+                        metadata={"help": "files written (parquet, csv, json), when `out` was given"})
     seconds: float = field(default=0.0, metadata={"help": "wall seconds of the evaluation"})
 
 
@@ -75,7 +76,8 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
                            "tied_configs": [r.get("config_id") for r in v["tied"]]}
         paths: dict = {}
         if out is not None:
-            results.prepare_out_dir(out, overwrite)  # again, under the lock: another sweep may have written it meanwhile
+            # again, under the lock: another sweep may have written it meanwhile
+            results.prepare_out_dir(out, overwrite)
             paths = results.write_results(out, ranked, meta)
             if charts:
                 sweep_charts(Path(out) / "charts", traces=traces, study=study, rows=ranked, meta=meta)
@@ -107,7 +109,8 @@ def _plan(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], target: floa
 
 def _with_plan(row: dict, p: dict | None) -> dict:
     """A sweep row with its size's expected regret and p_within_5pct from the plan (when there is one)."""
-    c = next((c for c in (p or {}).get("candidates", ()) if (c["prompts"], c["group"]) == (row.get("prompts"), row.get("group"))),
+    c = next((c for c in (p or {}).get("candidates", ())
+              if (c["prompts"], c["group"]) == (row.get("prompts"), row.get("group"))),
              None)
     return {**row, "expected_regret": c["expected_regret"], "p_within_5pct": c["p_within_5pct"]} if c else row
 

@@ -119,7 +119,8 @@ def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: 
         out["responses_per_s_hi"] = max(out.get("responses_per_s_hi", q), q_end)
         if not reference:
             widened |= not out.get("sigma_lo", sigma) <= s_end <= out.get("sigma_hi", sigma)
-            out["sigma_lo"], out["sigma_hi"] = min(out.get("sigma_lo", sigma), s_end), max(out.get("sigma_hi", sigma), s_end)
+            out["sigma_lo"], out["sigma_hi"] = (min(out.get("sigma_lo", sigma), s_end),
+                                                max(out.get("sigma_hi", sigma), s_end))
         methods.append(how)
     if reference:
         rho_reps, bounds, rho_note = None, None, "rho = 1"
@@ -140,8 +141,10 @@ def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: 
             (1.0, 1.0) if reference else interval(ratio, rr[:m] / ss[:m], level))
         methods.append(rho_note)
     if ends and not reference and (widened or "time_to_target_ratio_lo" not in out):  # T / T_ref across the ends too
-        out["time_to_target_ratio_lo"] = min(out.get("time_to_target_ratio_lo", ratio), out.get("rho_lo", rho) / out["sigma_hi"])
-        out["time_to_target_ratio_hi"] = max(out.get("time_to_target_ratio_hi", ratio), out.get("rho_hi", rho) / out["sigma_lo"])
+        out["time_to_target_ratio_lo"] = min(out.get("time_to_target_ratio_lo", ratio),
+                                             out.get("rho_lo", rho) / out["sigma_hi"])
+        out["time_to_target_ratio_hi"] = max(out.get("time_to_target_ratio_hi", ratio),
+                                             out.get("rho_hi", rho) / out["sigma_lo"])
     if methods:
         out["interval"] = "; ".join(methods)
     return out
@@ -204,7 +207,8 @@ def _split_gain_study(study: Study) -> Study:
     fast = replace(src, key="split-gain", mem_bandwidth_gbs=SPLIT_GAIN_HI, flops_tflops=SPLIT_GAIN_HI)
     n = recorded_devices(study)
     models, _ = rescale(study.models, fast, n, source_profile=src, source_gpus=n)
-    return replace(study, models=replace(models, config=study.models.config, warnings=study.models.warnings, alternative=None))
+    return replace(study,
+                   models=replace(models, config=study.models.config, warnings=study.models.warnings, alternative=None))
 
 
 def other_device(study: Study, device: str) -> bool:
