@@ -21,7 +21,8 @@ def test_api_tables_equal_the_cli():
     st = rlsim.steps(tr)
     assert len(st) == tr.count("update") and (st["step_time"] >= st["gen_time"]).all()
     pred = rlsim.predict(rlsim.fit([tr]), prompts=64, updates=5)
-    cli = json.loads(CliRunner().invoke(app, ["run", "-t", str(TRACE), "--batch", "64", "--updates", "5", "--json"]).output)
+    cli = json.loads(CliRunner().invoke(app, ["run", "-t", str(TRACE), "--batch", "64", "--updates", "5",
+                                              "--json"]).output)
     assert pred.loc["candidate", "responses_per_s"] == cli["responses_per_s"]
     assert pred.loc["reference", "responses_per_s"] == cli["reference"]["responses_per_s"]
     swept = rlsim.sweep([tr], {"prompts": [16, 64], "updates": [5]})
@@ -47,7 +48,8 @@ def test_api_raises_the_cli_errors(tmp_path):
     (lambda: rlsim.predict(TRACE, gen_gpus=2), "^gen_gpus needs train_gpus too"),
     (lambda: rlsim.sweep(TRACE, {"batch": [16, 0]}), r"^config \[prompts 0\] is invalid: prompts must be a positive"),
     (lambda: rlsim.sweep(TRACE, {"batchsize": [16]}), "^sweep: unknown keyword 'batchsize'"),
-    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, updates=5), r"^sweep: updates is a config field: put it in the axes"),
+    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, updates=5),
+     r"^sweep: updates is a config field: put it in the axes"),
     (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, workerz=2),
      r"^sweep: unknown keyword 'workerz' \(did you mean workers\?\); the options are out, workers"),
     (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, rhoo="curves"),
@@ -181,7 +183,8 @@ def test_batch_is_prompts_and_predict_sizes_is_predict_per_size():
     sizes = rlsim.predict_sizes(study, prompts=[16, 64, 64], updates=5)
     assert list(sizes.index) == ["reference", "prompts=16", "prompts=64"] and list(sizes.columns) == list(one.columns)
     assert sizes.loc[["reference", "prompts=64"]].reset_index(drop=True).equals(one.reset_index(drop=True))
-    assert sizes.loc["prompts=16"].equals(rlsim.predict(study, prompts=16, updates=5).loc["candidate"].rename("prompts=16"))
+    assert sizes.loc["prompts=16"].equals(
+        rlsim.predict(study, prompts=16, updates=5).loc["candidate"].rename("prompts=16"))
     assert rlsim.predict_sizes(TRACE, batch=64, updates=5).loc["prompts=64"].equals(sizes.loc["prompts=64"])
     swept = rlsim.sweep(TRACE, {"batch": [16, 64], "updates": 5})
     assert sorted(swept["prompts"]) == [16, 64] and set(swept["updates"]) == {5}
@@ -189,8 +192,8 @@ def test_batch_is_prompts_and_predict_sizes_is_predict_per_size():
 
 def test_dir_shows_the_lazy_api():
     code = ("import sys, rlsim; names = dir(rlsim); "
-            "assert set(rlsim.__all__) <= set(names) and {'predict', 'predict_sizes', 'example_trace'} <= set(names), names; "
-            "assert 'rlsim.api' not in sys.modules and 'pandas' not in sys.modules; "
+            "assert set(rlsim.__all__) <= set(names) and {'predict', 'predict_sizes', 'example_trace'} <= set(names), "
+            "names; assert 'rlsim.api' not in sys.modules and 'pandas' not in sys.modules; "
             "import rlsim.replay; assert 'rlsim.api' not in sys.modules")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -202,7 +205,8 @@ def test_example_traces(monkeypatch, tmp_path):
     assert {"grpo_p128", "grpo_p32", "ppo_b256", "study/grpo_p32_s0"} <= set(names)
     assert rlsim.load_trace(rlsim.example_trace("study/grpo_p32_s0")).config["prompts"] == 32
     with pytest.raises(rlsim.RlsimError, match=r"^no example trace 'grpo_p100' \(did you mean grpo_p128\?\); shipped: "
-                                               r"grpo_addmix_p64, grpo_p128, .*rlsim.example_traces\(\) lists them all\)$"):
+                                               r"grpo_addmix_p64, grpo_p128, "
+                                               r".*rlsim.example_traces\(\) lists them all\)$"):
         rlsim.example_trace("grpo_p100")
     from rlsim import api
 
