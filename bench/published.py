@@ -15,7 +15,7 @@ generation into per-step and per-token cost are what a phase-level log cannot id
 spans the second, the table states the first, and each row names the terms its interval spans when it is
 wider than 2x. `--fit` sets the one constant no log identifies, the engine's per-step overhead
 (rlsim.replay.fit_steps.ENGINE_STEP_OVERHEAD_S), leave-one-source-out: verl's rows choose it for NeMo RL's and
-AReaL's and the other way round, so every row is scored out of sample (docs/results.md section 10).
+AReaL's and the other way round, so every row is scored out of sample (docs/results.md section 12).
 """
 from __future__ import annotations
 
@@ -251,7 +251,7 @@ def predict_group(g: Group, work: Path, overhead: float | None = None) -> list[d
         if r.precision != ref.precision:  # rlsim has no precision what-if
             continue
         o = evaluate(study, what_if(g, ref, r))
-        B = o.batch
+        B = o.responses_per_update
         lo = B / o.responses_per_s_hi if o.responses_per_s_hi > 0 else math.nan
         hi = B / o.responses_per_s_lo if o.responses_per_s_lo > 0 else math.nan
         err = o.step_time_s / r.step - 1.0

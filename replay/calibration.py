@@ -1,58 +1,22 @@
 """Calibrated, validated step-cost fits and their bootstrap replicates (intervals).
 
-A run at one batch size runs almost every engine step at the batch's own concurrency, so its rows cannot
-pin how the step time grows with concurrency (fitted at P and asked about 4P, responses/s erred by +34 %),
-and on CPU the step time is not one line in concurrency. `rlrun record` therefore profiles, before the
-first update, engine steps at a geometric ladder of concurrencies (`calib_gen` rows) and forward +
-backward passes at a ladder of token counts (`calib_train` rows); `rlrun calibrate` writes the same alone,
-for older traces (`rlsim run --calibration FILE`). Here (`calibrate`, called at the end of
-`fit.fit_trace`):
+A run at one batch size runs almost every engine step at the batch's own concurrency, so its rows cannot pin how
+the step time grows with concurrency, and on CPU the step time is not one line in concurrency. `rlrun record`
+therefore profiles engine steps at a ladder of concurrencies (`calib_gen` rows) and forward + backward passes at a
+ladder of token counts (`calib_train` rows); `rlrun calibrate` writes the same alone, for older traces
+(`rlsim run --calibration FILE`). Here (`calibrate`, called at the end of `fit.fit_trace`):
 
-- engine step: fitted on calibration + run rows, each concurrency level (half-octave bins of
-  num_running) given the same total weight (weights 1 / (sqrt(rows) x median seconds) of its level, so the
-  squared relative errors of the levels count alike; a level of fewer than 8 rows counts rows/8), by
-  non-negative least squares. Three forms, all `EngineStepCost` (replay/cost.py: `design`, `from_design`):
-      linear  t = c_step + c_seq n + c_ctx ctx + c_prefill prefill
-      knee    t = c_step + s1 min(n, k) + s2 max(0, n - k) + c_ctx ctx + c_prefill prefill   (s1, s2 >= 0)
-      interp  t = f(n) + c_ctx ctx + c_prefill prefill,  f(n) = c_step + sum_j s_j ramp_j(n)       (s_j >= 0)
-  The knee form is piecewise linear in n with a fitted knee k (convex: a roofline max(memory-bound,
-  compute-bound); concave: per-step overheads that saturate). The interpolated form is the measured profile,
-  as profile-based simulators (Vidur) use it: f is non-decreasing and piecewise linear with a knot at the
-  centre of every level that holds a calibration rung (KNOT_CAL_ROWS; the run's own levels lie between
-  knots), segment j's slope s_j, the first segment's line continued below the lowest knot and the last one's
-  beyond the highest (the parametric form beyond the ladder's ends), fitted jointly with c_ctx and c_prefill.
-  A ramp is a difference of two hinges, so every form is c_step + c_seq n + sum_j d_j max(0, n - k_j) + ...:
-  a round's cost stays a closed form of summed features and the histogram of n (`StepSums.hinges`).
-  The form, by leave-one-level-out cross-validation (each level's summed seconds predicted from the other
-  levels): linear or knee, the knee form only when it cuts the CV error by at least KNEE_GAIN; interpolated
-  (when calibration rungs cover INTERP_LEVELS levels or more) unless that parametric form predicts held-out
-  levels better, which a ladder too noisy between neighbouring levels makes it do. Every form's
-  CV error is reported; for the interpolated form a held-out level loses its knot, so it is predicted by
-  interpolation between its neighbours (or along the end segment beyond them). The calibration is put on
-  the run's clock first: its rows are scaled by the run's step times at the run's own concurrency over what
-  the calibration alone predicts there (`anchor_gen`; a shared machine may run at another speed during the
-  calibration, and a `rlrun calibrate` file comes from another time); the training curve likewise by the
-  run's forward + backward seconds. Last, the fitted times (not the knees) are scaled so that they sum to the
-  run's own engine time over its steps (`run_level`): the calibration sets the shape, the run its level, in
-  total rather than at one level.
-- training: the forward + backward seconds of the calibration's token levels, interpolated linearly in
-  tokens between the level medians (made non-decreasing by isotonic regression first; linear in tokens
-  rather than in log-log, which missed the shipped traces' held-out middle levels by 14-47 % against 8-19 %),
-  along the line through the two end levels beyond either end (not below 0 at 0 tokens); the per-update fixed
-  cost (optimizer step and the rest) is the robust location of (measured update seconds - forward + backward
-  at their tokens) over the run's updates (`PiecewiseLinear`, replay/robust.py). Cross-validated by leaving
-  one token level out.
-- replicates: Bayesian-bootstrap refits over concurrency levels and rows (calibrated: no level dropped, so
-  the interpolated form keeps its knots) or RL steps (run rows only), and over the passes of each token
-  level and the updates: REPLICATES refits of both models. The simulator turns each into a responses/s
-  (`EngineStepCost.totals` of its summed features); the interval is the point estimate times the 5 %-95 %
-  quantiles of replicate / median replicate.
+- engine step: fitted on calibration + run rows by weighted non-negative least squares, each concurrency level
+  weighted alike, in one of three `EngineStepCost` forms (linear, knee, interpolated over the ladder's levels),
+  chosen by leave-one-level-out cross-validation; put on the run's clock (`anchor_gen`) and scaled to the run's
+  own engine time (`run_level`);
+- training: forward + backward seconds interpolated in tokens between the calibration's levels, plus the
+  run's per-update fixed cost (`PiecewiseLinear`), cross-validated by leaving one token level out;
+- replicates: REPLICATES Bayesian-bootstrap refits of both, turned into the responses/s interval.
 
-Without calibration rows the point fits are those of `fit.py`, unchanged; the validation is computed on
-the run's rows and a warning names `rlrun calibrate`. Imports neither torch nor SimPy.
-
-Size: one concern, the calibrated engine and training fits, with the leave-one-level-out validation and
-the bootstrap replicates that must refit exactly those fits; the entry point is `calibrate`.
+Without calibration rows the point fits are those of `fit.py`; a warning names `rlrun calibrate`. Imports
+neither torch nor SimPy. The forms, weights, validation and intervals: docs/simulator.md, "Calibration,
+validation out of sample, intervals"; what each choice bought: docs/results.md.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ shape from the full ladders, their level anchored to the run) with engine-step t
 `train`, the ratios of one thread's seconds over the run threads' within the phase (`device_ratios`). Why paired
 and at the run's shapes: a speed-up from threads depends on the operations' sizes, a drift between two
 measurements cancels only within a pair, and a one-thread ladder of its own, within its share of the budget,
-reached engine rungs 1-8 on this project's 2-core host and missed the split's steps at 256 sequences by 2.5x.
+fell short of the run's concurrency and missed the split's operating point (docs/results.md sections 6 and 10).
 """
 from __future__ import annotations
 

@@ -1,29 +1,19 @@
 """Named device profiles and the roofline rule that moves a fitted model to other hardware.
 
 `rescale(models, device, gpus)` returns a copy of a `FittedModels` whose costs are those of `gpus`
-devices of the named profile, and one note per term it moved. The rule (docs/importing.md):
+devices of the named profile, and one note per term it moved:
 
-- memory-bound terms move by the memory-bandwidth ratio bw_src / bw_dst:
-  - generation's per-engine-step fixed cost `gen.c_step` (weight reads). From a CPU source (an rlrun
-    trace) only the part weight reads explain (model bytes `models.sync_bytes` /
-    (tensor parallel x source bandwidth)) moves; the rest of a CPU engine step is host overhead (Python
-    scheduling) and stays.
-  - the per-context-token cost `gen.c_ctx` (KV-cache reads), also spread over the data-parallel engines:
-    x bw ratio x (gpus_src / gpus_dst);
-  - the fixed cost of an update or a batch preparation (`update.intercept`, `prep.intercept`, or the
-    interpolated update's `offset`: optimizer step over sharded states): x bw ratio x (gpus_src / gpus_dst);
-- compute-bound terms move by the dense FLOP/s ratio and the device count: the per-sequence decode cost
-  `gen.c_seq` with every change of it at a knee (`gen.hinges`; the knees stay where they are) and the
-  per-prompt-token prefill cost `gen.c_prefill`, and training per token (`update.slope`, `prep.slope`, or
-  the interpolated update's forward + backward seconds at its token levels, `update.values`):
-  x (F_src / F_dst) x (gpus_src / gpus_dst);
-- weight sync (`sync.intercept`, `sync.slope`) moves by the interconnect ratio ic_src / ic_dst;
-- host-side terms stay: the generation round overhead, rewards, the rest of the step;
-- engine limits: `max_num_seqs` x gpus_dst / gpus_src (one engine per device group, as recorded);
-  `kv_cache_tokens` x (mem_dst / mem_src) x (gpus_dst / gpus_src).
+- memory-bound terms (an engine step's weight reads, KV reads, an update's fixed cost) move by the
+  memory-bandwidth ratio (and the device count where data parallel); from a CPU source only the part of an
+  engine step that weight reads explain moves, the rest is host overhead;
+- compute-bound terms (decode and prefill per token, training per token) move by the dense FLOP/s ratio and
+  the device count;
+- the weight sync moves by the interconnect ratio; host-side terms stay;
+- engine limits: `max_num_seqs` with the device count, `kv_cache_tokens` with memory and device count.
 
 The tensor-parallel degree (`config.tp`, default 1) is kept. What was recorded (`models.recorded`) is
-not touched: it is what the source hardware measured.
+not touched: it is what the source hardware measured. Term by term, with the reasons: docs/importing.md,
+"The roofline rule".
 """
 from __future__ import annotations
 

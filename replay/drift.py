@@ -3,7 +3,7 @@
 `rlrun record` repeats a small fixed probe every few updates (`drift_gen`: one engine visit at a fixed
 concurrency; `drift_train`: one forward + backward of a fixed batch; replay/schema.py). The same work
 should take the same time; what it takes instead is the machine's speed at that moment (a shared VM drifts
-by 5-10 % between processes and more from minute to minute). Here:
+between processes and from minute to minute: docs/results.md sections 3 and 10). Here:
 
 - `drift_of(trace)`: per probe, its time on the run's clock and the engine's and the trainer's slowness
   relative to the run's median probe (1.10 = 10 % slower than usual), with a summary;

@@ -1,17 +1,11 @@
 """Cost models fitted to a recorded run, each with its fit quality.
 
-- generation: the time of one engine step from its batch composition (replay/cost.py's formula),
-      t_step = c_step + c_seq * num_running + c_ctx * context_tokens + c_prefill * prefill_tokens,
-  fitted by non-negative least squares on `gen_step` rows after warm-up (the first RL step's rows are
-  left out when there are others; residual outliers are trimmed and refitted, replay/robust.py).
-  `c_step` is the per-step cost that amortises over concurrent sequences (weight reads, scheduling).
-  With too little concurrency range the fixed term comes from a roofline prior: model bytes over the
-  device's memory bandwidth (`default_bandwidth_gbs`).
-- generation overhead per round outside engine steps (adding requests, collecting outputs, gaps):
-  gen_time - sum(step durations) against responses and steps.
-- response lengths: the empirical distribution (prompt lengths per prompt, response lengths per response).
-- update time vs tokens, old-log-prob preparation vs tokens, reward time vs responses, the rest of the
-  step (other) and the weight sync vs bytes.
+- generation: the time of one engine step from its batch composition (replay/cost.py's formula), fitted by
+  non-negative least squares on `gen_step` rows after warm-up, outliers trimmed (replay/robust.py); with too
+  little concurrency range the fixed term comes from a roofline prior (`default_bandwidth_gbs`);
+- generation overhead per round outside engine steps, against responses and steps;
+- response lengths: the empirical distribution (prompt lengths per prompt, response lengths per response);
+- update and old-log-prob preparation vs tokens, rewards vs responses, the rest of the step, the sync vs bytes.
 
 Everything is linear in its inputs, so sums of step costs are closed forms of summed features: the
 simulator relies on that. The types (`FittedModels` and its parts) are replay/models.py's; `fit_trace` hands
@@ -19,7 +13,8 @@ step-level traces to replay/fit_steps.py and every fit to replay/calibration.py.
 
 Colocated recordings only: rows of the split-mode kinds (idle, train_rank, allreduce) are ignored, and a
 trace recorded with `rlrun record --mode split` is refused (the simulator's split what-if starts from a
-colocated reference; `rlsim.replay.split_stats` measures a split recording).
+colocated reference; `rlsim.replay.split_stats` measures a split recording). In detail: docs/simulator.md,
+"Fitted models".
 """
 from __future__ import annotations
 

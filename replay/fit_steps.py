@@ -2,35 +2,19 @@
 
 A step-level trace has, per RL step, the time of each phase (generation, rewards, old log-probs and
 reference, the update, a weight sync), the batch, the tokens trained on, and the step's length
-statistics (mean / min / max response and prompt length, the fraction of responses cut at the cap),
-but no engine-step or per-response rows. `fit_steps` builds the same `FittedModels` as `fit.fit_trace`
-so that the simulator runs unchanged:
+statistics, but no engine-step or per-response rows. `fit_steps` builds the same `FittedModels` as
+`fit.fit_trace` so that the simulator runs unchanged:
 
-- generation: a round's cost in the simulator is linear in its engine steps K, its summed running
-  sequences S1 (= summed response lengths), its summed context S2 and its prefill tokens S3. Each step's
-  K, S1, S2, S3 are computed from a stand-in for its responses: a shifted log-normal length
-  distribution matched to the logged mean, to the minimum (its shift), and to the maximum (the largest
-  of its B quantiles) or, when responses were clipped, to the clip ratio at the response cap; B
-  lengths at evenly spaced quantiles, laid out over the engine's `max_num_seqs` like the simulator does.
-  The logged generation time is then fitted on those features:
-  - several batch sizes (traces pooled, or a run whose batch changed): NNLS on [1, K, S1, S2];
-  - one batch size: NNLS on [1, K, S1, S2] when the step-to-step spread of the longest response pins the
-    per-step cost c_step (its standard error under 25 %); otherwise c_step comes from the roofline prior
-    (model bytes / (tensor parallel x device memory bandwidth), `replay.devices`), a warning says so,
-    and the per-token terms are fitted on the rest.
-  The prefill cost per prompt token is the roofline compute prior (2 x parameters FLOPs over the GPUs'
-  dense FLOP/s) when the model and device are known, else 0.
-- update (update_actor + update_critic) and prep (old_log_prob + ref + values) vs tokens; reward
-  (reward + adv) vs responses; sync vs bytes; the rest of the step (other) vs responses: `robust.fit_affine`.
-- lengths: the stand-in samples of all steps pooled.
-- a trace whose log times only whole steps (TRL): generation from the roofline priors alone (decode at
-  2 x parameters FLOPs per token, weights read once per engine step), training = the rest; without a
-  prior, the whole step is fitted against tokens and generation costs nothing (warned).
+- generation: each step's engine-step features (steps, running sequences, context, prefill) from a stand-in
+  for its responses (a shifted log-normal matched to the logged length statistics), then NNLS of the logged
+  generation time on them; with one batch size the per-step cost may come from the roofline prior
+  (`replay.devices`), with a warning;
+- update, prep, reward, sync and the rest of the step: `robust.fit_affine` against tokens, responses, bytes;
+- lengths: the stand-in samples of all steps pooled;
+- a log that times only whole steps (TRL): generation from the roofline priors alone, training the rest.
 
 Every fit says in `warnings` that the fidelity is lower than from an `rlrun record` trace, and why.
-Imports neither torch nor SimPy.
-
-Size: one fit, phase by phase, of a step-level trace into the same FittedModels as fit.fit_trace.
+Imports neither torch nor SimPy. In detail: docs/importing.md, "How a step-level trace is fitted".
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ class LearningCurve:
 
     cum_responses: np.ndarray = field(metadata={"help": "training responses consumed at each eval (sorted)"})
     score: np.ndarray = field(metadata={"help": "eval score at each point"})
-    batch: int = field(default=0, metadata={"help": "responses per update (B = P x G) of the run"})
+    responses_per_update: int = field(default=0, metadata={"help": "responses per update (B = P x G) of the run"})
     lr_rule: str = field(default="", metadata={"help": "learning-rate rule of the run"})
     name: str = field(default="", metadata={"help": "trace name"})
     staleness: int = field(default=0, metadata={"help": "staleness limit the run was recorded with (config "
@@ -81,7 +81,7 @@ def fit_learning_curve(trace: Trace) -> LearningCurve:
     cfg = trace.config
     g = cfg.get("group") or default_group(cfg.get("algo"))
     return LearningCurve(cum_responses=ev["cum_responses"][order].astype(float), score=ev["score"][order].astype(float),
-                         batch=int((cfg.get("prompts") or 0) * g), lr_rule=str(cfg.get("lr_rule") or ""),
+                         responses_per_update=int((cfg.get("prompts") or 0) * g), lr_rule=str(cfg.get("lr_rule") or ""),
                          name=trace.name,
                          staleness=int(cfg.get("max_staleness", cfg.get("staleness")) or 0), lr=effective_lr(cfg))
 

@@ -1,34 +1,20 @@
 """Sample-cost models rho(B) = N*(B) / N*(B_ref): one small frozen class per model, registered by name.
 
 - invariant:   rho = 1 (inside the approximately batch-size-invariant range, with the lr rescaled).
-- noise-scale: B_crit from the two-batch estimators of McCandlish et al. (2018) on the trace's
-  micro-batch and full-batch gradient norms (EMA-smoothed, `rlsim.replay.learning.noise_scale`), then
-  E(B) = E_min (1 + B/B_crit), so rho(B) = (1 + B/B_crit) / (1 + B_ref/B_crit).
-- curves:      several traces at different batch sizes: samples-to-target N*(B), interpolated linearly
-  in log B. Outside the measured range, a power law N* ~ B^s through the nearest measured segment, s clipped
-  to [0, 1], with the bounds s = 0 and s = 1 as its interval (`bounds`).
-- lr-aware:    Adam at the lr each batch actually gets (the run's lr rule), not the tuned-at-every-batch lr
-  that noise-scale assumes. Progress per update, relative to the reference's:
-      delta(B) = x h(B) - kappa x^2 h(B_ref),   x = lr(B) / lr(B_ref),   h(B) = (1 + B_bend / B)^(-1/2)
-  First order: Adam's update has a fixed size per coordinate, so the gain along the gradient is lr times the
-  update's signal fraction, |G| / sqrt(|G|^2 + tr(Sigma)/B) for a noise scale B_bend (h). Second order: the
-  curvature cost of an update of size lr (kappa: the share of the reference's first-order gain it takes
-  back). Then N*(B) ~ B / delta(B) and rho(B) = (B / B_ref) delta(B_ref) / delta(B): flat while B << B_bend
-  under the sqrt rule, then rising steeply once h saturates and the x^2 term grows (infinite where delta <= 0:
-  that lr does not make progress). B_bend and kappa are fitted on runs at other batch sizes or lrs
-  (`fit_lr_aware`) or given. B_bend is fitted rather than taken from the trace's two-batch B_noise: Adam's
-  per-coordinate noise scale is not tr(Sigma)/|G|^2, and the two-batch estimate varied 3-5x between seeds of
-  one configuration in the study, which made per-trace scaling worse on seeds it did not see (docs/results.md).
-  The constants are the task's: one task's fit does not transfer to another, so there are no defaults.
+- noise-scale: rho(B) = (1 + B/B_crit) / (1 + B_ref/B_crit), B_crit from the two-batch estimators of McCandlish
+  et al. (2018) on the trace's gradient norms (`rlsim.replay.learning.noise_scale`).
+- curves:      samples-to-target N*(B) of several traces, interpolated linearly in log B; outside the measured
+  range a power law through the nearest segment, its exponent bounded by 0 and 1 (`bounds`).
+- lr-aware:    Adam at the lr each batch actually gets (the run's lr rule): progress per update
+  delta(B) = x h(B) - kappa x^2 h(B_ref), x = lr(B) / lr(B_ref), h(B) = (1 + B_bend / B)^(-1/2), and
+  rho(B) = (B / B_ref) delta(B_ref) / delta(B); B_bend and kappa fitted on other runs (`fit_lr_aware`) or given.
 
-Bounds without a measurement (McCandlish et al. 2018): a larger batch needs no fewer samples (N* rises
-with B) and no more updates (N*/B falls with B), so beyond the last measured batch b_m, rho(B) lies in
-[rho(b_m), rho(b_m) B / b_m], and below the first in [rho(b_1) B / b_1, rho(b_1)]. An invariant rho that
-was assumed rather than asked for (`assumed`, no learning data at other sizes) carries the same bounds
-around the reference: rho in [1, B / B_ref] above it, [B / B_ref, 1] below.
+Bounds without a measurement: a larger batch needs no fewer samples and no more updates, so rho beyond the
+measured range, or an invariant rho that was assumed (`assumed`), lies between them.
 
 Every model answers `rho(b, lr_rule=None, x=None)`, `notes(b)`, `outside(b)` and `bounds(b)`; `kind` is the
-name it is registered under (`register_rho`, a decorator filling `RHO_REGISTRY`). Pure numpy.
+name it is registered under (`register_rho`, a decorator filling `RHO_REGISTRY`). Pure numpy. The models, their
+derivations and their evidence: docs/simulator.md, "rho models".
 """
 from __future__ import annotations
 
@@ -254,10 +240,10 @@ def curves_rho(b_ref: float, curves: list[LearningCurve], target: float) -> Curv
     rules: dict[float, str] = {}
     for c in curves:
         n = c.samples_to_target(target)
-        if n is None or n <= 0 or c.batch <= 0:  # never reached, or already at the start
+        if n is None or n <= 0 or c.responses_per_update <= 0:  # never reached, or already at the start
             continue
-        pts.setdefault(float(c.batch), []).append(n)
-        rules[float(c.batch)] = c.lr_rule
+        pts.setdefault(float(c.responses_per_update), []).append(n)
+        rules[float(c.responses_per_update)] = c.lr_rule
     if len(pts) < 2:
         raise RlsimError(f"{setting(rho_model='curves')} needs traces at two or more batch sizes that reach the target "
                          f"{target:.4g}; got {len(pts)} (add runs at other batch sizes with {name('trace')}, or lower "
@@ -300,13 +286,14 @@ def rho_points(ref: LearningCurve, curves, target: float) -> list[RhoPoint]:
                          f"{name('target')}")
     out = []
     for c in curves:
-        if c is ref or c.batch <= 0 or not len(c.score):
+        if c is ref or c.responses_per_update <= 0 or not len(c.score):
             continue
-        x = c.lr / ref.lr if (c.lr > 0 and ref.lr > 0) else lr_scale(c.lr_rule or "sqrt", c.batch / ref.batch)
+        b_ratio = c.responses_per_update / ref.responses_per_update
+        x = c.lr / ref.lr if (c.lr > 0 and ref.lr > 0) else lr_scale(c.lr_rule or "sqrt", b_ratio)
         n, cens = samples_to_target(c, target)
         if not cens and n <= 0:
             continue
-        out.append(RhoPoint(float(c.batch), float(x), float(n / n_ref), cens))
+        out.append(RhoPoint(float(c.responses_per_update), float(x), float(n / n_ref), cens))
     return out
 
 
@@ -317,11 +304,11 @@ def fit_lr_aware(ref: LearningCurve, curves, target: float) -> LrAwareFit:
     if not pts:
         raise RlsimError(f"fitting the lr-aware model needs runs at other batch sizes or lrs that have evals (add "
                          f"them with {name('trace')})")
-    base = lr_aware_rho(ref.batch, ref.batch, 0.0)
+    base = lr_aware_rho(ref.responses_per_update, ref.responses_per_update, 0.0)
     best = None
     for m in 2.0 ** np.arange(-8, 8.01, 0.25):
         for k in np.linspace(0.0, 0.95, 96):
-            model = dataclasses.replace(base, b_bend=float(m * ref.batch), kappa=float(k))
+            model = dataclasses.replace(base, b_bend=float(m * ref.responses_per_update), kappa=float(k))
             loss = 0.0
             for b, x, r, cens in pts:
                 p = model.rho(b, x=x)
@@ -329,7 +316,7 @@ def fit_lr_aware(ref: LearningCurve, curves, target: float) -> LrAwareFit:
                 loss += 0.0 if (cens and e > 0) else e * e
             if best is None or loss < best[0] - 1e-12:
                 best = (loss, float(m), float(k))
-    return LrAwareFit(b_bend=best[1] * ref.batch, kappa=best[2], loss=best[0], runs=len(pts))
+    return LrAwareFit(b_bend=best[1] * ref.responses_per_update, kappa=best[2], loss=best[0], runs=len(pts))
 
 
 # ---- the --rho option and the verdict ----------------------------------------------------------
@@ -388,7 +375,7 @@ def staleness_rho(curves: Sequence[LearningCurve], target: float, b_ref: int, et
     pts: dict[int, list[float]] = {}
     if curves and math.isfinite(target):
         for c in curves:
-            if c.batch != b_ref:
+            if c.responses_per_update != b_ref:
                 continue
             n_ = c.samples_to_target(target)
             if n_ is not None and n_ > 0:

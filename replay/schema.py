@@ -4,31 +4,17 @@ Every row has `kind` in EVENT_KINDS and the common columns; the other columns ar
 they do not apply to the row's kind. Times are seconds from run start on one monotonic clock.
 Run metadata is JSON under the Parquet key-value metadata key `rlsim` (see docs/trace-format.md).
 
-Version 2 is additive: the kinds `phase` and `step_stats` and their columns (COLUMN_SINCE) for
-step-level traces imported from other frameworks' logs (docs/importing.md). A version-1 file lacks
-those columns and reads exactly as before (the reader adds them as nulls). Also in version 2: the
-calibration kinds `calib_gen` and `calib_train` (and column `calib_level`), the profiles `rlrun record`
-takes before the first update and `rlrun calibrate` writes alone (replay/calibration.py fits them).
-
-Version 3 is additive too: split-mode recordings (`rlrun record --mode split`: engine replicas generating
-while data-parallel trainer ranks train). Columns `engine_id` (gen_step, response, sync, idle, eval),
-`rank` (train_rank, allreduce, idle) and `finish_version` (response); kinds `idle` (an engine or a rank
-waiting with nothing to do), `train_rank` (one rank's forward + backward of an update) and `allreduce`
-(one rank's gradient all-reduce, its `bytes`). Version-1 and -2 files lack those columns and read as
-before (nulls). The run config's placement fields (`mode`, `gen_devices`, ...) default as in
-CONFIG_DEFAULTS when missing (`placement`). In a split trace the `update` row's `step_time` runs from the
-end of the previous update's weight sync (the run's start for the first) to the end of this one's, and its
-`gen_time` is the time the trainer waited for finished responses in that interval; `sync` has one row per
-engine replica per update (docs/trace-format.md).
-
-Version 4 is additive: the drift probe (`drift_gen`, `drift_train`: a fixed engine visit and a fixed training
-pass repeated every few updates on the run's clock, so the fit can state and remove the machine's speed drift)
-and the column `threads` on calibration and drift rows (the CPU threads a row was measured at: the calibration
-also measures one device's speed, i.e. one core on CPU, for split what-ifs).
-
-Version 5 is additive: the `update` row's measured memory peaks, `mem_gen_peak_bytes` and `mem_train_peak_bytes`
-(the recording process's high-water mark during the step's generation and its training: runner/peaks.py).
-Older files read with them null.
+Every version since 1 is additive, so older files read as they were, their missing columns null (COLUMN_SINCE
+says which version added each) and missing placement fields of the run config defaulted (CONFIG_DEFAULTS,
+`placement`):
+- 2: step-level traces imported from other frameworks' logs (`phase`, `step_stats`; docs/importing.md) and the
+  calibration profiles (`calib_gen`, `calib_train`, column `calib_level`; replay/calibration.py fits them);
+- 3: split-mode recordings (`engine_id`, `rank`, `finish_version`; kinds `idle`, `train_rank`, `allreduce`);
+  in a split trace the `update` row's `step_time` runs from the end of the previous weight sync to the end of
+  this one's, and `sync` has one row per engine replica per update;
+- 4: the drift probe (`drift_gen`, `drift_train`) and the column `threads` on calibration and drift rows;
+- 5: the `update` row's memory peaks, `mem_gen_peak_bytes` and `mem_train_peak_bytes` (runner/peaks.py).
+Each kind and column in full: docs/trace-format.md.
 """
 from __future__ import annotations
 

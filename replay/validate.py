@@ -1,26 +1,12 @@
 """Every value of a trace checked in one place, after the file is parsed and before anything uses it.
 
 `validate(table, meta, path)` is what `read_trace` calls. The checks are derived from the schema tables
-(`schema.COLUMNS`, `REQUIRED`, `EVENT_KINDS`), so a kind or column added there is covered with no edit
-here:
-
-- metadata: a JSON object, `schema_version` an int in READABLE_VERSIONS, the sections objects, and the
-  fields the simulator reads typed (`META_FIELDS`: P, G, engine limits positive integers, ...). Always an
-  error, never dropped.
-- columns: every column of the file's schema version present (newer ones are added as nulls), of a
-  compatible type (numbers for numeric columns).
-- kinds: every row's `kind` one the file's schema version knows.
-- rows, per kind, over the columns that kind fills (where non-null): required columns non-null; no NaN
-  or infinity; integer columns integral and within their range (`schema.INT_RANGES`: ids, steps and
-  versions, counts); durations, times and the other counts non-negative (`nonnegative`); rows within the
-  run (`t_start` + `duration` not past the run's end by more than a tolerance; the calibration kinds on
-  their own clock); update steps strictly increasing; an update's `num_responses` equal to the number
-  of response rows consumed by its step (where the trace has response rows for it).
-- split-mode rows (schema version 3): `engine_id`, `rank` and `finish_version` are integer columns, so
-  within their ranges like every other; an `idle` row has exactly one of `engine_id` (an engine waited)
-  and `rank` (a trainer rank waited); a response's `finish_version` is not below its `policy_version` (where both
-  are set). Metadata: the run config's placement fields typed (`mode` colocated or split, device counts
-  positive, ...; `schema.placement` gives older traces the defaults).
+(`schema.COLUMNS`, `REQUIRED`, `EVENT_KINDS`), so a kind or column added there is covered with no edit here:
+metadata (`META_FIELDS`, always an error, never dropped); columns present and typed; kinds known to the file's
+schema version; rows, per kind, over the columns it fills: required non-null, finite, integers within
+`schema.INT_RANGES`, durations and counts non-negative, within the run, update steps increasing, response counts
+consistent; the split-mode rules (an `idle` row names one of engine and rank, `finish_version` >=
+`policy_version`). The rules in full: docs/trace-format.md, "Validation".
 
 A bad row raises `TraceError` with one line: the file, kind, column, the first offending row (index
 within its kind, and step), how many rows are bad and the fix. With `drop_invalid=True` such rows are

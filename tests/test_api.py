@@ -21,7 +21,8 @@ def test_api_tables_equal_the_cli():
     st = rlsim.steps(tr)
     assert len(st) == tr.count("update") and (st["step_time"] >= st["gen_time"]).all()
     pred = rlsim.predict(rlsim.fit([tr]), prompts=64, updates=5)
-    cli = json.loads(CliRunner().invoke(app, ["run", "-t", str(TRACE), "--batch", "64", "--updates", "5", "--json"]).output)
+    cli = json.loads(CliRunner().invoke(app, ["run", "-t", str(TRACE), "--batch", "64", "--updates", "5",
+                                              "--json"]).output)
     assert pred.loc["candidate", "responses_per_s"] == cli["responses_per_s"]
     assert pred.loc["reference", "responses_per_s"] == cli["reference"]["responses_per_s"]
     swept = rlsim.sweep([tr], {"prompts": [16, 64], "updates": [5]})
@@ -47,19 +48,21 @@ def test_api_raises_the_cli_errors(tmp_path):
     (lambda: rlsim.predict(TRACE, gen_gpus=2), "^gen_gpus needs train_gpus too"),
     (lambda: rlsim.sweep(TRACE, {"batch": [16, 0]}), r"^config \[prompts 0\] is invalid: prompts must be a positive"),
     (lambda: rlsim.sweep(TRACE, {"batchsize": [16]}), "^sweep: unknown keyword 'batchsize'"),
-    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, updates=5), r"^sweep: updates is a config field: put it in the axes"),
+    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, updates=5),
+     r"^sweep: updates is a config field: put it in the axes"),
     (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, workerz=2),
      r"^sweep: unknown keyword 'workerz' \(did you mean workers\?\); the options are out, workers"),
-    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, rho="curves"),
-     r"^sweep: unknown keyword 'rho' \(did you mean rho_model\?\)"),
+    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, rhoo="curves"),
+     r"^sweep: unknown keyword 'rhoo' \(did you mean rho\?\)"),
+    (lambda: rlsim.fit([TRACE], rhoo="magic"),
+     r"^fit: unknown keyword 'rhoo' \(did you mean rho\?\); the keywords are traces, rho, target, calibration$"),
     (lambda: rlsim.fit([TRACE], rho="magic"),
-     r"^fit: unknown keyword 'rho' \(did you mean rho_model\?\); the keywords are traces, rho_model, target, "
-     "calibration$"),
-    (lambda: rlsim.fit([TRACE], rho_model="magic"),
-     "^rho_model must be one of invariant, noise-scale, curves, lr-aware, auto, got 'magic'$"),
-    (lambda: rlsim.fit([TRACE], rho_model="noise_scale"), r"got 'noise_scale' \(did you mean noise-scale\?\)$"),
-    (lambda: rlsim.fit(TRACE, rho_model="curves"),
-     r"^rho_model=curves needs two or more traces .* with traces=\[\.\.\.\]\)$"),
+     "^rho must be one of invariant, noise-scale, curves, lr-aware, auto, got 'magic'$"),
+    (lambda: rlsim.fit([TRACE], rho="noise_scale"), r"got 'noise_scale' \(did you mean noise-scale\?\)$"),
+    (lambda: rlsim.fit(TRACE, rho="curves"),
+     r"^rho=curves needs two or more traces .* with traces=\[\.\.\.\]\)$"),
+    (lambda: rlsim.fit(TRACE, rho="curves", rho_model="curves"),
+     r"^fit: give rho, not both rho and rho_model \(its deprecated spelling\)$"),
     (lambda: rlsim.fit(TRACE, target=float("nan")), "^target must be a finite eval score, got nan$"),
     (lambda: rlsim.load_trace(42), r"^load_trace: path must be a path \(str or pathlib.Path\), got int 42$"),
     (lambda: rlsim.predict_sizes(TRACE, group=4), r"^predict_sizes: give the sizes to predict, e.g. prompts=\[256"),
@@ -73,7 +76,7 @@ def test_api_errors_are_one_line_in_keywords(call, message):
 
 def test_cli_keeps_its_option_names(tmp_path):
     r = CliRunner().invoke(app, ["run", str(TRACE), "--batch", "0"])
-    assert r.exit_code == 2 and r.output.strip() == "error: --batch must be a positive integer, got 0"
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"
     r = CliRunner().invoke(app, ["run", str(TRACE), "--staleness", "2"])
     assert "error: --staleness 2 needs split devices: add --gen-gpus N --train-gpus M" in r.output
     from rlsim.core.config import name
@@ -81,6 +84,45 @@ def test_cli_keeps_its_option_names(tmp_path):
 
     assert labels() == {f: name(f) for f in labels()}  # messages and options spell each field alike
     assert {s.field: s.label for s in study_specs()} == {s.field: name(s.field) for s in study_specs()}
+
+
+# API keyword -> the CLI command that takes it as --keyword-name; keywords with no option: the traces (arguments or
+# --trace), sweep's grid (the options themselves), its progress callback, split_stats' skip, example_trace's name
+API_COMMANDS = {"load_trace": "run", "fit": "run", "sweep": "sweep", "check_fidelity": "replay"}
+NO_OPTION = {"path", "trace", "traces", "study_or_traces", "axes", "progress", "skip", "name"}
+
+
+def test_api_keywords_are_the_cli_option_names():
+    """Every keyword of fit, sweep, check_fidelity and load_trace is an option of the command doing the same, spelt
+    alike (rho= is --rho, sampled= is --sampled); predict's are WhatIf's fields, as `rlsim run` takes them."""
+    import dataclasses
+    import inspect
+
+    import typer
+
+    from rlsim.api import DEPRECATED
+    from rlsim.core.config import WhatIf
+
+    commands = typer.main.get_command(app).commands
+    for fname, cmd in API_COMMANDS.items():
+        opts = {o for p in commands[cmd].params for o in (*p.opts, *p.secondary_opts)}
+        keywords = set(inspect.signature(getattr(rlsim, fname)).parameters) - NO_OPTION - {"options"}
+        if fname == "sweep":
+            keywords |= {"rho", "target", "overwrite", "ray_address", "chunk_size", "calibration"}
+        assert keywords and {k for k in keywords if "--" + k.replace("_", "-") not in opts} == set(), (fname, opts)
+        assert not keywords & set(DEPRECATED), fname
+    run = {o for p in commands["run"].params for o in p.opts}
+    assert {"--" + f.name.replace("_", "-") for f in dataclasses.fields(WhatIf)} <= run
+
+
+def test_deprecated_keywords_still_work_with_a_warning():
+    with pytest.warns(DeprecationWarning, match=r"^fit: rho_model= is deprecated; use rho= \(the CLI's name\)$"):
+        old = rlsim.predict(rlsim.fit(TRACE, rho_model="invariant"), prompts=64, updates=3)
+    assert old.equals(rlsim.predict(rlsim.fit(TRACE, rho="invariant"), prompts=64, updates=3))
+    assert old.loc["candidate", "rho"] == 1.0  # invariant: the old keyword chose the model
+    with pytest.warns(DeprecationWarning, match="lengths= is deprecated; use sampled="):
+        msg = _refused(lambda: rlsim.check_fidelity(TRACE, lengths="drawn"))
+    assert msg.startswith("check_fidelity: sampled must be True or False"), msg
 
 
 def _public_functions() -> dict:
@@ -141,7 +183,8 @@ def test_batch_is_prompts_and_predict_sizes_is_predict_per_size():
     sizes = rlsim.predict_sizes(study, prompts=[16, 64, 64], updates=5)
     assert list(sizes.index) == ["reference", "prompts=16", "prompts=64"] and list(sizes.columns) == list(one.columns)
     assert sizes.loc[["reference", "prompts=64"]].reset_index(drop=True).equals(one.reset_index(drop=True))
-    assert sizes.loc["prompts=16"].equals(rlsim.predict(study, prompts=16, updates=5).loc["candidate"].rename("prompts=16"))
+    assert sizes.loc["prompts=16"].equals(
+        rlsim.predict(study, prompts=16, updates=5).loc["candidate"].rename("prompts=16"))
     assert rlsim.predict_sizes(TRACE, batch=64, updates=5).loc["prompts=64"].equals(sizes.loc["prompts=64"])
     swept = rlsim.sweep(TRACE, {"batch": [16, 64], "updates": 5})
     assert sorted(swept["prompts"]) == [16, 64] and set(swept["updates"]) == {5}
@@ -149,8 +192,8 @@ def test_batch_is_prompts_and_predict_sizes_is_predict_per_size():
 
 def test_dir_shows_the_lazy_api():
     code = ("import sys, rlsim; names = dir(rlsim); "
-            "assert set(rlsim.__all__) <= set(names) and {'predict', 'predict_sizes', 'example_trace'} <= set(names), names; "
-            "assert 'rlsim.api' not in sys.modules and 'pandas' not in sys.modules; "
+            "assert set(rlsim.__all__) <= set(names) and {'predict', 'predict_sizes', 'example_trace'} <= set(names), "
+            "names; assert 'rlsim.api' not in sys.modules and 'pandas' not in sys.modules; "
             "import rlsim.replay; assert 'rlsim.api' not in sys.modules")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -162,7 +205,8 @@ def test_example_traces(monkeypatch, tmp_path):
     assert {"grpo_p128", "grpo_p32", "ppo_b256", "study/grpo_p32_s0"} <= set(names)
     assert rlsim.load_trace(rlsim.example_trace("study/grpo_p32_s0")).config["prompts"] == 32
     with pytest.raises(rlsim.RlsimError, match=r"^no example trace 'grpo_p100' \(did you mean grpo_p128\?\); shipped: "
-                                               r"grpo_addmix_p64, grpo_p128, .*rlsim.example_traces\(\) lists them all\)$"):
+                                               r"grpo_addmix_p64, grpo_p128, "
+                                               r".*rlsim.example_traces\(\) lists them all\)$"):
         rlsim.example_trace("grpo_p100")
     from rlsim import api
 

@@ -90,7 +90,7 @@ def describe(path: str | Path) -> str:
     memory = memory_note(t.meta.get("model") or {})
     if memory:
         lines.append(f"note: {memory}")
-    lines.append(f"next: rlsim run --trace {path} --batch {2 * int(cfg.get('prompts') or 1)}")
+    lines.append(f"next: rlsim run --trace {path} --prompts {2 * int(cfg.get('prompts') or 1)}")
     return "\n".join(lines)
 
 

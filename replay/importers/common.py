@@ -358,6 +358,8 @@ class RunSpec:
     prefill_ratio: float | None = None   # prompt tokens computed / submitted (1/G when a group shares its prompt)
     task: str | None = None
     fully_async: bool = False            # generation and training overlapped (verl fully_async)
+    execution_mode: str | None = None     # the rlsim mode its config asks for (rlsim.modes.registry's names)
+    mode_settings: dict[str, Any] = field(default_factory=dict)  # that mode's settings and devices, rlsim's names
     config_file: str | None = None
     config: dict[str, Any] = field(default_factory=dict)   # the framework config values used
     flags: dict[str, Any] = field(default_factory=dict)
@@ -366,7 +368,8 @@ class RunSpec:
     metric_use: dict[str, str] = field(default_factory=dict)  # original metric name -> what rlsim used it for
 
     @property
-    def batch(self) -> int:
+    def responses_per_update(self) -> int:
+        """B = P x G responses trained per step."""
         return self.prompts * self.group
 
 
@@ -423,7 +426,7 @@ def write_step_trace(out: str | Path, spec: RunSpec, steps: list[Step], evals: l
         cum_tokens += tokens
         step_tokens[s.index] = cum_tokens
         t += total
-    rows += _eval_rows(evals, spec.batch, step_start, step_tokens, run_end=t)
+    rows += _eval_rows(evals, spec.responses_per_update, step_start, step_tokens, run_end=t)
     out.parent.mkdir(parents=True, exist_ok=True)
     return write_trace(out, _step_meta(spec, steps, evals, model_bytes), rows)
 
@@ -446,7 +449,7 @@ def _step_rows(s: Step, spec: RunSpec, t: float,
     and its tokens (logged, else B x (mean prompt + mean response))."""
     rows, roles, pos, first_update_t = _phase_rows(s, t, model_bytes)
     total = s.total_time if math.isfinite(s.total_time) else pos - t
-    B = spec.batch
+    B = spec.responses_per_update
     tokens = s.num_tokens
     if not math.isfinite(tokens):
         tokens = B * ((s.prompt[0] if math.isfinite(s.prompt[0]) else 0.0)
@@ -483,7 +486,7 @@ def _update_row(s: Step, spec: RunSpec, t: float, roles: dict[str, float], total
                 first_update_t: float) -> dict[str, Any]:
     """The step's `update` row: its batch, tokens, lr (logged, else the config's), the RL part of its time and the
     seconds per role ('whole': one duration for the lot), and the losses, reward and gradient norms logged."""
-    B = spec.batch
+    B = spec.responses_per_update
     outside = sum(roles.get(r, 0.0) for r in OUTSIDE_STEP)
     lr = s.lr if math.isfinite(s.lr) and s.lr > 0 else (spec.lr if spec.lr is not None else s.lr)
     if not math.isfinite(lr):
@@ -539,13 +542,14 @@ def _step_meta(spec: RunSpec, steps: list[Step], evals: list[Eval], model_bytes:
     """The trace's metadata: where it came from, the run's config, engine, hardware and model as the log and its
     config give them (engine limits estimated where they do not), and the phases seen."""
     hardware, engine = _hardware_and_engine(spec)
-    B = spec.batch
+    B = spec.responses_per_update
     config = {"algo": spec.algo, "prompts": spec.prompts, "group": spec.group, "batch": B,
               "gen_responses": spec.gen_responses or B,
               "lr": spec.lr if spec.lr is not None else float(steps[-1].lr) if math.isfinite(steps[-1].lr) else None,
               "lr_rule": "sqrt", "max_tokens": spec.max_response_len, "max_prompt_tokens": spec.max_prompt_len,
               "task": spec.task, "adv_estimator": spec.adv_estimator, "tp": spec.tp, "gpus": spec.gpus,
-              "framework": spec.framework, "framework_config": spec.config, "fully_async": spec.fully_async or None}
+              "framework": spec.framework, "framework_config": spec.config, "fully_async": spec.fully_async or None,
+              "execution_mode": spec.execution_mode, "mode_settings": spec.mode_settings or None}
     model = {"name": spec.model_name, "parameters": spec.model_params, "bytes": model_bytes,
              "parameters_source": spec.model_params_source or None, **(spec.model_dims or {})}
     phases: dict[str, str] = {}

@@ -263,7 +263,80 @@ def _spec(path: Path, fmt: str, config: str | Path | None, notes: list[str], *, 
         f = files[0] if isinstance(files, list) else str(files)
         spec.task = Path(str(f)).parent.name or Path(str(f)).stem
     spec.config = config_subset(cfg, CONFIG_KEYS, dotted=True)
+    _mode_of(spec, cfg)
     return spec
+
+
+def _mode_of(spec: RunSpec, cfg: dict[str, Any]) -> None:
+    """Record the execution mode the config asks for, and the `rlsim run` options that ask for it."""
+    mode, settings, devices = execution_mode(cfg)
+    if mode is None:
+        return
+    spec.execution_mode, spec.mode_settings = mode, {**settings, **devices}
+    if mode == "colocated":
+        spec.notes.append("verl V1 trainer_mode sync: the colocated loop")
+        return
+    opts = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in spec.mode_settings.items()
+                    if v is not False)
+    spec.notes.append(f"execution mode {mode} (from the config); ask for it with: rlsim run TRACE --mode {mode} {opts}"
+                      + ("" if "train_gpus" in devices else " (add the devices: --train-gpus N"
+                         + ("" if mode == "colocate_async" else " --gen-gpus M") + ")"))
+
+
+# verl settings -> rlsim's mode settings (rlsim.modes.registry), per execution mode
+V1 = "trainer.v1."
+MODE_SETTINGS = {
+    "colocate_async": {"num_warmup_batches": V1 + "colocate_async.num_warmup_batches",
+                       "max_off_policy_threshold": V1 + "sampler.max_off_policy_threshold",
+                       "max_off_policy_strategy": V1 + "sampler.max_off_policy_strategy"},
+    "separate_async": {"num_warmup_batches": V1 + "separate_async.num_warmup_batches",
+                       "parameter_sync_step": V1 + "separate_async.parameter_sync_step",
+                       "max_off_policy_threshold": V1 + "sampler.max_off_policy_threshold",
+                       "max_off_policy_strategy": V1 + "sampler.max_off_policy_strategy"},
+    "fully_async": {"staleness_threshold": "async_training.staleness_threshold",
+                    "trigger_parameter_sync_step": "async_training.trigger_parameter_sync_step",
+                    "require_batches": "async_training.require_batches",
+                    "partial_rollout": "async_training.partial_rollout"},
+}
+MODE_SETTINGS["one_step_off"] = {}
+MODE_SETTINGS["separate_async_switch"] = {
+    **MODE_SETTINGS["separate_async"],
+    "switch_threshold_ratio": V1 + "separate_async.hybrid_rollout.switch_threshold_ratio"}
+
+
+def execution_mode(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any], dict[str, int]]:
+    """(the rlsim execution mode, its settings, its devices) a verl config asks for: the V1 trainer's
+    `trainer.v1.trainer_mode` (sync, colocate_async, separate_async with or without
+    hybrid_rollout.enable_switch, when trainer.use_v1), the fully_async recipe's `async_training` section, or the
+    one-step-off recipe's top-level `rollout` pool (verl/experimental/one_step_off_policy/config); (None, {}, {})
+    for the classic trainer. Devices: trainer.n_gpus_per_node x nnodes train; the standalone
+    rollout pool (rollout.* or actor_rollout_ref.rollout.* n_gpus_per_node x nnodes) generates."""
+    mode = dig(cfg, V1 + "trainer_mode")
+    if mode is not None and dig(cfg, "trainer.use_v1") is False:
+        mode = None
+    if mode == "sync":
+        return "colocated", {}, {}
+    if mode == "separate_async" and dig(cfg, V1 + "separate_async.hybrid_rollout.enable_switch") \
+            and dig(cfg, "actor_rollout_ref.hybrid_engine") is not False:
+        mode = "separate_async_switch"
+    if mode is None and isinstance(dig(cfg, "async_training"), dict):
+        mode = "fully_async"
+    elif mode is None and dig(cfg, "rollout.n_gpus_per_node") is not None:
+        mode = "one_step_off"  # the one-step-off recipe: a top-level rollout pool, no async_training section
+    if mode not in MODE_SETTINGS:
+        return None, {}, {}
+    settings = {k: dig(cfg, key) for k, key in MODE_SETTINGS[mode].items() if dig(cfg, key) is not None}
+    if settings.get("max_off_policy_threshold") == "null":
+        settings.pop("max_off_policy_threshold")
+
+    def count(prefix: str) -> int | None:
+        n = dig(cfg, prefix + ".n_gpus_per_node")
+        return int(n) * int(dig(cfg, prefix + ".nnodes") or 1) if n is not None else None
+
+    devices = {"train_gpus": count("trainer")}
+    if mode != "colocate_async":
+        devices["gen_gpus"] = count("rollout") or count("actor_rollout_ref.rollout")
+    return mode, settings, {k: v for k, v in devices.items() if v}
 
 
 def _steps(path: Path, raw: dict[int, dict[str, float]], train: dict[int, dict[str, float]], spec: RunSpec,

@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         if not so.trace:
             raise RlsimError("give a trace with --trace (e.g. --trace traces/grpo_p128.parquet)")
         if not axes:
-            raise RlsimError("nothing to sweep: give at least one option as a comma list, e.g. --batch 64,128,256")
+            raise RlsimError("nothing to sweep: give at least one option as a comma list, e.g. --prompts 64,128,256")
         names = labels()
         n = len(build_grid(WhatIf, axes, labels=names))  # validates every config before anything is printed
         bar: list = []  # the progress bar starts with the first finished chunk, after fitting and checks

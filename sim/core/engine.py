@@ -3,28 +3,17 @@
 Scheduling semantics (the same in both paths below):
 - requests queue FIFO; at the start of every step the engine admits waiting requests while fewer than
   `max_num_seqs` run and the KV cache has blocks for their prompt;
-- an admitted request computes its prompt (prefill) and samples its first token in that step; every
-  later step it decodes one token; a request of L tokens occupies L consecutive steps and frees its
-  slot for the next step;
-- the step's cost is the fitted model of its composition (`rlsim.replay.cost.EngineStepCost`):
-  num_running, context tokens (KV length after the step: prompt + tokens generated before the step),
-  prefill tokens computed; linear, or piecewise linear in num_running (a knee, or interpolated over the
-  calibration's levels: hinges), whose sums need the histogram of num_running over the steps
-  (`RoundPlan.sums`), still a closed form of the schedule;
+- an admitted request prefills and samples its first token in that step, then decodes one token per step;
+- the step's cost is the fitted model of its composition (`rlsim.replay.cost.EngineStepCost`: num_running,
+  context tokens, prefill tokens), a closed form of the schedule's summed features (`RoundPlan.sums`);
 - when a running sequence needs a KV block and none is free, the latest admitted running request is
   preempted (its blocks freed; it re-queues at the front and recomputes prompt + output on readmission).
 
-Two implementations:
-- `schedule_rounds`: the exact fast path when the KV cache cannot bind (max_num_seqs sequences of the
-  longest context fit). All rounds are scheduled at once, vectorised across rounds with a calendar of
-  slot releases; per-round costs are closed forms of summed features (`RoundPlan.sums`).
-  `schedule_round` is the same schedule for one round in O(B) memory (simulations too large to hold
-  every round at once go round by round, `rlsim.core.pipeline`).
-- `run_round_steps`: the general step-level loop with KV accounting and preemption. Between two events
-  that change the batch (an admission, a finish, a preemption) the composition is fixed and the
-  context grows by num_running per step, so the stretch's cost is a closed form (`Stretch.cost`) and it
-  is advanced at once (one SimPy timeout per stretch).
-Per-sequence state lives in numpy arrays; there is no process per request.
+Two implementations: `schedule_rounds` (and `schedule_round`, one round in O(B) memory), the exact fast path
+when the KV cache cannot bind, vectorised across rounds; `run_round_steps`, the step-level loop with KV
+accounting and preemption, advancing each stretch between batch-changing events in one SimPy timeout
+(`Stretch.cost`). Per-sequence state lives in numpy arrays; there is no process per request. In detail:
+docs/simulator.md, "The simulation".
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The sweep grid: comma lists (`--batch 64,128 --group 4,8 --lr-rule sqrt,fixed`) parsed by the
+"""The sweep grid: comma lists (`--prompts 64,128 --group 4,8 --lr-rule sqrt,fixed`) parsed by the
 field types of `WhatIf` into validated configs, in a fixed order (the order of the axes, then of the
 values; the last axis varies fastest)."""
 from __future__ import annotations

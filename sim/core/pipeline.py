@@ -5,31 +5,17 @@ batch preparation (old log-probs), the optimizer update, the weight sync and the
 fitted cost. All state lives in the SimPy Environment and the objects this call creates; ids come from
 a per-run counter; nothing is class-level.
 
-Split devices and staleness (`SimConfig.split`) run in `rlsim.modes.split`, which sits above this module and
-shares its engine's step semantics (`rlsim.core.engine.Stretch`), cost model (`rlsim.replay.cost`) and workload
-sampler (`rlsim.core.workload`); `rlsim.modes.registry.simulate` picks one of the two by the config.
+Split devices and staleness (`SimConfig.split`) run in `rlsim.modes.split`, which shares this module's engine
+semantics (`rlsim.core.engine.Stretch`), cost model (`rlsim.replay.cost`) and workload sampler
+(`rlsim.core.workload`); `rlsim.modes.registry.simulate` picks one of the two by the config.
 
-How a simulation runs, step by step:
-1. the rounds: what each update's generation round does (`_Round`: its engine seconds, steps, peaks and
-   trained tokens), from `_AllRounds` or `_RoundByRound` below, each built by one of two engine paths:
-   `_fast_round` (a schedule of slot releases when the KV cache cannot bind: summed features in closed
-   form) or `_exact_round` (the step-level loop with KV accounting and preemption);
-2. the loop (`_Loop`): one SimPy process per RL step, generation then the fitted phases; the timeline
-   (`_Timeline`) when asked for.
-
-Size. Per-update arrays are O(U); the generation workload is O(B_gen) per round. Up to
-ALL_ROUNDS_MAX_REQUESTS requests in all (U x B_gen) every round's lengths are drawn at once and all
-rounds are scheduled together (`_AllRounds`, vectorised across rounds). Beyond it the rounds are drawn
-and simulated one at a time (`_RoundByRound`, memory O(B_gen), never U x B nor B x steps):
-- exact: every round's schedule (`schedule_round`, the same admission steps as `schedule_rounds`, or
-  the step-level loop with KV accounting), its step-cost sums and its trained tokens; recorded lengths
-  without over-generation repeat with the trace's period and are computed once per distinct round;
-- approximate: with sampled lengths only ceil(SAMPLED_REQUESTS / B_gen) rounds are drawn and simulated
-  (at least 1, at most U) and update u reuses round u mod that number. Rounds are i.i.d., so this is a
-  Monte-Carlo sample of fewer rounds; its error is stated in `SimRun.approximation` (measured, see
-  SAMPLED_REQUESTS).
-Before allocating, `check_memory` estimates the bytes a configuration needs and raises RlsimError
-(one line: what is too large, how to fix it) above MEMORY_LIMIT_BYTES.
+How a simulation runs: the rounds (`_Round`: one update's engine seconds, steps, peaks and trained tokens),
+all at once (`_AllRounds`) up to ALL_ROUNDS_MAX_REQUESTS requests in all, else one at a time
+(`_RoundByRound`, memory O(B_gen); with sampled lengths a Monte-Carlo sample of SAMPLED_REQUESTS requests'
+rounds, its error in `SimRun.approximation`), each by `_fast_round` (closed form when the KV cache cannot bind)
+or `_exact_round` (the step loop with KV accounting); then the loop (`_Loop`): one SimPy process per RL step,
+and the timeline (`_Timeline`) when asked for. `check_memory` refuses a configuration above MEMORY_LIMIT_BYTES
+in one line first. Sizes and paths in detail: docs/simulator.md, "The simulation".
 """
 from __future__ import annotations
 
@@ -90,13 +76,18 @@ class SplitResult:
     sync_s: float = field(metadata={"help": "seconds of one weight sync"})
     replica_idle: tuple[float, ...] = field(default=(), metadata={
         "help": "(replicas,) each replica's fraction of wall time running no engine step"})
+    mode: str = field(default="split", metadata={"help": "the execution mode's registered name"})
+    hybrid: bool = field(default=False, metadata={"help": "the replicas sat on the training devices"})
+    chunks: int = field(default=1, metadata={"help": "trainer fetches per weight sync"})
+    dropped: int = field(default=0, metadata={
+        "help": "groups evicted as too old (verl V1 drop), their generation lost"})
 
 
 @dataclass(frozen=True, eq=False)
 class SimRun:
     """Result of one simulation: per-update arrays, totals, and the timeline when asked for."""
 
-    batch: int = field(metadata={"help": "responses per update"})
+    responses_per_update: int = field(metadata={"help": "B = P x G responses trained per update"})
     step_time: np.ndarray = field(metadata={"help": "seconds of each RL step"})
     gen_time: np.ndarray = field(metadata={"help": "generation seconds of each step (engine steps + round overhead)"})
     train_time: np.ndarray = field(metadata={"help": "training seconds (batch preparation + optimizer update)"})
@@ -187,18 +178,18 @@ def check_memory(models: FittedModels, cfg: SimConfig, *, round_by_round: bool, 
     if est["timeline"] >= est["workload"]:
         what = (f"recording the timeline of {U} updates of {B_gen:,} requests needs about {total / 2**30:.1f} GB of "
                 "memory")
-        fix = "pass fewer --updates or a smaller --batch"
+        fix = "pass fewer --updates or a smaller --prompts"
     elif round_by_round:
         per_prompt = BYTES_PER_REQUEST_ROUND * B_gen / P
         p_max = int((MEMORY_LIMIT_BYTES - est["timeline"]) / per_prompt)
         what = (f"one generation round of {B_gen:,} requests (P={P:,} x G={G}"
                 f"{f', {B_gen - P * G:,} over-generated' if B_gen > P * G else ''}) needs about {total / 2**30:.1f} GB "
                 "of memory")
-        fix = (f"pass a smaller --batch (at most about {p_max:,} prompts at --group "
+        fix = (f"pass a smaller --prompts (at most about {p_max:,} prompts at --group "
                f"{G}){' or --gen-batch' if B_gen > P * G else ''}")
     else:
         what = f"all {U} rounds of {B_gen:,} requests at once need about {total / 2**30:.1f} GB of memory"
-        fix = "pass fewer --updates or a smaller --batch"
+        fix = "pass fewer --updates or a smaller --prompts"
     raise RlsimError(f"{what}, {limit}; {fix}")
 
 
@@ -233,7 +224,7 @@ def _fast_round(models: FittedModels, cfg: SimConfig, plan: RoundPlan, row: int,
     """Round `row` of a plan of the fast path (`schedule_rounds`: the KV cache cannot bind); `sums`: its features,
     `cost`: their seconds."""
     K = int(plan.steps[row])
-    extra = max(cfg.gen_requests - cfg.batch, 0)
+    extra = max(cfg.gen_requests - cfg.responses_per_update, 0)
     finish = plan.start[row] + L - 1 if extra else None
     responses, tokens = _trained(p, L, finish, extra, cfg.group, models.shared_prompts)
     return _Round(requests=len(L), engine_s=float(cost) + models.gen_overhead.per_step * K, steps=K,
@@ -245,7 +236,7 @@ def _fast_round(models: FittedModels, cfg: SimConfig, plan: RoundPlan, row: int,
 def _exact_round(models: FittedModels, cfg: SimConfig, p: np.ndarray, L: np.ndarray, keep_timeline: bool) -> _Round:
     """One round by the step-level loop (`run_round_steps`: KV accounting, preemption), stretch by stretch."""
     gm, per_step = models.gen, models.gen_overhead.per_step
-    extra = max(cfg.gen_requests - cfg.batch, 0)
+    extra = max(cfg.gen_requests - cfg.responses_per_update, 0)
     finish = np.zeros(len(L), np.int64) if extra else None
     stretches = [] if keep_timeline else None
     hist = _needs_hist(models)
@@ -470,9 +461,9 @@ class _Loop:
             timeline = sorted(self.tl.slices, key=lambda s: (s.start, -s.dur))
             counters = sorted(self.tl.counters, key=lambda c: c.t)
         r = self.rounds
-        return SimRun(batch=self.cfg.batch, total_time=float(self.env.now), exact_engine=r.exact, timeline=timeline,
-                      counters=counters, rounds_simulated=r.rounds, approximation=r.approximation(),
-                      features=self.features.to_dict(), **self.per)
+        return SimRun(responses_per_update=self.cfg.responses_per_update, total_time=float(self.env.now),
+                      exact_engine=r.exact, timeline=timeline, counters=counters, rounds_simulated=r.rounds,
+                      approximation=r.approximation(), features=self.features.to_dict(), **self.per)
 
 
 def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,

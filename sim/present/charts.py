@@ -56,8 +56,8 @@ def _finite(x: Any) -> bool:
 
 def batch_of(row: Mapping[str, Any]) -> float:
     """Responses per update B = P x G."""
-    if _finite(row.get("batch")):
-        return float(row["batch"])
+    if _finite(row.get("responses_per_update")):
+        return float(row["responses_per_update"])
     return float(row["prompts"]) * float(row.get("group") or 1)
 
 

@@ -165,8 +165,8 @@ def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) 
     best, ref = v["best"] or rows[0], meta.get("reference") or {}
     cls = "verdict clear" if v["kind"] == "clear" else "verdict undecided-box"
     parts = [f"<div class='{cls}'><p class='headline'><b>{html.escape(v['title'])}</b>: {html.escape(v['text'])}.</p>"]
-    parts.append(f"<p>Ranked first: <b>{html.escape(describe(best, axes, opts))}</b> (B = {fmt(best.get('batch'))} "
-                 "responses per update): T / T_ref = "
+    parts.append(f"<p>Ranked first: <b>{html.escape(describe(best, axes, opts))}</b> "
+                 f"(B = {fmt(best.get('responses_per_update'))} responses per update): T / T_ref = "
                  f"{html.escape(with_interval(best, 'time_to_target_ratio', '.3f'))} "
                  f"({html.escape(str(best.get('regime')))}), sigma {html.escape(with_interval(best, 'sigma', '.3f'))}, "
                  f"rho {html.escape(with_interval(best, 'rho', '.3f'))} ({html.escape(str(best.get('rho_model')))}), "

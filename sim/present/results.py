@@ -160,7 +160,8 @@ def read_results(sweep_dir: str | os.PathLike) -> tuple[list[dict], dict[str, An
     meta = json.loads(raw) if raw else {}
     if not meta and (d / "sweep.json").exists():
         meta = json.loads((d / "sweep.json").read_text())
-    rows = table.to_pylist()
+    # a sweep written before B's column was named responses_per_update calls it batch
+    rows = [{("responses_per_update" if k == "batch" else k): v for k, v in r.items()} for r in table.to_pylist()]
     rows.sort(key=lambda r: r.get("rank", 0))
     return rows, meta
 

@@ -14,7 +14,7 @@ from rich.table import Table
 from rlsim.replay.rho import regime_key
 from rlsim.replay.util import fmt
 
-TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
+TERMINAL_COLUMNS = (("responses_per_update", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
                     ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""),
                     ("fits", "fits", ""),  # only when a config does not fit in memory
                     ("expected_regret", "exp. regret", "%"))  # the last: only when the sweep has a plan
@@ -115,12 +115,12 @@ def varying(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> list[str]
 
 
 def describe(row: Mapping[str, Any], axes: Sequence[str], labels: Mapping[str, str] | None = None) -> str:
-    """'--batch 64 --group 8': a config by the options that were swept."""
+    """'--prompts 64 --group 8': a config by the options that were swept."""
     labels = labels or {}
     def shown(v: Any) -> Any:
         return f"{v:g}" if isinstance(v, float) else v  # 1.0 as typed: 1
 
-    return " ".join(f"{labels.get(a, a)} {shown(row.get(a))}" for a in axes) or f"B={row.get('batch')}"
+    return " ".join(f"{labels.get(a, a)} {shown(row.get(a))}" for a in axes) or f"B={row.get('responses_per_update')}"
 
 
 def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None, *,
@@ -215,7 +215,7 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
 def config_warnings(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None,
                     name: Callable[[Mapping[str, Any]], str]) -> list[dict[str, list[str]]]:
     """The rows' own warnings (beyond the study's), each said once with the configs it applies to, and the
-    warnings of the same configs together: [{"configs": ["--batch 64", ...], "warnings": [text, ...]}], in the
+    warnings of the same configs together: [{"configs": ["--prompts 64", ...], "warnings": [text, ...]}], in the
     rows' order."""
     applies: dict[str, list[str]] = {}
     for r in rows:
@@ -230,7 +230,8 @@ def config_warnings(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] |
 
 
 def config_warning_items(v: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """A verdict's config warnings as (the configs, in words, the warnings): ('--batch 64 and --batch 32', 'a; b')."""
+    """A verdict's config warnings as (the configs, in words, the warnings):
+    ('--prompts 64 and --prompts 32', 'a; b')."""
     return [(_names(g["configs"], str, most=len(g["configs"])), "; ".join(g["warnings"]))
             for g in v.get("config_warnings", ())]
 
@@ -249,7 +250,8 @@ def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top
     each with its interval under it where there is one; a row with warnings of its own (beyond the study's,
     meta['warnings']) is marked `!`. Too wide for `width` columns, it leaves out, in turn, responses/s (sigma
     carries it), B, then the sigma and rho intervals; never the T ratio's."""
-    drops = [(), ("responses_per_s",), ("responses_per_s", "batch"), ("responses_per_s", "batch", "sigma_iv", "rho_iv")]
+    drops = [(), ("responses_per_s",), ("responses_per_s", "responses_per_update"),
+             ("responses_per_s", "responses_per_update", "sigma_iv", "rho_iv")]
     for drop in drops:
         t = _ranking_table(rows, axes, top=top, labels=labels or {}, meta=meta, drop=drop)
         if width is None:

@@ -52,6 +52,9 @@ def axes_of(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[
 def _whatif_from_row(row: Mapping[str, Any]):
     names = {f.name for f in dataclasses.fields(WhatIf) if f.init}
     kwargs = {k: row[k] for k in names if k in row and row[k] is not None}
+    kwargs.pop("mode", None)  # a results row's `mode` describes the devices; its registered name is execution_mode
+    if row.get("execution_mode") not in (None, "colocated", "split"):
+        kwargs["mode"] = row["execution_mode"]
     cfg = WhatIf(**kwargs)
     if cfg.updates > GANTT_STEPS:
         cfg = dataclasses.replace(cfg, updates=GANTT_STEPS)

@@ -2,24 +2,17 @@
 
 The time to target of candidate i relative to the reference is T_i = rho_i / sigma_i. sigma comes from the
 simulator; rho from a sample-cost model that, from one reference trace, is known to err a lot (docs/results.md).
-The plan does not pretend otherwise: its uncertainty about rho is *measured*, as error curves e(d) = log(rho
-measured / rho predicted from a reference alone) at d = log2(B / B_ref), one per reference seed of the recorded
-batch-size studies (`rlsim.replay.rho_errors`). A draw of the truth is one such curve (plus the noise of the
-studies' own seed means), so errors at neighbouring sizes move together, as a misplaced bend makes them. Its
-uncertainty about sigma is the trace's own: each candidate's sigma interval as `rlsim run` gives it (the fits'
-bootstrap widened by their held-out error), read as a log-normal spread. A trace whose cost fits cannot be used
-(`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
+So the plan's uncertainty about rho is *measured*: error curves e(d) = log(rho measured / rho predicted from a
+reference alone) at d = log2(B / B_ref), one per reference seed of the recorded batch-size studies
+(`rlsim.replay.rho_errors`); a draw of the truth is one such curve plus the studies' seed noise. Its uncertainty
+about sigma is each candidate's sigma interval as `rlsim run` gives it, read as a log-normal spread. A trace whose
+cost fits cannot be used (`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
 
-Over the draws (weights w, shape (K,)), for each candidate i (T: (K, n)):
-    expected regret   E_w[T_i / min_j T_j - 1]        p_within_5pct   P_w[T_i <= 1.05 min_j T_j]
-The pick is the least expected regret (ties: the reference). It is a **decision** when p_within_5pct reaches
-`PlanConfig.confidence`; otherwise the plan lists **pilots**: a run at candidate j to the target, whose measured
-rho (one seed: noise `seed_sd` in log) would reweight the draws. The expected regret after a pilot is computed
-before it is run (preposterior: each draw in turn taken as the truth, its pilot observed with seed noise, the
-pick made on the reweighted draws, its regret scored on that truth); pilots are ranked by regret removed per
-response spent. This is the multi-fidelity logic of successive halving (spend little on configurations the
-evidence already rules out) with one fidelity, a run to the target, because a prefix of a run measures
-samples-to-target only once it reaches the target. A pilot trace given back (`--trace`) is such an observation.
+Over the draws (weights w), for each candidate i: expected regret E_w[T_i / min_j T_j - 1] and p_within_5pct
+P_w[T_i <= 1.05 min_j T_j]. The pick is the least expected regret (ties: the reference), a **decision** when
+p_within_5pct reaches `PlanConfig.confidence`; otherwise the plan lists **pilots** (a run at candidate j to the
+target), ranked by the regret they are expected to remove (preposterior) per response spent. A pilot trace given
+back (`--trace`) reweights the draws. The method in full: docs/usage.md, "Planning".
 """
 from __future__ import annotations
 
@@ -31,6 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rlsim.core.config import WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
@@ -62,15 +56,22 @@ class PlanConfig:
     model_params: float | None = field(default=None, metadata={
         "help": "the model's parameter count, e.g. 7e9, for the candidates' memory when the trace names a model rlsim "
                 "cannot size (None: the trace's model; WhatIf.model_params)"})
+    fixed: tuple = field(default=(), metadata={
+        "help": "((WhatIf field, value), ...) every candidate shares: the execution mode, its settings and devices "
+                "(e.g. (('mode', 'fully_async'),))"})
 
     def validate(self) -> None:
         ps = list(self.prompts)
         if len(ps) < 2:
-            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --batch 16,32,64,128")
+            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --prompts 16,32,64,128")
         if any(not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in ps):
-            raise RlsimError(f"--batch sizes must be positive integers, got {ps}")
+            raise RlsimError(f"{name('prompts')} sizes must be positive integers, got {ps}")
         if len(set(ps)) != len(ps):
-            raise RlsimError(f"--batch lists a size twice ({ps}); give each candidate once")
+            raise RlsimError(f"{name('prompts')} lists a size twice ({ps}); give each candidate once")
+        if self.fixed:
+            cfg = WhatIf(**dict(self.fixed))
+            cfg.validate()
+            check_mode(cfg)
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
@@ -364,8 +365,9 @@ def _memory_notes(preds: Sequence[Outcome]) -> list[str]:
 
 
 def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:
-    like = WhatIf(updates=cfg.updates, model_params=cfg.model_params)
-    if P == study.reference.prompts and G == study.reference.group:
+    """Candidate P; under the plan's shared settings `fixed` (a mode) every size runs in it, the reference's too."""
+    like = WhatIf(updates=cfg.updates, model_params=cfg.model_params, **dict(cfg.fixed))
+    if P == study.reference.prompts and G == study.reference.group and not cfg.fixed:
         return reference_outcome(study, cfg.updates, 0, like=like)
     return evaluate(study, replace(like, prompts=P, group=G))
 

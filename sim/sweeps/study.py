@@ -12,6 +12,7 @@ from rlsim.sweeps import backends
 from rlsim.present import results
 from rlsim.present import perfetto as pf
 from rlsim.core.config import WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.core.grid import build_grid, config_dict
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import exclusive
@@ -43,12 +44,14 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
     what `rlsim run` gives for its config."""
     labels = dict(labels or {})
     if not axes:
-        raise RlsimError("nothing to sweep: give at least one option as a comma list, e.g. --batch 64,128,256")
+        raise RlsimError("nothing to sweep: give at least one option as a comma list, e.g. --prompts 64,128,256")
     if workers is not None and workers < 1:
         raise RlsimError("--workers must be at least 1")
     if ray_address:
         backends.import_ray()  # fail fast, before fitting, when the extra is missing
     grid = build_grid(WhatIf, axes, {}, labels=labels)
+    for cfg in grid:  # a mode and settings that do not go together: one line before anything is fitted
+        check_mode(cfg)
     if out is not None:
         results.prepare_out_dir(out, overwrite, clear=False)  # refuse early; old results go only once new ones exist
     study = prepare(traces, rho_model=rho_model, target=target, calibration=calibration)

@@ -26,9 +26,8 @@ from rlsim.whatif.study import (Study, fit_check, models_for, recorded_devices, 
 
 # The far end of a split predicted from a colocated GPU run: each side up to this many times the colocated per-device
 # speed. A colocated step holds costs of sharing the devices (weight reloads, memory swaps, a smaller KV cache, the
-# long tail holding every GPU) that a split drops and one log cannot separate. Published: verl's fully-async 7B
-# trainer updated 512 prompts on 16 H20s in 314 s where the colocated update on 32 took 270 s (1.7x per device);
-# NeMo RL's Llama-3.1-8B 1-step-off on 8 + 8 GPUs beat its colocated run on 16 (docs/results.md section 7).
+# long tail holding every GPU) that a split drops and one log cannot separate. Set from published split runs that
+# beat their colocated runs per device by more than overlap allows (docs/results.md section 7 item 8, section 10).
 SPLIT_GAIN_HI = 2.0
 
 
@@ -52,8 +51,8 @@ def replicate_rates(models: FittedModels, run_: SimRun) -> np.ndarray | None:
 def decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> str:
     """The cheapest measurement that would decide an undecided verdict: whichever of rho and sigma is less sure.
     Throughput at another P on the recorded hardware: `rlrun probe` of both sizes in one process, paired (two
-    recordings made apart differ by the machine's drift, 5-10 % between processes on a shared host, as much as
-    the gain in question; docs/results.md section 6)."""
+    recordings made apart differ by the machine's drift, as much as the gain in question; docs/results.md
+    sections 3, 6 and 10)."""
     def width(key: str) -> float:
         lo, hi = iv.get(key + "_lo", math.nan), iv.get(key + "_hi", math.nan)
         return math.log(hi / lo) if lo > 0 and math.isfinite(hi) and hi >= lo else 0.0

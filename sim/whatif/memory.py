@@ -109,7 +109,7 @@ def trace_memory(meta: dict[str, Any]) -> TraceMemory:
 class Load:
     """What a candidate puts on its devices."""
 
-    batch: int = field(metadata={"help": "B = P x G responses trained per update"})
+    responses_per_update: int = field(metadata={"help": "B = P x G responses trained per update"})
     gen_requests: int = field(metadata={"help": "responses generated per update (B_gen >= B)"})
     seq_len: int = field(metadata={"help": "the longest prompt + response, tokens"})
     recorded_devices: int = field(metadata={"help": "devices the reference ran on"})
@@ -120,7 +120,7 @@ def candidate_setups(tm: TraceMemory, cfg: WhatIf, load: Load) -> tuple[GenSetup
     --gen-gpus engines and --train-gpus trainer ranks; a CPU host is one memory whatever its cores."""
     split = cfg.split and not tm.cpu
     n = 1 if tm.cpu else int(cfg.gpus or load.recorded_devices)
-    n_gen, n_train = (int(cfg.gen_gpus), int(cfg.train_gpus)) if split else (n, n)
+    n_gen, n_train = (int(cfg.gen_gpus or cfg.train_gpus), int(cfg.train_gpus)) if split else (n, n)  # hybrid: the same
     if tm.verl:  # its engine and FSDP settings; the batch enters below, as each engine's concurrency
         gen, _ = setups_from_verl(tm.verl, gpus=n_gen)
         _, train = setups_from_verl(tm.verl, gpus=n_train)
@@ -128,7 +128,8 @@ def candidate_setups(tm: TraceMemory, cfg: WhatIf, load: Load) -> tuple[GenSetup
         gen = replace(tm.gen, tp=min(tm.gen.tp, n_gen))
         train = replace(tm.train, gpus=n_train, seq_len=tm.train.seq_len if tm.train.seq_len else load.seq_len)
         if tm.framework == "rlrun":  # each rank trains at most its share of the batch per micro-batch
-            train = replace(train, micro_batch=max(1, min(train.micro_batch, load.batch // max(n_train, 1))))
+            share = load.responses_per_update // max(n_train, 1)
+            train = replace(train, micro_batch=max(1, min(train.micro_batch, share)))
         else:
             train = replace(train, seq_len=load.seq_len)
     engines = max(1, n_gen // max(gen.tp, 1))

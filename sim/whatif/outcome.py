@@ -22,7 +22,7 @@ class Outcome:
 
     prompts: int = field(metadata={"help": "P"})
     group: int = field(metadata={"help": "G"})
-    batch: int = field(metadata={"help": "B = P x G responses per update"})
+    responses_per_update: int = field(metadata={"help": "B = P x G responses trained per update"})
     lr_rule: str = field(metadata={"help": "learning-rate rule"})
     responses_per_s: float = field(metadata={"help": "simulated end-to-end responses per second (q)"})
     step_time_s: float = field(metadata={"help": "mean seconds per RL step"})
@@ -68,6 +68,8 @@ class Outcome:
     interval: str = field(default="", metadata={"help": "how the intervals were made (empty: none)"})
     mode: str = field(default="colocated", metadata={"help": "colocated, or the split: generation : training devices, "
                                                              "staleness limit, partial rollout"})
+    execution_mode: str = field(default="colocated", metadata={
+        "help": "the execution mode's registered name (rlsim.modes.registry); `mode` describes its devices and limits"})
     gen_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the generation side waits "
                                                                       "(split: mean over replicas; colocated: while "
                                                                       "training)"})

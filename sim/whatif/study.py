@@ -18,7 +18,8 @@ import numpy as np
 from rlsim.core.config import EngineConfig, SimConfig, WhatIf
 from rlsim.core.pipeline import SimRun
 from rlsim.modes.registry import simulate
-from rlsim.modes.split import replica_tp, split_config
+from rlsim.modes.registry import check as check_mode, split_config
+from rlsim.modes.split import replica_tp
 from rlsim.replay.device_speed import device_ratios
 from rlsim.replay.devices import host_name, per_device, profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError, name, setting
@@ -134,8 +135,8 @@ class Study:
         another base lr is another configuration, not a point of this one), else by the rule's name."""
         ref_lr, lr = self.curves[0].lr, c.lr
         if math.isfinite(ref_lr) and math.isfinite(lr) and ref_lr > 0:
-            return math.isclose(lr, ref_lr * lr_scale(lr_rule, c.batch / self.b_ref), rel_tol=0.02)
-        return c.lr_rule == lr_rule or c.batch == self.b_ref
+            return math.isclose(lr, ref_lr * lr_scale(lr_rule, c.responses_per_update / self.b_ref), rel_tol=0.02)
+        return c.lr_rule == lr_rule or c.responses_per_update == self.b_ref
 
     def rho_replicates(self, b: float, kind: str) -> tuple[np.ndarray | None, str]:
         """rho at batch b for each B_crit replicate (noise-scale), ones (invariant), or None (curves, lr-aware), and a
@@ -206,7 +207,7 @@ def reference_config(study: Study, cfg: WhatIf, *, updates: int | None = None, s
     colocated on as many devices as the split holds (each replica and each trainer rank is one device)."""
     gpus = cfg.gpus
     if cfg.split:
-        gpus = int(cfg.gen_gpus) + int(cfg.train_gpus)
+        gpus = cfg.split_devices
         if cfg.device is None and gpus == recorded_devices(study):
             gpus = None
     return replace(study.reference, updates=cfg.updates if updates is None else updates,
@@ -220,7 +221,7 @@ def hardware_label(study: Study, cfg: WhatIf) -> str:
     hw = study.hardware or {}
     host = host_name(hw.get("cpu_name") or hw.get("device_name")) if hw.get("device") == "cpu" else ""
     name = cfg.device or host or hw.get("device_name") or hw.get("device") or "the recorded device"
-    n = int(cfg.gen_gpus) + int(cfg.train_gpus) if cfg.split else cfg.gpus or recorded_devices(study)
+    n = cfg.split_devices if cfg.split else cfg.gpus or recorded_devices(study)
     return f"{n} x {name}"
 
 
@@ -247,6 +248,7 @@ def resolve_batch(study_ref: WhatIf | None, models: FittedModels, cfg: WhatIf) -
 
 def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimConfig:
     cfg.validate()
+    check_mode(cfg)
     P, G, _ = resolve_batch(study.reference, study.models, cfg)
     if study.algo == "grpo" and G < 2:
         raise RlsimError(f"GRPO needs a group of at least 2 responses per prompt (group-relative advantages), got "
@@ -434,13 +436,13 @@ def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float
     come from, and whether they are identified (two constants need runs at two other sizes or lrs)."""
     rule = ref.lr_rule or "sqrt"
     if params is not None:
-        return (lr_aware_rho(ref.batch, *params, rule),
+        return (lr_aware_rho(ref.responses_per_update, *params, rule),
                 f"lr-aware rho: B_bend = {params[0]:.4g}, kappa = {params[1]:.3g} as given", True)
     if len(curves) > 1 and math.isfinite(target):
         f = fit_lr_aware(ref, curves, target)
         src = f"fitted on {f.runs} runs"
         few = "; two constants from one run are not identified: add runs at more sizes" if f.runs < 2 else ""
-        return lr_aware_rho(ref.batch, f.b_bend, f.kappa, rule, source=src), \
+        return lr_aware_rho(ref.responses_per_update, f.b_bend, f.kappa, rule, source=src), \
             (f"lr-aware rho: B_bend = {f.b_bend:.4g} responses, kappa = {f.kappa:.3g} {src} (squared log error "
              f"{f.loss:.3g}){few}"), \
             f.runs >= 2

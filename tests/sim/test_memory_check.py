@@ -183,7 +183,7 @@ def test_simulated_kv_cache_is_the_memory_models_on_the_target_device():
 def test_candidate_memory_follows_the_devices():
     tm = trace_memory(read_trace(P128).meta)
     tm = replace(tm, cpu=False, device_memory_gb=None)
-    load = Load(batch=1024, gen_requests=1024, seq_len=256, recorded_devices=1)
+    load = Load(responses_per_update=1024, gen_requests=1024, seq_len=256, recorded_devices=1)
     est, _, why = candidate_memory(tm, WhatIf(), load)
     assert est is None and "--device" in why and memory_object(est, why)["fits"] is None
     est, _, _ = candidate_memory(tm, WhatIf(device="a100-40gb", gpus=4), load)
@@ -195,7 +195,7 @@ def test_candidate_memory_follows_the_devices():
 def _row(t, fits, step=1.0):
     return {"time_to_target_ratio": t, "time_to_target_ratio_lo": t * 0.99, "time_to_target_ratio_hi": t * 1.01,
             "step_time_s": step, "fits": fits, "regime": "time falls", "prompts": int(t * 100), "group": 8,
-            "batch": int(t * 800)}
+            "responses_per_update": int(t * 800)}
 
 
 def test_sweep_ranks_an_infeasible_config_last_and_never_names_it():
