@@ -1,30 +1,16 @@
 """Costs that decide a split (asynchronous) layout at GPU scale: the rollout replica as a tensor-parallel group of
 devices, and the weight sync from the trainer to the replicas by model size and path. Pure rules, no simulator.
 
-Rollout replica (`group_models`): a vLLM/SGLang engine with tensor parallel size tp spans tp devices, so a split's
-N generation GPUs hold N / tp replicas, not N. One replica's costs come from the recorded run's (which ran E
-engines at tensor parallel tp_ref, merged into one engine by the importers: per-sequence costs / E, slots x E) by
-the roofline rule (`rlsim.replay.devices.rescale`) to tp devices: per-sequence and per-token terms x E_ref devices
-/ tp, slots and KV cache / (devices / tp). The per-engine-step cost (the weights read once per step, split over the
-group's devices) scales tp_ref / tp when the replica's tensor parallel differs from the recorded one.
+Rollout replica (`group_models`): an engine at tensor parallel tp spans tp devices, so N generation GPUs hold N / tp
+replicas. One replica's costs are the recorded ones rescaled to tp devices (`rlsim.replay.devices.rescale`); its
+per-engine-step weight read moves tp_ref / tp where its tensor parallel differs from the recorded one.
 
-Weight sync (`weight_sync_seconds`): seconds = fixed + model bytes / effective bandwidth of the path, where model
-bytes are all parameters (a mixture of experts sends every expert) at the bytes the engine loads. Published figures:
-
-- checkpoint-engine broadcast (MoonshotAI/checkpoint-engine README @ 415c3205, "Benchmark", vLLM 0.10.2rc1;
-  verl fully_async's default, `async_training.checkpoint_engine.enable` True): GLM-4.5-Air BF16 (106e9 params,
-  212 GB) 8 x H800 TP8 3.47 s + 0.12 s metadata; Qwen3-235B-A22B BF16 (470 GB) 6.22 + 0.33 s; DeepSeek-V3.1 FP8
-  (671 GB) 16 x H20 10.19 + 1.17 s, 256 x H20 11.33 + 0.80 s; Kimi-K2 FP8 (1.03 TB) 16 x H20 14.36 + 1.33 s,
-  256 x H20 16.04 + 1.22 s. Least squares of seconds on bytes over the six: 0.09 s + bytes / 62 GB/s (within
-  +-1.25 s of each); the instance count barely matters (a broadcast). These models are all MoE, so their figures
-  include the reshard from training shards to the engines' tensor-parallel layout: the `moe_reshard` path is this
-  one, not a separate term.
-- NCCL broadcast per tensor (verl's default before checkpoint-engine, NeMo RL's non-colocated refit, AReaL's NCCL
-  path): verl docs/advance/fully_async.md @ 1dda039b ("Enabling the checkpoint engine generally reduces
-  synchronization time overhead by more than 60% compared to the original per-tensor parameter synchronization"):
-  at least 1 / (1 - 0.6) = 2.5x the checkpoint-engine time, taken at 2.5x (both terms).
-Assumed: the trainer's gather of its shards into full tensors is inside these figures (checkpoint-engine's H2D
-stage starts from CPU-resident shards; verl says the gather dominates); a dense model moves at the same rate.
+Weight sync (`weight_sync_seconds`): fixed + model bytes (all parameters, every expert) / the path's GB/s.
+checkpoint-engine: the least squares over MoonshotAI/checkpoint-engine README @ 415c3205 "Benchmark" (six MoE
+models, 212 GB-1.03 TB, 8-256 H800/H20, broadcast update + GatherMetas): 0.09 s + bytes / 62 GB/s, within 1.25 s of
+each; their figures include the reshard to the engines' layout, so `moe_reshard` is the same rule. Per-tensor NCCL:
+2.5x, verl docs/advance/fully_async.md @ 1dda039b ("reduces synchronization time overhead by more than 60%"). Assumed:
+the trainer's gather of its shards is inside these figures. docs/simulator.md has the rows.
 """
 from __future__ import annotations
 

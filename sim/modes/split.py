@@ -3,16 +3,14 @@
 `rlsim.modes.registry.simulate` runs a `SimConfig` with a `split` (`--gen-gpus`, `--train-gpus`, `--staleness`,
 `--partial-rollout`) here, `simulate_split`, and one without it in the colocated loop (`rlsim.core.pipeline`).
 
-- Generation: gen_gpus / gen_tp replicas, each a tensor-parallel group of gen_tp devices (the trace's tensor
-  parallel, or --gen-tp; `rlsim.replay.rollout_costs`): the recorded engine at that size (its fitted step cost,
-  max_num_seqs, KV cache and continuous batching), pulling prompts of G sequences from one shared queue.
+- Generation: gen_gpus / gen_tp replicas, each a tensor-parallel group (`rlsim.replay.rollout_costs`) running the
+  recorded engine at that size, pulling prompts of G sequences from one shared queue.
 - Admission (AReaL's rule, eta = `staleness`, `rlsim.replay.admission`): a prompt starts only while prompts
   started, in-flight ones counted, stay under (eta + v + 1) · P at policy version v.
 - Trainer: update u consumes P finished groups so that no sample lags more than ceil(eta) versions, then the
   fitted prep and update on each of the `train_gpus` data-parallel ranks and a ring all-reduce.
-- Weight sync: one collective of the trainer and every replica, the fitted time or, with --weight-sync PATH, the
-  path's cost at the model's bytes (`rlsim.replay.rollout_costs`); with partial rollout in-flight responses
-  continue on the new weights, their KV recomputed.
+- Weight sync: one collective of the trainer and every replica (fitted, or by --weight-sync PATH); with partial
+  rollout in-flight responses continue on the new weights, their KV recomputed.
 
 Outputs (SimRun): per-update phase times, the generator and trainer idle ratios and the staleness of consumed
 samples. One process per replica (`rlsim.modes.replica`) and one for the trainer (`rlsim.modes.trainer`); they
