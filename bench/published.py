@@ -186,15 +186,23 @@ def verl_log(g: Group, r: Row) -> tuple[str, str]:
 
 
 def what_if(g: Group, ref: Row, r: Row) -> WhatIf:
-    """The rlsim what-if of row `r` on the reference's trace. verl's staleness_threshold (a fraction of a batch the
-    rollouter may run ahead) is rlsim's fractional staleness as it is; one-step-off is 1."""
+    """The rlsim what-if of row `r` on the reference's trace, in the framework's execution mode
+    (rlsim.modes.registry) with its settings as the rows file prints them."""
     device = known_device(r.device) if r.device != ref.device else None
     if r.mode in ("colocate", "sync") or _same_split(ref, r):  # the reference's own layout, more or fewer devices
         return WhatIf(gpus=r.gpus, device=device, updates=UPDATES)
-    stale = 1 if r.mode == "one_step_off" else 0 if r.mode == "split_sync" else (r.staleness or 0.0)
-    return WhatIf(gen_gpus=r.gen_gpus, train_gpus=r.train_gpus, staleness=stale, partial_rollout=r.partial_rollout,
-                  device=device, updates=UPDATES, gen_tp=r.tp or g.meta.get("tp"), weight_sync=r.weight_sync,
-                  rollout_log_probs=r.rollout_log_probs)
+    common = dict(gen_gpus=r.gen_gpus, train_gpus=r.train_gpus, device=device, updates=UPDATES,
+                  gen_tp=r.tp or g.meta.get("tp"), weight_sync=r.weight_sync, rollout_log_probs=r.rollout_log_probs)
+    if g.meta["file"] == "nemo_rl.toml":  # NeMo RL async GRPO: max_trajectory_age_steps, in-flight weight updates
+        return WhatIf(mode="nemo_async", max_trajectory_age_steps=int(r.staleness or 1),
+                      in_flight_weight_updates=r.partial_rollout, **common)
+    if r.mode == "fully_async":  # verl: the trainer streams trigger_parameter_sync_step fetches per weight sync
+        return WhatIf(mode="fully_async", staleness_threshold=r.staleness or 0.0, partial_rollout=r.partial_rollout,
+                      trigger_parameter_sync_step=int(g.meta.get("trigger_parameter_sync_step", 1)),
+                      require_batches=int(g.meta.get("require_batches", 1)), **common)
+    if r.mode == "one_step_off":
+        return WhatIf(mode="one_step_off", **common)
+    return WhatIf(staleness=0, partial_rollout=r.partial_rollout, **common)  # AReaL v0.2: synchronous on split GPUs
 
 
 def _same_split(ref: Row, r: Row) -> bool:
