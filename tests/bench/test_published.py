@@ -40,10 +40,16 @@ def test_modes_map_to_what_ifs():
     w = what_if(g, ref, Row("x", "fully_async", 32, 1.0, {}, gen_gpus=16, train_gpus=16, staleness=0.5,
                             partial_rollout=True, device="h20", weight_sync="checkpoint_engine",
                             rollout_log_probs=True))
-    assert (w.gen_gpus, w.train_gpus, w.staleness, w.partial_rollout, w.device) == (16, 16, 0.5, True, None)
+    assert (w.mode, w.gen_gpus, w.train_gpus, w.staleness_threshold, w.partial_rollout, w.device) == (
+        "fully_async", 16, 16, 0.5, True, None)
+    assert (w.trigger_parameter_sync_step, w.require_batches) == (4, 4)  # the group's, as the doc prints them
     assert (w.gen_tp, w.weight_sync, w.rollout_log_probs) == (4, "checkpoint_engine", True)  # the group's tp
     one_off = Row("x", "one_step_off", 16, 1.0, {}, gen_gpus=4, train_gpus=12, device="h20")
-    assert what_if(g, ref, one_off).staleness == 1
+    assert what_if(g, ref, one_off).mode == "one_step_off"
+    nemo = next(g for g in GROUPS if g.meta["file"] == "nemo_rl.toml")
+    n = what_if(nemo, nemo.rows[0], next(r for r in nemo.rows if r.gen_gpus))
+    assert (n.mode, n.max_trajectory_age_steps, n.in_flight_weight_updates, n.weight_sync) == ("nemo_async", 1, True,
+                                                                                             "nccl")
     assert what_if(g, ref, Row("x", "colocate", 64, 1.0, {}, device="gb200")).device == "gb200"
     assert changes(ref, Row("x", "colocate", 64, 1.0, {}, device="h20")) == "32 -> 64 GPUs"
 
