@@ -23,6 +23,8 @@ SHARED = ("mode", "gen_gpus", "train_gpus", *sorted(set(f.name for f in fields(W
 
 def _print(p: Plan) -> None:
     con = Console(highlight=False)
+    if p.mode_line:
+        con.print(p.mode_line, markup=False)
     t = Table(title=f"rlsim plan: reference P={p.reference_prompts}; T / T_ref over the measured rho uncertainty")
     for c in ("P", "G", "sigma", "rho", "T / T_ref", "5..95 %", "p within 5 % of best", "p beats ref",
               "expected regret", "measured"):

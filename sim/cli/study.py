@@ -95,6 +95,8 @@ def register(app: typer.Typer) -> None:
             if bar:
                 bar[0].stop()
         console = Console(highlight=False)
+        for line in res.meta.get("mode_from_trace", ()):
+            console.print(line, markup=False)
         console.print(ranking_table(res.rows, list(axes), top=top, labels=names, meta=res.meta, width=console.width))
         print_verdict(console, res.rows, res.meta, list(axes), names)
         console.print(f"{len(res.rows)} configs in {res.seconds:.1f} s ({res.meta['backend']['kind']})")

@@ -66,7 +66,8 @@ class WhatIf:
     model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace "
                                           "names a model rlsim cannot size (None: the trace's model)")
     mode: str | None = _f(
-        None, "execution mode, as the frameworks name them (rlsim.modes.registry lists them; None: split when "
+        None, "execution mode, as the frameworks name them (rlsim.modes.registry lists them; None: the mode the "
+           "reference trace records, with its settings and devices (an imported framework log), else split when "
            "--gen-gpus/--train-gpus are given, else colocated)")
     staleness_threshold: float | None = _f(
         None, "fully_async (verl async_training.staleness_threshold): samples generated ahead per weight sync, "

@@ -17,14 +17,14 @@ back (`--trace`) reweights the draws. The method in full: docs/usage.md, "Planni
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from statistics import NormalDist
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from rlsim.core.config import WhatIf
-from rlsim.modes.registry import check as check_mode
+from rlsim.modes.registry import as_recorded, check as check_mode
 from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
@@ -71,7 +71,8 @@ class PlanConfig:
         if self.fixed:
             cfg = WhatIf(**dict(self.fixed))
             cfg.validate()
-            check_mode(cfg)
+            if cfg.mode is not None:  # else the mode the trace records may take them (`plan`)
+                check_mode(cfg)
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
@@ -132,6 +133,9 @@ class Plan:
     no_move: str = field(default="", metadata={
         "help": "why the plan makes no move, neither a decision nor a pilot (the trace's cost fits cannot be used, "
                 "rlsim.replay.fit_quality), and the recording that would fix it; '' when it makes one"})
+    mode_line: str = field(default="", metadata={
+        "help": "the line saying the candidates ask about the execution mode the trace records ('' where the plan "
+                "names its mode or the trace records none; rlsim.modes.registry.as_recorded)"})
 
     def to_dict(self) -> dict:
         out = {"reference_prompts": self.reference_prompts, "expected_regret": self.expected_regret,
@@ -139,6 +143,8 @@ class Plan:
                "warnings": list(self.warnings)}
         if self.no_move:
             out["no_move"] = self.no_move
+        if self.mode_line:
+            out["mode_from_trace"] = self.mode_line
         if self.decision is not None:
             d = self.decision
             out["decision"] = {"prompts": d.prompts, "group": d.group, "p_within_5pct": d.p_within_5pct,
@@ -268,6 +274,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     reached the target counts at its budget (a lower bound) instead of being refused."""
     cfg.validate()
     _once(reference, pilots)
+    cfg, line = _as_recorded(cfg, reference)
     study = prepare([reference], rho_model="noise-scale" if _has_noise_scale(reference) else "invariant", target=target)
     errors = (errors or {}).get(study.rho_requested) or measured_errors(study.rho_requested)
     G = cfg.group or study.reference.group
@@ -293,7 +300,8 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     best = pick(s.T, s.w, s.ref, cfg.confidence)
     d = np.log2(np.array(s.sizes, float) * cands[0].group / study.b_ref)
     warnings = [w for w in [errors.span_note(d)] if w] + s.warnings + fit_warnings
-    decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, tuple(s.notes), tuple(warnings))
+    decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, tuple(s.notes), tuple(warnings),
+                   mode_line=line)
     unusable = fit_check(study).warning(reference.name, reference.config)
     if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them, nor a regret
         blank = tuple(replace(c, p_within_5pct=math.nan, expected_regret=math.nan, p_beats_reference=math.nan)
@@ -310,6 +318,16 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
         return replace(decided, decision=None, pilots=tuple(useful))
     warnings.append(_undecided(cands, best, s.ref, cfg.confidence, budget, options))
     return replace(decided, warnings=tuple(warnings))
+
+
+def _as_recorded(cfg: PlanConfig, reference: Trace) -> tuple[PlanConfig, str]:
+    """The plan with its shared settings `fixed` asking about the execution mode the reference records where they
+    name none (`rlsim.modes.registry.as_recorded`), and the line that says so."""
+    like, line = as_recorded(WhatIf(**dict(cfg.fixed)), reference.config)
+    if not line:
+        return cfg, ""
+    return replace(cfg, fixed=tuple((f.name, getattr(like, f.name)) for f in fields(WhatIf)
+                                    if getattr(like, f.name) != f.default)), line
 
 
 def same_recording(a: Trace, b: Trace) -> str:
