@@ -217,9 +217,11 @@ class EngineConfig:
     def kv_blocks(self) -> int:
         return self.kv_cache_tokens // self.block_size
 
-    def kv_can_bind(self, max_context: int) -> bool:
-        """Whether max_num_seqs sequences of `max_context` tokens could exceed the KV cache."""
-        return self.max_num_seqs * math.ceil(max_context / self.block_size) > self.kv_blocks
+    def kv_can_bind(self, max_context: int, sequences: int | None = None) -> bool:
+        """Whether max_num_seqs sequences of `max_context` tokens could exceed the KV cache (no more than
+        `sequences` of them where a round holds fewer requests: they cannot all run at once otherwise)."""
+        n = self.max_num_seqs if sequences is None else min(self.max_num_seqs, sequences)
+        return n * math.ceil(max_context / self.block_size) > self.kv_blocks
 
     def validate(self) -> None:
         for f_ in fields(self):
