@@ -355,6 +355,10 @@ def test_api_sweep_and_plan_ask_about_the_recorded_mode(tmp_path):
     assert rlsim.predict(study, updates=3, mode="colocated").loc["candidate", "execution_mode"] == "colocated"
     sw = rlsim.sweep(t, {"prompts": [8], "updates": [3]})
     assert sw.iloc[0]["execution_mode"] == "fully_async"
+    res = runner.invoke(app, ["sweep", "--trace", str(t), "--prompts", "8", "--updates", "3", "--no-charts", "--out",
+                              str(tmp_path / "sweep")], env={"COLUMNS": "300"})
+    assert res.exit_code == 0 and any(line.startswith("mode: fully_async (from the trace: --mode")
+                                      for line in res.output.splitlines())  # after the progress bar (stderr)
     assert sw.iloc[0]["responses_per_s"] == pytest.approx(df.loc["candidate", "responses_per_s"], rel=1e-12)
     cfg, line = _as_recorded(PlanConfig(prompts=(8, 16)), read_trace(t))
     assert dict(cfg.fixed) == {"mode": "fully_async", **FULLY_ASYNC} and line.startswith("mode: fully_async")
