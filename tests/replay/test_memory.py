@@ -358,6 +358,7 @@ def test_the_verl_import_keeps_the_log_prob_keys():
     kept = _nested(config_subset(load_config(VERL_CONFIG), CONFIG_KEYS, dotted=True))
     _, t = setups_from_verl(kept, gpus=8)
     assert (t.micro_batch, t.log_prob_micro_batch) == (16, 32)  # docs/examples/verl/config.yaml
+    assert t.remove_padding  # use_remove_padding: true, kept by the import
     est = _verl(8, "h100")[2]
     pass_gb = {x.name: x.gb for x in est.terms}["log-prob pass beyond the update (no grad)"]
     assert pass_gb == pytest.approx(log_prob_excess_bytes(model_shape("Qwen/Qwen2.5-3B-Instruct"), t) / GIB)
