@@ -596,10 +596,12 @@ def _candidates(model: ModelShape, gen: GenSetup, train: TrainSetup) -> list[tup
         out.append((f"log-prob micro-batch {m} per device (from {train.log_prob_micro_batch})", gen,
                     replace(train, log_prob_micro_batch=m)))
         m //= 2
-    for key, budget in (("token_budget", train.token_budget), ("log_prob_token_budget", train.log_prob_token_budget)):
+    for key, label in (("token_budget", "ppo_max_token_len_per_gpu"),
+                       ("log_prob_token_budget", "log_prob_max_token_len_per_gpu")):
+        budget = getattr(train, key)
         b = budget // 2
         while b >= train.seq_len:  # verl requires a budget of at least the longest sequence
-            out.append((f"{key} {b} per device (from {budget})", gen, replace(train, **{key: b})))
+            out.append((f"{label} {b} (from {budget})", gen, replace(train, **{key: b})))
             b //= 2
     if not train.gradient_checkpointing:
         out.append(("gradient checkpointing on", gen, replace(train, gradient_checkpointing=True)))

@@ -12,7 +12,7 @@ from bench.memory_model import VLLM_CASES, held_out_kv_rows, oom_rows, zero_pape
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.importers.common import load_config
-from rlsim.replay.memory import (GIB, MODELS, GenSetup, ModelShape, TrainSetup, _training_terms,
+from rlsim.replay.memory import (GIB, MODELS, GenSetup, ModelShape, TrainSetup, _candidates, _training_terms,
                                  activation_bytes_per_token_layer, estimate_memory, kv_bytes_per_token,
                                  kv_tokens_from_bytes, log_prob_excess_bytes, log_prob_pass_bytes, log_prob_tokens,
                                  micro_batch_tokens, model_shape, update_tokens,
@@ -308,6 +308,17 @@ def test_setups_from_verl_read_packing_and_token_budgets():
     _, t = setups_from_verl(_verl_cfg(8, {"ppo_micro_batch_size_per_gpu": 4}, {}))
     assert not t.remove_padding and (t.token_budget, t.log_prob_token_budget, t.mean_seq_len) == (0, 0, 0)
     assert update_tokens(t) == 4 * 1024  # verl 0.1's default: padded
+
+
+def test_a_smaller_token_budget_is_a_fix_down_to_the_longest_sequence():
+    t = TrainSetup(seq_len=4096, remove_padding=True, token_budget=16384, log_prob_token_budget=8192)
+    labels = [label for label, _, c in _candidates(TINY, GenSetup(), t) if "max_token_len" in label]
+    assert labels == ["ppo_max_token_len_per_gpu 8192 (from 16384)", "ppo_max_token_len_per_gpu 4096 (from 16384)",
+                      "log_prob_max_token_len_per_gpu 4096 (from 8192)"]
+    model = model_shape("Qwen/Qwen2.5-7B")
+    big = TrainSetup(gpus=8, seq_len=4096, remove_padding=True, token_budget=65536, reference=True)
+    est = estimate_memory(model, GenSetup(gpu_memory_utilization=0.5), big, 80.0)
+    assert est.fits is False and any(f.startswith("ppo_max_token_len_per_gpu") for f in est.fixes)
 
 
 def test_recorded_mean_seq_len_is_the_largest_step_mean():
