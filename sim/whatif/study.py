@@ -30,9 +30,9 @@ from rlsim.replay.learning import (LearningCurve, NoiseScale, b_noise_replicates
 from rlsim.replay.models import INTERVAL, FittedModels, interval
 from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_ratio,
                               noise_scale_rho, parse_rho)
-from rlsim.replay.schema import EVAL, placement
+from rlsim.replay.schema import EVAL, STEP_STATS, placement
 from rlsim.whatif.memory import (PARTIAL, Load, TraceMemory, candidate_memory, memory_object, memory_warning,
-                                 trace_memory)
+                                 recorded_mean_seq_len, trace_memory)
 from rlsim.whatif.simconfig import config_for, engine_of, gen_ratio
 
 
@@ -369,7 +369,8 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  trace_names=tuple(t.name for t in traces),
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
                  framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models,
-                 task=str(ref.config.get("task") or ""), memory=trace_memory(ref.meta),
+                 task=str(ref.config.get("task") or ""),
+                 memory=trace_memory(ref.meta, recorded_mean_seq_len(ref.rows(STEP_STATS))),
                  recorded_mode={k: ref.config[k] for k in ("execution_mode", "mode_settings") if k in ref.config})
 
 
