@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from rlsim.replay.columns import Columns, as_float
 from rlsim.replay.errors import TraceError
 from rlsim.replay.schema import (CALIB_KINDS, COLUMN_NAMES, COLUMNS, EVENT_KINDS, EVAL, IDLE, INT_RANGES, MODES,
                                  READABLE_VERSIONS, REQUIRED, RESPONSE, SCHEMA_VERSION, UPDATE, arrow_schema,
@@ -246,28 +246,28 @@ class Result:
     table: pa.Table
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    columns: Columns | None = None  # numpy views of `table`'s rows (None: rows were dropped, views of the rest unmade)
 
 
 class _Checker:
     def __init__(self, table: pa.Table, path: Path, drop_invalid: bool):
         self.table, self.path, self.drop = table, path, drop_invalid
         self.result = Result(table)
-        n = table.num_rows
-        full: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column -> (float64 values, null mask), whole table
-        for name, dtype, _, _ in COLUMNS:
-            if name == "kind":
-                continue
-            col = table[name]
-            if not (pa.types.is_integer(dtype) or pa.types.is_floating(dtype)):  # text: only null-checked
-                full[name] = (np.zeros(n), col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool))
-                continue
-            null = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool)
-            full[name] = (pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False).astype(float, copy=False), null)
+        self.columns = Columns(table)  # (rlsim.replay.columns: the table's numpy views, kept for the Trace)
         self.rows: dict[str, _Rows] = {}
         for k in EVENT_KINDS:
-            pos = np.nonzero(pc.equal(table["kind"], k).fill_null(False).to_numpy(zero_copy_only=False))[0]
-            cols = [name for name, _, kinds, _ in COLUMNS if k in kinds and name != "kind"]
-            self.rows[k] = _Rows(k, pos, {c: full[c][0][pos] for c in cols}, {c: full[c][1][pos] for c in cols})
+            pos = self.columns.positions(k)
+            values, null = {}, {}
+            for name, dtype, kinds, _ in COLUMNS:
+                if k not in kinds or name == "kind":
+                    continue
+                if not (pa.types.is_integer(dtype) or pa.types.is_floating(dtype)):  # text: only null-checked
+                    values[name], null[name] = np.zeros(len(pos)), self.columns.nulls(name)[pos]
+                    continue
+                v, nul = self.columns.numbers(name)
+                null[name] = nul[pos]
+                values[name] = as_float(v[pos], null[name])  # float64, NaN where null
+            self.rows[k] = _Rows(k, pos, values, null)
 
     def flag(self, r: _Rows, col: str, bad: np.ndarray, what: str, detail: Callable[[int], str] | None = None) -> None:
         """`bad`: mask over r's rows (only live rows count). Raise, or drop them."""
@@ -299,6 +299,7 @@ class _Checker:
         for r in self.rows.values():
             keep[r.pos[~r.alive]] = False
         table = self.table if keep.all() else self.table.filter(pa.array(keep))
+        self.result.columns = self.columns if keep.all() else None
         try:
             self.result.table = table.cast(arrow_schema())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # pragma: no cover - the checks above prevent it
