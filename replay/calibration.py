@@ -78,6 +78,7 @@ KNEE_GRID = 12          # knee candidates, geometric between the second-lowest a
                         # two per level, so that the grid is finer than a dense ladder's levels)
 KNEE_GAIN = 0.8         # the knee form is used when its CV error is below this fraction of the linear form's
 REPLICATES = 64         # bootstrap refits for the intervals
+MIN_CAL_GEN_ROWS = 8    # calibration engine steps needed to refit the engine-step model on them
 TRIM_SIGMAS = 5.0       # rows further than this many robust sigmas from their level's median are dropped
 TRIM_MIN = 0.15         # ... but never closer than this relative distance
 LEVEL_FULL_ROWS = 8     # a level with fewer rows gets rows/8 of the full weight (fit and CV summary): a step or two
@@ -565,7 +566,8 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
     rng = np.random.default_rng(seed)
     warnings, notes = list(models.warnings), []
     src = _Sources.of(ref, calibration, gen_rows, sel & np.isfinite(upd_proper) & np.isfinite(n_tok), notes)
-    if len(src.cal_gen["duration"]) >= 8:
+    calibrated = len(src.cal_gen["duration"]) >= MIN_CAL_GEN_ROWS
+    if calibrated:
         gen = _gen_calibrated(ref, src, reps, rng, warnings, notes)
     else:
         gen = _gen_run_only(ref, models.gen, src, reps, rng, warnings)
@@ -581,10 +583,26 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
         train = _Part(models.update, _bootstrap_update_rows(run_upd.tokens, run_upd.seconds, run_upd.t_opt, reps, rng),
                       dict(train_r2=models.update.quality.r2, train_source=f"{len(run_upd.tokens)} run updates only (no calibration)"),
                       f"{len(run_upd.tokens)} updates")
-    out = _with_validation(models, gen, train, calibrated=len(src.cal_gen["duration"]) >= 8, warnings=warnings,
-                           notes=notes)
+    out = _with_validation(models, gen, train, calibrated=calibrated, warnings=warnings, notes=notes)
     unusable = check_fits(out.validation, len(out.recorded.step)).warning(ref.name, ref.config)  # the one rule
     return replace(out, warnings=out.warnings + (unusable,)) if unusable else out
+
+
+def _foreign(ref: Trace, calibration: Sequence[Trace]) -> list[Trace]:
+    """The calibrations at another thread count than the run's (`rlrun calibrate --threads`, for a split side's
+    cores): each stands for that device as measured, its rows alone, not anchored to the run's clock (the run ran
+    on more threads); when there are any, the fits use only theirs."""
+    return [c for c in calibration if threads_of(c) and threads_of(ref) and threads_of(c) != threads_of(ref)]
+
+
+def _cal_sources(ref: Trace, calibration: Sequence[Trace]) -> list[Trace]:
+    """The traces whose calibration rows the fits use: the foreign calibrations when there are any, else all."""
+    return _foreign(ref, calibration) or [ref] + list(calibration)
+
+
+def calibrates_gen(ref: Trace, calibration: Sequence[Trace] = ()) -> bool:
+    """Whether `calibrate` refits the engine-step model on calibration rows (then it replaces the run-only fit)."""
+    return len(_rows(_cal_sources(ref, calibration), CALIB_GEN, ("duration",))["duration"]) >= MIN_CAL_GEN_ROWS
 
 
 @dataclass(frozen=True, eq=False)
@@ -600,12 +618,7 @@ class _Sources:
     @classmethod
     def of(cls, ref: Trace, calibration: Sequence[Trace], gen_rows: dict[str, np.ndarray], upd_ok: np.ndarray,
            notes: list[str]) -> _Sources:
-        sources = [ref] + list(calibration)
-        # a calibration at another thread count (`rlrun calibrate --threads`, for a split side's cores) stands for
-        # that device as measured: its rows alone, not anchored to the run's clock (the run ran on more threads)
-        foreign = [c for c in calibration if threads_of(c) and threads_of(ref) and threads_of(c) != threads_of(ref)]
-        if foreign:
-            sources = foreign
+        foreign, sources = _foreign(ref, calibration), _cal_sources(ref, calibration)
         run_keep = (gen_rows["step"] != 0) if np.any(gen_rows["step"] != 0) else np.ones(len(gen_rows["step"]), bool)
         run_keep &= np.isfinite(gen_rows["duration"]) & (gen_rows["num_running"] > 0)
         run = {k: np.asarray(gen_rows[k], float)[run_keep] for k in GEN_COLUMNS}
