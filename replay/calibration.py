@@ -61,7 +61,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.optimize import nnls
 
 from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.device_speed import device_phase
@@ -71,7 +70,7 @@ from rlsim.replay.io import Trace
 from rlsim.replay.learning import isotonic
 from rlsim.replay.models import INTERVAL, FittedModels, GenStepModel, LevelError, Replicates, Validation
 from rlsim.replay.robust import (AffineModel, FitQuality, PiecewiseLinear, fit_affine, fit_quality, hinge_predict,
-                                 robust_location)
+                                 nnls_gram, robust_location)
 from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN, GEN_STEP
 
 KNEE_GRID = 12          # knee candidates, geometric between the second-lowest and second-highest level, at least (and
@@ -107,10 +106,7 @@ def _nnls_gram(G: np.ndarray, g: np.ndarray) -> np.ndarray:
     d = np.sqrt(np.diag(G)).copy()
     d[~(d > 0)] = 1.0
     Gs = G / np.outer(d, d)
-    p = len(g)
-    L = np.linalg.cholesky(Gs + 1e-10 * np.eye(p))
-    b = np.linalg.solve(L, g / d)
-    return nnls(L.T, b)[0] / d
+    return nnls_gram(Gs + 1e-10 * np.eye(len(g)), g / d) / d
 
 
 class _GenProblem:
