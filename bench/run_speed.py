@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,28 +34,28 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCK = "/tmp/rlsim-heavy.lock"
 TARGET_S = 0.8  # issue 38: the main command end to end
 
-# One fresh process: the CLI's stages in its order, each timed (perf_counter seconds), printed as JSON.
+# One fresh process: the CLI's stages in its order, each timed (wall and CPU seconds), printed as JSON.
 STAGES = """
 import json, sys, time
-t = [time.perf_counter()]
+t = [(time.perf_counter(), time.process_time())]
 import rlsim.cli
-t.append(time.perf_counter())
+t.append((time.perf_counter(), time.process_time()))
 import rlsim.cli.run
-t.append(time.perf_counter())
+t.append((time.perf_counter(), time.process_time()))
 from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import refuse_probe
 from rlsim.whatif.predict import evaluate, reference_outcome
 from rlsim.whatif.study import prepare
 cfg = WhatIf(prompts=int(sys.argv[2]))
-t.append(time.perf_counter())
+t.append((time.perf_counter(), time.process_time()))
 traces = [refuse_probe(read_trace(sys.argv[1]))]
-t.append(time.perf_counter())
+t.append((time.perf_counter(), time.process_time()))
 study = prepare(traces)
-t.append(time.perf_counter())
+t.append((time.perf_counter(), time.process_time()))
 evaluate(study, cfg), reference_outcome(study, cfg.updates, cfg.seed, like=cfg)
-t.append(time.perf_counter())
-print(json.dumps([b - a for a, b in zip(t, t[1:])]))
+t.append((time.perf_counter(), time.process_time()))
+print(json.dumps([[b[0] - a[0], b[1] - a[1]] for a, b in zip(t, t[1:])]))
 """
 STAGE_NAMES = ("import rlsim.cli", "import the run command (rlsim.cli.run)", None, "read + validate the trace",
                "fit (prepare: cost models, calibration, CV, bootstrap)", "simulate candidate + reference, intervals")
@@ -87,39 +88,60 @@ def heavy_lock():
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def stage_rows(trace: Path, batch: int, runs: int) -> list[tuple[str, list[float], float | None]]:
-    """(what, seconds of each run, target) for each stage, the interpreter's start and the CLI end to end."""
+def child_env(compile_every_run: bool) -> tuple[dict[str, str], str]:
+    """The timed processes' environment and what it does with bytecode. By default as an installed rlsim runs:
+    bytecode cached (where PYTHONDONTWRITEBYTECODE is set, the children cache it under a temporary
+    PYTHONPYCACHEPREFIX instead of beside the sources; a warm-up run fills it)."""
+    env = dict(os.environ)
+    if compile_every_run:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        return env, "sources compiled on every run (PYTHONDONTWRITEBYTECODE=1)"
+    if env.pop("PYTHONDONTWRITEBYTECODE", None):
+        env["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="rlsim-pyc-")
+    return env, "bytecode cached"
+
+
+def _timed(argv: list[str], env: dict[str, str], **kw) -> tuple[float, float, str]:
+    """(wall s, CPU s of the process and its children, stdout) of one run of argv."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env, cwd=ROOT, **kw).stdout
+    t, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    return t, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime, out
+
+
+def stage_rows(trace: Path, batch: int, runs: int, env: dict[str, str]) -> list[tuple[str, list, float | None]]:
+    """(what, [(wall s, CPU s) of each run], target) for each stage, the interpreter's start and the CLI end to end."""
     rlsim = Path(sys.executable).with_name("rlsim")
+    cli = [str(rlsim), "run", "--trace", str(trace), "--batch", str(batch)]
+    stages_argv = [sys.executable, "-c", STAGES, str(trace), str(batch)]
+    _timed(stages_argv, env), _timed(cli, env)  # warm-up: bytecode and the file cache
     start, stages, total = [], [], []
     for _ in range(runs):  # interleaved, so that a slow spell of the machine touches every row alike
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
-        start.append(time.perf_counter() - t0)
-        out = subprocess.run([sys.executable, "-c", STAGES, str(trace), str(batch)], check=True, capture_output=True,
-                             text=True, cwd=ROOT).stdout
-        stages.append(json.loads(out))
-        t0 = time.perf_counter()
-        subprocess.run([str(rlsim), "run", "--trace", str(trace), "--batch", str(batch)], check=True,
-                       capture_output=True, cwd=ROOT)
-        total.append(time.perf_counter() - t0)
+        start.append(_timed([sys.executable, "-c", "pass"], env)[:2])
+        stages.append(json.loads(_timed(stages_argv, env)[2]))
+        total.append(_timed(cli, env)[:2])
     rows = [("python start (python -c pass)", start, None)]
     rows += [(name, [s[i] for s in stages], None) for i, name in enumerate(STAGE_NAMES) if name]
     rows.append((f"rlsim run --trace {trace.name} --batch {batch}: end to end", total, TARGET_S))
     return rows
 
 
-def print_stages(rows: list[tuple[str, list[float], float | None]], title: str) -> None:
+def print_stages(rows: list[tuple[str, list, float | None]], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    tab = Table(title=title)
-    for c in ("what", "median s", "min s", "max s", "target s", "ok"):
+    tab = Table(title=title, caption="CPU: user + system seconds of the process (less sensitive than wall time to "
+                                     "other work on the machine); the target is on the median wall time")
+    for c in ("what", "median s", "min s", "max s", "median CPU s", "target s", "ok"):
         tab.add_column(c, justify="left" if c == "what" else "right")
     for what, ts, target in rows:
-        med = statistics.median(ts)
-        tab.add_row(what, f"{med:.3f}", f"{min(ts):.3f}", f"{max(ts):.3f}", "-" if target is None else f"<= {target:g}",
+        wall = [w for w, _ in ts]
+        med = statistics.median(wall)
+        cpu = statistics.median(c for _, c in ts)
+        tab.add_row(what, f"{med:.3f}", f"{min(wall):.3f}", f"{max(wall):.3f}", f"{cpu:.3f}",
+                    "-" if target is None else f"<= {target:g}",
                     "-" if target is None else ("yes" if med <= target else "NO"))
-    Console(width=140).print(tab)
+    Console(width=150).print(tab)
 
 
 def scale_rows(trace: Path) -> list[tuple]:
@@ -194,13 +216,17 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7, help="fresh processes per stage row (the median is the number)")
     ap.add_argument("--trace", help="trace to run on (default traces/grpo_p128.parquet)")
     ap.add_argument("--batch", type=int, default=2048, help="--batch of the timed command")
+    ap.add_argument("--compile-every-run", action="store_true",
+                    help="time with no bytecode cache (every run compiles rlsim's sources) instead of as installed")
     ap.add_argument("--scale", action="store_true", help="also the end-to-end rows at larger batches and one config")
     args = ap.parse_args()
     trace = trace_path(args.trace)
+    env, bytecode = child_env(args.compile_every_run)
     with heavy_lock():
-        rows = stage_rows(trace, args.batch, args.runs)
+        rows = stage_rows(trace, args.batch, args.runs, env)
         scale = scale_rows(trace) if args.scale else None
-    print_stages(rows, f"rlsim run stages, median of {args.runs} fresh processes ({trace.name}, --batch {args.batch})")
+    print_stages(rows, f"rlsim run stages, median of {args.runs} fresh processes ({trace.name}, --batch {args.batch}; "
+                       f"{bytecode})")
     if scale is not None:
         print_scale(scale, f"rlsim run speed at scale ({trace.name})")
 

@@ -70,7 +70,7 @@ from rlsim.replay.io import Trace
 from rlsim.replay.learning import isotonic
 from rlsim.replay.models import INTERVAL, FittedModels, GenStepModel, LevelError, Replicates, Validation
 from rlsim.replay.robust import (AffineModel, FitQuality, PiecewiseLinear, fit_affine, fit_quality, hinge_predict,
-                                 nnls_gram, robust_location)
+                                 nnls_gram, nnls_gram_many, robust_location)
 from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN, GEN_STEP
 
 KNEE_GRID = 12          # knee candidates, geometric between the second-lowest and second-highest level, at least (and
@@ -102,11 +102,12 @@ def level_key(n) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------- engine fit
 def _nnls_gram(G: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """argmin_{x >= 0} x'Gx - 2g'x (least squares given its normal equations), columns rescaled."""
-    d = np.sqrt(np.diag(G)).copy()
+    """argmin_{x >= 0} x'Gx - 2g'x (least squares given its normal equations), columns rescaled; G (..., p, p) and
+    g (..., p): one problem or a stack of them."""
+    d = np.sqrt(np.diagonal(G, axis1=-2, axis2=-1)).copy()
     d[~(d > 0)] = 1.0
-    Gs = G / np.outer(d, d)
-    return nnls_gram(Gs + 1e-10 * np.eye(len(g)), g / d) / d
+    Gs = G / (d[..., :, None] * d[..., None, :]) + 1e-10 * np.eye(g.shape[-1])
+    return (nnls_gram_many(Gs, g / d) if g.ndim > 1 else nnls_gram(Gs, g / d)) / d
 
 
 class _GenProblem:
@@ -178,17 +179,18 @@ class _GenProblem:
         m_level = np.bincount(self.grp_level, weights=m_grp, minlength=len(self.level_ids))
         m = m_grp[self._grp]
         yw = np.where(self.grp_cal, cal_factor, 1.0)[self._grp] * self._yw
+        cands = self._candidates(form, m_level)  # knee sets of one size: one stack of problems
+        if not cands:
+            return None
+        designs = [self._design(knees) for knees in cands]
+        my = m * yw
+        G = np.stack([Xw.T @ (Xw * m[:, None]) for Xw in designs])
+        g = np.stack([Xw.T @ my for Xw in designs])
         best, best_ss, best_k = None, math.inf, ()
-        for knees in self._candidates(form, m_level):
-            Xw = self._design(knees)
-            G = Xw.T @ (Xw * m[:, None])
-            g = Xw.T @ (m * yw)
-            x = _nnls_gram(G, g)
-            ss = float(m @ yw ** 2 - 2 * x @ g + x @ G @ x)
+        for knees, x, Gk, gk in zip(cands, _nnls_gram(G, g), G, g):
+            ss = float(m @ yw ** 2 - 2 * x @ gk + x @ Gk @ x)
             if ss < best_ss:
                 best, best_ss, best_k = x, ss, knees
-        if best is None:
-            return None
         if self.fixed_c0 is not None:
             best = np.concatenate([[self.fixed_c0], best])
         return EngineStepCost.from_design(best, best_k).array

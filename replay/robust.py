@@ -58,8 +58,8 @@ def nnls_gram(G: np.ndarray, g: np.ndarray) -> np.ndarray:
     numpy, not scipy.optimize.nnls: importing scipy.optimize (with scipy.linalg, scipy.special, numpy.testing
     and numpy.f2py) took longer than all of an `rlsim run`'s solves together (docs/results.md, section 10),
     and the solutions agree to ~1e-12 relative on every problem the shipped traces pose."""
-    usable = np.diag(G) > 0  # a zero column never enters (its gradient is 0)
-    tol = _TINY * len(g) * max(float(np.abs(g).max(initial=0.0)), 1e-300)
+    usable = G.diagonal() > 0  # a zero column never enters (its gradient is 0)
+    tol = _TINY * len(g) * float(np.abs(g).max(initial=1e-300))
     free = usable
     for _ in range(2):
         x = _restricted(G, g, free)
@@ -72,11 +72,26 @@ def nnls_gram(G: np.ndarray, g: np.ndarray) -> np.ndarray:
     return _active_set(G, g, usable, tol)
 
 
+def nnls_gram_many(G: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """`nnls_gram` of each of a stack of problems, G (K, p, p) and g (K, p) -> (K, p): the unconstrained solutions in
+    one call (the same solves `nnls_gram` makes), the problems where one is not positive one by one."""
+    try:
+        x = np.linalg.solve(G, g[..., None])[..., 0]
+    except np.linalg.LinAlgError:  # a singular one: each alone
+        return np.array([nnls_gram(a, b) for a, b in zip(G, g)]).reshape(g.shape)
+    done = (x > 0).all(axis=-1) & (np.diagonal(G, axis1=-2, axis2=-1) > 0).all(axis=-1)
+    for k in np.flatnonzero(~done):
+        x[k] = nnls_gram(G[k], g[k])
+    return x
+
+
 def _restricted(G: np.ndarray, g: np.ndarray, free: np.ndarray) -> np.ndarray:
     """(p,) the solution of G x = g over the `free` coefficients, 0 elsewhere."""
+    if free.all():
+        return _solve(G, g)
     x = np.zeros(len(g))
     idx = np.flatnonzero(free)
-    x[idx] = _solve(G[np.ix_(idx, idx)], g[idx])
+    x[idx] = _solve(G[idx][:, idx], g[idx])
     return x
 
 
