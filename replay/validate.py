@@ -218,9 +218,9 @@ def check_columns(table: pa.Table, path: Path, version: int = SCHEMA_VERSION) ->
     return pa.table(cols, names=list(COLUMN_NAMES))
 
 
-def check_kinds(table: pa.Table, path: Path, version: int = SCHEMA_VERSION) -> None:
+def check_kinds(columns: Columns, path: Path, version: int = SCHEMA_VERSION) -> None:
     known = kinds_for_version(version)
-    kinds = table["kind"].unique().to_pylist()
+    kinds = [k for k in EVENT_KINDS if len(columns.positions(k))] + columns.other_kinds()
     unknown = sorted(str(k) for k in kinds if k not in known)
     if unknown:
         raise TraceError(f"{path} has unknown event kinds {unknown}; expected {', '.join(known)}")
@@ -250,10 +250,10 @@ class Result:
 
 
 class _Checker:
-    def __init__(self, table: pa.Table, path: Path, drop_invalid: bool):
+    def __init__(self, table: pa.Table, columns: Columns, path: Path, drop_invalid: bool):
         self.table, self.path, self.drop = table, path, drop_invalid
         self.result = Result(table)
-        self.columns = Columns(table)  # (rlsim.replay.columns: the table's numpy views, kept for the Trace)
+        self.columns = columns  # the table's numpy views (rlsim.replay.columns), kept for the Trace
         self.rows: dict[str, _Rows] = {}
         for k in EVENT_KINDS:
             pos = self.columns.positions(k)
@@ -300,8 +300,12 @@ class _Checker:
             keep[r.pos[~r.alive]] = False
         table = self.table if keep.all() else self.table.filter(pa.array(keep))
         self.result.columns = self.columns if keep.all() else None
+        schema = arrow_schema()
+        if all(f.type == s.type for f, s in zip(table.schema, schema)):  # (cast, equal here, imports pyarrow.compute)
+            self.result.table = pa.Table.from_arrays(table.columns, schema=schema)
+            return self.result
         try:
-            self.result.table = table.cast(arrow_schema())
+            self.result.table = table.cast(schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # pragma: no cover - the checks above prevent it
             raise TraceError(f"{self.path}: values do not fit the trace schema ({str(e).splitlines()[0][:120]}); {FIX}") from None
         return self.result
@@ -417,5 +421,6 @@ def validate(table: pa.Table, meta: Any, path: str | Path, *, drop_invalid: bool
     validate_meta(meta, path)
     version = meta["schema_version"]
     table = check_columns(table, path, version)
-    check_kinds(table, path, version)
-    return _Checker(table, path, drop_invalid).run()
+    columns = Columns(table)
+    check_kinds(columns, path, version)
+    return _Checker(table, columns, path, drop_invalid).run()
