@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 from scipy.optimize import nnls as scipy_nnls
 
-from rlsim.replay.robust import nnls, nnls_gram
+from rlsim.replay.robust import nnls, nnls_gram, nnls_gram_many
 
 
 def _kkt_ok(A, b, x, tol=1e-8):
@@ -64,3 +64,22 @@ def test_underdetermined_problems_reach_scipys_objective(seed):
     x = nnls(A, b)
     best = np.sum((A @ scipy_nnls(A, b)[0] - b) ** 2)
     assert (x >= 0).all() and np.sum((A @ x - b) ** 2) <= best + 1e-8 * np.sum(b ** 2)
+
+
+def test_a_stack_is_solved_as_each_alone():
+    rng = np.random.default_rng(7)
+    Gs, gs = [], []
+    for k in range(40):
+        A = rng.normal(size=(12, 5)) * rng.uniform(0.1, 10, 5)
+        if k % 7 == 0:
+            A[:, 2] = 0.0  # a zero column in some problems
+        if k % 11 == 0:
+            A[:, 4] = A[:, 3]  # collinear columns in others
+        b = A @ rng.normal(size=5) + rng.normal(size=12)
+        Gs.append(A.T @ A)
+        gs.append(A.T @ b)
+    many = nnls_gram_many(np.array(Gs), np.array(gs))
+    for x, G, g in zip(many, Gs, gs):
+        one = nnls_gram(G, g)
+        assert (x >= 0).all() and np.isclose(x @ G @ x - 2 * g @ x, one @ G @ one - 2 * g @ one, rtol=1e-9, atol=1e-9)
+    assert nnls_gram_many(np.zeros((0, 3, 3)), np.zeros((0, 3))).shape == (0, 3)
