@@ -166,8 +166,10 @@ class _GenProblem:
         """The knee sets `form` may use with data on these levels (`design`'s knees)."""
         if form == "linear":
             return [()]
-        if form == "knee":
-            return [(k,) for k in self.knee_grid if self._knee_ok(k, m_level)]
+        if form == "knee":  # `_knee_ok` of every knee of the grid at once
+            c, k = self.level_center[m_level > 0], np.asarray(self.knee_grid)[:, None]
+            ok = (np.sum(c < k, axis=1) >= 2) & (np.sum(c > k, axis=1) >= 2)
+            return [(knee,) for knee, good in zip(self.knee_grid, ok) if good]
         if form == "interp":
             c = self.knots(m_level)
             return [tuple(float(v) for v in c[1:-1])] if len(c) >= 2 else []
