@@ -48,7 +48,7 @@ def main() -> None:
         return ss
     def prof(samples):
         st = trainer.profile(samples); return (st.t_forward + st.t_backward) / st.num_tokens * 1e6, st.num_tokens
-    B = cfg.batch
+    B = cfg.responses_per_update
     res = {}
     def rec(k, v): res.setdefault(k, []).append(v)
     # cold: the calibration as it runs today (right after warm-up)

@@ -217,7 +217,7 @@ def predict_group(g: Group, work: Path) -> list[dict[str, Any]]:
         if r.precision != ref.precision:  # rlsim has no precision what-if
             continue
         o = evaluate(study, what_if(g, ref, r))
-        B = o.batch
+        B = o.responses_per_update
         lo = B / o.responses_per_s_hi if o.responses_per_s_hi > 0 else math.nan
         hi = B / o.responses_per_s_lo if o.responses_per_s_lo > 0 else math.nan
         err = o.step_time_s / r.step - 1.0

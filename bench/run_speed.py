@@ -1,13 +1,14 @@
 """How fast `rlsim run` is: the main command's stages (import, read + validate, fit, simulate) beside its end-to-end
 time, and (`--scale`) end to end at larger batches and one config alone.
 
-    python -m bench.run_speed [--runs N] [--trace TRACE] [--batch P] [--scale]
+    python -m bench.run_speed [--runs N] [--trace TRACE] [--batch P] [--compile-every-run] [--scale]
 
-Timed runs hold /tmp/rlsim-heavy.lock (the lock `flock /tmp/rlsim-heavy.lock CMD` takes), so they never overlap
-other timings that take it; run it on a quiet machine. Every number is the median over N fresh processes (default 7):
-each stage is timed in its own process in the order the CLI runs it (a stage's first call, so the lazy imports it
-triggers count in it), and the end-to-end row runs the installed `rlsim` script. Target (issue 38): end to end
-<= 0.8 s for `rlsim run --trace traces/grpo_p128.parquet --batch 2048`.
+Timed runs hold /tmp/rlsim-heavy.lock (the lock `flock /tmp/rlsim-heavy.lock CMD` takes; the bench takes it
+itself, so run it without that wrapper) and so never overlap other timings that take it; run it on a quiet
+machine. Every number is the median over N fresh processes (default 7), after one untimed warm-up: each stage
+timed in its own process in the order the CLI runs it (a stage's first call, so the lazy imports it triggers
+count in it), and the installed `rlsim` script end to end. Target (issue 38): end to end <= 0.8 s for
+`rlsim run --trace traces/grpo_p128.parquet --batch 2048`.
 
 `--scale`: end to end at P=2048, G=8, 100 updates < 5 s; at P=65536 (B = 524288 responses per update) < 3 s and
 < 1 GB peak resident memory; P=10,000,000 refused in one line (exit 2) in < 3 s; one config (P=1024, G=8,
@@ -80,7 +81,8 @@ def heavy_lock():
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            print(f"waiting for {LOCK} (another timing holds it)", file=sys.stderr)
+            print(f"waiting for {LOCK}: another timing holds it (this bench takes it itself: do not wrap it in "
+                  f"`flock {LOCK}`, which would wait forever)", file=sys.stderr)
             fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

@@ -59,7 +59,8 @@ def main() -> None:
         tr.row_tokens, tr.share_prompts = int(rows), share != ["noshare"]
         warm = tr.warmup(batch())
         trainers[name] = tr
-        print(f"{name}: warm-up {warm:.1f} s (micro-batch {cfg.micro} responses, {cfg.batch} per update)")
+        print(f"{name}: warm-up {warm:.1f} s (micro-batch {cfg.micro} responses, {cfg.responses_per_update} per "
+              "update)")
     times = {k: [] for k in trainers}
     parts = {k: [] for k in trainers}
     for _ in range(a.updates):

@@ -302,8 +302,9 @@ def zero_model_states_bytes(params: float, largest_layer_params: float, stage: i
 
     stage 3 (deepspeed/runtime/zero/stage3.py `estimate_zero3_model_states_mem_needs`): 4 x largest layer (its
     gathered 16-bit params and grads) + 18 x params / gpus; offload_optimizer: + 2 x params / gpus only; offload
-    both: the largest layer only. stage 2 (stage_1_and_2.py `estimate_zero2_model_states_mem_needs`): 2 x params +
-    18 x params / gpus; offload_optimizer: 2 x params. stage 1 (optimizer state sharded, 16-bit grads whole, as in
+    both: the largest layer only. stage 2 (stage_1_and_2.py `estimate_zero2_model_states_mem_needs`, as DeepSpeed
+    PR #5099 set it: the 16-bit gradients partitioned): 2 x params + 18 x params / gpus; offload_optimizer: 2 x
+    params. stage 1 (optimizer state sharded, 16-bit grads whole, as in
     Rajbhandari et al. 2020, "ZeRO", P_os): 4 x params + 16 x params / gpus. stage 0 (replicated): 20 x params."""
     n = max(gpus, 1)
     if stage >= 3:

@@ -121,13 +121,13 @@ class RunConfig:
         return default_group(self.algo)
 
     @property
-    def batch(self) -> int:
-        """B = P x G responses per update."""
+    def responses_per_update(self) -> int:
+        """B = P x G responses trained per update (the trace metadata's `batch`)."""
         return self.prompts * self.G
 
     @property
     def lr_effective(self) -> float:
-        ratio = self.batch / self.lr_ref_batch
+        ratio = self.responses_per_update / self.lr_ref_batch
         if self.lr_rule == "sqrt":
             return self.lr * math.sqrt(ratio)
         if self.lr_rule == "linear":
@@ -139,19 +139,20 @@ class RunConfig:
         """Responses per micro-batch (per rank): explicit, or the (mini)batch split in 4 (at least 4 responses).
 
         Four micro-batches give the small-batch gradient norms for the noise-scale estimate at little cost
-        (measured on 2 CPU cores, B=256: 2 micro-batches 0.44 s per update, 8 micro-batches 0.52 s)."""
-        per_update = self.batch // (self.minibatches * self.train_devices)
+        (docs/results.md section 10)."""
+        per_update = self.responses_per_update // (self.minibatches * self.train_devices)
         if self.micro_batch:
             return min(self.micro_batch, per_update)
         return max(min(per_update, 4), per_update // 4)
 
     @property
     def gen_responses(self) -> int:
-        return self.gen_batch or self.batch
+        return self.gen_batch or self.responses_per_update
 
     def derived(self) -> dict[str, Any]:
-        return {"G": self.G, "batch": self.batch, "lr_effective": self.lr_effective, "micro_batch": self.micro,
-                "gen_responses": self.gen_responses}
+        # the trace metadata names B `batch` (docs/trace-format.md), as the shipped traces have it
+        return {"G": self.G, "batch": self.responses_per_update, "lr_effective": self.lr_effective,
+                "micro_batch": self.micro, "gen_responses": self.gen_responses}
 
     def to_meta(self) -> dict[str, Any]:
         d = asdict(self)
@@ -201,8 +202,10 @@ class RunConfig:
             bad(f"--temperature is {self.temperature}; it must be 0 or more")
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
             bad("--gamma and --lam must lie in [0, 1]")
-        if self.gen_batch and self.gen_batch < self.batch:
-            bad(f"--gen-batch {self.gen_batch} is smaller than the train batch B = P x G = {self.batch}; generate at least B responses per step")
+        B = self.responses_per_update
+        if self.gen_batch and self.gen_batch < B:
+            bad(f"--gen-batch {self.gen_batch} is smaller than the train batch B = P x G = {B}; generate at least B "
+                "responses per step")
         if self.mode not in ("colocated", "split"):
             bad(f"unknown --mode {self.mode!r}; choose colocated or split")
         if self.off_policy not in ("none", "tis"):
@@ -214,13 +217,13 @@ class RunConfig:
                                      ("gen_devices", self.gen_devices, 1)):
                 if v != default:
                     bad(f"{_flag(name)} needs --mode split (asynchronous rollout on separate generation devices)")
-        if self.batch % self.train_devices:
-            bad(f"batch B = P x G = {self.batch} is not divisible by --train-gpus {self.train_devices}; choose P so "
+        if B % self.train_devices:
+            bad(f"batch B = P x G = {B} is not divisible by --train-gpus {self.train_devices}; choose P so "
                 f"that P x G is a multiple of {self.train_devices}")
         if self.train_devices > 1 and self.prompts % self.train_devices:
             bad(f"--prompts {self.prompts} is not divisible by --train-gpus {self.train_devices}: each rank trains "
                 f"whole groups; choose P as a multiple of {self.train_devices}")
-        per_rank = self.batch // self.train_devices
+        per_rank = self.responses_per_update // self.train_devices
         if per_rank % self.minibatches:
             bad(f"batch per rank {per_rank} is not divisible by --minibatches {self.minibatches}; choose P or --minibatches so it divides")
         if self.micro_batch and (per_rank // self.minibatches) % self.micro:
@@ -349,7 +352,7 @@ class ProbeConfig:
         """The helper ranks of data-parallel training keep the micro-batch size they started with (RunConfig.micro
         at the smallest size): only a --micro-batch every size uses keeps the ranks alike."""
         ref = self.reference
-        per_update = ref.batch // (ref.minibatches * ref.train_devices)
+        per_update = ref.responses_per_update // (ref.minibatches * ref.train_devices)
         if not ref.micro_batch or ref.micro_batch > per_update:
             raise RlsimError(f"rlrun probe with --train-gpus {ref.train_devices} needs --micro-batch N with N at most "
                              f"{per_update} (the smallest size's responses per rank and minibatch), so that every size "

@@ -23,8 +23,8 @@ CHARS = "0123456789+=;#-"
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
-# Warm-up steps per task, calibrated on 2 CPU cores for a held-out pass rate of roughly 10-50% at
-# temperature 1: add2 100 steps -> 6%, 200 -> 64%; addmix 100 -> 20%, 150 -> 53%. add3 is not calibrated.
+# Warm-up steps per task, chosen on 2 CPU cores for a held-out pass rate of roughly 10-50% at temperature 1, so
+# RL has signal (the pass rates they gave: docs/results.md section 10). add3 is not calibrated.
 SFT_STEPS = {"add2": 140, "addmix": 115, "add3": 300}
 
 

@@ -69,7 +69,7 @@ class Colocated:
         """One RL step at `cfg`'s size (P = cfg.prompts prompts from `stream`, ids from `first_prompt_id`, lr
         by its rule), rows labelled `step` (policy version `step`, `step + 1` after the sync)."""
 
-        clock, engine, P, G, B = self.clock, self.engine, cfg.prompts, cfg.G, cfg.batch
+        clock, engine, P, G, B = self.clock, self.engine, cfg.prompts, cfg.G, cfg.responses_per_update
         # the trainer sizes its micro-batches from its config (RunConfig.micro, a function of B): this step's
         self.trainer.cfg = cfg
         rows: Rows = []

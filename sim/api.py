@@ -5,16 +5,18 @@
     tr = rlsim.load_trace("traces/grpo_p128.parquet")   # validated; tr.table is the pyarrow Table
     rlsim.events(tr)                                     # one row per recorded event
     rlsim.steps(tr)                                      # one row per RL step (rlsim.replay.steps)
-    rlsim.split_stats(tr)                                # measured idle ratios, staleness, overlap (rlsim.replay.split_stats)
+    rlsim.split_stats(tr)                                # idle ratios, staleness, overlap (replay/split_stats.py)
     study = rlsim.fit([tr])                              # cost and learning models, fitted once
     rlsim.predict(study, prompts=2048)                   # reference and candidate, sigma, rho, T ratio
     rlsim.predict_sizes(study, prompts=[256, 512, 1024]) # the reference and one row per size
+    rlsim.predict(study, mode="fully_async", gen_gpus=4, train_gpus=4, staleness_threshold=0.5)  # a framework's mode
     rlsim.sweep([tr], {"prompts": [256, 1024], "group": [4, 8]})   # ranked, best first
     rlsim.check_fidelity(tr)                             # recorded vs simulated, per update (rlsim replay)
     rlsim.example_trace("grpo_p128")                     # the path of a trace shipped under traces/
 
-Config keywords are the fields of `rlsim.core.config.WhatIf`; `batch` is accepted for `prompts` (the CLI's
-`--batch` is P). Errors name those keywords, not the CLI's options.
+Keywords are the CLI's option names (`--rho` is `rho=`, `rlsim replay --sampled` is `sampled=`); config keywords
+are the fields of `rlsim.core.config.WhatIf`, and `batch` is accepted for `prompts` (the CLI's `--batch` is P too).
+Errors name those keywords. A deprecated keyword (`DEPRECATED`) still works, with a DeprecationWarning.
 """
 from __future__ import annotations
 
@@ -22,12 +24,14 @@ import dataclasses
 import functools
 import inspect
 import os
+import warnings
 from collections.abc import Iterable, Iterator
 from numbers import Integral
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from rlsim.core.config import LENGTHS, WhatIf
+from rlsim.core.config import WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.replay.errors import RlsimError, did_you_mean, keyword_names
 from rlsim.replay.io import Trace, read_trace
@@ -39,6 +43,11 @@ from rlsim.whatif.predict import evaluate, reference_outcome
 from rlsim.whatif.study import Study, prepare
 
 ALIASES = {"batch": "prompts"}  # the CLI's --batch is P
+# Keywords spelt otherwise before they took the CLI's names: old -> (new, the old value as the new keyword takes it)
+DEPRECATED: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "rho_model": ("rho", lambda v: v),  # the CLI's --rho
+    "lengths": ("sampled", lambda v: {"sampled": True, "recorded": False}.get(v, v)),  # rlsim replay --sampled
+}
 
 
 def _path_like(v: Any) -> bool:
@@ -60,7 +69,7 @@ def _count(v: Any, least: int) -> bool:
 _TRACE = "a path (str or pathlib.Path) or a Trace from rlsim.load_trace"
 _TRACES = f"{_TRACE}, or a list of them (the first is the reference)"
 # Every parameter of a public function -> (whether a value is acceptable, what is expected), checked before any work;
-# None: the library checks it where it is used (rho_model: parse_rho, target: prepare, prompts: WhatIf.validate).
+# None: the library checks it where it is used (rho: parse_rho, target: prepare, prompts: WhatIf.validate).
 CHECKS: dict[str, tuple[Callable[[Any], bool], str] | None] = {
     "path": (_path_like, "a path (str or pathlib.Path)"),
     "trace": (lambda v: isinstance(v, Trace) or _path_like(v), _TRACE),
@@ -71,14 +80,14 @@ CHECKS: dict[str, tuple[Callable[[Any], bool], str] | None] = {
     "overwrite": (lambda v: isinstance(v, bool), "True or False"),
     "skip": (lambda v: _count(v, 0), "a non-negative integer (updates)"),
     "seed": (lambda v: _count(v, 0), "a non-negative integer"),
-    "lengths": (lambda v: v in LENGTHS, f"one of {', '.join(map(repr, LENGTHS))}"),
+    "sampled": (lambda v: isinstance(v, bool), "True or False (draw lengths from the fit, not the recorded ones)"),
     "axes": (lambda v: isinstance(v, Mapping), "a dict of WhatIf field -> values, e.g. {'prompts': [256, 1024]}"),
     "out": (lambda v: v is None or _path_like(v), "None or a folder path"),
     "workers": (lambda v: v is None or _count(v, 1), "None or a positive integer"),
     "chunk_size": (lambda v: v is None or _count(v, 1), "None or a positive integer"),
     "ray_address": (lambda v: v is None or isinstance(v, str), "None or a Ray address (text)"),
     "name": (lambda v: isinstance(v, str), "a trace's name, e.g. 'grpo_p128' (rlsim.example_traces() lists them)"),
-    "rho_model": None, "target": None, "prompts": None,
+    "rho": None, "target": None, "prompts": None,
     "progress": None,  # sweep's callback, called as it is
 }
 
@@ -112,18 +121,36 @@ def _bind(call: str, sig: inspect.Signature, args: tuple, kwargs: dict) -> inspe
         raise RlsimError(f"{call}{plain}: {e}") from None
 
 
+def _renamed(call: str, names: Sequence[str], kwargs: dict) -> dict:
+    """`kwargs` with each deprecated keyword of `call` (one whose new name is in `names`) under its new name, with a
+    DeprecationWarning; both spellings at once is an RlsimError."""
+    out = dict(kwargs)
+    for old, (new, convert) in DEPRECATED.items():
+        if old in out and new in names:
+            if new in out:
+                raise RlsimError(f"{call}: give {new}, not both {new} and {old} (its deprecated spelling)")
+            warnings.warn(f"{call}: {old}= is deprecated; use {new}= (the CLI's name)", DeprecationWarning,
+                          stacklevel=3)
+            out[new] = convert(out.pop(old))
+    return out
+
+
 def _public(fn: Callable) -> Callable:
     """A function of the notebook API: its arguments are bound and checked (`CHECKS`) before it runs, and its
-    RlsimErrors name keywords (`prompts`, `rho_model`) as the API spells them, not the CLI's options."""
+    RlsimErrors name keywords (`prompts`, `rho`) as the API spells them, not the CLI's options. A deprecated keyword
+    (`DEPRECATED`) is read as its new name, with a warning."""
     sig = inspect.signature(fn)
     unchecked = [n for n, p in sig.parameters.items()
                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in CHECKS]
     if unchecked:
         raise TypeError(f"{fn.__name__}: add the parameters {unchecked} to rlsim.api.CHECKS")
 
+    names = [*sig.parameters, *(["rho"] if fn.__name__ == "sweep" else [])]  # sweep passes rho in **options
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with keyword_names():
+            kwargs = _renamed(fn.__name__, names, kwargs)
             bound = _bind(fn.__name__, sig, args, kwargs)
             for key, value in bound.arguments.items():
                 if key in CHECKS and sig.parameters[key].kind is not sig.parameters[key].VAR_KEYWORD:
@@ -194,13 +221,14 @@ def split_stats(trace: Trace | str | os.PathLike, *, skip: int = 2) -> dict[str,
 
 
 @_public
-def fit(traces: Any, *, rho_model: str = "auto", target: float | None = None, calibration: Any = ()):
+def fit(traces: Any, *, rho: str = "auto", target: float | None = None, calibration: Any = ()):
     """Fit the traces (a trace or path, or a list of them; the first is the reference): a `rlsim.whatif.study.Study`.
-    `calibration`: traces of `rlrun calibrate` for a reference recorded without calibration."""
+    `rho`: the sample-cost model (the CLI's --rho); `calibration`: traces of `rlrun calibrate` for a reference
+    recorded without calibration."""
     read = _traces(traces)
     if not read:
         raise RlsimError("fit: give at least one trace (a path or a loaded Trace; the first is the reference)")
-    return prepare(read, rho_model=rho_model, target=target, calibration=_traces(calibration))
+    return prepare(read, rho_model=rho, target=target, calibration=_traces(calibration))
 
 
 def _study(study_or_traces: Any):
@@ -215,6 +243,7 @@ def _frame(study_or_traces: Any, candidates: Sequence[dict[str, Any]], roles: Se
     cfgs = [WhatIf(**c) for c in candidates]
     for cfg in cfgs:
         cfg.validate()
+        check_mode(cfg)  # the execution mode and its settings (rlsim.modes.registry), before anything is fitted
     study = _study(study_or_traces)
     outs = [reference_outcome(study, cfgs[0].updates, cfgs[0].seed, like=cfgs[0])] + [evaluate(study, c) for c in cfgs]
     # each row carries the study's warnings beside its own, as `rlsim run` prints them
@@ -253,11 +282,11 @@ def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathL
           workers: int | None = 1, **options: Any):
     """Every config of the grid `axes` (WhatIf field -> values; `batch` is an alias of `prompts`), ranked best
     first (smallest T / T_ref). `out` also writes results.parquet/csv and sweep.json there; other options as
-    `rlsim.sweeps.study.sweep_study` (rho_model, target, overwrite, ray_address, chunk_size, calibration)."""
+    `rlsim sweep` takes them: rho, target, overwrite, ray_address, chunk_size, calibration."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
-    allowed = sorted(set(inspect.signature(sweep_study).parameters)
-                     - {"traces", "axes", "out", "workers", "charts", "labels"})
+    allowed = sorted((set(inspect.signature(sweep_study).parameters)  # rho: the CLI's name of sweep_study's rho_model
+                      - {"traces", "axes", "out", "workers", "charts", "labels", "rho_model"}) | {"rho"})
     for key, value in options.items():
         if key in ALIASES or key in {f.name for f in dataclasses.fields(WhatIf)}:
             raise RlsimError(f"sweep: {key} is a config field: put it in the axes, e.g. {{{key!r}: [value]}}")
@@ -267,16 +296,19 @@ def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathL
         _check("sweep", key, value)
     if "calibration" in options:
         options["calibration"] = _traces(options["calibration"])
+    if "rho" in options:
+        options["rho_model"] = options.pop("rho")
     res = sweep_study(_traces(traces), _axes(axes), out=out, workers=workers, charts=False, **options)
     return pd.DataFrame(res.rows).set_index("rank")
 
 
 @_public
-def check_fidelity(trace: Trace | str | os.PathLike, *, seed: int = 0, lengths: str = "recorded"):
-    """Recorded vs simulated step time, generation time and responses/s per update (rlsim replay)."""
+def check_fidelity(trace: Trace | str | os.PathLike, *, seed: int = 0, sampled: bool = False):
+    """Recorded vs simulated step time, generation time and responses/s per update (rlsim replay; `sampled`: draw
+    response lengths from the fitted distribution instead of replaying the recorded ones, as --sampled)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
-    res = replay_trace(refuse_probe(_trace(trace)), seed=seed, lengths=lengths)
+    res = replay_trace(refuse_probe(_trace(trace)), seed=seed, lengths="sampled" if sampled else "recorded")
     return pd.DataFrame(res.to_dict()["per_update"]).set_index("step")
 
 

@@ -50,16 +50,17 @@ def test_api_raises_the_cli_errors(tmp_path):
     (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, updates=5), r"^sweep: updates is a config field: put it in the axes"),
     (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, workerz=2),
      r"^sweep: unknown keyword 'workerz' \(did you mean workers\?\); the options are out, workers"),
-    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, rho="curves"),
-     r"^sweep: unknown keyword 'rho' \(did you mean rho_model\?\)"),
+    (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, rhoo="curves"),
+     r"^sweep: unknown keyword 'rhoo' \(did you mean rho\?\)"),
+    (lambda: rlsim.fit([TRACE], rhoo="magic"),
+     r"^fit: unknown keyword 'rhoo' \(did you mean rho\?\); the keywords are traces, rho, target, calibration$"),
     (lambda: rlsim.fit([TRACE], rho="magic"),
-     r"^fit: unknown keyword 'rho' \(did you mean rho_model\?\); the keywords are traces, rho_model, target, "
-     "calibration$"),
-    (lambda: rlsim.fit([TRACE], rho_model="magic"),
-     "^rho_model must be one of invariant, noise-scale, curves, lr-aware, auto, got 'magic'$"),
-    (lambda: rlsim.fit([TRACE], rho_model="noise_scale"), r"got 'noise_scale' \(did you mean noise-scale\?\)$"),
-    (lambda: rlsim.fit(TRACE, rho_model="curves"),
-     r"^rho_model=curves needs two or more traces .* with traces=\[\.\.\.\]\)$"),
+     "^rho must be one of invariant, noise-scale, curves, lr-aware, auto, got 'magic'$"),
+    (lambda: rlsim.fit([TRACE], rho="noise_scale"), r"got 'noise_scale' \(did you mean noise-scale\?\)$"),
+    (lambda: rlsim.fit(TRACE, rho="curves"),
+     r"^rho=curves needs two or more traces .* with traces=\[\.\.\.\]\)$"),
+    (lambda: rlsim.fit(TRACE, rho="curves", rho_model="curves"),
+     r"^fit: give rho, not both rho and rho_model \(its deprecated spelling\)$"),
     (lambda: rlsim.fit(TRACE, target=float("nan")), "^target must be a finite eval score, got nan$"),
     (lambda: rlsim.load_trace(42), r"^load_trace: path must be a path \(str or pathlib.Path\), got int 42$"),
     (lambda: rlsim.predict_sizes(TRACE, group=4), r"^predict_sizes: give the sizes to predict, e.g. prompts=\[256"),
@@ -73,7 +74,7 @@ def test_api_errors_are_one_line_in_keywords(call, message):
 
 def test_cli_keeps_its_option_names(tmp_path):
     r = CliRunner().invoke(app, ["run", str(TRACE), "--batch", "0"])
-    assert r.exit_code == 2 and r.output.strip() == "error: --batch must be a positive integer, got 0"
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"
     r = CliRunner().invoke(app, ["run", str(TRACE), "--staleness", "2"])
     assert "error: --staleness 2 needs split devices: add --gen-gpus N --train-gpus M" in r.output
     from rlsim.core.config import name
@@ -81,6 +82,45 @@ def test_cli_keeps_its_option_names(tmp_path):
 
     assert labels() == {f: name(f) for f in labels()}  # messages and options spell each field alike
     assert {s.field: s.label for s in study_specs()} == {s.field: name(s.field) for s in study_specs()}
+
+
+# API keyword -> the CLI command that takes it as --keyword-name; keywords with no option: the traces (arguments or
+# --trace), sweep's grid (the options themselves), its progress callback, split_stats' skip, example_trace's name
+API_COMMANDS = {"load_trace": "run", "fit": "run", "sweep": "sweep", "check_fidelity": "replay"}
+NO_OPTION = {"path", "trace", "traces", "study_or_traces", "axes", "progress", "skip", "name"}
+
+
+def test_api_keywords_are_the_cli_option_names():
+    """Every keyword of fit, sweep, check_fidelity and load_trace is an option of the command doing the same, spelt
+    alike (rho= is --rho, sampled= is --sampled); predict's are WhatIf's fields, as `rlsim run` takes them."""
+    import dataclasses
+    import inspect
+
+    import typer
+
+    from rlsim.api import DEPRECATED
+    from rlsim.core.config import WhatIf
+
+    commands = typer.main.get_command(app).commands
+    for fname, cmd in API_COMMANDS.items():
+        opts = {o for p in commands[cmd].params for o in (*p.opts, *p.secondary_opts)}
+        keywords = set(inspect.signature(getattr(rlsim, fname)).parameters) - NO_OPTION - {"options"}
+        if fname == "sweep":
+            keywords |= {"rho", "target", "overwrite", "ray_address", "chunk_size", "calibration"}
+        assert keywords and {k for k in keywords if "--" + k.replace("_", "-") not in opts} == set(), (fname, opts)
+        assert not keywords & set(DEPRECATED), fname
+    run = {o for p in commands["run"].params for o in p.opts}
+    assert {"--" + f.name.replace("_", "-") for f in dataclasses.fields(WhatIf)} <= run
+
+
+def test_deprecated_keywords_still_work_with_a_warning():
+    with pytest.warns(DeprecationWarning, match=r"^fit: rho_model= is deprecated; use rho= \(the CLI's name\)$"):
+        old = rlsim.predict(rlsim.fit(TRACE, rho_model="invariant"), prompts=64, updates=3)
+    assert old.equals(rlsim.predict(rlsim.fit(TRACE, rho="invariant"), prompts=64, updates=3))
+    assert old.loc["candidate", "rho"] == 1.0  # invariant: the old keyword chose the model
+    with pytest.warns(DeprecationWarning, match="lengths= is deprecated; use sampled="):
+        msg = _refused(lambda: rlsim.check_fidelity(TRACE, lengths="drawn"))
+    assert msg.startswith("check_fidelity: sampled must be True or False"), msg
 
 
 def _public_functions() -> dict:

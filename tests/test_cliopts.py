@@ -163,3 +163,20 @@ def test_every_command_of_both_clis_reads_alike(cli):
         if path == ("plan",):
             trace = " ".join(out[out.index("--trace"):out.index("--rho")].split())
             assert "pilot" in trace and "learning curves" not in trace
+
+
+def test_both_clis_spell_the_shared_options_alike():
+    """`rlsim run` and `rlrun record` name P, G, the split devices and the staleness limit with the same options and
+    short flags, the first of each as --help shows it."""
+    from rlsim.cli import app as rlsim_app
+    from rlsim.runner.cli import app as rlrun_app
+
+    def shown(app, name):
+        cmd = typer.main.get_command(app).commands[name]
+        return {p.name: (p.opts, p.secondary_opts) for p in cmd.params if not getattr(p, "hidden", False)}
+
+    sim = {tuple(o): s for o, s in shown(rlsim_app, "run").values()}
+    run = {tuple(o): s for o, s in shown(rlrun_app, "record").values()}
+    for opts in (("--prompts", "--batch", "-P", "-b"), ("--group", "-G", "-g"), ("--gen-gpus",), ("--train-gpus",),
+                 ("--staleness",)):
+        assert opts in sim and opts in run, (opts, sorted(sim), sorted(run))

@@ -489,11 +489,12 @@ def leave_one_size_out(runs_: dict, target: float, log=print) -> dict:
             others = [ref["curve"]] + [x["curve"] for Q, x in mine.items() if Q != P]
             meas = r["n_star"] / ref["n_star"]
             try:
-                pc = curves_rho(ref["curve"].batch, others, target).rho(P * G)
+                pc = curves_rho(ref["curve"].responses_per_update, others, target).rho(P * G)
             except RlsimError:
                 pc = math.nan
             f = fit_lr_aware(ref["curve"], others, target)
-            pl = lr_aware_rho(ref["curve"].batch, f.b_bend, f.kappa).rho(P * G, x=r["curve"].lr / ref["curve"].lr)
+            pl = lr_aware_rho(ref["curve"].responses_per_update, f.b_bend, f.kappa).rho(
+                P * G, x=r["curve"].lr / ref["curve"].lr)
             for name, p in (("curves", pc), ("lr-aware", pl)):
                 errs[name].append(censored_log_error(p, meas, r["censored"]))
     return _summary(errs, "leave one size out, per seed (the other sizes as the pilot)", log)
@@ -522,13 +523,13 @@ def seed_cv(runs_: dict, target: float, log=print) -> dict:
             if s == f or (REF_P, "sqrt", s) not in by:
                 continue
             rs = by[(REF_P, "sqrt", s)]
-            lr_model = lr_aware_rho(ref.batch, fit.b_bend, fit.kappa)
+            lr_model = lr_aware_rho(ref.responses_per_update, fit.b_bend, fit.kappa)
             ns = noise_scale(_trace(rs["path"])).b_crit
             for (P, rule, s2), r in by.items():
                 if s2 != s or (P == REF_P and rule == "sqrt"):
                     continue
                 meas = r["n_star"] / rs["n_star"]
-                for name, p in (("noise-scale", noise_scale_rho(ref.batch, ns).rho(P * G)),
+                for name, p in (("noise-scale", noise_scale_rho(ref.responses_per_update, ns).rho(P * G)),
                                 ("lr-aware", lr_model.rho(P * G, x=r["curve"].lr / rs["curve"].lr))):
                     errs[name].append(censored_log_error(p, meas, r["censored"]))
     return _summary(errs, "seed cross-validation (each seed fits lr-aware in turn; every other seed's rho predicted)", log)

@@ -1,11 +1,11 @@
 """The CLI's options, derived from the config dataclasses, in one place for `run`, `sweep`, `export`
 and `report`.
 
-- One option per `WhatIf` field (its help text is the field's), spelt `--field-name` except `prompts`,
-  which is `--batch`, `--prompts` (rlrun's spelling of the same P) or `-b`, named `--batch` in messages
-  (and `group` also `-g`). `rlsim sweep` takes each as a comma list (the grid's
-  axes); `run` and `export perfetto --simulate` take one value. Both are parsed by `rlsim.core.grid` with the
-  field's type, so a new field (device split, staleness) appears in every command at once.
+- One option per `WhatIf` field (its help text is the field's), spelt `--field-name`; `prompts` is also
+  `--batch` (verl's train_batch_size is P), `-P` or `-b`, and `group` also `-G` or `-g`, as rlrun spells them.
+  `rlsim sweep` takes each as a comma list (the grid's axes); `run` and `export perfetto --simulate` take one
+  value. Both are parsed by `rlsim.core.grid` with the field's type, so a new field (device split, staleness)
+  appears in every command at once.
 - One option per `StudyOptions` field: the traces and how they are fitted. The traces may also be given
   as arguments (`rlsim run TRACE`, as `replay` and `export` take them): they come first, then the --trace
   ones, so the first argument is the reference. A command with its own argument (`export perfetto`) keeps it.
@@ -29,12 +29,13 @@ from rlsim.cli import opts as cliopts
 from rlsim.cli.opts import Group, Spec, generated
 from rlsim.core.config import WhatIf
 from rlsim.core.grid import parse_list
+from rlsim.modes.registry import MODES
 from rlsim.replay.errors import RlsimError, cli_errors
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import refuse_probe
 
-# as verl/TRL users say P and G; rlrun spells them the same (runner/config.py)
-SPELLING = {"prompts": ["--batch", "--prompts", "-b", "-P"], "group": ["--group", "-g", "-G"]}
+# P and G as rlrun spells them (runner/config.py); --batch/-b is P too (verl's data.train_batch_size), -g is G
+SPELLING = {"prompts": ["--prompts", "--batch", "-P", "-b"], "group": ["--group", "-G", "-g"]}
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,11 @@ class StudyOptions:
                 "(None: auto; `report`: the sweep's)",
         "flags": ["--rho", "--rho-model"]})
     bend_batch: Optional[float] = field(default=None, metadata={
-        "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they are "
-                "fitted on the other --trace runs).", "flags": ["--bend-batch"]})
+        "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they "
+                "are fitted on the other --trace runs).", "flags": ["--bend-batch"]})
     kappa: Optional[float] = field(default=None, metadata={
-        "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with --bend-batch).",
+        "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with "
+                "--bend-batch).",
         "flags": ["--kappa"]})
     target: Optional[float] = field(default=None, metadata={
         "help": "Eval score that defines time-to-target (None: the best the reference reached; with several "
@@ -88,8 +90,11 @@ class StudyOptions:
 
 
 def whatif_specs() -> list[Spec]:
-    """The WhatIf fields that are options (numbers, text, flags, choices)."""
-    return [s for s in cliopts.specs(WhatIf, spelling=SPELLING)
+    """The WhatIf fields that are options (numbers, text, flags, choices); --mode lists the registered modes."""
+    modes = " | ".join(MODES)
+    text = {"mode": f"execution mode, as the frameworks name them: {modes} (docs/simulator.md states each; None: split "
+                    "when --gen-gpus/--train-gpus are given, else colocated)"}
+    return [s for s in cliopts.specs(WhatIf, spelling=SPELLING, help=text)
             if s.base in (int, float, str, bool) or typing.get_origin(s.base) is typing.Literal]
 
 

@@ -2,24 +2,17 @@
 
 The time to target of candidate i relative to the reference is T_i = rho_i / sigma_i. sigma comes from the
 simulator; rho from a sample-cost model that, from one reference trace, is known to err a lot (docs/results.md).
-The plan does not pretend otherwise: its uncertainty about rho is *measured*, as error curves e(d) = log(rho
-measured / rho predicted from a reference alone) at d = log2(B / B_ref), one per reference seed of the recorded
-batch-size studies (`rlsim.replay.rho_errors`). A draw of the truth is one such curve (plus the noise of the
-studies' own seed means), so errors at neighbouring sizes move together, as a misplaced bend makes them. Its
-uncertainty about sigma is the trace's own: each candidate's sigma interval as `rlsim run` gives it (the fits'
-bootstrap widened by their held-out error), read as a log-normal spread. A trace whose cost fits cannot be used
-(`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
+So the plan's uncertainty about rho is *measured*: error curves e(d) = log(rho measured / rho predicted from a
+reference alone) at d = log2(B / B_ref), one per reference seed of the recorded batch-size studies
+(`rlsim.replay.rho_errors`); a draw of the truth is one such curve plus the studies' seed noise. Its uncertainty
+about sigma is each candidate's sigma interval as `rlsim run` gives it, read as a log-normal spread. A trace whose
+cost fits cannot be used (`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
 
-Over the draws (weights w, shape (K,)), for each candidate i (T: (K, n)):
-    expected regret   E_w[T_i / min_j T_j - 1]        p_within_5pct   P_w[T_i <= 1.05 min_j T_j]
-The pick is the least expected regret (ties: the reference). It is a **decision** when p_within_5pct reaches
-`PlanConfig.confidence`; otherwise the plan lists **pilots**: a run at candidate j to the target, whose measured
-rho (one seed: noise `seed_sd` in log) would reweight the draws. The expected regret after a pilot is computed
-before it is run (preposterior: each draw in turn taken as the truth, its pilot observed with seed noise, the
-pick made on the reweighted draws, its regret scored on that truth); pilots are ranked by regret removed per
-response spent. This is the multi-fidelity logic of successive halving (spend little on configurations the
-evidence already rules out) with one fidelity, a run to the target, because a prefix of a run measures
-samples-to-target only once it reaches the target. A pilot trace given back (`--trace`) is such an observation.
+Over the draws (weights w), for each candidate i: expected regret E_w[T_i / min_j T_j - 1] and p_within_5pct
+P_w[T_i <= 1.05 min_j T_j]. The pick is the least expected regret (ties: the reference), a **decision** when
+p_within_5pct reaches `PlanConfig.confidence`; otherwise the plan lists **pilots** (a run at candidate j to the
+target), ranked by the regret they are expected to remove (preposterior) per response spent. A pilot trace given
+back (`--trace`) reweights the draws. The method in full: docs/usage.md, "Planning".
 """
 from __future__ import annotations
 
@@ -31,6 +24,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rlsim.core.config import WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
@@ -49,26 +43,40 @@ WITHIN = 0.05  # "within 5 % of the best"
 class PlanConfig:
     """What `rlsim plan` is asked."""
 
-    prompts: tuple[int, ...] = field(metadata={"help": "candidate P (prompts per update), two or more; the reference's is added"})
+    prompts: tuple[int, ...] = field(metadata={"help": "candidate P (prompts per update), two or more; the reference's "
+                                                       "is added"})
     group: int | None = field(default=None, metadata={"help": "G of every candidate (None: the reference's)"})
-    budget: float | None = field(default=None, metadata={"help": "responses the pilots may spend in all (None: one reference run's)"})
+    budget: float | None = field(default=None,
+                                 metadata={"help": "responses the pilots may spend in all (None: one reference run's)"})
     confidence: float = field(default=0.8, metadata={"help": "p_within_5pct at which the pick is a decision"})
-    draws: int = field(default=4000, metadata={"help": "draws of the truth (error curves plus the studies' seed noise)"})
+    draws: int = field(default=4000,
+                       metadata={"help": "draws of the truth (error curves plus the studies' seed noise)"})
     seed: int = field(default=0, metadata={"help": "seed of the draws"})
     updates: int = field(default=40, metadata={"help": "updates simulated per candidate for sigma"})
+    model_params: float | None = field(default=None, metadata={
+        "help": "the model's parameter count, e.g. 7e9, for the candidates' memory when the trace names a model rlsim "
+                "cannot size (None: the trace's model; WhatIf.model_params)"})
+    fixed: tuple = field(default=(), metadata={
+        "help": "((WhatIf field, value), ...) every candidate shares: the execution mode, its settings and devices "
+                "(e.g. (('mode', 'fully_async'),))"})
 
     def validate(self) -> None:
         ps = list(self.prompts)
         if len(ps) < 2:
-            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --batch 16,32,64,128")
+            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --prompts 16,32,64,128")
         if any(not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in ps):
-            raise RlsimError(f"--batch sizes must be positive integers, got {ps}")
+            raise RlsimError(f"{name('prompts')} sizes must be positive integers, got {ps}")
         if len(set(ps)) != len(ps):
-            raise RlsimError(f"--batch lists a size twice ({ps}); give each candidate once")
+            raise RlsimError(f"{name('prompts')} lists a size twice ({ps}); give each candidate once")
+        if self.fixed:
+            cfg = WhatIf(**dict(self.fixed))
+            cfg.validate()
+            check_mode(cfg)
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
             raise RlsimError(f"--confidence must be in [0.5, 1), got {self.confidence}")
+        WhatIf(model_params=self.model_params).validate()
 
 
 @dataclass(frozen=True)
@@ -112,9 +120,11 @@ class Pilot:
 class Plan:
     """A decision, or the pilots that would most cheaply lead to one."""
 
-    candidates: tuple[Candidate, ...] = field(metadata={"help": "every candidate, in the order asked (the reference included)"})
+    candidates: tuple[Candidate, ...] = field(metadata={"help": "every candidate, in the order asked (the reference "
+                                                                "included)"})
     decision: Candidate | None = field(metadata={"help": "the size to run (None: run the pilots first)"})
-    pilots: tuple[Pilot, ...] = field(metadata={"help": "pilots by regret removed per response, best first (empty: decided)"})
+    pilots: tuple[Pilot, ...] = field(metadata={"help": "pilots by regret removed per response, best first (empty: "
+                                                        "decided)"})
     expected_regret: float = field(metadata={"help": "expected regret of the best pick now"})
     reference_prompts: int = field(metadata={"help": "the reference's P"})
     notes: tuple[str, ...] = field(default=(), metadata={"help": "how the plan was made"})
@@ -125,13 +135,15 @@ class Plan:
 
     def to_dict(self) -> dict:
         out = {"reference_prompts": self.reference_prompts, "expected_regret": self.expected_regret,
-               "candidates": [c.to_dict() for c in self.candidates], "notes": list(self.notes), "warnings": list(self.warnings)}
+               "candidates": [c.to_dict() for c in self.candidates], "notes": list(self.notes),
+               "warnings": list(self.warnings)}
         if self.no_move:
             out["no_move"] = self.no_move
         if self.decision is not None:
             d = self.decision
             out["decision"] = {"prompts": d.prompts, "group": d.group, "p_within_5pct": d.p_within_5pct,
-                               "expected_regret": d.expected_regret, "keep_reference": d.prompts == self.reference_prompts}
+                               "expected_regret": d.expected_regret,
+                               "keep_reference": d.prompts == self.reference_prompts}
         else:
             out["pilots"] = [p.to_dict() for p in self.pilots]
         return json_safe(out)  # a plan that makes no move has no regrets: None, not NaN, in JSON and sweep metadata
@@ -169,7 +181,8 @@ def sigma_spread(preds: Sequence[Outcome]) -> tuple[np.ndarray, list[int]]:
 
 
 def pilot_weights(draw_e: np.ndarray, observed: float, sd: float) -> np.ndarray:
-    """(draws,) likelihood of a pilot's observed log-rho error under each draw's error at its size (one seed's noise)."""
+    """(draws,) likelihood of a pilot's observed log-rho error under each draw's error at its size (one seed's
+    noise)."""
     return np.exp(-0.5 * ((draw_e - observed) / sd) ** 2)
 
 
@@ -224,7 +237,7 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     """Predict every candidate, draw its truth from the measured errors, weigh the draws by the pilots' measurements."""
     G = cfg.group or study.reference.group
     sizes = sorted(set(cfg.prompts) | {study.reference.prompts})
-    preds = [_predict(study, P, G, cfg.updates) for P in sizes]
+    preds = [_predict(study, P, G, cfg) for P in sizes]
     log_t = np.log([p.time_to_target_ratio for p in preds])
     d = np.log2(np.array(sizes, float) * G / study.b_ref)
     ref = sizes.index(study.reference.prompts)
@@ -233,7 +246,7 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     away = sd[d != 0]
     notes = [errors.describe(), f"sigma uncertainty: the trace's own sigma intervals (its fits' bootstrap and held-out "
                                 f"error), sd {away.min():.2f}..{away.max():.2f} in log" if len(away) else ""]
-    notes = [n for n in notes if n]
+    notes = [n for n in notes if n] + _memory_notes(preds)
     warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing "
                 "resamples its fits): taken as exact, which understates the uncertainty"] if bare else []
     w, measured = np.ones(cfg.draws), {ref}
@@ -243,13 +256,13 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
         measured.add(j)
         notes.append(f"pilot {tr.name}: P={sizes[j]}, log rho {obs:+.3f} from the prediction (one seed)")
     if not w.sum() > 0:
-        raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from the "
-                         "same task, model and lr rule as the reference")
+        raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from "
+                         "the same task, model and lr rule as the reference")
     return Scored(sizes, ref, preds, np.exp(T_log), e, w, measured, notes, warnings)
 
 
-def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), errors: Mapping[str, RhoErrors] | None = None,
-         target: float | None = None, bounds_ok: bool = False) -> Plan:
+def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
+         errors: Mapping[str, RhoErrors] | None = None, target: float | None = None, bounds_ok: bool = False) -> Plan:
     """Candidates scored over the measured uncertainty, then a decision or the pilots worth running (module doc).
     `errors`: measured error curves by rho model (default: `rlsim.replay.rho_errors`); `bounds_ok`: a pilot that never
     reached the target counts at its budget (a lower bound) instead of being refused."""
@@ -262,15 +275,16 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), err
         raise RlsimError(f"--budget {cfg.budget:g} responses is below one update of the smallest candidate "
                          f"({min(cfg.prompts)} x {G} = {min(cfg.prompts) * G}); give at least that")
     if not np.isfinite(study.n_star_ref):
-        raise RlsimError(f"{reference.name} never reaches its target, so no samples-to-target to plan from; pass a lower "
-                         "--target")
-    s = score(study, cfg, pilots, errors, np.random.default_rng(cfg.seed), (reference.meta.get("model") or {}).get("name"),
-              bounds_ok)
+        raise RlsimError(f"{reference.name} never reaches its target, so no samples-to-target to plan from; pass a "
+                         "lower --target")
+    s = score(study, cfg, pilots, errors, np.random.default_rng(cfg.seed),
+              (reference.meta.get("model") or {}).get("name"), bounds_ok)
     s, fit_warnings = _feasible(s)
     er, p5 = scores(s.T, s.w)
     er[[i for i, p in enumerate(s.preds) if p.fits is False and i != s.ref]] = np.inf  # shown as "does not fit"
     beats = (s.w / s.w.sum()) @ (s.T < s.T[:, [s.ref]])
-    cands = tuple(Candidate(prompts=P, group=p.group, sigma=p.sigma, rho=p.rho, time_to_target_ratio=p.time_to_target_ratio,
+    cands = tuple(Candidate(prompts=P, group=p.group, sigma=p.sigma, rho=p.rho,
+                            time_to_target_ratio=p.time_to_target_ratio,
                             time_to_target_ratio_lo=lo, time_to_target_ratio_hi=hi, p_within_5pct=float(p5[i]),
                             expected_regret=float(er[i]), p_beats_reference=float(beats[i]), measured=i in s.measured,
                             fits=p.fits)
@@ -329,8 +343,8 @@ def _undecided(cands: Sequence[Candidate], best: int, ref: int, confidence: floa
     if best == ref:
         other = min((x for i, x in enumerate(cands) if i != ref), key=lambda x: x.expected_regret)
         out += (f"; no candidate beats the reference with probability {confidence:.2f} (the least expected regret, P="
-                f"{other.prompts}, beats it with {other.p_beats_reference:.2f}), and the predictions' errors, measured on "
-                "other tasks, can go either way, so the measured configuration is kept")
+                f"{other.prompts}, beats it with {other.p_beats_reference:.2f}), and the predictions' errors, measured "
+                "on other tasks, can go either way, so the measured configuration is kept")
     cheap = min(options, key=lambda p: p.responses, default=None)
     if cheap is not None and cheap.responses > budget:
         out += (f"; no pilot fits the budget of {budget:.0f} responses (the cheapest, P={cheap.prompts} to the target, "
@@ -344,34 +358,44 @@ def _has_noise_scale(trace: Trace) -> bool:
     return bool(np.isfinite(noise_scale(trace).b_crit))
 
 
-def _predict(study: Study, P: int, G: int, updates: int) -> Outcome:
-    if P == study.reference.prompts and G == study.reference.group:
-        return reference_outcome(study, updates, 0)
-    return evaluate(study, WhatIf(prompts=P, group=G, updates=updates))
+def _memory_notes(preds: Sequence[Outcome]) -> list[str]:
+    """Why the candidates' memory is unknown or undecided, and what to pass: once, not per candidate."""
+    memory = ("memory unknown", "memory undecided")
+    return list(dict.fromkeys(n for p in preds for n in p.notes if n.startswith(memory)))
+
+
+def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:
+    """Candidate P; under the plan's shared settings `fixed` (a mode) every size runs in it, the reference's too."""
+    like = WhatIf(updates=cfg.updates, model_params=cfg.model_params, **dict(cfg.fixed))
+    if P == study.reference.prompts and G == study.reference.group and not cfg.fixed:
+        return reference_outcome(study, cfg.updates, 0, like=like)
+    return evaluate(study, replace(like, prompts=P, group=G))
 
 
 def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, rho_pred: Sequence[float],
                       model_name: str | None, bounds_ok: bool = False) -> tuple[int, float]:
-    """(candidate index, observed log(rho / rho predicted)) of a pilot trace: its samples-to-target over the reference's."""
+    """(candidate index, observed log(rho / rho predicted)) of a pilot trace: its samples-to-target over the
+    reference's."""
     c = tr.config
     for key in ("algo", "task", "lr_rule"):
         if str(c.get(key)) != str(study.models.config.get(key)):
-            raise RlsimError(f"pilot {tr.name} has {key} {c.get(key)!r}, the reference {study.models.config.get(key)!r}: "
-                             "a pilot must be the reference's run at another size")
+            raise RlsimError(f"pilot {tr.name} has {key} {c.get(key)!r}, the reference "
+                             f"{study.models.config.get(key)!r}: a pilot must be the reference's run at another size")
     if model_name is not None and (tr.meta.get("model") or {}).get("name") != model_name:
-        raise RlsimError(f"pilot {tr.name} trains another model than the reference; record it with the reference's --model")
+        raise RlsimError(f"pilot {tr.name} trains another model than the reference; record it with the reference's "
+                         "--model")
     P, g = int(c.get("prompts") or 0), int(c.get("group") or 1)
     if P not in sizes or g != G:
         raise RlsimError(f"pilot {tr.name} is P={P}, G={g}, not one of the candidates (P in {sizes}, G={G}); "
                          "pass the candidates it was recorded for")
     curve = fit_learning_curve(tr)
     if not len(curve.score):
-        raise RlsimError(f"pilot {tr.name} has no eval rows, so it cannot measure samples-to-target; record it with evals "
-                         "(rlrun record --eval-every N)")
+        raise RlsimError(f"pilot {tr.name} has no eval rows, so it cannot measure samples-to-target; record it with "
+                         "evals (rlrun record --eval-every N)")
     reached = samples_to_target(curve, study.target)
     if reached.censored and not bounds_ok:
-        raise RlsimError(f"pilot {tr.name} never reached the target {study.target:.4g} (trained {reached.n:.0f} responses): "
-                         "run it longer (more --steps) so that it measures its samples-to-target")
+        raise RlsimError(f"pilot {tr.name} never reached the target {study.target:.4g} (trained {reached.n:.0f} "
+                         "responses): run it longer (more --steps) so that it measures its samples-to-target")
     j = sizes.index(P)
     return j, float(math.log(reached.n / study.n_star_ref) - math.log(rho_pred[j]))
 
@@ -387,7 +411,8 @@ def _pilots(study: Study, s: Scored, sd: float, rng: np.random.Generator, confid
         rho_hi = s.preds[j].rho * _weighted_quantiles(np.exp(s.e[:, j]), s.w, (0.9,))[0]
         steps = max(int(math.ceil(1.2 * rho_hi * study.n_star_ref / (P * G))), 1)
         after = regret_after_pilot(s.T, s.e, s.w, j, s.ref, sd, rng, confidence=confidence)
-        out.append(((er_now - after) / (steps * P * G), Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps))))
+        out.append(((er_now - after) / (steps * P * G),
+                    Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps))))
     return [p for _, p in sorted(out, key=lambda x: -x[0])]
 
 

@@ -39,15 +39,16 @@ def test_import_verl_example_then_run(tmp_path):
                                "--device", "h100", "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "40 steps (1..40), 5 evals" in r.output and "P = 256 prompts x G = 5 = B = 1280" in r.output
-    assert f"next: rlsim run --trace {out} --batch 512" in r.output
+    assert f"next: rlsim run --trace {out} --prompts 512" in r.output
     res = run([read_trace(out)], WhatIf(prompts=512, updates=30))
-    assert res.candidate.batch == 2560 and res.candidate.sigma > 1
+    assert res.candidate.responses_per_update == 2560 and res.candidate.sigma > 1
     from rlsim.cli import app  # the real `rlsim run` on the imported trace
 
     r = runner.invoke(app, ["run", "--trace", str(out), "--batch", "512", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert d["batch"] == 2560 and d["sigma"] > 1 and any("step-level trace imported from verl" in w for w in d["warnings"])
+    assert d["responses_per_update"] == 2560 and d["sigma"] > 1
+    assert any("step-level trace imported from verl" in w for w in d["warnings"])
 
 
 @pytest.mark.parametrize("args,msg", [

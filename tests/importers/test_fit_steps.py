@@ -123,7 +123,7 @@ def test_rlsim_run_on_an_imported_trace(example_trace):
     """What `rlsim run --trace verl_run.parquet --batch 512` computes (the library call under the CLI)."""
     res = run([example_trace], WhatIf(prompts=512))
     ref, cand = res.reference, res.candidate
-    assert (cand.prompts, cand.group, cand.batch) == (512, 5, 2560)
+    assert (cand.prompts, cand.group, cand.responses_per_update) == (512, 5, 2560)
     assert ref.step_time_s == pytest.approx(res.recorded_step_time_s, rel=0.05)  # the reference replays the log
     assert cand.sigma > 1.0 and cand.step_time_s > ref.step_time_s
     assert any("step-level trace imported from verl" in w for w in res.warnings)

@@ -92,7 +92,8 @@ def test_trl_whole_steps_use_priors_or_say_why_not(tmp_path):
     no_prior = fit_trace(read_trace(import_log("trl", p, config=cfg, gpus=2, out=tmp_path / "b.parquet")))
     assert no_prior.gen.c_step == 0 and any("no roofline prior is available" in w for w in no_prior.warnings)
     res = run([read_trace(tmp_path / "a.parquet")], WhatIf(prompts=16, updates=20))
-    assert res.candidate.batch == 128 and res.reference.step_time_s == pytest.approx(res.recorded_step_time_s, rel=0.1)
+    assert res.candidate.responses_per_update == 128
+    assert res.reference.step_time_s == pytest.approx(res.recorded_step_time_s, rel=0.1)
 
 
 def _orl(tmp_path, n=10):

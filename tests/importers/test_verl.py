@@ -226,3 +226,59 @@ def test_mismatches_the_import_proceeds_past_are_warnings(tmp_path):
     assert any("implies 4 GPUs, the config/flags say 8" in x for x in w)
     from rlsim.replay.importers import describe
     assert "warning: the phases add up to more" in describe(out)
+
+
+V1_SEPARATE = """
+trainer:
+  use_v1: true
+  n_gpus_per_node: 8
+  nnodes: 1
+  v1:
+    trainer_mode: separate_async
+    separate_async:
+      parameter_sync_step: 4
+      num_warmup_batches: 1
+      hybrid_rollout:
+        enable_switch: true
+        switch_threshold_ratio: 0.5
+    sampler:
+      max_off_policy_threshold: 2
+      max_off_policy_strategy: wait
+actor_rollout_ref:
+  rollout:
+    n: 4
+    nnodes: 1
+    n_gpus_per_node: 8
+data:
+  train_batch_size: 64
+"""
+
+FULLY_ASYNC = """
+trainer: {n_gpus_per_node: 16, nnodes: 1}
+rollout: {n_gpus_per_node: 16, nnodes: 1}
+actor_rollout_ref: {rollout: {n: 4}}
+data: {train_batch_size: 64}
+async_training: {staleness_threshold: 0.5, trigger_parameter_sync_step: 4, require_batches: 1, partial_rollout: true}
+"""
+
+
+@pytest.mark.parametrize("text, mode, settings", [
+    (V1_SEPARATE, "separate_async_switch",
+     {"num_warmup_batches": 1, "parameter_sync_step": 4, "max_off_policy_threshold": 2,
+      "max_off_policy_strategy": "wait", "switch_threshold_ratio": 0.5, "train_gpus": 8, "gen_gpus": 8}),
+    (V1_SEPARATE.replace("separate_async\n", "colocate_async\n", 1), "colocate_async",
+     {"max_off_policy_threshold": 2, "max_off_policy_strategy": "wait", "train_gpus": 8}),
+    (FULLY_ASYNC, "fully_async", {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 4, "require_batches": 1,
+                                  "partial_rollout": True, "train_gpus": 16, "gen_gpus": 16}),
+    (FULLY_ASYNC.replace("async_training", "other"), "one_step_off", {"train_gpus": 16, "gen_gpus": 16}),
+    (VERL_CONFIG, None, None),
+])
+def test_the_execution_mode_is_read_from_a_v1_or_fully_async_config(tmp_path, text, mode, settings):
+    log, cfg = tmp_path / "train.log", tmp_path / "config.yaml"
+    write_verl_log(log, verl_phase_table(3))
+    cfg.write_text(text)
+    t = read_trace(import_log("verl", log, config=cfg, out=tmp_path / "t.parquet", **({"gpus": 8} if text == VERL_CONFIG
+                                                                                      else {})))
+    assert t.config.get("execution_mode") == mode and t.config.get("mode_settings") == settings
+    if mode:
+        assert any(f"rlsim run TRACE --mode {mode}" in n for n in t.meta["source"]["notes"])

@@ -54,7 +54,7 @@ def test_models_are_frozen_and_picklable():
 def test_every_model_answers_the_four_questions():
     def curve(b, n_star):
         n = np.linspace(0, 2 * n_star, 21)
-        return LearningCurve(n, 0.5 * n / n_star, batch=b, lr_rule="sqrt")
+        return LearningCurve(n, 0.5 * n / n_star, responses_per_update=b, lr_rule="sqrt")
 
     models = [invariant_rho(256), invariant_rho(256, assumed=True), noise_scale_rho(256, 1000.0),
               curves_rho(256, [curve(256, 1e4), curve(1024, 2e4)], 0.5), lr_aware_rho(256, 500.0, 0.1)]

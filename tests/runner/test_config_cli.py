@@ -20,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_derived_values_and_lr_rules():
     c = RunConfig(prompts=128, group=8, lr=3e-4, lr_ref_batch=256)
-    assert c.batch == 1024 and c.G == 8
+    assert c.responses_per_update == 1024 and c.G == 8
     assert c.lr_effective == pytest.approx(3e-4 * 2.0)  # sqrt(1024/256)
     assert dataclasses.replace(c, lr_rule="linear").lr_effective == pytest.approx(3e-4 * 4)
     assert dataclasses.replace(c, lr_rule="fixed").lr_effective == pytest.approx(3e-4)
-    assert RunConfig(algo="ppo", prompts=256).batch == 256  # PPO: G defaults to 1
+    assert RunConfig(algo="ppo", prompts=256).responses_per_update == 256  # PPO: G defaults to 1
     meta = RunConfig(prompts=16).to_meta()
     for key in ("algo", "prompts", "group", "lr", "lr_rule", "lr_ref_batch", "max_tokens", "temperature",
                 "eval_every", "task", "batch", "lr_effective", "micro_batch"):
@@ -36,7 +36,7 @@ def test_derived_values_and_lr_rules():
 def test_micro_batch_divides_batch():
     for P in (1, 3, 16, 128):
         c = RunConfig(prompts=P, group=8)
-        assert c.micro >= 1 and c.micro <= c.batch
+        assert c.micro >= 1 and c.micro <= c.responses_per_update
 
 
 def test_construction_does_no_io(tmp_path):

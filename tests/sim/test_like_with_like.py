@@ -118,7 +118,7 @@ def test_imported_log_says_rho_is_assumed_and_is_undecided(tmp_path):
     r = runner.invoke(app, ["run", "--trace", str(out), "--batch", "512", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    b_ratio = d["batch"] / d["reference"]["batch"]
+    b_ratio = d["responses_per_update"] / d["reference"]["responses_per_update"]
     assert d["rho"] == 1.0 and (d["rho_lo"], d["rho_hi"]) == pytest.approx((1.0, b_ratio))
     assert any("rho = 1 is assumed" in w for w in d["warnings"])
     # hand-computed: T / T_ref spans 1 / sigma .. (B / B_ref) / sigma, which holds 1 here

@@ -135,7 +135,9 @@ def test_the_shipped_error_curves_are_what_the_studies_measure():
     (["--batch", "64"], "two or more candidate sizes"),
     (["--batch", "64,64"], "two or more candidate sizes"),  # a repeated size counts once
     (["--batch", "16,64", "--budget", "10"], "below one update"),
-    (["--batch", "16,64", "--gen-gpus", "2"], "takes candidate sizes"),
+    (["--batch", "16,64", "--device", "h100"], "takes candidate sizes"),
+    (["--batch", "16,64", "--gen-gpus", "2"], "needs --train-gpus too"),  # a mode's devices: checked before the fit
+    (["--batch", "16,64", "--mode", "one_step_off"], "add --gen-gpus N --train-gpus M"),
     (["--batch", "16,64", "-t", str(ROOT / "traces" / "study_addmix" / "grpo_addmix_p64_s0.parquet")], "task"),
     (["--batch", "16,64", "-t", str(ROOT / "traces" / "ppo_b256.parquet")], "algo 'ppo'"),  # another algorithm
 ])

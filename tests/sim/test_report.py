@@ -82,7 +82,8 @@ def test_report_without_a_sweep_has_the_trace_charts(swept, tmp_path):
 
 
 def _row(p, t, lo, hi, regime, **kw):
-    return {"rank": 0, "prompts": p, "group": 4, "lr_rule": "sqrt", "batch": 4 * p, "responses_per_s": 100.0 * t,
+    return {"rank": 0, "prompts": p, "group": 4, "lr_rule": "sqrt", "responses_per_update": 4 * p,
+            "responses_per_s": 100.0 * t,
             "responses_per_s_lo": 95.0 * t, "responses_per_s_hi": 105.0 * t, "step_time_s": 1.0, "sigma": 1 / t,
             "sigma_lo": 0.95 / t, "sigma_hi": 1.05 / t, "rho": 1.0, "rho_lo": 1.0, "rho_hi": 1.0, "rho_model": "noise-scale",
             "time_to_target_ratio": t, "time_to_target_ratio_lo": lo, "time_to_target_ratio_hi": hi, "regime": regime,

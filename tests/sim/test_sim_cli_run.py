@@ -123,8 +123,8 @@ def test_bad_trace_files(tmp_path, case, msg):
         assert len(r.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args,msg", [(["--batch", "0"], "--batch must be a positive integer"),
-                                      (["--batch", "-4"], "--batch must be a positive integer"),
+@pytest.mark.parametrize("args,msg", [(["--batch", "0"], "--prompts must be a positive integer"),
+                                      (["--batch", "-4"], "--prompts must be a positive integer"),
                                       (["--group", "1"], "GRPO needs a group of at least 2"),
                                       (["--lr-rule", "cubic"], "--lr-rule must be one of"),
                                       (["--rho", "magic"], "--rho must be one of"),
@@ -149,7 +149,7 @@ def _refused(args) -> str:
 def test_a_group_on_a_ppo_trace_is_refused(tmp_path):
     ppo = synthetic_trace(tmp_path / "ppo.parquet", SynthSpec(algo="ppo", prompts=32, group=1, steps=3))
     msg = _refused(["run", "--trace", str(ppo), "--batch", "32", "--group", "8"])
-    assert "PPO trains one response per prompt (G = 1" in msg and "got --group 8" in msg and "--batch 256" in msg
+    assert "PPO trains one response per prompt (G = 1" in msg and "got --group 8" in msg and "--prompts 256" in msg
     msg = _refused(["sweep", "--trace", str(ppo), "--batch", "32,64", "--group", "1,4", "--out", str(tmp_path / "sw")])
     assert "--group 4" in msg and "PPO trains one response per prompt" in msg
     assert json.loads(_ok(["run", "--trace", str(ppo), "--batch", "64", "--group", "1", "--json"]))["group"] == 1
@@ -205,13 +205,18 @@ def test_a_framework_log_is_pointed_to_rlsim_import(tmp_path, name):
 
 
 def test_prompts_is_batch(trace, tmp_path):
-    """`--prompts` (rlrun's spelling of P) and `-b` are `--batch`, in run and in sweep; messages keep --batch."""
+    """`--batch`, `-P` and `-b` are `--prompts` (P, as rlrun spells it), in run and in sweep; messages say --prompts,
+    whichever spelling was typed."""
     flags = ["--updates", "5", "--json"]
-    same = _ok(["run", str(trace), "--batch", "32", *flags])
-    assert _ok(["run", str(trace), "--prompts", "32", *flags]) == same == _ok(["run", str(trace), "-b", "32", *flags])
+    same = _ok(["run", str(trace), "--prompts", "32", *flags])
+    assert _ok(["run", str(trace), "--batch", "32", *flags]) == same == _ok(["run", str(trace), "-b", "32", *flags])
+    assert _ok(["run", str(trace), "-P", "32", "-G", "4", *flags]) == same
+    assert _ok(["run", str(trace), "-g", "4", "-P", "32", *flags]) == same
     _ok(["sweep", str(trace), "--prompts", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out", str(tmp_path / "s")])
     assert (tmp_path / "s" / "results.csv").exists()
     r = runner.invoke(app, ["run", str(trace), "--prompts", "0"])
-    assert r.exit_code == 2 and r.output.strip() == "error: --batch must be a positive integer, got 0"
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"
     r = runner.invoke(app, ["run", str(trace), "--prompts", "x"])
-    assert r.exit_code == 2 and r.output.strip() == "error: --batch: 'x' is not a valid value (expected int)"
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts: 'x' is not a valid value (expected int)"
+    r = runner.invoke(app, ["run", str(trace), "--batch", "0"])
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"

@@ -30,7 +30,7 @@ def study(traces):
 
 def test_reference_config_gives_unit_ratios(traces, study):
     out = evaluate(study, WhatIf())
-    assert (out.prompts, out.group, out.batch) == (16, 4, 64)
+    assert (out.prompts, out.group, out.responses_per_update) == (16, 4, 64)
     assert out.sigma == pytest.approx(1.0) and out.rho == pytest.approx(1.0)
     assert out.time_to_target_ratio == pytest.approx(1.0) and out.regime == "reference"  # as rank and the JSON say
     other = evaluate(study, WhatIf(max_num_seqs=16))  # the reference's P and G on another engine: not the reference
@@ -134,7 +134,7 @@ def test_replay_of_a_synthetic_trace_is_exact(traces):
 def test_over_generation_option(study):
     base = evaluate(study, WhatIf(prompts=16, updates=20))
     over = evaluate(study, WhatIf(prompts=16, gen_batch=96, updates=20))
-    assert over.batch == 64 and over.gen_s > base.gen_s  # more requests generated, the same trained
+    assert over.responses_per_update == 64 and over.gen_s > base.gen_s  # more requests generated, the same trained
     with pytest.raises(RlsimError, match="smaller than the train batch"):
         evaluate(study, WhatIf(prompts=16, gen_batch=32))
 

@@ -43,8 +43,8 @@ def test_grid_is_the_cartesian_product_in_order():
 def test_grid_rejects_empty_and_invalid_configs():
     with pytest.raises(RlsimError, match="empty"):
         grids.build_grid(WhatIf, {"prompts": []})
-    with pytest.raises(RlsimError, match=r"config \[--batch 0\] is invalid: --batch must be a positive integer"):
-        grids.build_grid(WhatIf, {"prompts": [64, 0]}, labels={"prompts": "--batch"})
+    with pytest.raises(RlsimError, match=r"config \[--prompts 0\] is invalid: --prompts must be a positive integer"):
+        grids.build_grid(WhatIf, {"prompts": [64, 0]}, labels={"prompts": "--prompts"})
     with pytest.raises(RlsimError, match="lr-rule"):
         grids.build_grid(WhatIf, {"lr_rule": ["sqrt", "cubic"]})
 
