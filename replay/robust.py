@@ -14,6 +14,7 @@ import numpy as np
 
 NARROW_RANGE = 1.5          # max/min of a regressor below this: a proportional model instead of a slope
 _TINY = 10 * np.finfo(float).eps
+_MAX_COND = 1e10  # a guessed set of free coefficients is solved for only where its equations are this well conditioned
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ def nnls_gram(G: np.ndarray, g: np.ndarray) -> np.ndarray:
     tol = _TINY * len(g) * float(np.abs(g).max(initial=1e-300))
     free = usable
     for _ in range(2):
+        if not _conditioned(G[free][:, free]):
+            break
         x = _restricted_one(G, g, free)
         if (x[free] > 0).all():
             w = g - G @ x  # the negative half-gradient
@@ -82,7 +85,9 @@ def nnls_gram_many(G: np.ndarray, g: np.ndarray) -> np.ndarray:
     tol = _TINY * p * np.abs(g).max(axis=1, initial=1e-300)
     x, free, todo, hard = np.zeros((K, p)), usable.copy(), np.arange(K), []
     for _ in range(2):
-        s = _restricted(G[todo], g[todo], free[todo])
+        s, conditioned = _restricted(G[todo], g[todo], free[todo])
+        hard += list(todo[~conditioned])
+        todo, s = todo[conditioned], s[conditioned]
         positive = np.where(free[todo], s > 0, True).all(axis=1)
         w = g[todo] - np.einsum("kij,kj->ki", G[todo], s)
         optimal = positive & np.where(usable[todo] & ~free[todo], w <= tol[todo, None], True).all(axis=1)
@@ -108,18 +113,31 @@ def _restricted_one(G: np.ndarray, g: np.ndarray, free: np.ndarray) -> np.ndarra
     return x
 
 
-def _restricted(G: np.ndarray, g: np.ndarray, free: np.ndarray) -> np.ndarray:
-    """(K, p) `_restricted_one` of a stack of problems: one stacked solve, the coefficients that are not free held at 0
-    by an identity block."""
+def _restricted(G: np.ndarray, g: np.ndarray, free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """((K, p) `_restricted_one` of a stack of problems, (K,) whether each one's equations are `_conditioned`): one
+    stacked solve, the coefficients that are not free held at 0 by an identity block."""
     if not free.all():
         G = np.where(free[:, :, None] & free[:, None, :], G, np.eye(G.shape[-1]))
         g = np.where(free, g, 0.0)
+    conditioned = _conditioned(G)
     try:
         x = np.linalg.solve(G, g[..., None])[..., 0]
-    except np.linalg.LinAlgError:  # collinear free columns: each alone, by least squares where singular
+    except np.linalg.LinAlgError:  # a singular one (not used: not conditioned); each alone
         x = np.array([_solve(a, b) for a, b in zip(G, g)]).reshape(g.shape)
     x[~free] = 0.0
-    return x
+    return x, conditioned
+
+
+def _conditioned(G: np.ndarray) -> np.ndarray | bool:
+    """Whether the equations G (..., p, p) have one solution to trust: condition number (columns scaled to unit
+    diagonal) below _MAX_COND. Collinear columns have no single solution; the guesses leave such problems to the
+    active set, which keeps one of the columns at 0 (as scipy's Lawson-Hanson does)."""
+    if G.shape[-1] == 0:
+        return np.ones(G.shape[:-2], bool) if G.ndim > 2 else True
+    d = np.sqrt(np.diagonal(G, axis1=-2, axis2=-1))
+    d = np.where(d > 0, d, 1.0)
+    e = np.linalg.eigvalsh(G / (d[..., :, None] * d[..., None, :]))
+    return e[..., 0] > e[..., -1] / _MAX_COND
 
 
 def _active_set(G: np.ndarray, g: np.ndarray, usable: np.ndarray, tol: float) -> np.ndarray:

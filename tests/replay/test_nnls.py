@@ -83,3 +83,15 @@ def test_a_stack_is_solved_as_each_alone():
         one = nnls_gram(G, g)
         assert (x >= 0).all() and np.isclose(x @ G @ x - 2 * g @ x, one @ G @ one - 2 * g @ one, rtol=1e-9, atol=1e-9)
     assert nnls_gram_many(np.zeros((0, 3, 3)), np.zeros((0, 3))).shape == (0, 3)
+
+
+def test_exactly_collinear_columns_keep_one_at_zero_as_scipy_does():
+    # an intercept and a constant feature (every step the same length): no single solution; Lawson-Hanson keeps
+    # one of the two at 0, which the fits read as "not identified" (fit_steps' roofline prior)
+    rng = np.random.default_rng(5)
+    x = rng.uniform(200, 300, 9)
+    A = np.column_stack([np.ones(9), np.full(9, 20.0), x])
+    A = A / np.linalg.norm(A, axis=0)
+    b = A @ np.array([3.0, 2.0, 1.0]) + 1e-3 * rng.normal(size=9)
+    mine, ref = nnls(A, b), scipy_nnls(A, b)[0]
+    assert min(mine[0], mine[1]) == 0 and np.allclose(mine, ref, rtol=1e-8, atol=1e-10)
