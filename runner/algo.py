@@ -81,7 +81,8 @@ def gae(values: list[float], reward: float, gamma: float, lam: float) -> tuple[l
     return adv, [a + v for a, v in zip(adv, values)]
 
 
-def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prompts: bool = True) -> dict[str, torch.Tensor]:
+def pack(samples: list[Sample], row_tokens: int, pad_id: int, device,
+         share_prompts: bool = True) -> dict[str, torch.Tensor]:
     """Lay sequences out in rows; return ids, position ids, the attention mask and the response targets.
 
     A unit is a run of consecutive samples with the same prompt (a GRPO group, split where it would
@@ -124,12 +125,18 @@ def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prom
         ids, pos, br, un = rows[-1]
         r, col = len(rows) - 1, len(ids)
         last_prompt = col + P - 1
-        ids.extend(prompt); pos.extend(range(P)); br.extend([0] * P); un.extend([uid] * P)
+        ids.extend(prompt)
+        pos.extend(range(P))
+        br.extend([0] * P)
+        un.extend([uid] * P)
         col += P
         for b, smp in enumerate(group, start=1):
             resp = smp.response_ids
             inp = resp[:-1]
-            ids.extend(inp); pos.extend(range(P, P + len(inp))); br.extend([b] * len(inp)); un.extend([uid] * len(inp))
+            ids.extend(inp)
+            pos.extend(range(P, P + len(inp)))
+            br.extend([b] * len(inp))
+            un.extend([uid] * len(inp))
             where.extend([(r, last_prompt)] + [(r, col + k) for k in range(len(inp))])
             tgt_tokens.extend(resp)
             seq_of_tgt.extend([si] * len(resp))
@@ -156,6 +163,11 @@ def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prom
         "seq_of_tgt": torch.tensor(seq_of_tgt, dtype=torch.long, device=device),
         "num_tokens": sum(len(prompt) + sum(len(smp.response_ids) for smp in group) for prompt, group in units),
     }
+
+
+def _rms(xs: list[float]) -> float:
+    """Root mean square of the micro-batch (or step) norms."""
+    return math.sqrt(sum(x * x for x in xs) / len(xs))
 
 
 def _hidden(model, batch) -> torch.Tensor:
@@ -403,14 +415,17 @@ class Trainer:
                 idx = order[k:k + per_mb]
                 f, fm, cf, cfm, lo, clo = self._step([micros[i] for i in idx], [micro_samples[i] for i in idx],
                                                      None if old is None else [old[i] for i in idx], st, dp=dp)
-                norms.append(f); micro_norms.append(fm); losses.append(lo)
+                norms.append(f)
+                micro_norms.append(fm)
+                losses.append(lo)
                 if cf is not None:
-                    c_norms.append(cf); c_micro.append(cfm); c_losses.append(clo)
+                    c_norms.append(cf)
+                    c_micro.append(cfm)
+                    c_losses.append(clo)
                 st.optimizer_steps += 1
-        rms = lambda xs: math.sqrt(sum(x * x for x in xs) / len(xs))
-        st.grad_norm, st.grad_norm_micro, st.loss = rms(norms), rms(micro_norms), sum(losses) / len(losses)
+        st.grad_norm, st.grad_norm_micro, st.loss = _rms(norms), _rms(micro_norms), sum(losses) / len(losses)
         if c_norms:
-            st.critic_grad_norm, st.critic_grad_norm_micro = rms(c_norms), rms(c_micro)
+            st.critic_grad_norm, st.critic_grad_norm_micro = _rms(c_norms), _rms(c_micro)
             st.critic_loss = sum(c_losses) / len(c_losses)
         self._tis_finish(st)
         return st
@@ -438,7 +453,8 @@ class Trainer:
                     values = self.critic.values(b)
                     adv, ret = self._gae(values, b, ss)
                 else:
-                    adv = torch.tensor([s.advantage for s in ss], dtype=torch.float32, device=logp.device)[b["seq_of_tgt"]]
+                    adv = torch.tensor([s.advantage for s in ss], dtype=torch.float32,
+                                       device=logp.device)[b["seq_of_tgt"]]
                 old_logp = logp.detach() if old is None else old[i]
                 tis_w = self._tis_weights(old_logp, ss, tis_sums) if tis else None
                 loss = self._policy_loss(logp, old_logp, adv, b["seq_of_tgt"], n_seq[i], n_tgt[i], tis_w)

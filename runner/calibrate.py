@@ -129,7 +129,8 @@ class _Calibration:
     # ------------------------------------------------------------------------------------------ engine
     def visit(self, level: int, steps: int, record: bool = True) -> list[float]:
         """Submit `level` sequences (requests of G) for steps + 1 tokens; one row per engine step (unless `record` is
-        off); returns the decode steps' seconds at full concurrency (the first step is the prefill, a wave's are mixed)."""
+        off); returns the decode steps' seconds at full concurrency (the first step is the prefill, a wave's are
+        mixed)."""
         G = max(self.cfg.G, 1)
         reqs, left = [], level
         while left > 0:
@@ -143,10 +144,10 @@ class _Calibration:
             durs.append((s.num_running, s.duration))
             if record:
                 self.rows.append((self.kinds[0], dict(
-                    t_start=s.t_start, duration=s.duration, step=self.step, policy_version=self.step, num_running=s.num_running,
-                    num_waiting=s.num_waiting, prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
-                    context_tokens=s.context_tokens, kv_usage=s.kv_usage, finished=s.finished, calib_level=level,
-                    threads=self.threads)))
+                    t_start=s.t_start, duration=s.duration, step=self.step, policy_version=self.step,
+                    num_running=s.num_running, num_waiting=s.num_waiting, prefill_tokens=s.prefill_tokens,
+                    decode_tokens=s.decode_tokens, context_tokens=s.context_tokens, kv_usage=s.kv_usage,
+                    finished=s.finished, calib_level=level, threads=self.threads)))
 
         self.engine.generate(reqs, self.engine.sampling(steps + 1, self.cfg.temperature, ignore_eos=True), on_step)
         top = max((n for n, _ in durs), default=0)
@@ -167,7 +168,8 @@ class _Calibration:
             for level in todo:
                 n_run = min(level, rungs[-1])
                 est = self._step_estimate(lad, rungs, n_run)
-                steps = VISIT_STEPS if est is None else int(min(MAX_VISIT_STEPS, max(VISIT_STEPS, math.ceil(VISIT_SECONDS / est))))
+                steps = VISIT_STEPS if est is None else int(min(MAX_VISIT_STEPS,
+                                                                max(VISIT_STEPS, math.ceil(VISIT_SECONDS / est))))
                 steps = WAVE_STEPS if level == wave else min(steps, room)
                 waves = -(-level // rungs[-1])
                 if est is not None and self.clock() + waves * (steps + 1) * est > budget_end:
@@ -197,8 +199,8 @@ class _Calibration:
         for i in range(R):
             j = i // G
             resp = self.responses[(i * 7 + j) % len(self.responses)] or [self.trainer.pad_id]
-            out.append(Sample(prompt_ids=self.prompts[j % len(self.prompts)], response_ids=list(resp), reward=float(i % 2),
-                              prompt_id=j, group_index=i % G, advantage=1.0 if i % 2 else -1.0))
+            out.append(Sample(prompt_ids=self.prompts[j % len(self.prompts)], response_ids=list(resp),
+                              reward=float(i % 2), prompt_id=j, group_index=i % G, advantage=1.0 if i % 2 else -1.0))
         return out
 
     def train_pass(self, samples, level: int, record: bool = True, micro: int | None = None) -> tuple[float, int]:
@@ -235,7 +237,8 @@ class _Calibration:
             last = per
         return last or math.nan
 
-    def train_ladder(self, batches: dict[int, list], per_tok: float, budget_end: float, lad: Ladder | None = None) -> Ladder:
+    def train_ladder(self, batches: dict[int, list], per_tok: float, budget_end: float,
+                     lad: Ladder | None = None) -> Ladder:
         """Round 1 from the smallest level up (levels first: a level's visit costs twice its passes, so the cheap ones
         buy the count a curve needs, and the budget then buys range; the warm per-token cost prices each), then
         shuffled rounds over the levels (responses -> samples) whose median is not yet within SE_TARGET. Stops at
@@ -275,8 +278,9 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
                     ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
     """Profile the engine and the trainer. `prompts`: token ids of task prompts; `responses`: token ids of
     real sampled responses (their lengths). `budget_s`: fixed budget (None: BUDGET_FRACTION of the run).
-    `threads`: the CPU threads the run uses (recorded on the rows; None off CPU). `device_threads`: a context manager factory that runs its body on one device's threads (one core), or
-    None. Returns the rows (kind, fields) and the metadata section."""
+    `threads`: the CPU threads the run uses (recorded on the rows; None off CPU). `device_threads`: a context manager
+    factory that runs its body on one device's threads (one core), or None. Returns the rows (kind, fields) and the
+    metadata section."""
     cal = _Calibration(engine, trainer, cfg, prompts, responses, log, random.Random(cfg.seed + 7919))
     cal.threads = threads
     old_clock = engine.clock
@@ -310,7 +314,8 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
         info.update(estimate_s=est, fraction=BUDGET_FRACTION)
     if device_threads:
         micro = one[:trainer.micro_for(len(one))]
-        info["device"] = _device_pairs(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro, cal.clock() + DEVICE_SHARE * budget)
+        info["device"] = _device_pairs(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro,
+                                       cal.clock() + DEVICE_SHARE * budget)
     engine.engine.reset_prefix_cache()
     engine.clock = old_clock
     info["duration_s"] = cal.clock()
@@ -332,7 +337,8 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
     one_x = min(batches, key=lambda R: abs(R - cfg.responses_per_update))
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batches[one_x])
     evals = (cfg.steps // cfg.eval_every if cfg.eval_every else 0) + 2
-    run_s = cfg.steps * (round_s + per_tok * tokens) + evals * round_s * cfg.eval_prompts * cfg.eval_k / max(cfg.gen_responses, 1)
+    run_s = (cfg.steps * (round_s + per_tok * tokens)
+             + evals * round_s * cfg.eval_prompts * cfg.eval_k / max(cfg.gen_responses, 1))
     est = BUDGET_FRACTION * run_s
     return (float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S), float(est)
 
@@ -340,9 +346,9 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
 def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, end: float) -> dict[str, Any]:
     """One device's speed beside the run's, paired: engine visits of `level` sequences (the run's concurrency), then
     forward + backward passes of `samples` (one micro-batch of the run's update, at its shape: a speed-up from
-    threads depends on the operations' sizes), each at the run's threads and at one device's
-    (`device_threads`) in ABBA order (a drift within two pairs cancels), until the ratios' standard error is
-    within SE_TARGET or the calibration's clock reaches `end` (DEVICE_PAIRS: at least, at most). The fit scales the run's models by them
+    threads depends on the operations' sizes), each at the run's threads and at one device's (`device_threads`) in ABBA
+    order (a drift within two pairs cancels), until the ratios' standard error is within SE_TARGET or the calibration's
+    clock reaches `end` (DEVICE_PAIRS: at least, at most). The fit scales the run's models by them
     (replay/device_speed.py); this phase's rows (from `t0` on the calibration's clock) stay out of the ladders' fits."""
     t0, run_threads = cal.clock(), cal.threads
     R = len(samples)
@@ -387,8 +393,8 @@ class DriftProbe:
     of min(DRIFT_LEVEL, B) sequences and one training pass of DRIFT_TRAIN_FACTOR x the batch, on the run's clock
     (the engine's, set by the loop), as `drift_gen` / `drift_train` rows of the update after which it ran."""
 
-    def __init__(self, engine, trainer, cfg, prompts: list[list[int]], responses: list[list[int]], clock: Callable[[], float],
-                 threads: int | None = None):
+    def __init__(self, engine, trainer, cfg, prompts: list[list[int]], responses: list[list[int]],
+                 clock: Callable[[], float], threads: int | None = None):
         self.cal = _Calibration(engine, trainer, cfg, prompts, responses, None, random.Random(cfg.seed))
         self.cal.clock = clock  # the run's clock, not the calibration's own
         self.cal.kinds, self.cal.threads = (DRIFT_GEN, DRIFT_TRAIN), threads

@@ -113,5 +113,5 @@ def _probe(pc: ProbeConfig, ctx, run, log: Callable[[str], None]) -> Path:
 
 def _info(r: int, rounds: int, p: int, res: Any) -> str:
     """One line per probed step (a few steps: each one's line says more than a progress bar)."""
-    return (f"round {r + 1}/{rounds} P={p}: {res.responses / res.step_time:.0f} responses/s (step {res.step_time:.2f} s: "
-            f"gen {res.gen_time:.2f}, train {res.update_time:.2f}, sync {res.sync_time:.3f})")
+    return (f"round {r + 1}/{rounds} P={p}: {res.responses / res.step_time:.0f} responses/s (step {res.step_time:.2f} "
+            f"s: gen {res.gen_time:.2f}, train {res.update_time:.2f}, sync {res.sync_time:.3f})")

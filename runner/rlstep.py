@@ -98,8 +98,10 @@ class Colocated:
         set_threads(self.gen_threads)
         u_dur = clock() - t_u
         if cfg.train_devices > 1:  # per-rank compute and the gradient all-reduce (run clock: minus T0)
-            rows += [("train_rank", dict(r, t_start=r["t_start"] - self.T0, step=step, policy_version=step)) for r in rank_rows]
-            rows += [("allreduce", dict(r, t_start=r["t_start"] - self.T0, step=step, policy_version=step)) for r in ar_rows]
+            rows += [("train_rank", dict(r, t_start=r["t_start"] - self.T0, step=step, policy_version=step))
+                     for r in rank_rows]
+            rows += [("allreduce", dict(r, t_start=r["t_start"] - self.T0, step=step, policy_version=step))
+                     for r in ar_rows]
         t_s = clock()
         nbytes = engine.sync(self.ctx.policy.state_dict())
         s_dur = clock() - t_s

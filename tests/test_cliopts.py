@@ -37,7 +37,8 @@ def test_specs_take_flags_help_and_defaults_from_the_fields():
     assert s["fast"].pair and not s["force"].pair  # a bool is --x/--no-x unless its flags are named
     assert s["files"].repeated and s["out"].required and not s["size"].required
     only = cliopts.specs(Toy, names=("rate", "size"), spelling={"size": ["--count"]}, help={"rate": "other"})
-    assert [(x.field, x.flags, x.help) for x in only] == [("size", ("--count",), "how many"), ("rate", ("--rate",), "other")]
+    assert ([(x.field, x.flags, x.help) for x in only]
+            == [("size", ("--count",), "how many"), ("rate", ("--rate",), "other")])
 
 
 def test_values_parse_text_with_the_field_type():

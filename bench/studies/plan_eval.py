@@ -52,8 +52,9 @@ class StudySpec:
 STUDIES = (StudySpec("add2", "traces/study", "grpo", 6, 0.566),
            StudySpec("addmix", "traces/study_addmix", "grpo_addmix", 6, 0.562),
            StudySpec("addmix lr 1e-4", "traces/study_addmix_lr1e-4", "grpo_addmix", 3, 0.647))
-# Recorded after the plan's method was frozen (ff4f5ac) and its plans were committed (docs/study/add3_plan_preregistered.json):
-# scored with the error curves rlsim plan ships (every study above), never used to make them.
+# Recorded after the plan's method was frozen (ff4f5ac) and its plans were committed
+# (docs/study/add3_plan_preregistered.json): scored with the error curves rlsim plan ships (every study above), never
+# used to make them.
 FRESH = (StudySpec("add3", "traces/study_add3", "grpo_add3", 3, math.nan),)
 
 
@@ -66,7 +67,8 @@ def preregister(spec: StudySpec, path: Path) -> dict:
     target = round(0.9 * min(fit_learning_curve(t).best for t in refs), 3)
     plans = [plan(t, PlanConfig(prompts=SIZES, group=G), target=target).to_dict() for t in refs]
     out = dict(study=spec.name, target=target, sizes=SIZES, references=[t.name for t in refs], plans=plans,
-               method="rlsim plan at commit ff4f5ac, error curves of rlsim.replay.rho_errors (add2, addmix, addmix lr 1e-4)")
+               method="rlsim plan at commit ff4f5ac, error curves of rlsim.replay.rho_errors "
+                      "(add2, addmix, addmix lr 1e-4)")
     path.write_text(json.dumps(out, indent=1, default=float) + "\n")
     return out
 
@@ -177,7 +179,8 @@ def one_pilot_bound(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
     return dict(median_regret_by_pilot=per, best_pilot_in_hindsight=best, best_median_regret=per[best])
 
 
-def evaluate_study(spec: StudySpec, runs: dict[int, list[dict]], errors: dict[str, RhoErrors], rng: np.random.Generator) -> dict:
+def evaluate_study(spec: StudySpec, runs: dict[int, list[dict]], errors: dict[str, RhoErrors],
+                   rng: np.random.Generator) -> dict:
     rows = []
     for s in range(spec.seeds):
         r = plan_seed(spec, runs, s, errors)
@@ -212,7 +215,8 @@ def write_errors(errors: dict[str, RhoErrors]) -> None:
     def block(e: RhoErrors) -> str:  # one curve a line, rounded to what the studies resolve
         d = e.to_dict()
         rows = ",\n".join("        " + json.dumps([round(x, 4) for x in c]) for c in d.pop("curves"))
-        head = ", ".join(f"{k!r}: {round(v, 4) if isinstance(v, float) else v!r}" for k, v in d.items())  # Python literals
+        # Python literals
+        head = ", ".join(f"{k!r}: {round(v, 4) if isinstance(v, float) else v!r}" for k, v in d.items())
         return "{" + head + ',\n     "curves": [\n' + rows + "]}"
 
     data = "{\n" + ",\n".join(f"    {json.dumps(m)}: {block(e)}" for m, e in errors.items()) + "}"
@@ -226,7 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--write-errors", action="store_true", help="store every study's error curves for rlsim plan")
     ap.add_argument("--studies", default=",".join(s.name for s in STUDIES), help="comma list of study names")
     ap.add_argument("--preregister", help="write the fresh study's target and plans from its references here, and stop")
-    ap.add_argument("--fresh", action="store_true", help="also score the fresh study (FRESH) with the shipped error curves")
+    ap.add_argument("--fresh", action="store_true",
+                    help="also score the fresh study (FRESH) with the shipped error curves")
     a = ap.parse_args(argv)
     if a.preregister:
         preregister(FRESH[0], Path(a.preregister))
@@ -239,14 +244,16 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     out = {"studies": [evaluate_study(s, runs[s.name], {m: e.without(s.name) for m, e in errors.items()}, rng)
                        for s in specs],
-           "fresh": [evaluate_study(_with_target(f), runs_of(_with_target(f)), errors, rng) for f in FRESH] if a.fresh else [],
+           "fresh": ([evaluate_study(_with_target(f), runs_of(_with_target(f)), errors, rng) for f in FRESH]
+                     if a.fresh else []),
            "method": __doc__.split("\n\n")[0]}
     print(f"{'study':16s} {'median regret':>14s} {'max':>6s} {'keep ref':>9s} {'largest':>8s} {'ref-alone':>9s} "
           f"{'pilot cost':>10s} {'confident':>9s} {'1 pilot, best in hindsight':>27s}")
     for r in out["studies"] + out["fresh"]:
         print(f"{r['name']:16s} {r['median_regret']:14.1%} {r['max_regret']:6.1%} {r['keep_reference_regret']:9.1%} "
               f"{r['largest_batch_regret']:8.1%} {r['ref_alone_regret']:9.1%} {r['pilot_cost']:10.2f} "
-              f"{r['confident']:>6d}/{r['seeds']} {r['one_pilot']['best_median_regret']:>20.1%} (P={r['one_pilot']['best_pilot_in_hindsight']})")
+              f"{r['confident']:>6d}/{r['seeds']} {r['one_pilot']['best_median_regret']:>20.1%} "
+              f"(P={r['one_pilot']['best_pilot_in_hindsight']})")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1, default=float) + "\n")
     if a.write_errors:

@@ -181,7 +181,12 @@ CONFIG_KEYS = ("data.train_batch_size", "actor_rollout_ref.rollout.n", "trainer.
     "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
     "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.actor.use_kl_loss",
-    "algorithm.use_kl_in_reward", "actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.hybrid_engine")
+    "algorithm.use_kl_in_reward", "actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.hybrid_engine",
+    # verl 0.1's global micro-batches (divided over the devices) and the log-prob passes' micro-batches
+    "actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ulysses_sequence_parallel_size") + tuple(
+    f"actor_rollout_ref.{role}.{key}" for role in ("rollout", "ref")
+    for key in ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz",
+                "log_prob_max_token_len_per_gpu"))
 
 
 def load(path: str | Path, *, config: str | Path | None = None, prompts: int | None = None, group: int | None = None,

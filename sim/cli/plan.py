@@ -11,7 +11,7 @@ from rich.table import Table
 from rlsim.cli.opts import default_text
 from rlsim.core.config import WhatIf
 from rlsim.modes.registry import GENERAL
-from rlsim.cli.options import StudyOptions, command, labels
+from rlsim.cli.options import StudyOptions, command, labels, read_traces
 from rlsim.sweeps.plan import Plan, PlanConfig, plan
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import dumps, fmt
@@ -81,7 +81,7 @@ def register(app: typer.Typer) -> None:
         cfg = PlanConfig(prompts=tuple(axes.get("prompts", ())), group=groups[0], budget=budget,
                          model_params=params[0], fixed=fixed)
         cfg.validate()  # before the traces are read and fitted
-        traces = so.traces()
+        traces = read_traces(so)
         res = plan(traces[0], cfg, pilots=traces[1:], target=so.target)
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))

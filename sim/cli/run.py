@@ -12,7 +12,7 @@ from rich.table import Table
 from rlsim.core.config import WhatIf, help_text
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.whatif.memory import memory_line
-from rlsim.cli.options import StudyOptions, command
+from rlsim.cli.options import StudyOptions, command, read_calibrations, read_traces
 from rlsim.sweeps.rank import rank_file
 from rlsim.replay.errors import cli_errors
 from rlsim.replay.io import read_trace
@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
                 as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
         cfg = WhatIf(**fields)
         cfg.validate()
-        res = run(so.traces(), cfg, rho_model=so.rho, target=so.target, calibration=so.calibrations())
+        res = run(read_traces(so), cfg, rho_model=so.rho_model, target=so.target, calibration=read_calibrations(so))
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))
         else:

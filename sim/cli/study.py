@@ -14,7 +14,7 @@ from rlsim.present import perfetto as pf
 from rlsim.core.config import WhatIf
 from rlsim.core.grid import build_grid
 from rlsim.cli.opts import App, default_text
-from rlsim.cli.options import StudyOptions, command, labels
+from rlsim.cli.options import StudyOptions, command, labels, read_calibrations, read_traces
 from rlsim.replay.errors import RlsimError
 from rlsim.present.report import build_report
 from rlsim.sweeps.study import export_simulated, sweep_study
@@ -88,9 +88,9 @@ def register(app: typer.Typer) -> None:
             bar[0].refresh()
 
         try:
-            res = sweep_study(so.traces(), axes, out=out, overwrite=overwrite, rho_model=so.rho, target=so.target,
-                              workers=workers, ray_address=ray_address, chunk_size=chunk_size, progress=advance,
-                              charts=not no_charts, labels=names, calibration=so.calibrations())
+            res = sweep_study(read_traces(so), axes, out=out, overwrite=overwrite, rho_model=so.rho_model,
+                              target=so.target, workers=workers, ray_address=ray_address, chunk_size=chunk_size,
+                              progress=advance, charts=not no_charts, labels=names, calibration=read_calibrations(so))
         finally:
             if bar:
                 bar[0].stop()
@@ -110,8 +110,8 @@ def register(app: typer.Typer) -> None:
                overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing report file.")) -> None:
         if out.exists() and not overwrite:
             raise RlsimError(f"{out} already exists; pass --overwrite to replace it or choose another -o")
-        path = build_report(so.traces(), sweep_dir, out, rho_model=so.rho if so.rho_model else None, target=so.target,
-                            calibration=so.calibrations())
+        path = build_report(read_traces(so), sweep_dir, out, rho_model=so.rho_model if so.rho else None,
+                            target=so.target, calibration=read_calibrations(so))
         typer.echo(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB, opens offline)")
 
     export = App(no_args_is_help=True, help="Export timelines.")
@@ -139,12 +139,12 @@ def register(app: typer.Typer) -> None:
                 raise RlsimError("config options (" + ", ".join(labels()[f] for f in fixed) + ") need --simulate")
             counts = pf.export_recorded(src, out, overwrite=overwrite, drop_invalid=so.drop_invalid)
         else:
-            traces = StudyOptions(trace=((trace_arg,) if trace_arg else ()) + so.trace,
-                                  drop_invalid=so.drop_invalid).traces()
+            traces = read_traces(StudyOptions(trace=((trace_arg,) if trace_arg else ()) + so.trace,
+                                              drop_invalid=so.drop_invalid))
             if "updates" not in fixed:
                 fixed["updates"] = EXPORT_UPDATES
                 typer.echo(f"simulating {EXPORT_UPDATES} updates (pass --updates N for more)")
-            counts = export_simulated(traces, fixed, out, rho_model=so.rho, overwrite=overwrite,
-                                      calibration=so.calibrations())
+            counts = export_simulated(traces, fixed, out, rho_model=so.rho_model, overwrite=overwrite,
+                                      calibration=read_calibrations(so))
         typer.echo(f"wrote {out}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
                    + " slices (open in https://ui.perfetto.dev)")

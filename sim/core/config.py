@@ -2,6 +2,7 @@
 
 - `WhatIf`: what a user asks `rlsim run` (and, as lists, `rlsim sweep`) for: every option one field.
   None means "as in the reference trace".
+- `StudyOptions`: which traces are fitted and how (--trace, --rho, ...; `rlsim.fit`'s keywords).
 - `EngineConfig`: the generation engine (continuous batching limits).
 - `SimConfig`: one fully resolved simulation (what `rlsim.modes.registry.simulate` takes).
 - `SplitConfig`: generation and training on separate devices, asynchronous within a staleness limit
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.util import ENGINE_DEFAULTS
@@ -201,6 +203,51 @@ class WhatIf:
         elif self.gen_batch is not None:
             raise RlsimError(f"{name('gen_batch')} does not apply with a split: asynchronous generation keeps its "
                              f"replicas full from one queue (B_gen = B); drop {name('gen_batch')} or the split")
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """Which traces are fitted and how: the options of every command that fits (`rlsim.cli.options`) and the keywords
+    of `rlsim.fit` and `rlsim.sweep`, so a field here is both. Each field is named as its option (`--rho` is `rho`)."""
+
+    trace: tuple[Path, ...] = field(default=(), metadata={
+        "help": "Recorded trace (first = reference); repeat for learning curves at other batch sizes.",
+        "flags": ["--trace", "-t"]})
+    rho: str | None = field(default=None, metadata={
+        "help": "Sample-cost model: invariant | noise-scale | curves | lr-aware | auto "
+                "(None: auto; `report`: the sweep's)",
+        "flags": ["--rho", "--rho-model"]})
+    bend_batch: float | None = field(default=None, metadata={
+        "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they "
+                "are fitted on the other --trace runs).", "flags": ["--bend-batch"]})
+    kappa: float | None = field(default=None, metadata={
+        "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with "
+                "--bend-batch).",
+        "flags": ["--kappa"]})
+    target: float | None = field(default=None, metadata={
+        "help": "Eval score that defines time-to-target (None: the best the reference reached; with several "
+                "traces, the best all reached)", "flags": ["--target"]})
+    calibration: tuple[Path, ...] = field(default=(), metadata={
+        "help": "Calibration trace from `rlrun calibrate` (same model and device) for a trace recorded without one; "
+                "its engine-step and training profiles refit the step costs over the calibrated range. Repeatable.",
+        "flags": ["--calibration"]})
+    drop_invalid: bool = field(default=False, metadata={
+        "help": "Drop trace rows with invalid values (NaN, negative durations...) with a warning instead of refusing "
+                "the trace.", "flags": ["--drop-invalid"]})
+
+    @property
+    def rho_model(self) -> str:
+        """The rho model the fit takes, with the lr-aware parameters when given ('lr-aware:B_BEND,KAPPA', parsed by
+        `rlsim.replay.rho.parse_rho`)."""
+        if self.bend_batch is None and self.kappa is None:
+            return self.rho or "auto"
+        if (self.rho or "auto") != "lr-aware":
+            raise RlsimError(f"{name('bend_batch')} and {name('kappa')} set the lr-aware rho model: add "
+                             f"{setting(rho='lr-aware')}")
+        if self.bend_batch is None or self.kappa is None:
+            raise RlsimError(f"give both {name('bend_batch')} and {name('kappa')} (or neither, to fit them on the "
+                             f"other traces' runs)")
+        return f"lr-aware:{self.bend_batch:g},{self.kappa:g}"
 
 
 @dataclass(frozen=True)

@@ -412,11 +412,12 @@ def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float
              f"{f.loss:.3g}){few}"), \
             f.runs >= 2
     if len(curves) > 1:
-        raise RlsimError("--rho lr-aware is fitted where the runs reach a target score, and the reference trace has no "
-                         "eval rows: record it with evals (--eval-every), or give --bend-batch and --kappa")
-    raise RlsimError("--rho lr-aware needs its two constants: pass runs at other batch sizes or lrs with --trace to "
-                     "fit them, or give --bend-batch and --kappa (they are the task's: one task's fit did not transfer "
-                     "to another, docs/results.md)")
+        raise RlsimError(f"{setting(rho_model='lr-aware')} is fitted where the runs reach a target score, and the "
+                         "reference trace has no eval rows: record it with evals (rlrun's --eval-every), or give "
+                         f"{name('bend_batch')} and {name('kappa')}")
+    raise RlsimError(f"{setting(rho_model='lr-aware')} needs its two constants: pass runs at other batch sizes or lrs "
+                     f"with {name('trace')} to fit them, or give {name('bend_batch')} and {name('kappa')} (they are "
+                     "the task's: one task's fit did not transfer to another, docs/results.md)")
 
 
 @functools.lru_cache(maxsize=32)

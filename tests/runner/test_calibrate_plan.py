@@ -63,7 +63,8 @@ def test_training_ladder_buys_levels_before_range():
         now[0] += d
         return SimpleNamespace(t_forward=d / 3, t_backward=2 * d / 3, num_tokens=10 * len(samples))
 
-    cal = _Calibration(None, SimpleNamespace(profile=profile), SimpleNamespace(G=8, seed=0), [], [], None, random.Random(0))
+    cal = _Calibration(None, SimpleNamespace(profile=profile), SimpleNamespace(G=8, seed=0), [], [], None,
+                       random.Random(0))
     cal.clock = lambda: now[0]
     sample = SimpleNamespace(prompt_ids=[1] * 4, response_ids=[2] * 6)
     batches = {R: [sample] * R for R in (8, 16, 32, 64, 128, 256, 512)}

@@ -152,7 +152,8 @@ def test_cli_unreadable_dataset(tmp_path):
     (model / "config.json").write_text("{}")
     bad = tmp_path / "d.parquet"
     bad.write_bytes(b"not parquet at all")
-    res = runner.invoke(app, ["record", "--out", str(tmp_path / "t.parquet"), "--dataset", str(bad), "--model", str(model)])
+    res = runner.invoke(app, ["record", "--out", str(tmp_path / "t.parquet"), "--dataset", str(bad), "--model",
+                              str(model)])
     assert res.exit_code == 2 and "cannot read dataset" in res.stderr
 
 
@@ -177,8 +178,9 @@ def test_missing_engine_is_one_line(cmd, tmp_path, monkeypatch):
     out = tmp_path / "t.parquet"
     res = runner.invoke(app, [cmd, "--out", str(out), "--prompts", "4"])
     assert res.exit_code == 2, res.output
-    assert res.stderr.strip() == ('error: rlrun needs torch and vLLM (torch, vllm, transformers not installed): pip install torch==2.13.0 && '
-                                  'pip install -e ".[cpu]" (CPU) or pip install -e ".[gpu]" (CUDA)')
+    assert res.stderr.strip() == ('error: rlrun needs torch and vLLM (torch, vllm, transformers not installed): '
+                                  'pip install torch==2.13.0 && pip install -e ".[cpu]" (CPU) or '
+                                  'pip install -e ".[gpu]" (CUDA)')
     assert not list(tmp_path.iterdir())  # refused before anything was written
     res = runner.invoke(app, [cmd, "--out", str(out), "--prompts", "0"])  # bad input is still reported first
     assert res.exit_code == 2 and "--prompts (P) is 0" in res.stderr
@@ -261,10 +263,10 @@ def test_cli_values_reach_the_config(recorded, tmp_path):
             "--kv-cache-gib", "0.5", "--overwrite", "--mode", "split", "--staleness", "1", "--partial-rollout"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert recorded[-1][0] == RunConfig(out=out, prompts=16, group=4, steps=3, lr=1e-3, lr_rule="fixed", std_scale=False,
-                                        compile=True, progress=False, record_steps=False, calibrate=False, loss_agg="seq",
-                                        kv_cache_gib=0.5, overwrite=True, mode="split", max_staleness=1,
-                                        partial_rollout=True)
+    assert recorded[-1][0] == RunConfig(out=out, prompts=16, group=4, steps=3, lr=1e-3, lr_rule="fixed",
+                                        std_scale=False, compile=True, progress=False, record_steps=False,
+                                        calibrate=False, loss_agg="seq", kv_cache_gib=0.5, overwrite=True, mode="split",
+                                        max_staleness=1, partial_rollout=True)
     assert runner.invoke(app, ["calibrate", "-o", out, "--max-model-len", "512", "--group", "none"]).exit_code == 0
     assert recorded[-1][0].max_model_len == 512 and recorded[-1][0].group is None
 

@@ -75,7 +75,8 @@ def test_per_update_arrays_have_length_U(study):
         assert len(getattr(run, name)) == U, name
     assert (run.responses == cfg.responses_per_update).all() and (run.step_time > 0).all()
     assert run.gen_time[S:2 * S] == pytest.approx(run.gen_time[:S], rel=1e-12)  # update u reuses round u mod S
-    assert np.array_equal(run.tokens[S:2 * S], run.tokens[:S]) and np.array_equal(run.gen_steps[S:2 * S], run.gen_steps[:S])
+    assert (np.array_equal(run.tokens[S:2 * S], run.tokens[:S])
+            and np.array_equal(run.gen_steps[S:2 * S], run.gen_steps[:S]))
     assert run.total_time == pytest.approx(run.step_time.sum())
 
 
@@ -94,7 +95,8 @@ def test_round_by_round_is_exact_with_recorded_lengths():
         ta = simulate(m, cfg, rng=np.random.default_rng(0), round_by_round=False, record_timeline=True)
         tb = simulate(m, cfg, rng=np.random.default_rng(0), round_by_round=True, record_timeline=True)
         assert [s.name for s in tb.timeline] == [s.name for s in ta.timeline]
-        assert [v for s in tb.timeline for v in (s.start, s.dur)] == pytest.approx([v for s in ta.timeline for v in (s.start, s.dur)])
+        assert ([v for s in tb.timeline for v in (s.start, s.dur)]
+                == pytest.approx([v for s in ta.timeline for v in (s.start, s.dur)]))
 
 
 def test_one_round_schedule_equals_the_all_rounds_one():

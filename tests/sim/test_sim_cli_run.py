@@ -53,7 +53,8 @@ def test_run_is_deterministic_with_seed(trace):
 
 
 def test_run_table_names_the_rho_model(trace):
-    out = _ok(["run", "--trace", str(trace), "--batch", "64", "--group", "8", "--lr-rule", "fixed", "--rho", "invariant"])
+    out = _ok(["run", "--trace", str(trace), "--batch", "64", "--group", "8", "--lr-rule", "fixed", "--rho",
+               "invariant"])
     assert "rho model: invariant" in out and "T / T_ref" in out
     assert "--lr-rule fixed" in out  # the warning
 
@@ -77,10 +78,12 @@ def test_run_lr_aware_rho(trace, tmp_path):
     assert r.exit_code == 2 and "needs its two constants" in r.output and len(r.output.strip().splitlines()) == 1
     # another batch size's run: m and kappa fitted on it
     other = synthetic_trace(tmp_path / "p64.parquet", SynthSpec(prompts=64, group=4, steps=5, seed=1))
-    d = json.loads(_ok(["run", "--trace", str(trace), "--trace", str(other), "--batch", "32", "--rho", "lr-aware", "--json"]))
+    d = json.loads(_ok(["run", "--trace", str(trace), "--trace", str(other), "--batch", "32", "--rho", "lr-aware",
+                        "--json"]))
     assert any("fitted on 1 runs" in w and "not identified" in w for w in d["warnings"])
     # nothing to fit on when the reference has no evals: one line, exit 2
-    a_, b_ = (synthetic_trace(tmp_path / f"noeval{p}.parquet", SynthSpec(prompts=p, group=4, steps=3, eval_every=99)) for p in (16, 64))
+    a_, b_ = (synthetic_trace(tmp_path / f"noeval{p}.parquet", SynthSpec(prompts=p, group=4, steps=3, eval_every=99))
+              for p in (16, 64))
     r = runner.invoke(app, ["run", "--trace", str(a_), "--trace", str(b_), "--batch", "32", "--rho", "lr-aware"])
     assert r.exit_code == 2 and "no eval rows" in r.output and len(r.output.strip().splitlines()) == 1
 
@@ -185,7 +188,8 @@ def test_traces_as_arguments(trace, tmp_path):
     assert d["reference"]["prompts"] == 64
     d = json.loads(_ok(["run", "--trace", str(trace), str(other), *flags]))
     assert d["reference"]["prompts"] == 64
-    _ok(["sweep", str(trace), "--batch", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out", str(tmp_path / "s")])
+    _ok(["sweep", str(trace), "--batch", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out",
+         str(tmp_path / "s")])
     assert (tmp_path / "s" / "results.csv").exists()
     r = runner.invoke(app, ["run", "--batch", "32"])
     assert r.exit_code == 2 and r.output.strip() == ("error: give a trace with --trace or as an argument "
@@ -212,7 +216,8 @@ def test_prompts_is_batch(trace, tmp_path):
     assert _ok(["run", str(trace), "--batch", "32", *flags]) == same == _ok(["run", str(trace), "-b", "32", *flags])
     assert _ok(["run", str(trace), "-P", "32", "-G", "4", *flags]) == same
     assert _ok(["run", str(trace), "-g", "4", "-P", "32", *flags]) == same
-    _ok(["sweep", str(trace), "--prompts", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out", str(tmp_path / "s")])
+    _ok(["sweep", str(trace), "--prompts", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out",
+         str(tmp_path / "s")])
     assert (tmp_path / "s" / "results.csv").exists()
     r = runner.invoke(app, ["run", str(trace), "--prompts", "0"])
     assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"

@@ -39,7 +39,8 @@ def test_sweep_cli_writes_ranked_results_equal_to_single_evaluate(trace_path, tm
     table = pq.read_table(out / "results.parquet")
     assert table.num_rows == 16
     meta = json.loads(table.schema.metadata[results.SWEEP_META_KEY])
-    assert meta["grid"]["axes"] == {"prompts": [4, 8, 16, 64], "group": [4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [8]}
+    assert (meta["grid"]["axes"]
+            == {"prompts": [4, 8, 16, 64], "group": [4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [8]})
     assert meta["grid"]["options"]["prompts"] == "--prompts"
     ident = meta["traces"][0]
     assert ident["sha256"] == results.sha256_file(trace_path) and ident["config"]["prompts"] == 8
@@ -129,7 +130,8 @@ def test_export_perfetto_recorded_cli(trace_path, tmp_path):
 def test_export_perfetto_simulated_has_the_recorded_lanes(trace_path, tmp_path):
     rec = pf.recorded_chrome_trace(read_trace(trace_path))
     out = tmp_path / "simulated.json"
-    res = _invoke(["export", "perfetto", "--simulate", "--trace", trace_path, "--batch", "16", "--updates", "3", "-o", out])
+    res = _invoke(["export", "perfetto", "--simulate", "--trace", trace_path, "--batch", "16", "--updates", "3", "-o",
+                   out])
     assert res.exit_code == 0, res.output
     obj = json.loads(out.read_text())
     counts = pf.check_chrome_trace(obj)
@@ -138,7 +140,8 @@ def test_export_perfetto_simulated_has_the_recorded_lanes(trace_path, tmp_path):
     assert counts["gen_step"] > 0
 
     def lanes(o):
-        procs = {e["pid"]: e["args"]["name"] for e in o["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+        procs = {e["pid"]: e["args"]["name"]
+                 for e in o["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
         return {(procs[e["pid"]], e["args"]["name"].rstrip("0123456789 ")) for e in o["traceEvents"]
                 if e["ph"] == "M" and e["name"] == "thread_name"}
 
@@ -164,12 +167,14 @@ def test_a_sweep_into_a_folder_another_sweep_is_writing_is_refused(trace_path, t
     from rlsim.replay.util import exclusive
 
     out = tmp_path / "o"
-    args = ["sweep", "--trace", trace_path, "--batch", "4,8", "--updates", "3", "--workers", "1", "--no-charts", "--out", out]
+    args = ["sweep", "--trace", trace_path, "--batch", "4,8", "--updates", "3", "--workers", "1", "--no-charts",
+            "--out", out]
     assert _invoke(args).exit_code == 0
     before = (out / "results.csv").read_text()
     with exclusive(out):  # another sweep holds the folder (the lock is per open file: this process counts as another)
         res = _invoke(args[:-2] + ["--batch", "4,8,16", "--overwrite", "--out", out])
-    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and "in use by another rlsim process" in res.output
+    assert (res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+            and "in use by another rlsim process" in res.output)
     assert (out / "results.csv").read_text() == before  # nothing of the first lost
     assert _invoke(args[:-2] + ["--batch", "4,8,16", "--overwrite", "--out", out]).exit_code == 0  # free again
 
@@ -202,10 +207,9 @@ def test_sweep_table_prints_intervals_and_undecided():
 
     def row(rank, p, t, lo, hi, regime, warnings=""):
         return {"rank": rank, "prompts": p, "group": 8, "responses_per_update": 8 * p, "responses_per_s": 204.0,
-                "responses_per_s_lo": 192.8,
-                "responses_per_s_hi": 214.6, "sigma": 0.907, "sigma_lo": 0.863, "sigma_hi": 0.920, "rho": 0.739,
-                "rho_lo": 0.694, "rho_hi": 0.807, "time_to_target_ratio": t, "time_to_target_ratio_lo": lo,
-                "time_to_target_ratio_hi": hi, "regime": regime, "warnings": warnings}
+                "responses_per_s_lo": 192.8, "responses_per_s_hi": 214.6, "sigma": 0.907, "sigma_lo": 0.863,
+                "sigma_hi": 0.920, "rho": 0.739, "rho_lo": 0.694, "rho_hi": 0.807, "time_to_target_ratio": t,
+                "time_to_target_ratio_lo": lo, "time_to_target_ratio_hi": hi, "regime": regime, "warnings": warnings}
 
     rows = [row(1, 64, 0.816, 0.759, 0.892, "time falls"), row(2, 96, 0.95, 0.85, 1.07, "undecided", "spans 1"),
             row(3, 1024, 4.3, float("nan"), None, "time rises")]
@@ -213,7 +217,8 @@ def test_sweep_table_prints_intervals_and_undecided():
     for s in ("0.76..0.89", "0.86..0.92", "0.69..0.81", "193..215", "undecided", "0.85..1.07"):
         assert s in text, s
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80  # fits a terminal, nothing cut
-    assert [ln.split()[0] for ln in text.splitlines() if ln.lstrip()[:1].isdigit() and len(ln.split()) > 5] == ["1", "2!", "3"]
+    assert ([ln.split()[0] for ln in text.splitlines() if ln.lstrip()[:1].isdigit() and len(ln.split()) > 5]
+            == ["1", "2!", "3"])
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +266,8 @@ def test_sweep_verdict_without_intervals_says_so():
     con = Console(width=400, record=True, highlight=False)
     print_verdict(con, rows, meta, ["prompts"], {"prompts": "--batch"})
     lines = con.export_text().splitlines()
-    assert lines[0].startswith("Undecided between --batch 64 and --batch 96: T / T_ref 0.800, 0.830: they lie within 5%")
+    assert lines[0].startswith("Undecided between --batch 64 and --batch 96: T / T_ref 0.800, 0.830: they lie "
+                               "within 5%")
     assert lines[1:4] == ["warning: study warning; with a; inside", "warning: " + NO_INTERVAL,
                           "warning (--batch 96): extrapolated 8x"]  # a config's own warning, under its name
     assert lines[4:] == ["note: rho model: noise-scale", "note: generation x2.1 (bandwidth)"]
