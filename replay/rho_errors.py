@@ -45,11 +45,13 @@ class RhoErrors:
         "help": "sd of one run's log sigma (responses/s over the reference's, both one seed) around its seed mean: a "
                 "one-seed pilot's sigma noise"})
     prefix_f: tuple[float, ...] = field(default=(), metadata={
-        "help": "(f,) prefix lengths where a prefix's error was measured, as fractions of the reference's samples-to-target"})
+        "help": "(f,) prefix lengths where a prefix's error was measured, as fractions of the reference's "
+                "samples-to-target"})
     prefix_bias: tuple[float, ...] = field(default=(), metadata={
         "help": "(f,) mean of log(rho from a prefix / rho of the other seeds' means) at each prefix length "
                 "(`rlsim.replay.learning.prefix_log_rho`); () when not measured"})
-    prefix_sd: tuple[float, ...] = field(default=(), metadata={"help": "(f,) its sd around that mean: a prefix pilot's noise"})
+    prefix_sd: tuple[float, ...] = field(default=(), metadata={
+        "help": "(f,) its sd around that mean: a prefix pilot's noise"})
 
     def at(self, d) -> np.ndarray:
         """(K, n) each curve at the n points d (linear between measured points, held at the ends beyond them); (2K, n)
@@ -66,7 +68,8 @@ class RhoErrors:
         beyond = (d < self.d[0] - 1e-9) | (d > self.d[-1] + 1e-9)
         if not beyond.any():
             return ""
-        which = ", ".join(n for n, b in zip(names, beyond) if b) if len(names) == len(d) else f"{beyond.sum()} candidate(s)"
+        which = (", ".join(n for n, b in zip(names, beyond) if b) if len(names) == len(d) else
+                 f"{beyond.sum()} candidate(s)")
         return (f"{which} lie{'s' if beyond.sum() == 1 else ''} beyond the batch ratios where rho's error was measured "
                 f"({2 ** self.d[0]:.3g}x..{2 ** self.d[-1]:.3g}x the reference): their error is held at the nearest "
                 "measured one, which understates the uncertainty there")
@@ -88,7 +91,8 @@ class RhoErrors:
         between the measured lengths and held at the ends; (nan, nan) when no prefix was measured."""
         if not self.prefix_f:
             return math.nan, math.nan
-        return (float(np.interp(f, self.prefix_f, self.prefix_bias)), float(np.interp(f, self.prefix_f, self.prefix_sd)))
+        return (float(np.interp(f, self.prefix_f, self.prefix_bias)),
+                float(np.interp(f, self.prefix_f, self.prefix_sd)))
 
     def to_dict(self) -> dict:
         return {"d": [float(x) for x in self.d], "curves": [[float(x) for x in c] for c in self.curves],
@@ -114,7 +118,7 @@ def measured_errors(model: str = "noise-scale") -> RhoErrors:
 
 # Written by `python -m bench.studies.plan_eval --write-errors`; do not edit by hand.
 DATA: dict[str, dict] = {
-    "noise-scale": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0], 'sources': ['add2 seed0', 'add2 seed1', 'add2 seed2', 'add2 seed3', 'add2 seed4', 'add2 seed5', 'addmix seed0', 'addmix seed1', 'addmix seed2', 'addmix seed3', 'addmix seed4', 'addmix seed5', 'addmix lr 1e-4 seed0', 'addmix lr 1e-4 seed1', 'addmix lr 1e-4 seed2'], 'seed_sd': 0.3786, 'truth_sd': 0.1893, 'sigma_sd': 0.1321, 'model': 'noise-scale', 'mirrored': True, 'pilot_sigma_sd': 0.146, 'prefix_f': [0.25, 0.5, 0.75, 1.0], 'prefix_bias': [0.3254520040348811, 0.4000843113736559, 0.3645354744675785, 0.3401859931293827], 'prefix_sd': [0.8877112949582774, 0.8807876786309331, 0.7904274901261442, 0.6984677185747881],
+    "noise-scale": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0], 'sources': ['add2 seed0', 'add2 seed1', 'add2 seed2', 'add2 seed3', 'add2 seed4', 'add2 seed5', 'addmix seed0', 'addmix seed1', 'addmix seed2', 'addmix seed3', 'addmix seed4', 'addmix seed5', 'addmix lr 1e-4 seed0', 'addmix lr 1e-4 seed1', 'addmix lr 1e-4 seed2'], 'seed_sd': 0.3786, 'truth_sd': 0.1893, 'sigma_sd': 0.1321, 'model': 'noise-scale', 'mirrored': True, 'pilot_sigma_sd': 0.146, 'prefix_f': [0.25, 0.5, 0.75, 1.0], 'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402], 'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
      "curves": [
         [0.0887, 0.1048, 0.0, -0.4485, -0.4873, -0.6196],
         [-0.1922, -0.0374, 0.0, -0.2347, -0.1408, -0.1015],
@@ -131,7 +135,7 @@ DATA: dict[str, dict] = {
         [-0.4602, -0.3609, 0.0, -0.0435, -0.1894, -0.2085],
         [-0.4267, -0.1735, 0.0, 0.1277, 0.272, 0.3743],
         [-0.3146, -0.2287, 0.0, 0.0073, 0.0898, 0.5352]]},
-    "invariant": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0], 'sources': ['add2 seed0', 'add2 seed1', 'add2 seed2', 'add2 seed3', 'add2 seed4', 'add2 seed5', 'addmix seed0', 'addmix seed1', 'addmix seed2', 'addmix seed3', 'addmix seed4', 'addmix seed5', 'addmix lr 1e-4 seed0', 'addmix lr 1e-4 seed1', 'addmix lr 1e-4 seed2'], 'seed_sd': 0.3786, 'truth_sd': 0.1893, 'sigma_sd': 0.1321, 'model': 'invariant', 'mirrored': False, 'pilot_sigma_sd': 0.146, 'prefix_f': [0.25, 0.5, 0.75, 1.0], 'prefix_bias': [0.3254520040348811, 0.4000843113736559, 0.3645354744675785, 0.3401859931293827], 'prefix_sd': [0.8877112949582774, 0.8807876786309331, 0.7904274901261442, 0.6984677185747881],
+    "invariant": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0], 'sources': ['add2 seed0', 'add2 seed1', 'add2 seed2', 'add2 seed3', 'add2 seed4', 'add2 seed5', 'addmix seed0', 'addmix seed1', 'addmix seed2', 'addmix seed3', 'addmix seed4', 'addmix seed5', 'addmix lr 1e-4 seed0', 'addmix lr 1e-4 seed1', 'addmix lr 1e-4 seed2'], 'seed_sd': 0.3786, 'truth_sd': 0.1893, 'sigma_sd': 0.1321, 'model': 'invariant', 'mirrored': False, 'pilot_sigma_sd': 0.146, 'prefix_f': [0.25, 0.5, 0.75, 1.0], 'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402], 'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
      "curves": [
         [-0.2837, -0.1275, 0.0, -0.1017, 0.3209, 0.742],
         [-0.3612, -0.1468, 0.0, -0.0463, 0.343, 0.7953],

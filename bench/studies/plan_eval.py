@@ -3,16 +3,22 @@
 For every study (traces/study, traces/study_addmix, traces/study_addmix_lr1e-4) and every reference seed s:
 1. `rlsim plan` from seed s's reference run alone (P = 32), its rho uncertainty the error curves of the *other*
    studies (leave-one-study-out);
-2. each pilot it asks for is seed s's own recorded run at that size (a pilot is a run to the target: its cost is
-   the responses it took to get there, or its whole budget where it never did), and the plan is made again with it,
-   until it decides or its budget (one reference run) is spent;
+2. each pilot it asks for is seed s's own recorded run at that size (a run to the target costs the responses it took
+   to get there, or its whole budget where it never did; a prefix is the run cut after its length, and costs that),
+   and the plan is made again with it, until it decides or its budget (one reference run) is spent;
 3. the pick is scored against the truth, the seed means of the *other* seeds: regret = T(pick) / T(best) - 1, with
    a bootstrap interval over those seeds (`rlsim.replay.evaluation.regret_interval`).
 Baselines in the same terms: keep the reference, the largest batch, and rlsim's reference-alone pick (least
 predicted T). Nothing is recorded; the error curves are measured here too (`--write-errors` stores them in
 `rlsim/replay/rho_errors.py`, where `rlsim plan` reads them).
 
-    python -m bench.studies.plan_eval --json docs/study/plan_eval.json --write-errors    # ~10 min on 2 cores
+    python -m bench.studies.plan_eval --fresh --json docs/study/plan_eval.json --write-errors    # ~5 min on 2 cores
+
+Also measured there (`prefix_table`, `--json` key `prefix_noise`): how well a prefix of a run (its first f x the
+reference's samples-to-target responses, its learning curve set against the reference's at equal responses) predicts
+rho. Any other recorded study is scored with the error curves rlsim plan ships: `--folder DIR --prefix grpo_x
+--seeds 3 --ref-p 32 --sizes 8,16,32,64,128,256 [--target S]`. The rule's knobs (`--confidence`,
+`--measured-confidence`, `--slack`) are chosen on the three studies, never on the fresh one.
 """
 from __future__ import annotations
 
@@ -99,10 +105,11 @@ def runs_of(spec: StudySpec) -> dict[int, list[dict]]:
         for s in range(spec.seeds):
             path = spec.path(P, s)
             t = read_trace(path)
-            r = samples_to_target(fit_learning_curve(t), spec.target)
+            curve = fit_learning_curve(t)
+            r = samples_to_target(curve, spec.target)
             out.setdefault(P, []).append(dict(path=path, n=r.n, censored=r.censored, rps=split_stats(t).responses_per_s,
                                               trained=float(np.sum(t.rows("update")["num_responses"])),
-                                              target=spec.target))
+                                              target=spec.target, evals=curve.cum_responses))
     return out
 
 
@@ -194,8 +201,9 @@ def cut(path: Path, responses: float):
     t = read_trace(path)
     u = t.rows("update")
     last = int(np.searchsorted(np.cumsum(u["num_responses"]), responses, side="right"))  # updates within it
-    step, kind = t.table["step"], t.table["kind"]
-    keep = pc.or_(pc.is_null(step), pc.or_(pc.less(step, last), pc.and_(pc.equal(step, last), pc.equal(kind, "eval"))))
+    step, is_eval = t.table["step"], pc.equal(t.table["kind"], "eval")
+    keep = pc.if_else(is_eval, pc.less_equal(t.table["cum_responses"], responses),
+                      pc.or_(pc.is_null(step), pc.less(step, last)))
     return replace(t, table=t.table.filter(keep), _cache={})
 
 
@@ -209,7 +217,8 @@ def plan_seed(spec: StudySpec, runs: dict[int, list[dict]], s: int, errors: dict
     spent = 0.0
 
     def again(left: float):
-        cfg = PlanConfig(prompts=spec.sizes, group=spec.group, budget=left, **(rule or {}))
+        least = min(spec.sizes) * spec.group  # the budget spent: no pilot costs this little, and it is valid
+        cfg = PlanConfig(prompts=spec.sizes, group=spec.group, budget=max(left, least), **(rule or {}))
         return plan(ref, cfg, pilots=[t for t, _ in given.values()], errors=errors, target=spec.target, bounds_ok=True)
 
     first = p = again(budget)
@@ -218,13 +227,16 @@ def plan_seed(spec: StudySpec, runs: dict[int, list[dict]], s: int, errors: dict
         if nxt is None:
             break
         run = runs[nxt.prompts][s]
-        cost = min(nxt.responses, run["trained"]) if nxt.prefix else run["n"]
+        length = max(nxt.responses, run["evals"][min(2, len(run["evals"]) - 1)])  # its recording's evals: two past 0
+        cost = min(length, run["trained"]) if nxt.prefix else run["n"]
         if spent + cost > budget:
             break
-        given[nxt.prompts] = (cut(run["path"], nxt.responses) if nxt.prefix else read_trace(run["path"]), nxt.prefix)
+        given[nxt.prompts] = (cut(run["path"], length) if nxt.prefix else read_trace(run["path"]), nxt.prefix)
         spent += cost
         p = again(budget - spent)
-    chosen = p.decision or min(p.candidates, key=lambda c: c.expected_regret)
+    if p.decision is None:  # a pilot it asked for costs more than is left: plan once more with none affordable
+        p = again(0.0)
+    chosen = p.decision or next(c for c in p.candidates if c.prompts == spec.ref_p)  # no move: the reference runs on
     ref_alone = min(first.candidates, key=lambda c: c.time_to_target_ratio)
     return dict(seed=s, pick=chosen.prompts, decided=p.decision is not None, p_within_5pct=chosen.p_within_5pct,
                 expected_regret=chosen.expected_regret, why=p.why,

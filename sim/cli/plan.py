@@ -30,7 +30,8 @@ def table_lines(p: Plan) -> list[str]:
     rows = [("P", "G", "sigma", "rho", "T/Tref", "5..95 %", "p<=5%", "p<ref", "E regret", "from")]
     for c in p.candidates:
         rows.append((str(c.prompts), str(c.group), _cell(c.sigma, c.sigma_noise), _cell(c.rho, c.rho_noise),
-                     f"{c.time_to_target_ratio:.3f}", f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}",
+                     f"{c.time_to_target_ratio:.3f}",
+                     f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}",
                      fmt(c.p_within_5pct, ".2f"), fmt(c.p_beats_reference, ".2f"),
                      fmt(c.expected_regret, ".1%") if c.fits is not False else "no fit", SOURCE[c.source]))
     lines = [" ".join(x.rjust(w) for x, w in zip(r, WIDTHS)) for r in rows]
@@ -58,8 +59,8 @@ def _print(p: Plan) -> None:
     else:
         con.print(f"pilots (expected regret now {p.expected_regret:.1%}: {p.why}; best value first):")
         for x in p.pilots:
-            what = (f"a prefix, {x.responses:,} responses, set against the reference at equal responses" if x.prefix else
-                    f"to the target, about {x.responses:,} responses")
+            what = (f"a prefix, {x.responses:,} responses, set against the reference at equal responses"
+                    if x.prefix else f"to the target, about {x.responses:,} responses")
             con.print(f"  P={x.prompts} for {x.steps} updates ({what}) -> expected regret "
                       f"{x.expected_regret_after:.1%}\n    {x.command}")
         con.print("then plan again with the pilots' traces added: rlsim plan --trace REF --trace pilot_pN.parquet ...")

@@ -13,9 +13,10 @@ bootstrap widened by their held-out error), read as a log-normal spread. A trace
 Over the draws (weights w, shape (K,)), for each candidate i (T: (K, n)):
     expected regret   E_w[T_i / min_j T_j - 1]        p_within_5pct   P_w[T_i <= 1.05 min_j T_j]
 Keeping the reference is one of the choices, with its own expected regret. The pick (`pick`) is the least expected
-regret among the reference, the candidates a pilot measured, and the candidates predicted to beat the reference with
-probability `PlanConfig.confidence` (a guard on moves made on predictions alone: their draws come from other tasks'
-errors); `Plan.why` says it in one line. It is a **decision** when its p_within_5pct reaches the confidence, or when
+regret among the reference and the candidates that beat it with probability `PlanConfig.confidence` on predictions
+alone (their draws come from other tasks' errors) or `PlanConfig.measured_confidence` once a pilot measured them (a
+one-seed pilot is noisy: with no guard there, the picks on the recorded studies moved to sizes worse than the
+reference; docs/results.md, section 10); `Plan.why` says it in one line. It is a **decision** when its p_within_5pct reaches the confidence, or when
 no pilot within the budget would lower the expected regret; otherwise the plan lists **pilots**.
 
 A pilot is a run at candidate j, one seed, set against the reference (one seed too). Run to the target, it measures
@@ -26,7 +27,8 @@ recorded studies (`RhoErrors.prefix_sd`, larger than a full run's). Both numbers
 The measurement is weighed against the draws allowing the truth to lie `PlanConfig.slack` off each recorded curve
 (`measured_column`): the draws are reweighted by its likelihood (so the other candidates move with it, as
 neighbouring sizes' errors do) and the candidate's own T becomes the posterior of its draw and the measurement. With
-no slack a task unlike the recorded ones could never leave their curves; with unlimited slack one noisy seed decides. The expected regret after a pilot is computed before it is run
+no slack a task unlike the recorded ones could never leave their curves; with unlimited slack one noisy seed
+decides. The expected regret after a pilot is computed before it is run
 (preposterior: each draw in turn taken as the truth, its pilot observed with that noise, the pick made as above,
 its regret scored on that truth); pilots, full runs priced at the reference's samples-to-target times the
 candidate's predicted rho and prefixes at their length, are ranked by regret removed per response: the multi-fidelity
@@ -69,9 +71,9 @@ class PlanConfig:
     draws: int = field(default=4000, metadata={"help": "draws of the truth (error curves plus the studies' seed noise)"})
     seed: int = field(default=0, metadata={"help": "seed of the draws"})
     updates: int = field(default=40, metadata={"help": "updates simulated per candidate for sigma"})
-    measured_confidence: float = field(default=0.0, metadata={
-        "help": "probability with which a measured candidate must beat the reference to be picked (0: the least expected "
-                "regret wins outright); chosen on the recorded studies (docs/results.md, section 10)"})
+    measured_confidence: float = field(default=0.8, metadata={
+        "help": "probability with which a measured candidate must beat the reference to be picked (0: the least "
+                "expected regret wins outright); chosen on the recorded studies (docs/results.md, section 10)"})
     slack: float = field(default=0.3, metadata={
         "help": "sd in log T by which a task's truth may lie off every recorded error curve: a pilot's measurement is "
                 "weighed against the curves with it (0: the curves only; large: the measurement only); chosen on the "
@@ -109,11 +111,11 @@ class Candidate:
     p_beats_reference: float = field(metadata={"help": "probability that its T is below the reference's"})
     measured: bool = field(default=False, metadata={"help": "its rho was measured (the reference, or a pilot)"})
     source: str = field(default="prediction", metadata={
-        "help": "where its rho, sigma and T come from: 'reference', 'pilot' (a run to the target), 'pilot prefix' (a run "
-                "short of the target, read at equal responses) or 'prediction'"})
+        "help": "where its rho, sigma and T come from: 'reference', 'pilot' (a run to the target), 'pilot prefix' "
+                "(a run short of the target, read at equal responses) or 'prediction'"})
     rho_noise: float = field(default=math.nan, metadata={
-        "help": "a pilot's seed noise: sd of its measured log rho (one seed each of it and the reference; a prefix's is "
-                "the measured prefix noise); nan for a prediction, 0 for the reference"})
+        "help": "a pilot's seed noise: sd of its measured log rho (one seed each of it and the reference; a "
+                "prefix's is the measured prefix noise); nan for a prediction, 0 for the reference"})
     sigma_noise: float = field(default=math.nan, metadata={
         "help": "a pilot's seed noise: sd of its measured log sigma (responses/s over the reference's); nan for a "
                 "prediction, 0 for the reference"})
@@ -149,7 +151,8 @@ class Observation:
     """What one pilot trace (or several at one size, pooled) measured, against the reference (one seed each)."""
 
     index: int = field(metadata={"help": "the candidate it measures"})
-    log_rho: float = field(metadata={"help": "log rho measured: its samples-to-target over the reference's (or a prefix's)"})
+    log_rho: float = field(metadata={
+        "help": "log rho measured: its samples-to-target over the reference's (or a prefix's)"})
     rho_sd: float = field(metadata={"help": "seed noise of log_rho (a pilot's, or a prefix's)"})
     sigma: float = field(metadata={"help": "sigma measured: its steady responses/s over the reference's"})
     sigma_sd: float = field(metadata={"help": "seed noise of log sigma"})
@@ -218,7 +221,7 @@ def sigma_spread(preds: Sequence[Outcome]) -> tuple[np.ndarray, list[int]]:
     return sd, bare
 
 
-def measured_column(log_T: np.ndarray, y: np.ndarray, s: float, slack: float, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def measured_column(log_T: np.ndarray, y, s: float, slack: float, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(weights, T): a pilot's measured log T `y` ((M, 1) or scalar; noise sd `s`) against the draws' log T of its
     candidate `log_T` (K,), when the truth may lie `slack` off each draw: each draw weighed by the likelihood of y
     (variance s^2 + slack^2), and the candidate's T in it the normal posterior of prior N(log_T, slack^2) and the
@@ -240,7 +243,8 @@ def pick(T: np.ndarray, w: np.ndarray, ref: int, confidence: float = 0.8, measur
          measured_confidence: float = 0.0) -> int:
     """The least expected regret among the reference, the `measured` candidates, and the candidates predicted to beat
     the reference with probability `confidence` (the guard on moves made on predictions alone: their draws come from
-    other tasks' errors and may not cover this one's); a measured one needs `measured_confidence`. Ties: the reference."""
+    other tasks' errors and may not cover this one's); a measured one needs `measured_confidence`. Ties: the
+    reference."""
     er, _ = scores(T, w)
     beats = (w / w.sum()) @ (T < T[:, [ref]])
     ok = [i for i in range(T.shape[1])
@@ -462,7 +466,8 @@ def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, pre
         by.setdefault(o.index, []).append(o)
         how = "a prefix short of the target, read at equal responses" if o.prefix else "to the target"
         notes.append(f"pilot {tr.name}: P={sizes[o.index]}, {how}: rho {math.exp(o.log_rho):.3f} (seed noise "
-                     f"{o.rho_sd:.2f} in log), sigma {o.sigma:.3f} ({o.sigma_sd:.2f}), T {math.exp(o.log_rho) / o.sigma:.3f}")
+                     f"{o.rho_sd:.2f} in log), sigma {o.sigma:.3f} ({o.sigma_sd:.2f}), "
+                     f"T {math.exp(o.log_rho) / o.sigma:.3f}")
     out = {}
     for j, obs in by.items():
         full = [o for o in obs if not o.prefix] or obs

@@ -215,6 +215,8 @@ def test_a_measured_candidate_wins_on_expected_regret_a_prediction_needs_the_gua
     assert er == pytest.approx([0.75, 0.025])
     assert pick(T, w, ref=0, confidence=0.8) == 0  # a prediction alone: the guard keeps the reference
     assert pick(T, w, ref=0, confidence=0.8, measured=[1]) == 1  # measured: the least expected regret wins
+    assert pick(T, w, ref=0, measured=[1], measured_confidence=0.8) == 0  # unless a guard asks 0.8 (it has 0.75)
+    assert pick(T, w, ref=0, measured=[1], measured_confidence=0.7) == 1
     # measured, but worse in expectation: the reference stays
     assert pick(np.array([[1.0, 1.2]] * 3 + [[1.0, 0.9]]), w, ref=0, measured=[1]) == 0
 
@@ -281,7 +283,8 @@ def test_a_pilots_row_shows_what_it_measured_with_its_seed_noise(tmp_path):
     assert k.censored and c.source == "pilot prefix"
     bias, sd = errs["noise-scale"].prefix_noise(k.n / n_ref)
     assert c.rho_noise == pytest.approx(sd)
-    assert c.rho == pytest.approx(math.exp(prefix_log_rho(fit_learning_curve(ref), fit_learning_curve(short), k.n) - bias))
+    est = prefix_log_rho(fit_learning_curve(ref), fit_learning_curve(short), k.n)
+    assert c.rho == pytest.approx(math.exp(est - bias))
 
 
 def test_pilots_are_priced_from_the_references_samples_to_target_and_predicted_rho():
@@ -321,3 +324,20 @@ def test_cli_table_fits_80_columns_and_says_why(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert [c["source"] for c in d["candidates"]] == ["prediction", "reference", "pilot prefix"] and d["why"]
+
+
+def test_plan_eval_takes_any_study_folder(tmp_path):
+    from bench.studies.plan_eval import _args, folder_spec, runs_of, truth
+
+    a = _args(["--folder", "traces/study_addmix_lr1e-4", "--prefix", "grpo_addmix", "--seeds", "2", "--ref-p", "32",
+               "--sizes", "16,32", "--target", "0.647"])
+    spec = folder_spec(a)
+    assert (spec.name, spec.sizes, spec.ref_p, spec.seeds) == ("study_addmix_lr1e-4", (16, 32), 32, 2)
+    runs = runs_of(spec)
+    assert list(runs) == [16, 32] and all(len(r) == 2 for r in runs.values())
+    assert truth(runs, [0, 1], 32)[1] == pytest.approx(1.0)
+    with pytest.raises(RlsimError, match="2 run\\(s\\) missing"):
+        runs_of(folder_spec(_args(["--folder", "traces/study_addmix_lr1e-4", "--prefix", "grpo_addmix", "--seeds", "2",
+                                   "--sizes", "32,512"])))
+    with pytest.raises(SystemExit, match="--ref-p 64 is not one of"):
+        folder_spec(_args(["--folder", "x", "--sizes", "16,32", "--ref-p", "64"]))
