@@ -23,17 +23,21 @@ $(VENV)/.installed: pyproject.toml
 	$(VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec || true
 	touch $@
 
-.PHONY: run test test-all install lint-imports
+.PHONY: run test test-all install lint lint-imports
 run: $(SIM_VENV)/.installed
 	$(SIM_VENV)/bin/rlsim run --trace $(TRACE) --batch $(BATCH)
 
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed lint-imports
+test: $(VENV)/.installed lint lint-imports
 	$(VENV)/bin/python -m pytest -q -m "not slow"
 
-test-all: $(VENV)/.installed lint-imports
+test-all: $(VENV)/.installed lint lint-imports
 	$(VENV)/bin/python -m pytest -q
+
+# Style: pycodestyle errors and warnings (lines within 120 characters) and pyflakes, as pyproject's [tool.ruff].
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check .
 
 # The import contracts (pyproject's [tool.importlinter]: layers, no cycles, nothing imports the runner, torch or vLLM).
 # import-linter looks for a package's modules under its own folder, and rlsim.replay and rlsim.runner live beside

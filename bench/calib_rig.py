@@ -21,7 +21,8 @@ def rig(out: str, prompts: int = 32):
     engine = Engine(str(ctx.model_dir), max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
                     kv_cache_gib=cfg.kv_cache_gib, dtype=cfg.dtype, seed=0)
     trainer = Trainer(ctx.policy, cfg, ctx.pad_id, ctx.device)
-    warm = engine.generate([(None, ids, 1) for ids in ctx.eval_ids[:64]], engine.sampling(cfg.max_tokens, cfg.temperature))
+    warm = engine.generate([(None, ids, 1) for ids in ctx.eval_ids[:64]],
+                           engine.sampling(cfg.max_tokens, cfg.temperature))
     stream = ctx.task.train_stream(123)
     cal = _Calibration(engine, trainer, cfg, [ctx.encode(next(stream).prompt) for _ in range(512)],
                        [list(c.token_ids) for c in warm if c.token_ids], None, random.Random(0))

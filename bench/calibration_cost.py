@@ -27,7 +27,8 @@ def calibration_cost(path: str) -> dict:
     return {"trace": path, "budget_s": c.get("budget_s"), "calibration_s": cal, "run_s": run,
             "share": cal / (cal + run) if cal + run > 0 else float("nan"),
             "setup_s": sum((c.get("setup") or {}).values()) if isinstance(c.get("setup"), dict) else None,
-            "rungs": len(c.get("gen_rungs") or []), "top_rung": max((g["level"] for g in c.get("gen_rungs") or []), default=None),
+            "rungs": len(c.get("gen_rungs") or []),
+            "top_rung": max((g["level"] for g in c.get("gen_rungs") or []), default=None),
             "train_levels": [(lv.get("responses"), lv.get("n")) for lv in levels]}
 
 
@@ -47,10 +48,10 @@ def main() -> None:
     for p in paths:
         r, v = calibration_cost(p), lolo(p)
         setup = "-" if r["setup_s"] is None else f"{r['setup_s']:.1f}"
-        print(f"{p:40} {r['budget_s'] or 0:>8.1f} {r['calibration_s']:>8.1f} {r['run_s']:>7.1f} {100 * r['share']:>6.1f}% {setup:>7} "
-              f"{r['rungs']:>5} ({r['top_rung']}) {v['gen_form']:>7} {100 * v['gen_cv']:5.1f} ({100 * v['gen_cv_max']:4.1f}) "
-              f"{100 * v['train_cv']:14.1f} ({100 * v['train_cv_max']:4.1f})  "
-              f"{', '.join(f'{a} ({b})' for a, b in r['train_levels'])}")
+        print(f"{p:40} {r['budget_s'] or 0:>8.1f} {r['calibration_s']:>8.1f} {r['run_s']:>7.1f} "
+              f"{100 * r['share']:>6.1f}% {setup:>7} {r['rungs']:>5} ({r['top_rung']}) {v['gen_form']:>7} "
+              f"{100 * v['gen_cv']:5.1f} ({100 * v['gen_cv_max']:4.1f}) {100 * v['train_cv']:14.1f} "
+              f"({100 * v['train_cv_max']:4.1f})  {', '.join(f'{a} ({b})' for a, b in r['train_levels'])}")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def main() -> None:
     fl = matmul_gflops(args.repeats)
     mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
     print(f"cpu                     {cpu_name()} ({os.cpu_count()} cores), numpy {np.__version__}")
-    print(f"memory bandwidth        {bw:.1f} GB/s   (np.copyto of 512 MiB float64, read + write, best of {args.repeats})")
+    print(f"memory bandwidth        {bw:.1f} GB/s   "
+          f"(np.copyto of 512 MiB float64, read + write, best of {args.repeats})")
     print(f"fp32 matmul             {fl:.1f} GFLOP/s (2048 x 2048 float32 @, best of {args.repeats})")
     print(f"memory                  {mem_gb:.1f} GB")
     if args.write:

@@ -40,7 +40,7 @@ def one_core(setter):
 
 def main() -> None:
     cfg, trainer, cal = rig("/tmp/rlsim-device-threads.parquet")
-    full = cal.batch(cfg.batch)
+    full = cal.batch(cfg.responses_per_update)
     m = trainer.micro_for(len(full))
     cal.warm(full)
 

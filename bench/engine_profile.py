@@ -70,8 +70,8 @@ def main() -> None:
         prof.disable()
         pwall = time.perf_counter() - t0
         stats = pstats.Stats(prof).stats
-        print(f"\nP={P}: {P * a.group} samples, {wall:.2f} s, {len(steps)} engine steps, {1e3 * wall / len(steps):.1f} ms/step "
-              f"(full-batch decode steps: median {1e3 * np.median(full):.1f} ms); under cProfile {pwall:.2f} s")
+        print(f"\nP={P}: {P * a.group} samples, {wall:.2f} s, {len(steps)} engine steps, {1e3 * wall / len(steps):.1f} "
+              f"ms/step (full-batch decode steps: median {1e3 * np.median(full):.1f} ms); under cProfile {pwall:.2f} s")
         for label, (suffix, fn) in PARTS:
             cum = sum(v[3] for (f, _, name), v in stats.items() if f.endswith(suffix) and name == fn)
             print(f"  {label:34s} {cum:6.2f} s  {100 * cum / pwall:5.1f} %")

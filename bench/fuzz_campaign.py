@@ -32,8 +32,8 @@ PROPERTIES = {
                            lambda a: fp.prop_mutated_trace("ppo_b256", *a)),
     "configs": (0.35, fp.BOUNDED_CONFIGS, fp.prop_cli_config),
 }
-SHORT = {"grpo": "grpo trace mutations", "ppo": "ppo trace mutations", "meta": "metadata mutations", "configs": "configs",
-         "huge": "huge batches"}
+SHORT = {"grpo": "grpo trace mutations", "ppo": "ppo trace mutations", "meta": "metadata mutations",
+         "configs": "configs", "huge": "huge batches"}
 
 
 def _signature(msg: str) -> str:
@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     print(head)
     print("-" * len(head))
     for name, r in stats.items():
-        print(f"{name:<24} {r['cases']:>6} {r['passed']:>7} {r['refused']:>8} {r['timeout']:>8} {r['failed']:>7} {r['seconds']:>8.1f}")
+        print(f"{name:<24} {r['cases']:>6} {r['passed']:>7} {r['refused']:>8} {r['timeout']:>8} {r['failed']:>7} "
+              f"{r['seconds']:>8.1f}")
     cases = sum(r["cases"] for r in stats.values())
     failed = sum(r["failed"] for r in stats.values())
     print(f"{'total':<24} {cases:>6} {'':>7} {'':>8} {'':>8} {failed:>7} {total:>8.1f}")

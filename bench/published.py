@@ -54,7 +54,8 @@ class Row:
     phases: dict[str, float] = field(metadata={"help": "published per-phase seconds, by the source's names"})
     gen_gpus: int | None = field(default=None, metadata={"help": "generation GPUs of a split"})
     train_gpus: int | None = field(default=None, metadata={"help": "training GPUs of a split"})
-    staleness: float | None = field(default=None, metadata={"help": "the source's staleness setting (verl: a fraction of a batch)"})
+    staleness: float | None = field(default=None,
+                                    metadata={"help": "the source's staleness setting (verl: a fraction of a batch)"})
     partial_rollout: bool = field(default=False, metadata={"help": "responses continue across a weight update"})
     device: str | None = field(default=None, metadata={"help": "GPU type when it differs from the group's"})
     tp: int | None = field(default=None, metadata={"help": "generation tensor parallel size, where the row states it"})
@@ -67,7 +68,8 @@ class Group:
     """Rows of one model and setup from one source; the first is the reference."""
 
     id: str = field(metadata={"help": "unique name"})
-    meta: dict[str, Any] = field(metadata={"help": "the TOML group's fields (source, model, params, device, batch, caps)"})
+    meta: dict[str, Any] = field(metadata={"help": "the TOML group's fields (source, model, params, device, batch, "
+                                                   "caps)"})
     rows: tuple[Row, ...] = field(metadata={"help": "the published rows, reference first"})
 
 
@@ -89,7 +91,8 @@ def _groups(path: Path) -> list[dict[str, Any]]:
                     raise ValueError(f"group {g.get('id')!r} has a row without {', '.join(missing)}")
         return groups
     except (ValueError, KeyError, TypeError) as e:  # tomllib.TOMLDecodeError is a ValueError
-        raise SystemExit(f"bench.published: {path} is not a rows file ({type(e).__name__}: {e}); see bench/published/verl.toml")
+        raise SystemExit(f"bench.published: {path} is not a rows file ({type(e).__name__}: {e}); see "
+                         "bench/published/verl.toml")
 
 
 def load_groups(folder: Path = ROWS) -> list[Group]:
@@ -116,10 +119,11 @@ def load_groups(folder: Path = ROWS) -> list[Group]:
 def _row(r: dict[str, Any], device: str | None) -> Row:
     phases = {k: float(v) for k, v in r.items() if k in PHASES}
     st = r.get("staleness_threshold", r.get("staleness"))
-    return Row(label=r["label"], mode=r.get("mode", "colocate"), gpus=int(r["gpus"]), step=float(r["step"]), phases=phases,
-               gen_gpus=r.get("gen_gpus"), train_gpus=r.get("train_gpus"), staleness=None if st is None else float(st),
-               partial_rollout=bool(r.get("partial_rollout", False)), device=r.get("device", device),
-               tp=r.get("tp", r.get("gen_tp")), mean_response=r.get("gen_avg_seq_len"), precision=r.get("precision", "bf16"))
+    return Row(label=r["label"], mode=r.get("mode", "colocate"), gpus=int(r["gpus"]), step=float(r["step"]),
+               phases=phases, gen_gpus=r.get("gen_gpus"), train_gpus=r.get("train_gpus"),
+               staleness=None if st is None else float(st), partial_rollout=bool(r.get("partial_rollout", False)),
+               device=r.get("device", device), tp=r.get("tp", r.get("gen_tp")), mean_response=r.get("gen_avg_seq_len"),
+               precision=r.get("precision", "bf16"))
 
 
 def _caps(g: Group) -> tuple[int, int]:
@@ -152,7 +156,8 @@ def verl_log(g: Group, r: Row) -> tuple[str, str]:
     m = g.meta
     cap, pcap = _caps(g)
     stats = {"response_length/mean": r.mean_response or ASSUMED["response_mean"] * cap, "response_length/max": cap,
-             "response_length/min": ASSUMED["response_min_tokens"], "response_length/clip_ratio": ASSUMED["response_clip_ratio"],
+             "response_length/min": ASSUMED["response_min_tokens"],
+             "response_length/clip_ratio": ASSUMED["response_clip_ratio"],
              "prompt_length/mean": ASSUMED["prompt_mean"] * pcap, "prompt_length/max": ASSUMED["prompt_max"] * pcap,
              "prompt_length/min": 16, "actor/lr": 1e-6, "critic/score/mean": 0.5}
     phases = dict(r.phases)
@@ -217,7 +222,7 @@ def predict_group(g: Group, work: Path) -> list[dict[str, Any]]:
         if r.precision != ref.precision:  # rlsim has no precision what-if
             continue
         o = evaluate(study, what_if(g, ref, r))
-        B = o.batch
+        B = o.responses_per_update
         lo = B / o.responses_per_s_hi if o.responses_per_s_hi > 0 else math.nan
         hi = B / o.responses_per_s_lo if o.responses_per_s_lo > 0 else math.nan
         err = o.step_time_s / r.step - 1.0
@@ -247,7 +252,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                    f"{r['predicted_s']:.1f}{iv} | {100 * r['error']:+.1f} % | {yes} |")
     s = summary(rows)
     out.append(f"\n{s['pairs']} pairs: step time |error| median {100 * s['median_abs_error']:.1f} %, max "
-               f"{100 * s['max_abs_error']:.1f} %; interval holds the published value in {s['covered']} of {s['with_interval']}")
+               f"{100 * s['max_abs_error']:.1f} %; interval holds the published value in {s['covered']} of "
+               f"{s['with_interval']}")
     return "\n".join(out)
 
 
@@ -268,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"skipped {line}")
     print(f"\nassumed for every group (no table prints them): {json.dumps(ASSUMED)}")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "summary": summary(rows), "assumed": ASSUMED}, indent=1, default=str))
+        args.json.write_text(json.dumps({"rows": rows, "summary": summary(rows), "assumed": ASSUMED}, indent=1,
+                                        default=str))
 
 
 if __name__ == "__main__":

@@ -63,8 +63,10 @@ def main() -> None:
     if not paths:
         print("no traces (pass paths or put them under traces/)")
         return
-    tab = Table(title="rlsim replay fidelity: per-update relative error, median/max; error of the run's mean (step / gen / resp/s)")
-    for c in ("trace", "lengths", "updates", "step time", "gen time", "resp/s", "mean err", "floor", "R^2 gen", "s", "ok"):
+    tab = Table(title="rlsim replay fidelity: per-update relative error, median/max; error of the run's "
+                      "mean (step / gen / resp/s)")
+    for c in ("trace", "lengths", "updates", "step time", "gen time", "resp/s", "mean err", "floor", "R^2 gen", "s",
+              "ok"):
         tab.add_column(c, justify="left" if c in ("trace", "lengths") else "right")
     worst, met, noise = 0.0, 0, []
     for p in paths:
@@ -77,7 +79,10 @@ def main() -> None:
             from rlsim.replay.fit import fit_trace
 
             r2 = fit_trace(tr).gen.quality.r2 if lengths == "recorded" else float("nan")
-            fmt = lambda k: f"{100 * e[k]['median']:.1f}/{100 * e[k]['max']:.0f}%"
+
+            def fmt(k):
+                return f"{100 * e[k]['median']:.1f}/{100 * e[k]['max']:.0f}%"
+
             floor = noise_floor(res.recorded["step_time"])
             means = [e[k]["mean_error"] for k in ("step_time", "gen_time", "responses_per_s")]
             ok = max(means) <= 0.03 and e["step_time"]["median"] <= floor + 0.02
@@ -92,15 +97,16 @@ def main() -> None:
                 noise.append(f"{p.stem}: recorded step time CV {x.std() / x.mean():.1%}, p5/p50/p95 "
                              f"{'/'.join(f'{v:.2f}' for v in np.percentile(x, [5, 50, 95]))} s, mean {x.mean():.2f} s; "
                              f"correlation with the simulated {np.corrcoef(x, y)[0, 1]:.2f}; lag-1 autocorrelation "
-                             f"{np.corrcoef(x[:-1], x[1:])[0, 1]:.2f}; median error of the constant at the recorded mean "
-                             f"{at_mean:.1%} (floor {floor:.1%}, simulated {e['step_time']['median']:.1%})")
+                             f"{np.corrcoef(x[:-1], x[1:])[0, 1]:.2f}; median error of the constant at the recorded "
+                             f"mean {at_mean:.1%} (floor {floor:.1%}, simulated {e['step_time']['median']:.1%})")
             tab.add_row(p.name, lengths, str(len(res.step)), fmt("step_time"), fmt("gen_time"), fmt("responses_per_s"),
                         " / ".join(f"{100 * m:.1f}" for m in means) + "%", f"{100 * floor:.1f}%",
-                        "-" if r2 != r2 else f"{r2:.3f}", f"{dt:.2f}", ("yes" if ok else "NO") if lengths == "recorded" else "")
+                        "-" if r2 != r2 else f"{r2:.3f}", f"{dt:.2f}",
+                        ("yes" if ok else "NO") if lengths == "recorded" else "")
     Console(width=150).print(tab)
     print("\n".join(noise))
-    print(f"worst median step-time error (recorded lengths): {100 * worst:.2f}%; targets (mean errors <= 3 %, median within "
-          f"2 points of the floor) met on {met} of {len(paths)} traces")
+    print(f"worst median step-time error (recorded lengths): {100 * worst:.2f}%; targets (mean errors <= 3 %, median "
+          f"within 2 points of the floor) met on {met} of {len(paths)} traces")
     cross_batch(paths)
     if probe:
         floor, cv = machine_floor(probe)
@@ -126,7 +132,8 @@ def cross_batch(paths) -> None:
         tab.add_column(c, justify="left" if c in ("target trace", "from") else "right")
     n = 0
     for t in traces:
-        others = [o for o in traces if o is not t and same_setup(t, o) and o.config.get("prompts") != t.config.get("prompts")]
+        others = [o for o in traces
+                  if o is not t and same_setup(t, o) and o.config.get("prompts") != t.config.get("prompts")]
         if not others:
             continue
         m = fit_trace(t)
@@ -135,7 +142,8 @@ def cross_batch(paths) -> None:
         sources = [[o] for o in others] + ([others] if len(others) > 1 else [])
         for src in sources:
             q = evaluate(prepare(src, rho_model="invariant"), cfg).responses_per_s
-            tab.add_row(t.name, str(m.prompts * m.group), f"{rec:.1f}", "+".join(o.name for o in src), f"{q:.1f}", f"{100 * (q / rec - 1):+.1f}%")
+            tab.add_row(t.name, str(m.prompts * m.group), f"{rec:.1f}", "+".join(o.name for o in src), f"{q:.1f}",
+                        f"{100 * (q / rec - 1):+.1f}%")
             n += 1
     if n:
         Console(width=150).print(tab)

@@ -68,8 +68,8 @@ def main() -> None:
             t0 = time.perf_counter()
             evaluate(study, WhatIf(prompts=P, group=8, updates=100, seed=seed))
             ts.append(time.perf_counter() - t0)
-        rows.append((f"one config P={P} G=8, 100 updates (one core)", min(ts), statistics.median(ts), 0.5 if P == 1024 else None,
-                     None, None))
+        rows.append((f"one config P={P} G=8, 100 updates (one core)", min(ts), statistics.median(ts),
+                     0.5 if P == 1024 else None, None, None))
 
     tab = Table(title=f"rlsim run speed ({trace.name})")
     for c in ("what", "best s", "median s", "target s", "peak RSS MB", "target MB", "ok"):
@@ -92,7 +92,8 @@ def _child(argv: list[str], rc: int) -> tuple[float, float]:
             "if p.returncode != int(sys.argv[1]) or (p.returncode and len(p.stderr.strip().splitlines()) != 1):\n"
             "    sys.exit(f'exit {p.returncode}: {p.stderr.strip()[-500:]}')\n"
             "print(t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n")
-    out = subprocess.run([sys.executable, "-c", code, str(rc), *argv], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "-c", code, str(rc), *argv], check=True, capture_output=True,
+                         text=True).stdout
     t, rss = out.split()
     return float(t), float(rss)
 

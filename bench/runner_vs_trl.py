@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trl-defaults", action="store_true",
                     help="TRL with its own defaults (bf16 autocast and gradient checkpointing) instead of fp32 without "
                          "checkpointing, its fastest setting on this CPU")
-    ap.add_argument("--trl-compile", action="store_true", help="TRL with torch_compile=True (default off, TRL's default)")
+    ap.add_argument("--trl-compile", action="store_true",
+                    help="TRL with torch_compile=True (default off, TRL's default)")
     ap.add_argument("--rlrun-args", default="--compile",
                     help="extra arguments for `rlrun record` (default '--compile'; pass as --rlrun-args='...')")
     ap.add_argument("--eval-prompts", type=int, default=32, help="rlrun held-out prompts (evals only before/after)")
@@ -324,7 +325,10 @@ def main(argv: list[str] | None = None) -> int:
     h, i = facts["hidden"], facts["intermediate"] or 4 * facts["hidden"]
     shapes = [(8192, h, i), (8192, i, h), (8192, h, h), (1024, 1024, 1024)]
     wait_idle(WAIT_IDLE[0])
-    best = lambda sh, dt="float32": max((matmul_rate(sh, dt) for _ in range(3)), key=lambda r: r["gflops"])  # noqa: E731
+
+    def best(sh, dt="float32"):
+        return max((matmul_rate(sh, dt) for _ in range(3)), key=lambda r: r["gflops"])
+
     rate, rate_sq, rate_bf16 = best(shapes[:3]), best(shapes[3:]), best(shapes[:3], "bfloat16")
     _log(f"matmul fp32 {rate['gflops']:.0f} GFLOP/s (model shapes), {rate_sq['gflops']:.0f} (1024^3); "
          f"bf16 {rate_bf16['gflops']:.0f}; workdir {work}")
@@ -389,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     print("resp/s and step s: median update wall time after warm-up; gen/train/sync/other: mean seconds over the "
           "updates after warm-up whose time lies in the middle half; bound s: the compute bound per update; "
           "of bound: bound s / step s")
-    hdr = f"{'P':>4} {'tool':<6} {'resp/s':>7} {'step s':>7} {'gen s':>6} {'train s':>7} {'sync s':>7} {'other s':>7} {'bound s':>7} {'of bound':>8}"
+    hdr = (f"{'P':>4} {'tool':<6} {'resp/s':>7} {'step s':>7} {'gen s':>6} {'train s':>7} {'sync s':>7} {'other s':>7} "
+           f"{'bound s':>7} {'of bound':>8}")
     print(hdr)
     print("-" * len(hdr))
     for P in Ps:
@@ -413,16 +418,16 @@ def main(argv: list[str] | None = None) -> int:
         if "rlrun" in tools:
             s = summary[P]["rlrun"]
             st = s["step_time_s"]
-            print(f"  rlrun step {st:.2f} s (mean of the middle half; median wall between steps {s['step_s']:.2f} s): generation {s['gen_s']:.2f} s "
-                  f"({s['gen_s'] / st:.0%}), training {s['train_s']:.2f} s ({s['train_s'] / st:.0%}; forward "
-                  f"{s['t_forward']:.2f}, backward {s['t_backward']:.2f}, optimizer {s['t_optimizer']:.3f}), "
-                  f"sync {s['sync_s']:.3f} s ({s['sync_s'] / st:.0%}), other {s['other_s']:.2f} s "
-                  f"({s['other_s'] / st:.0%}; reward {s.get('reward_s', float('nan')):.2f}, "
+            print(f"  rlrun step {st:.2f} s (mean of the middle half; median wall between steps {s['step_s']:.2f} s): "
+                  f"generation {s['gen_s']:.2f} s ({s['gen_s'] / st:.0%}), training {s['train_s']:.2f} s "
+                  f"({s['train_s'] / st:.0%}; forward {s['t_forward']:.2f}, backward {s['t_backward']:.2f}, optimizer "
+                  f"{s['t_optimizer']:.3f}), sync {s['sync_s']:.3f} s ({s['sync_s'] / st:.0%}), other "
+                  f"{s['other_s']:.2f} s ({s['other_s'] / st:.0%}; reward {s.get('reward_s', float('nan')):.2f}, "
                   f"prep {s.get('prep_s', float('nan')):.2f})")
             print(f"  rlrun vs its bound: generation {b['gen_s'] / s['gen_s']:.0%}, training "
                   f"{b['train_s'] / s['train_s']:.0%}")
     if BUSY:
-        print("warning: other work was using the CPU before " + ", ".join(f"{l} ({b:.0%})" for l, b in BUSY)
+        print("warning: other work was using the CPU before " + ", ".join(f"{what} ({b:.0%})" for what, b in BUSY)
               + ": those timings are not trustworthy")
     if a.json:
         Path(a.json).write_text(json.dumps({"model": facts, "matmul": [rate, rate_sq, rate_bf16],

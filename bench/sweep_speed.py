@@ -20,14 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-from rlsim.replay.io import read_trace  # noqa: E402
+from rlsim.replay.io import read_trace
 from rlsim.sweeps import backends
 from rlsim.core import grid as grids
-from rlsim.core.config import WhatIf  # noqa: E402
-from rlsim.whatif.predict import evaluate  # noqa: E402
+from rlsim.core.config import WhatIf
+from rlsim.whatif.predict import evaluate
 from rlsim.whatif.study import prepare
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # the example grid; seeds repeat it up to the asked size
 BATCHES = [64, 128, 256, 512, 1024, 2048, 4096]
@@ -99,7 +99,8 @@ def main() -> None:
             rows.append(("sweep, Ray", str(n), "ray not installed (pip install 'rlsim[ray]')", "-"))
         else:
             t0 = time.perf_counter()
-            ray.init(address="local", num_cpus=args.workers, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+            ray.init(address="local", num_cpus=args.workers, include_dashboard=False, log_to_driver=False,
+                     logging_level="ERROR")
             t_init = time.perf_counter() - t0
             t0 = time.perf_counter()
             remote = backends.run_sweep(study, grid, ray_address="local")
@@ -110,9 +111,11 @@ def main() -> None:
                 for i, (a, b) in enumerate(zip(local, remote)):
                     diff = [k for k in a if not backends.same_rows([{k: a[k]}], [{k: b.get(k)}])]
                     if diff:
-                        print(f"config {i} differs in {diff}: local {[a[k] for k in diff]} ray {[b.get(k) for k in diff]}")
+                        print(f"config {i} differs in {diff}: local {[a[k] for k in diff]} ray "
+                              f"{[b.get(k) for k in diff]}")
                         break
-            rows.append((f"sweep, Ray local instance ({args.workers} CPUs), excluding start-up", str(n), f"{t_ray:.1f} s",
+            rows.append((f"sweep, Ray local instance ({args.workers} CPUs), excluding start-up", str(n),
+                         f"{t_ray:.1f} s",
                          f"<= {1.2 * t_local:.1f} s (local + 20%): {'ok' if t_ray <= 1.2 * t_local else 'MISSED'}; "
                          f"identical results: {same}"))
             rows.append(("Ray start-up (ray.init)", "-", f"{t_init:.1f} s", "-"))
@@ -132,8 +135,8 @@ def main() -> None:
         rows.append(("`rlsim sweep` CLI end to end (load, fit, sweep, files, 5 charts)", str(n), f"{t_cli:.1f} s",
                      f"<= 300 s ({status})"))
 
-    print(f"trace: {trace_path}  grid: {n} configs ({len(BATCHES)} batches x {len(GROUPS)} groups x {len(LR_RULES)} lr rules x "
-          f"{len(axes['seed'])} seeds, {args.updates} updates each)  cores: {os.cpu_count()}")
+    print(f"trace: {trace_path}  grid: {n} configs ({len(BATCHES)} batches x {len(GROUPS)} groups x {len(LR_RULES)} lr "
+          f"rules x {len(axes['seed'])} seeds, {args.updates} updates each)  cores: {os.cpu_count()}")
     print()
     print("| benchmark | configs | time | target |")
     print("|---|---|---|---|")

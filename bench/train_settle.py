@@ -31,7 +31,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg, trainer, cal = rig("/tmp/rlsim-train-settle.parquet")
     G = cfg.G
-    batches = {f: cal.batch(max(G, int(round(f * cfg.batch / G)) * G)) for f in FACTORS}
+    batches = {f: cal.batch(max(G, int(round(f * cfg.responses_per_update / G)) * G)) for f in FACTORS}
     cal.warm(batches[1.0])
     rng = random.Random(1)
     ratios: dict[tuple[float, str], list[float]] = {}

@@ -5,8 +5,8 @@
     ... bench/train_step.py --variants compile:128,compile:128:noshare  # a group's prompt once, or per sample
 
 Trainers on copies of the same tiny policy (by default: eager and compiled, both on 128-token rows;
-each warmed up as `rlrun record` does, outside the timing) take turns on the same synthetic GRPO batches (the task's prompt and response
-length range, random tokens and advantages), so machine drift hits both alike. Prints per-update
+each warmed up as `rlrun record` does, outside the timing) take turns on the same synthetic GRPO batches (the task's
+prompt and response length range, random tokens and advantages), so machine drift hits both alike. Prints per-update
 seconds (median, with forward and backward), the speed-up, and how far the two sets of weights are
 apart after all updates (same math: only float summation order differs).
 """
@@ -59,7 +59,8 @@ def main() -> None:
         tr.row_tokens, tr.share_prompts = int(rows), share != ["noshare"]
         warm = tr.warmup(batch())
         trainers[name] = tr
-        print(f"{name}: warm-up {warm:.1f} s (micro-batch {cfg.micro} responses, {cfg.batch} per update)")
+        print(f"{name}: warm-up {warm:.1f} s (micro-batch {cfg.micro} responses, {cfg.responses_per_update} per "
+              "update)")
     times = {k: [] for k in trainers}
     parts = {k: [] for k in trainers}
     for _ in range(a.updates):

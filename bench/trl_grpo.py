@@ -89,9 +89,9 @@ def run_trl(model_dir: str, *, task: str = "add2", prompts: int = 32, group: int
     out_dir = tempfile.mkdtemp(prefix="trl-grpo-")
     cfg = GRPOConfig(
         output_dir=out_dir, use_cpu=True, bf16=bf16, fp16=False, gradient_checkpointing=grad_ckpt,
-        torch_compile=compile, seed=seed, data_seed=seed, max_steps=updates, learning_rate=lr, lr_scheduler_type="constant",
-        warmup_steps=0, weight_decay=0.0, adam_beta2=0.99, max_grad_norm=1.0, optim="adamw_torch",
-        per_device_train_batch_size=B // micro_batches, gradient_accumulation_steps=micro_batches,
+        torch_compile=compile, seed=seed, data_seed=seed, max_steps=updates, learning_rate=lr,
+        lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, adam_beta2=0.99, max_grad_norm=1.0,
+        optim="adamw_torch", per_device_train_batch_size=B // micro_batches, gradient_accumulation_steps=micro_batches,
         steps_per_generation=micro_batches, num_generations=group, num_iterations=1, beta=0.0,
         max_completion_length=max_tokens, temperature=temperature, top_p=1.0, top_k=0,
         scale_rewards="group", loss_type="dapo", shuffle_dataset=False,
@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batches", type=int, default=1, help="gradient-accumulation micro-batches per update")
     ap.add_argument("--bf16", action="store_true", help="TRL's bf16 mixed precision (default fp32, as rlrun on CPU)")
     ap.add_argument("--grad-ckpt", action="store_true",
-                    help="gradient checkpointing (TRL's default; off by default here: it only costs time on this model)")
+                    help="gradient checkpointing (TRL's default; off by default here: it only costs time on this "
+                         "model)")
     ap.add_argument("--trl-defaults", action="store_true",
                     help="TRL's own defaults for precision and memory: bf16 and gradient checkpointing")
     ap.add_argument("--compile", action="store_true", help="TRL's torch_compile=True (TrainingArguments; default off)")
@@ -182,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
                 bf16=a.bf16 or a.trl_defaults, grad_ckpt=a.grad_ckpt or a.trl_defaults, compile=a.compile,
                 warmup=a.warmup)
     print(f"TRL P={r['prompts']} G={r['group']}: {r['resp_per_s']:.0f} resp/s, step {r['step_s']:.2f} s "
-          f"(generation+scoring {r['gen_s']:.2f} s), reward {r['mean_reward_first']:.2f} -> {r['mean_reward_last']:.2f}")
+          f"(generation+scoring {r['gen_s']:.2f} s), reward {r['mean_reward_first']:.2f} -> "
+          f"{r['mean_reward_last']:.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps(r, indent=1))
     return 0

@@ -1,58 +1,22 @@
 """Calibrated, validated step-cost fits and their bootstrap replicates (intervals).
 
-A run at one batch size runs almost every engine step at the batch's own concurrency, so its rows cannot
-pin how the step time grows with concurrency (fitted at P and asked about 4P, responses/s erred by +34 %),
-and on CPU the step time is not one line in concurrency. `rlrun record` therefore profiles, before the
-first update, engine steps at a geometric ladder of concurrencies (`calib_gen` rows) and forward +
-backward passes at a ladder of token counts (`calib_train` rows); `rlrun calibrate` writes the same alone,
-for older traces (`rlsim run --calibration FILE`). Here (`calibrate`, called at the end of
-`fit.fit_trace`):
+A run at one batch size runs almost every engine step at the batch's own concurrency, so its rows cannot pin how
+the step time grows with concurrency, and on CPU the step time is not one line in concurrency. `rlrun record`
+therefore profiles engine steps at a ladder of concurrencies (`calib_gen` rows) and forward + backward passes at a
+ladder of token counts (`calib_train` rows); `rlrun calibrate` writes the same alone, for older traces
+(`rlsim run --calibration FILE`). Here (`calibrate`, called at the end of `fit.fit_trace`):
 
-- engine step: fitted on calibration + run rows, each concurrency level (half-octave bins of
-  num_running) given the same total weight (weights 1 / (sqrt(rows) x median seconds) of its level, so the
-  squared relative errors of the levels count alike; a level of fewer than 8 rows counts rows/8), by
-  non-negative least squares. Three forms, all `EngineStepCost` (replay/cost.py: `design`, `from_design`):
-      linear  t = c_step + c_seq n + c_ctx ctx + c_prefill prefill
-      knee    t = c_step + s1 min(n, k) + s2 max(0, n - k) + c_ctx ctx + c_prefill prefill   (s1, s2 >= 0)
-      interp  t = f(n) + c_ctx ctx + c_prefill prefill,  f(n) = c_step + sum_j s_j ramp_j(n)       (s_j >= 0)
-  The knee form is piecewise linear in n with a fitted knee k (convex: a roofline max(memory-bound,
-  compute-bound); concave: per-step overheads that saturate). The interpolated form is the measured profile,
-  as profile-based simulators (Vidur) use it: f is non-decreasing and piecewise linear with a knot at the
-  centre of every level that holds a calibration rung (KNOT_CAL_ROWS; the run's own levels lie between
-  knots), segment j's slope s_j, the first segment's line continued below the lowest knot and the last one's
-  beyond the highest (the parametric form beyond the ladder's ends), fitted jointly with c_ctx and c_prefill.
-  A ramp is a difference of two hinges, so every form is c_step + c_seq n + sum_j d_j max(0, n - k_j) + ...:
-  a round's cost stays a closed form of summed features and the histogram of n (`StepSums.hinges`).
-  The form, by leave-one-level-out cross-validation (each level's summed seconds predicted from the other
-  levels): linear or knee, the knee form only when it cuts the CV error by at least KNEE_GAIN; interpolated
-  (when calibration rungs cover INTERP_LEVELS levels or more) unless that parametric form predicts held-out
-  levels better, which a ladder too noisy between neighbouring levels makes it do. Every form's
-  CV error is reported; for the interpolated form a held-out level loses its knot, so it is predicted by
-  interpolation between its neighbours (or along the end segment beyond them). The calibration is put on
-  the run's clock first: its rows are scaled by the run's step times at the run's own concurrency over what
-  the calibration alone predicts there (`anchor_gen`; a shared machine may run at another speed during the
-  calibration, and a `rlrun calibrate` file comes from another time); the training curve likewise by the
-  run's forward + backward seconds. Last, the fitted times (not the knees) are scaled so that they sum to the
-  run's own engine time over its steps (`run_level`): the calibration sets the shape, the run its level, in
-  total rather than at one level.
-- training: the forward + backward seconds of the calibration's token levels, interpolated linearly in
-  tokens between the level medians (made non-decreasing by isotonic regression first; linear in tokens
-  rather than in log-log, which missed the shipped traces' held-out middle levels by 14-47 % against 8-19 %),
-  along the line through the two end levels beyond either end (not below 0 at 0 tokens); the per-update fixed
-  cost (optimizer step and the rest) is the robust location of (measured update seconds - forward + backward
-  at their tokens) over the run's updates (`PiecewiseLinear`, replay/robust.py). Cross-validated by leaving
-  one token level out.
-- replicates: Bayesian-bootstrap refits over concurrency levels and rows (calibrated: no level dropped, so
-  the interpolated form keeps its knots) or RL steps (run rows only), and over the passes of each token
-  level and the updates: REPLICATES refits of both models. The simulator turns each into a responses/s
-  (`EngineStepCost.totals` of its summed features); the interval is the point estimate times the 5 %-95 %
-  quantiles of replicate / median replicate.
+- engine step: fitted on calibration + run rows by weighted non-negative least squares, each concurrency level
+  weighted alike, in one of three `EngineStepCost` forms (linear, knee, interpolated over the ladder's levels),
+  chosen by leave-one-level-out cross-validation; put on the run's clock (`anchor_gen`) and scaled to the run's
+  own engine time (`run_level`);
+- training: forward + backward seconds interpolated in tokens between the calibration's levels, plus the
+  run's per-update fixed cost (`PiecewiseLinear`), cross-validated by leaving one token level out;
+- replicates: REPLICATES Bayesian-bootstrap refits of both, turned into the responses/s interval.
 
-Without calibration rows the point fits are those of `fit.py`, unchanged; the validation is computed on
-the run's rows and a warning names `rlrun calibrate`. Imports neither torch nor SimPy.
-
-Size: one concern, the calibrated engine and training fits, with the leave-one-level-out validation and
-the bootstrap replicates that must refit exactly those fits; the entry point is `calibrate`.
+Without calibration rows the point fits are those of `fit.py`; a warning names `rlrun calibrate`. Imports
+neither torch nor SimPy. The forms, weights, validation and intervals: docs/simulator.md, "Calibration,
+validation out of sample, intervals"; what each choice bought: docs/results.md.
 """
 from __future__ import annotations
 
@@ -139,10 +103,12 @@ class _GenProblem:
         self.level_center = np.array([np.median(n[lev == i]) for i in range(n_lev)])
         self.level_rows = np.bincount(lev, minlength=n_lev)
         self.level_weight = np.minimum(self.level_rows, LEVEL_FULL_ROWS) / LEVEL_FULL_ROWS
-        cal_rows = np.bincount(lev, weights=np.asarray(cal, float), minlength=n_lev) if cal is not None else np.zeros(n_lev)
+        cal_rows = (np.bincount(lev, weights=np.asarray(cal, float), minlength=n_lev) if cal is not None
+                    else np.zeros(n_lev))
         self.knot_level = cal_rows >= KNOT_CAL_ROWS  # the interpolated form's knots (KNOT_CAL_ROWS)
         # groups of calibration rows (their seconds scale with the anchor) and of the run rows that anchor them
-        self.grp_cal = np.bincount(grp, weights=np.asarray(cal, float), minlength=ng) > 0 if cal is not None else np.zeros(ng, bool)
+        self.grp_cal = (np.bincount(grp, weights=np.asarray(cal, float), minlength=ng) > 0 if cal is not None
+                        else np.zeros(ng, bool))
         self.grp_anchor = (np.bincount(grp, weights=np.asarray(anchor, float), minlength=ng) > 0 if anchor is not None
                            else np.zeros(ng, bool))
 
@@ -203,7 +169,8 @@ class _GenProblem:
         for d, k in zip(c[4::2], c[5::2]):
             if d:
                 if k not in self._hinge_sums:
-                    self._hinge_sums[k] = np.bincount(self._grp, weights=np.maximum(self._n - k, 0.0), minlength=len(self.Y))
+                    self._hinge_sums[k] = np.bincount(self._grp, weights=np.maximum(self._n - k, 0.0),
+                                                      minlength=len(self.Y))
                 t = t + d * self._hinge_sums[k]
         return t
 
@@ -274,7 +241,8 @@ class GenFit:
 
     coef: np.ndarray = field(metadata={"help": "(4 + 2K,) coefficients of the form used (replay.cost array layout)"})
     form: str = field(metadata={"help": "linear | knee | interp"})
-    problem: _GenProblem = field(metadata={"help": "the weighted NNLS by groups of rows (refits for CV and the bootstrap)"})
+    problem: _GenProblem = field(metadata={"help": "the weighted NNLS by groups of rows (refits for CV and the "
+                                                   "bootstrap)"})
     cv: dict[str, tuple[float, float, tuple[LevelError, ...]]] = field(metadata={
         "help": "form -> leave-one-level-out (RMS, max |error|, per level)"})
     r2: float = field(metadata={"help": "R2 on the rows used"})
@@ -453,12 +421,14 @@ def fit_train_calibrated(tok, dur, level) -> TrainFit:
     tok, dur, level = tok[ok], dur[ok], level[ok]
     x, y, n, _ = _token_levels(tok, dur, level)
     if len(x) < 2:
-        raise RlsimError(f"calibration has {len(x)} training token levels; at least 2 are needed (re-run `rlrun calibrate`)")
+        raise RlsimError(f"calibration has {len(x)} training token levels; at least 2 are needed (re-run `rlrun "
+                         "calibrate`)")
     errs = []
     if len(x) >= 3:
         for i in range(len(x)):
             m = np.arange(len(x)) != i
-            errs.append(LevelError(float(x[i]), int(n[i]), float(hinge_predict(_fb_coefs(x[m], y[m]), x[i]) / y[i] - 1)))
+            errs.append(LevelError(float(x[i]), int(n[i]),
+                                   float(hinge_predict(_fb_coefs(x[m], y[m]), x[i]) / y[i] - 1)))
     e = np.array([v.rel_err for v in errs])
     knots, values = tuple(float(v) for v in x), tuple(float(v) for v in isotonic(y))
     pred = hinge_predict(PiecewiseLinear.coefs(knots, values), tok)
@@ -488,9 +458,9 @@ def check_compatible(ref: Trace, cal: Trace) -> None:
     for key, what in (("model", "model"), ("parameters", "model size (parameters)"), ("device", "device type"),
                       ("device_name", "device"), ("dtype", "dtype")):
         if a[key] is not None and b[key] is not None and a[key] != b[key]:
-            raise RlsimError(f"{cal.path} was calibrated with {what} {b[key]!r}, the trace {ref.name} ran with {a[key]!r}: "
-                             "a calibration applies only to the same model on the same device; run `rlrun calibrate` "
-                             "with the trace's model on its device")
+            raise RlsimError(f"{cal.path} was calibrated with {what} {b[key]!r}, the trace {ref.name} ran with "
+                             f"{a[key]!r}: a calibration applies only to the same model on the same device; run `rlrun "
+                             "calibrate` with the trace's model on its device")
     if not (cal.count(CALIB_GEN) or cal.count(CALIB_TRAIN)):
         raise RlsimError(f"{cal.path} has no calibration rows (calib_gen / calib_train); make one with "
                          "`rlrun calibrate --out calib.parquet`")
@@ -579,7 +549,8 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
         train = _train_calibrated(src.cal_train, run_upd, reps, rng, notes)
     else:
         train = _Part(models.update, _bootstrap_update_rows(run_upd.tokens, run_upd.seconds, run_upd.t_opt, reps, rng),
-                      dict(train_r2=models.update.quality.r2, train_source=f"{len(run_upd.tokens)} run updates only (no calibration)"),
+                      dict(train_r2=models.update.quality.r2,
+                           train_source=f"{len(run_upd.tokens)} run updates only (no calibration)"),
                       f"{len(run_upd.tokens)} updates")
     out = _with_validation(models, gen, train, calibrated=len(src.cal_gen["duration"]) >= 8, warnings=warnings,
                            notes=notes)
@@ -591,9 +562,11 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
 class _Sources:
     """The rows the calibrated fits use: calibration rows (scaled later) and the run's own."""
 
-    cal_gen: dict[str, np.ndarray] = field(metadata={"help": "calib_gen rows: duration, num_running, context_tokens, prefill_tokens"})
+    cal_gen: dict[str, np.ndarray] = field(metadata={"help": "calib_gen rows: duration, num_running, context_tokens, "
+                                                             "prefill_tokens"})
     cal_train: dict[str, np.ndarray] = field(metadata={"help": "calib_train rows: duration, num_tokens, calib_level"})
-    run: dict[str, np.ndarray] = field(metadata={"help": "the run's gen_step rows after warm-up (empty for a foreign calibration)"})
+    run: dict[str, np.ndarray] = field(metadata={"help": "the run's gen_step rows after warm-up (empty for a foreign "
+                                                         "calibration)"})
     rounds: np.ndarray = field(metadata={"help": "(run rows,) RL step of each run row (bootstrap clusters)"})
     upd_ok: np.ndarray = field(metadata={"help": "(updates,) update rows usable (none for a foreign calibration)"})
 
@@ -614,8 +587,9 @@ class _Sources:
             run = {k: v[:0] for k, v in run.items()}
             rounds = rounds[:0]
             upd_ok = np.zeros_like(upd_ok)
-            notes.append(f"calibration at {threads_of(foreign[0])} thread(s) (the run: {threads_of(ref)}): engine steps and "
-                         "training passes as measured there, not rescaled to the run; the optimizer step from the run")
+            notes.append(f"calibration at {threads_of(foreign[0])} thread(s) (the run: {threads_of(ref)}): engine "
+                         "steps and training passes as measured there, not rescaled to the run; the optimizer step "
+                         "from the run")
         return cls(cal_gen=_rows(sources, CALIB_GEN, GEN_COLUMNS),
                    cal_train=_rows(sources, CALIB_TRAIN, ("duration", "num_tokens", "calib_level")),
                    run=run, rounds=rounds, upd_ok=upd_ok)
@@ -702,7 +676,8 @@ def _gen_run_only(ref: Trace, gen: GenStepModel, src: _Sources, reps: int, rng: 
     val = dict(gen_form="linear", gen_knee=math.nan, gen_r2=gen.quality.r2, gen_cv=cv[0], gen_cv_max=cv[1],
                gen_cv_linear=cv[0], gen_cv_knee=math.nan, gen_levels=cv[2],
                gen_source=f"{len(y)} run steps only, {lo}..{hi} running (no calibration)")
-    gen_reps = bootstrap_gen(prob, "linear", reps, rng, by="cluster") if len(prob.cluster_ids) >= 3 else np.zeros((0, 4))
+    gen_reps = (bootstrap_gen(prob, "linear", reps, rng, by="cluster") if len(prob.cluster_ids) >= 3
+                else np.zeros((0, 4)))
     return _Part(gen, gen_reps, val, f"{len(prob.cluster_ids)} RL steps")
 
 
@@ -714,7 +689,8 @@ class _RunUpdates:
     seconds: np.ndarray = field(metadata={"help": "update seconds without batch preparation"})
     t_opt: np.ndarray = field(metadata={"help": "optimizer-step seconds"})
     t_fb: np.ndarray | None = field(metadata={"help": "forward + backward seconds (None: not recorded)"})
-    t_opt_all: np.ndarray = field(metadata={"help": "(all updates,) optimizer-step seconds (when no update row is usable)"})
+    t_opt_all: np.ndarray = field(metadata={"help": "(all updates,) optimizer-step seconds (when no update row is "
+                                                    "usable)"})
 
 
 def _train_calibrated(ct: dict[str, np.ndarray], run: _RunUpdates, reps: int, rng: np.random.Generator,
@@ -734,7 +710,8 @@ def _train_calibrated(ct: dict[str, np.ndarray], run: _RunUpdates, reps: int, rn
         ct = {**ct, "duration": ct["duration"] * s_train}
         tf = fit_train_calibrated(ct["num_tokens"], ct["duration"], ct["calib_level"])
         if abs(s_train - 1) > 0.05:
-            notes.append(f"calibration training passes scaled by {s_train:.3g} to the run's own forward + backward time")
+            notes.append(f"calibration training passes scaled by {s_train:.3g} to the run's own forward + backward "
+                         "time")
     fixed = _fixed_cost(tf.curve, run.tokens, run.seconds, run.t_opt_all)
     update = _update_model(tf, fixed, ct, run)
     run_err = math.nan
@@ -747,7 +724,8 @@ def _train_calibrated(ct: dict[str, np.ndarray], run: _RunUpdates, reps: int, rn
                train_run_err=run_err, train_form="interp", train_flat=flat_span(tf.curve.knots, tf.curve.values),
                train_source=f"{tf.rows} calibration passes at {len(x_l)} token levels "
                             f"{x_l.min():.0f}..{x_l.max():.0f} + {len(tok_run)} run updates")
-    return _Part(update, _bootstrap_train(ct, fixed, run, reps, rng), val, f"{len(x_l)} token levels and {len(tok_run)} updates")
+    return _Part(update, _bootstrap_train(ct, fixed, run, reps, rng), val,
+                 f"{len(x_l)} token levels and {len(tok_run)} updates")
 
 
 def _fixed_cost(fb: PiecewiseLinear, tok: np.ndarray, seconds: np.ndarray, t_opt_all: np.ndarray) -> float:
@@ -777,8 +755,8 @@ def _with_validation(models: FittedModels, gen: _Part, train: _Part, *, calibrat
               f"{'' if calibrated else ' (no calibration: the run rows only)'}")
     replicates = Replicates(gen=gen.reps[:k], update=train.reps[:k], method=method) if k >= 8 else None
     validation = Validation(**gen.validation, **train.validation, calibrated=calibrated,
-                            interval_method=method if replicates is not None else "none (too few levels or updates to resample)",
-                            notes=tuple(notes))
+                            interval_method=method if replicates is not None
+                            else "none (too few levels or updates to resample)", notes=tuple(notes))
     return replace(models, gen=gen.model, update=train.model, warnings=tuple(warnings), validation=validation,
                    replicates=replicates)
 
@@ -804,7 +782,8 @@ def _bootstrap_train(ct: dict[str, np.ndarray], fixed: float, run: _RunUpdates, 
     return np.array(out) if out else np.zeros((0, 2))
 
 
-def _bootstrap_update_rows(tok: np.ndarray, upd: np.ndarray, t_opt: np.ndarray, reps: int, rng: np.random.Generator) -> np.ndarray:
+def _bootstrap_update_rows(tok: np.ndarray, upd: np.ndarray, t_opt: np.ndarray, reps: int,
+                           rng: np.random.Generator) -> np.ndarray:
     if len(tok) < 3:
         return np.zeros((0, 2))
     hint = robust_location(t_opt) if np.isfinite(t_opt).any() else 0.0

@@ -6,30 +6,15 @@ prompt tokens takes
 
     t = f(n) + c_ctx context + c_prefill prefill,    f(n) = c_step [n > 0] + c_seq n + sum_j d_j max(0, n - k_j)
 
-seconds: f is piecewise linear in n, its slope c_seq below the first knee k_1 and changing by d_j at each
-knee k_j (`EngineStepCost.hinges`). c_step is what a step costs whatever it runs (weight reads,
-scheduling); a step with nothing running does not happen, so it costs nothing. No hinge is the linear
-form, one the knee form, one at each inner measured concurrency level the interpolated form (replay/calibration.py
-fits all three: the same formula with more hinges).
+seconds: f is piecewise linear in n (`EngineStepCost.hinges`: no hinge is the linear form, one the knee form,
+one at each inner measured level the interpolated form; replay/calibration.py fits all three). The formula is
+linear in its features, so the seconds of any set of steps are the coefficients applied to the features summed
+over those steps (`StepSums`, which keep the histogram of n when a hinge needs it): a simulated round, a
+stretch of steps, a group of calibration rows, under one coefficient set or a matrix of bootstrap replicates
+(`EngineStepCost.totals`). Coefficient arrays are laid out `COEFS` then one (d_j, k_j) pair per hinge; the fits
+use a non-negative slope-per-segment parametrisation of the same features (`design`, `from_design`).
 
-The formula is linear in its features ([n > 0], n, context, prefill and one max(0, n - k_j) per knee), so
-the seconds of any set of steps are the same coefficients applied to the features summed over those steps
-(`StepSums`): a generation round of the simulator, a stretch of steps at one composition (the context
-grows by n each step), a group of calibration rows, under one coefficient set or a matrix of bootstrap
-replicates (`EngineStepCost.totals`). max(0, n - k) summed over steps is not a function of the other sums,
-so sums keep the histogram of n when a hinge needs it.
-
-Coefficient arrays (`EngineStepCost.array`, the rows of `Replicates.gen`) are laid out
-[c_step, c_seq, c_ctx, c_prefill, d_1, k_1, d_2, k_2, ...] (`COEFS`, then one (d_j, k_j) pair per hinge).
-
-The fits (replay/fit.py, replay/calibration.py) use the same features in a non-negative least squares
-parametrisation (`EngineStepCost.design`): with knees k_1 < ... < k_m, f(n) = c_step + s_0 min(n, k_1) +
-sum_j s_j clip(n - k_j, 0, k_{j+1} - k_j) + s_m max(0, n - k_m), every coefficient >= 0, so s_j is the
-slope of segment j (the first segment's line continues below k_1, the last one's beyond k_m), f is
-non-decreasing, and c_seq = s_0, d_j = s_j - s_{j-1} (`from_design`). A clip is a difference of two hinges,
-so the fitted f is exactly a sum of hinges.
-
-Imports numpy only.
+Imports numpy only. The formula, its parametrisation and its fits: docs/simulator.md, "The engine-step formula".
 """
 from __future__ import annotations
 
@@ -71,7 +56,8 @@ class StepSums:
         L p + L (L - 1) / 2 to S2 wherever it is scheduled. `steps`: the schedule's engine steps (..., )."""
         L = np.asarray(length).astype(float)
         p = np.asarray(prompt).astype(float)
-        return cls(steps, L.sum(axis=-1), (L * p + L * (L - 1) / 2).sum(axis=-1), np.asarray(prefill, float).sum(axis=-1), hist)
+        return cls(steps, L.sum(axis=-1), (L * p + L * (L - 1) / 2).sum(axis=-1),
+                   np.asarray(prefill, float).sum(axis=-1), hist)
 
     @classmethod
     def of_stretch(cls, k: int, n: int, context0: float, prefill: float, hist: bool = False) -> StepSums:
@@ -135,7 +121,8 @@ class StepSums:
 class EngineStepCost:
     """Seconds of an engine step from its batch composition (module doc): the formula and its coefficients."""
 
-    c_step: float = field(metadata={"help": "fixed seconds per engine step, amortised over the batch (weight reads, scheduling)"})
+    c_step: float = field(metadata={"help": "fixed seconds per engine step, amortised over the batch (weight reads, "
+                                            "scheduling)"})
     c_seq: float = field(metadata={"help": "seconds per sequence in the batch, below the first knee"})
     c_ctx: float = field(metadata={"help": "seconds per KV token attended"})
     c_prefill: float = field(metadata={"help": "seconds per prompt token computed"})
@@ -189,7 +176,8 @@ class EngineStepCost:
     @staticmethod
     def features(running, context, prefill=0.0, knees: Sequence[float] = ()) -> np.ndarray:
         """(..., 4 + K) features of steps (arguments broadcast): [n > 0], n, context, prefill, max(0, n - k_j)."""
-        n, ctx, pre = np.broadcast_arrays(np.asarray(running, float), np.asarray(context, float), np.asarray(prefill, float))
+        n, ctx, pre = np.broadcast_arrays(np.asarray(running, float), np.asarray(context, float),
+                                          np.asarray(prefill, float))
         return np.stack([(n > 0).astype(float), n, ctx, pre] + [_hinge(n, k) for k in knees], axis=-1)
 
     def step(self, running, context, prefill=0.0):
@@ -203,7 +191,8 @@ class EngineStepCost:
         return self.step(n, context0 + n * np.arange(k, dtype=float), pre)
 
     def stretch(self, k: int, n: int, context0: float, prefill: float = 0.0) -> float:
-        """Seconds of a stretch in closed form: `total` of its StepSums, in plain floats (the simulators' inner loop)."""
+        """Seconds of a stretch in closed form: `total` of its StepSums, in plain floats (the simulators' inner
+        loop)."""
         cost = (k * (self.c_step * (n > 0) + self.c_seq * n) + self.c_ctx * (k * context0 + n * k * (k - 1) / 2)
                 + self.c_prefill * prefill)
         for knee, d in self.hinges:

@@ -9,7 +9,7 @@ shape from the full ladders, their level anchored to the run) with engine-step t
 `train`, the ratios of one thread's seconds over the run threads' within the phase (`device_ratios`). Why paired
 and at the run's shapes: a speed-up from threads depends on the operations' sizes, a drift between two
 measurements cancels only within a pair, and a one-thread ladder of its own, within its share of the budget,
-reached engine rungs 1-8 on this project's 2-core host and missed the split's steps at 256 sequences by 2.5x.
+fell short of the run's concurrency and missed the split's operating point (docs/results.md sections 6 and 10).
 """
 from __future__ import annotations
 
@@ -24,13 +24,16 @@ from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN
 
 
 def _device_meta(t: Trace) -> dict:
-    """The metadata's `calibration.device` section ({} when absent), its numbers checked: one line naming a corrupt one."""
+    """The metadata's `calibration.device` section ({} when absent), its numbers checked: one line naming a corrupt
+    one."""
     dev = (t.meta.get("calibration") or {}).get("device") or {}
     if not isinstance(dev, dict):
-        raise RlsimError(f"{t.path}: metadata calibration.device is {dev!r}, not a section; re-record the trace with rlrun record")
+        raise RlsimError(f"{t.path}: metadata calibration.device is {dev!r}, not a section; re-record the trace with "
+                         "rlrun record")
     for key in ("gen_ratios", "train_ratios"):
         v = dev.get(key)
-        if v is not None and not (isinstance(v, list) and all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in v)):
+        if v is not None and not (isinstance(v, list)
+                                  and all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in v)):
             raise RlsimError(f"{t.path}: metadata calibration.device.{key} is {v!r}, not a list of positive ratios; "
                              "re-record the trace with rlrun record")
     t0 = dev.get("t0")
@@ -109,6 +112,7 @@ def device_ratios(t: Trace) -> DeviceRatios | None:
         g, tr = (float(np.median(dev["gen_ratios"])), g[1]), (float(np.median(dev["train_ratios"])), tr[1])
     if not (g[0] > 0 and tr[0] > 0 and math.isfinite(g[0] * tr[0])):  # rows of zero seconds: nothing to scale by
         return None
-    threads = (t.meta.get("calibration") or {}).get("threads") or (t.meta.get("hardware") or {}).get("torch_threads") or 1
+    threads = (t.meta.get("calibration")
+               or {}).get("threads") or (t.meta.get("hardware") or {}).get("torch_threads") or 1
     threads = int(threads) if isinstance(threads, (int, float)) and threads >= 1 else 1
     return DeviceRatios(gen=g[0], gen_level=g[1], train=tr[0], train_level=tr[1], threads=threads)

@@ -1,29 +1,19 @@
 """Named device profiles and the roofline rule that moves a fitted model to other hardware.
 
 `rescale(models, device, gpus)` returns a copy of a `FittedModels` whose costs are those of `gpus`
-devices of the named profile, and one note per term it moved. The rule (docs/importing.md):
+devices of the named profile, and one note per term it moved:
 
-- memory-bound terms move by the memory-bandwidth ratio bw_src / bw_dst:
-  - generation's per-engine-step fixed cost `gen.c_step` (weight reads). From a CPU source (an rlrun
-    trace) only the part weight reads explain (model bytes `models.sync_bytes` /
-    (tensor parallel x source bandwidth)) moves; the rest of a CPU engine step is host overhead (Python
-    scheduling) and stays.
-  - the per-context-token cost `gen.c_ctx` (KV-cache reads), also spread over the data-parallel engines:
-    x bw ratio x (gpus_src / gpus_dst);
-  - the fixed cost of an update or a batch preparation (`update.intercept`, `prep.intercept`, or the
-    interpolated update's `offset`: optimizer step over sharded states): x bw ratio x (gpus_src / gpus_dst);
-- compute-bound terms move by the dense FLOP/s ratio and the device count: the per-sequence decode cost
-  `gen.c_seq` with every change of it at a knee (`gen.hinges`; the knees stay where they are) and the
-  per-prompt-token prefill cost `gen.c_prefill`, and training per token (`update.slope`, `prep.slope`, or
-  the interpolated update's forward + backward seconds at its token levels, `update.values`):
-  x (F_src / F_dst) x (gpus_src / gpus_dst);
-- weight sync (`sync.intercept`, `sync.slope`) moves by the interconnect ratio ic_src / ic_dst;
-- host-side terms stay: the generation round overhead, rewards, the rest of the step;
-- engine limits: `max_num_seqs` x gpus_dst / gpus_src (one engine per device group, as recorded);
-  `kv_cache_tokens` x (mem_dst / mem_src) x (gpus_dst / gpus_src).
+- memory-bound terms (an engine step's weight reads, KV reads, an update's fixed cost) move by the
+  memory-bandwidth ratio (and the device count where data parallel); from a CPU source only the part of an
+  engine step that weight reads explain moves, the rest is host overhead;
+- compute-bound terms (decode and prefill per token, training per token) move by the dense FLOP/s ratio and
+  the device count;
+- the weight sync moves by the interconnect ratio; host-side terms stay;
+- engine limits: `max_num_seqs` with the device count, `kv_cache_tokens` with memory and device count.
 
 The tensor-parallel degree (`config.tp`, default 1) is kept. What was recorded (`models.recorded`) is
-not touched: it is what the source hardware measured.
+not touched: it is what the source hardware measured. Term by term, with the reasons: docs/importing.md,
+"The roofline rule".
 """
 from __future__ import annotations
 
@@ -51,13 +41,15 @@ class DeviceProfile:
     mem_bandwidth_gbs: float = field(metadata={"help": "peak memory bandwidth, GB/s"})
     flops_tflops: float = field(metadata={"help": "dense bf16 tensor FLOP/s in TFLOP/s (CPU: measured fp32 matmul)"})
     memory_gb: float = field(metadata={"help": "device memory, GB"})
-    interconnect_gbs: float = field(metadata={"help": "device-to-device bandwidth, GB/s (NVLink, Infinity Fabric, PCIe)"})
+    interconnect_gbs: float = field(metadata={"help": "device-to-device bandwidth, GB/s (NVLink, Infinity Fabric, "
+                                                      "PCIe)"})
     kind: str = field(metadata={"help": "gpu | cpu"})
     aliases: tuple[str, ...] = field(default=(), metadata={"help": "other names it is found by"})
     source: str = field(default="", metadata={"help": "where the numbers come from"})
     update_floor_s: float = field(default=0.0, metadata={
-        "help": "the least a rescaled optimizer update's fixed cost may fall to, seconds: kernel launches of the forward and "
-                "backward passes, the optimizer step and a gradient collective do not shrink with bandwidth (0: no floor)"})
+        "help": "the least a rescaled optimizer update's fixed cost may fall to, seconds: kernel launches of the "
+                "forward and backward passes, the optimizer step and a gradient collective do not shrink with "
+                "bandwidth (0: no floor)"})
     processor: str = field(default="", metadata={"help": "a CPU host's processor as the host names it ('' for a GPU)"})
     stand_in: str = field(default="", metadata={
         "help": "for a CPU host with no measured figures: the sentence saying whose figures stand in for its own "
@@ -159,7 +151,8 @@ def recorded_profile(hardware: dict[str, Any] | None) -> DeviceProfile:
     hw = hardware or {}
     kind = "cpu" if str(hw.get("device") or "").lower() == "cpu" else "gpu"
     name = str(hw.get("device_name") or hw.get("device") or "the recorded device")
-    return DeviceProfile("recorded", name, 1.0, 1.0, 1.0, 1.0, kind, source="the trace's own device (no datasheet needed)",
+    return DeviceProfile("recorded", name, 1.0, 1.0, 1.0, 1.0, kind,
+                         source="the trace's own device (no datasheet needed)",
                          update_floor_s=UPDATE_FLOOR_S.get(kind, 0.0))
 
 
@@ -275,25 +268,26 @@ def rescale(models: FittedModels, device: str | DeviceProfile, gpus: int, *,
         host = gm.c_step - w
         c_step = w * bw + host
         notes.append(f"gen c_step {gm.c_step * 1e3:.4g} -> {c_step * 1e3:.4g} ms: its weight-read part "
-                     f"{w * 1e3:.4g} ms (model bytes {models.sync_bytes:.4g} / tp {tp} / source bandwidth) {_x(bw)} ({why_bw}), "
-                     f"the rest {host * 1e3:.4g} ms is the CPU engine's host overhead and stays")
+                     f"{w * 1e3:.4g} ms (model bytes {models.sync_bytes:.4g} / tp {tp} / source bandwidth) {_x(bw)} "
+                     f"({why_bw}), the rest {host * 1e3:.4g} ms is the CPU engine's host overhead and stays")
     else:
         c_step = gm.c_step * bw
         notes.append(f"gen c_step (per engine step) {gm.c_step * 1e3:.4g} -> {c_step * 1e3:.4g} ms {_x(bw)} ({why_bw})")
     # a change of the per-sequence slope at a knee is per-token compute like c_seq; the knees' positions are kept
     gen = replace(gm.scaled(seq=fl * g, ctx=bw * g, prefill=fl * g), c_step=c_step)
     knees = " and its changes at the knees (whose positions are kept)" if gm.hinges else ""
-    notes.append(f"gen c_seq (per sequence per step){knees} and c_prefill (per prompt token) {_x(fl * g)} ({why_fl}, {why_g})")
+    notes.append(f"gen c_seq (per sequence per step){knees} and c_prefill (per prompt token) {_x(fl * g)} ({why_fl}, "
+                 f"{why_g})")
     notes.append(f"gen c_ctx (per context token per step, KV reads) {_x(bw * g)} ({why_bw}, {why_g})")
 
     update, prep = _train(models.update, fl * g, bw * g, dst.update_floor_s), _train(models.prep, fl * g, bw * g, 0.0)
-    notes.append(f"training per token (update and prep slopes, or the update's interpolated forward + backward) {_x(fl * g)} "
-                 f"({why_fl}, {why_g}); their fixed per-update costs (optimizer step over sharded states) {_x(bw * g)} "
-                 f"({why_bw}, {why_g})")
+    notes.append("training per token (update and prep slopes, or the update's interpolated forward + backward) "
+                 f"{_x(fl * g)} ({why_fl}, {why_g}); their fixed per-update costs (optimizer step over sharded states) "
+                 f"{_x(bw * g)} ({why_bw}, {why_g})")
     if _fixed(update) > _fixed(models.update) * bw * g * (1 + 1e-9):
         notes.append(f"the update's fixed cost held at the {dst.key} profile's floor {dst.update_floor_s * 1e3:.3g} ms "
-                     f"(the roofline rule gives {_fixed(models.update) * bw * g * 1e3:.3g} ms; kernel launches, optimizer "
-                     "step and gradient collective do not shrink with bandwidth)")
+                     f"(the roofline rule gives {_fixed(models.update) * bw * g * 1e3:.3g} ms; kernel launches, "
+                     "optimizer step and gradient collective do not shrink with bandwidth)")
     sync = replace(models.sync, intercept=models.sync.intercept * ic, slope=models.sync.slope * ic)
     notes.append(f"weight sync {_x(ic)} (interconnect {src.interconnect_gbs:g} -> {dst.interconnect_gbs:g} GB/s)")
     notes.append("unchanged (host side): the generation round overhead, rewards and advantages, the rest of the step")
@@ -352,7 +346,8 @@ def per_device(models: FittedModels, gen: float, train: float, note: str) -> Fit
         upd[:, 2::2] *= train
         reps = replace(reps, gen=EngineStepCost.scale_array(reps.gen, gen), update=upd)
     g = models.gen
-    return replace(models, gen=g.scaled(step=gen, seq=gen, ctx=gen, prefill=gen), update=_train(models.update, train, train, 0.0),
+    return replace(models, gen=g.scaled(step=gen, seq=gen, ctx=gen, prefill=gen),
+                   update=_train(models.update, train, train, 0.0),
                    prep=_train(models.prep, train, train, 0.0), replicates=reps,
                    config={**models.config, "one_device": {"gen": gen, "train": train, "note": note}})
 
@@ -362,7 +357,8 @@ def _fixed(m: AffineModel | PiecewiseLinear) -> float:
     return m.offset if isinstance(m, PiecewiseLinear) else m.intercept
 
 
-def _train(m: AffineModel | PiecewiseLinear, compute: float, memory: float, floor: float) -> AffineModel | PiecewiseLinear:
+def _train(m: AffineModel | PiecewiseLinear, compute: float, memory: float,
+           floor: float) -> AffineModel | PiecewiseLinear:
     """A training model with its per-token part x `compute` and its fixed part x `memory`, held at min(itself,
     `floor`) from below (the fixed cost does not shrink past the profile's floor)."""
     fixed = max(_fixed(m) * memory, min(_fixed(m), floor))

@@ -3,7 +3,7 @@
 `rlrun record` repeats a small fixed probe every few updates (`drift_gen`: one engine visit at a fixed
 concurrency; `drift_train`: one forward + backward of a fixed batch; replay/schema.py). The same work
 should take the same time; what it takes instead is the machine's speed at that moment (a shared VM drifts
-by 5-10 % between processes and more from minute to minute). Here:
+between processes and from minute to minute: docs/results.md sections 3 and 10). Here:
 
 - `drift_of(trace)`: per probe, its time on the run's clock and the engine's and the trainer's slowness
   relative to the run's median probe (1.10 = 10 % slower than usual), with a summary;
@@ -49,9 +49,9 @@ class Drift:
 
     def describe(self) -> str:
         (g0, g1), (t0, t1) = self.spread("gen"), self.spread("train")
-        return (f"machine speed over the run ({len(self.t)} drift probes): engine steps {g0:.2f}x..{g1:.2f}x and training "
-                f"{t0:.2f}x..{t1:.2f}x of their median time; the fits normalise the run's timings to the median "
-                "(the recorded step times stay as measured)")
+        return (f"machine speed over the run ({len(self.t)} drift probes): engine steps {g0:.2f}x..{g1:.2f}x and "
+                f"training {t0:.2f}x..{t1:.2f}x of their median time; the fits normalise the run's timings to the "
+                "median (the recorded step times stay as measured)")
 
 
 def drift_of(trace: Trace) -> Drift | None:

@@ -1,7 +1,7 @@
 """One exception type for every user-facing failure: the CLIs print its message as one line and exit non-zero.
 
-Messages name a setting the way the caller sets it (`name`, `setting`): the CLI's option (`--batch`, `--rho`) by
-default, or the notebook API's keyword (`prompts`, `rho_model`) inside `keyword_names()`, which rlsim.api enters.
+Messages name a setting the way the caller sets it (`name`, `setting`): the CLI's option (`--prompts`, `--rho`) by
+default, or the notebook API's keyword (`prompts`, `rho`) inside `keyword_names()`, which rlsim.api enters.
 `did_you_mean` is the one suggestion for a misspelt keyword or label.
 """
 import difflib
@@ -36,10 +36,11 @@ def cli_errors(fn):
 
 
 _KEYWORDS: ContextVar[bool] = ContextVar("rlsim_keyword_names", default=False)
-# Where the CLI's option is not `--field-name`: P is --batch, as verl's train_batch_size (rlsim.cli.options), the
-# sample-cost model --rho. In the API, traces are the first argument of fit and sweep.
-OPTION_SPELLING = {"prompts": "--batch", "rho_model": "--rho"}
-KEYWORD_SPELLING = {"trace": "traces=[...]"}
+# Where a library name is not the option's `--field-name` or the API's keyword: the sample-cost model is --rho and
+# rho=; in the API, traces are the first argument of fit and sweep.
+OPTION_SPELLING = {"rho_model": "--rho"}
+KEYWORD_NAMES = {"rho_model": "rho"}
+KEYWORD_SPELLING = {"trace": "traces=[...]", **KEYWORD_NAMES}
 
 
 def name(field_name: str) -> str:
@@ -53,13 +54,13 @@ def setting(**values) -> str:
     """`--gen-gpus 6 --train-gpus 2` in the CLI, `gen_gpus=6, train_gpus=2` in the notebook API."""
     shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in values.items()}  # 2.0 as the user typed it: 2
     if _KEYWORDS.get():
-        return ", ".join(f"{k}={v}" for k, v in shown.items())
+        return ", ".join(f"{KEYWORD_NAMES.get(k, k)}={v}" for k, v in shown.items())
     return " ".join(f"{name(k)} {v}" for k, v in shown.items())
 
 
 @contextmanager
 def keyword_names() -> Iterator[None]:
-    """Within: RlsimErrors name the keyword (`prompts`) instead of the option (`--batch`)."""
+    """Within: RlsimErrors name the keyword (`prompts`) instead of the option (`--prompts`)."""
     token = _KEYWORDS.set(True)
     try:
         yield

@@ -46,14 +46,15 @@ def samples_to_target(curve, target: float) -> Reached:
 class SeedRuns:
     """One configuration's runs, one entry per seed (in seed order)."""
 
-    n_star: np.ndarray = field(metadata={"help": "samples-to-target of each seed (a censored run: its budget, a lower bound)"})
+    n_star: np.ndarray = field(metadata={"help": "samples-to-target of each seed (a censored run: its budget, a lower "
+                                                 "bound)"})
     censored: np.ndarray = field(metadata={"help": "whether each seed's run never reached the target"})
     rps: np.ndarray = field(metadata={"help": "steady responses/s of each seed's run"})
 
     @classmethod
     def of(cls, reached: Sequence[Reached], rps: Sequence[float]) -> SeedRuns:
-        return cls(n_star=np.array([r.n for r in reached], float), censored=np.array([r.censored for r in reached], bool),
-                   rps=np.asarray(rps, float))
+        return cls(n_star=np.array([r.n for r in reached], float),
+                   censored=np.array([r.censored for r in reached], bool), rps=np.asarray(rps, float))
 
     def __len__(self) -> int:
         return len(self.n_star)
@@ -149,7 +150,8 @@ def b_crit_allowed(rows: Sequence[Mapping], b_ref: float) -> tuple[float, float]
     return lo, hi
 
 
-def critical_batches(rows: Sequence[Mapping], *, sigma_share: float = 0.9, n_star_ratio: float = 1.2) -> tuple[float, float]:
+def critical_batches(rows: Sequence[Mapping], *, sigma_share: float = 0.9,
+                     n_star_ratio: float = 1.2) -> tuple[float, float]:
     """(critical generation batch, critical training batch) of measured rows sorted by batch (`P`, sigma, n_star,
     censored): the smallest P whose sigma is within `sigma_share` of the largest, and the largest P every seed finished
     within `n_star_ratio` of the smallest P's samples-to-target (nan if none)."""
@@ -189,7 +191,8 @@ def ranking_resolution(log_t, ref: int, *, draws: int = 4000, seed: int = 0, lad
     taus = perfect(n)
     by_seeds = {m: float(np.mean(perfect(m) >= TAU_GOAL - 1e-9)) for m in ladder}
     return dict(seed_pair_tau=[float(t) for t in pair], seed_pair_tau_mean=float(np.mean(pair)) if pair else math.nan,
-                sd_log_t=sd, perfect_tau_mean=float(np.nanmean(taus)), perfect_tau_p08=float(np.mean(taus >= TAU_GOAL - 1e-9)),
+                sd_log_t=sd, perfect_tau_mean=float(np.nanmean(taus)),
+                perfect_tau_p08=float(np.mean(taus >= TAU_GOAL - 1e-9)),
                 perfect_tau_p08_by_seeds=by_seeds, seeds_for_p08=next((m for m in ladder if by_seeds[m] >= 0.8), None),
                 spread_cover_one=1 - 2 * 0.5 ** n)
 
@@ -223,7 +226,8 @@ def regret_interval(T_draws: np.ndarray, pick: int, q: tuple[float, float] = (5,
 
 @dataclass(frozen=True)
 class SigmaCase:
-    """One predicted sigma against a paired measurement of it (`rlrun probe`: both sizes in one process, drift cancels)."""
+    """One predicted sigma against a paired measurement of it (`rlrun probe`: both sizes in one process, drift
+    cancels)."""
 
     name: str = field(metadata={"help": "configuration (algorithm, task, G)"})
     b_ref: int = field(metadata={"help": "responses per update of the fitted recording (sigma's reference)"})

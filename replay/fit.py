@@ -1,17 +1,11 @@
 """Cost models fitted to a recorded run, each with its fit quality.
 
-- generation: the time of one engine step from its batch composition (replay/cost.py's formula),
-      t_step = c_step + c_seq * num_running + c_ctx * context_tokens + c_prefill * prefill_tokens,
-  fitted by non-negative least squares on `gen_step` rows after warm-up (the first RL step's rows are
-  left out when there are others; residual outliers are trimmed and refitted, replay/robust.py).
-  `c_step` is the per-step cost that amortises over concurrent sequences (weight reads, scheduling).
-  With too little concurrency range the fixed term comes from a roofline prior: model bytes over the
-  device's memory bandwidth (`default_bandwidth_gbs`).
-- generation overhead per round outside engine steps (adding requests, collecting outputs, gaps):
-  gen_time - sum(step durations) against responses and steps.
-- response lengths: the empirical distribution (prompt lengths per prompt, response lengths per response).
-- update time vs tokens, old-log-prob preparation vs tokens, reward time vs responses, the rest of the
-  step (other) and the weight sync vs bytes.
+- generation: the time of one engine step from its batch composition (replay/cost.py's formula), fitted by
+  non-negative least squares on `gen_step` rows after warm-up, outliers trimmed (replay/robust.py); with too
+  little concurrency range the fixed term comes from a roofline prior (`default_bandwidth_gbs`);
+- generation overhead per round outside engine steps, against responses and steps;
+- response lengths: the empirical distribution (prompt lengths per prompt, response lengths per response);
+- update and old-log-prob preparation vs tokens, rewards vs responses, the rest of the step, the sync vs bytes.
 
 Everything is linear in its inputs, so sums of step costs are closed forms of summed features: the
 simulator relies on that. The types (`FittedModels` and its parts) are replay/models.py's; `fit_trace` hands
@@ -19,7 +13,8 @@ step-level traces to replay/fit_steps.py and every fit to replay/calibration.py.
 
 Colocated recordings only: rows of the split-mode kinds (idle, train_rank, allreduce) are ignored, and a
 trace recorded with `rlrun record --mode split` is refused (the simulator's split what-if starts from a
-colocated reference; `rlsim.replay.split_stats` measures a split recording).
+colocated reference; `rlsim.replay.split_stats` measures a split recording). In detail: docs/simulator.md,
+"Fitted models".
 """
 from __future__ import annotations
 
@@ -38,7 +33,8 @@ from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.fit_steps import fit_steps, is_step_level
 from rlsim.replay.io import Trace
 from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
-from rlsim.replay.robust import NARROW_RANGE, AffineModel, FitQuality, fit_affine, fit_quality, nnls_fit, robust_location
+from rlsim.replay.robust import (NARROW_RANGE, AffineModel, FitQuality, fit_affine, fit_quality, nnls_fit,
+                                 robust_location)
 from rlsim.replay.schema import GEN_STEP, RESPONSE, SYNC, UPDATE, placement
 from rlsim.replay.steps import step_table
 from rlsim.replay.util import ENGINE_DEFAULTS
@@ -81,9 +77,11 @@ def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
     X = EngineStepCost.design(rows["num_running"][keep], rows["context_tokens"][keep], rows["prefill_tokens"][keep])
     dropped = n_all - int(keep.sum()) + invalid_dropped
     if len(y) < 4:
-        raise RlsimError(f"the trace has {len(y)} usable gen_step rows after warm-up; record more RL steps (at least 2) with per-step rows on")
+        raise RlsimError(f"the trace has {len(y)} usable gen_step rows after warm-up; record more RL steps (at least "
+                         "2) with per-step rows on")
     if len(y) < MIN_GEN_ROWS:
-        warnings.append(f"only {len(y)} generation steps after warm-up to fit the step cost (want >= {MIN_GEN_ROWS}): the generation model is weak")
+        warnings.append(f"only {len(y)} generation steps after warm-up to fit the step cost (want >= {MIN_GEN_ROWS}): "
+                        "the generation model is weak")
     nr = X[:, 1]
     lo, hi = int(nr.min()), int(nr.max())
     prior = hi / max(lo, 1) < MIN_CONCURRENCY_SPAN or len(np.unique(nr)) < 3
@@ -93,8 +91,8 @@ def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
         c0 = min(c0, float(np.percentile(y, 5)))
         coef_rest, k2 = nnls_fit(X[:, 1:], y - c0, groups=groups)
         coef = np.concatenate([[c0], coef_rest])
-        warnings.append(f"generation steps span only {lo}..{hi} concurrent sequences: the fixed step cost uses a roofline "
-                        f"prior (model bytes {model_bytes or 0:.3g} / {bw:g} GB/s, {src}) = {c0 * 1e3:.3g} ms")
+        warnings.append(f"generation steps span only {lo}..{hi} concurrent sequences: the fixed step cost uses a "
+                        f"roofline prior (model bytes {model_bytes or 0:.3g} / {bw:g} GB/s, {src}) = {c0 * 1e3:.3g} ms")
         q = fit_quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "prior+nnls")
     else:
         coef, k2 = nnls_fit(X, y, groups=groups)
@@ -145,7 +143,8 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     models = calibrate(models, traces, gen_rows, upd_proper=costs.upd_proper, n_tok=st.num_tokens, t_opt=st.t_optimizer,
                        sel=costs.sel, t_fb=st.t_fb, calibration=list(calibration), ref_rows=st.is_ref)
     if drift is not None and models.validation is not None:
-        models = replace(models, validation=replace(models.validation, notes=models.validation.notes + (drift.describe(),)))
+        models = replace(models,
+                         validation=replace(models.validation, notes=models.validation.notes + (drift.describe(),)))
     if one_device:
         r = device_ratios(ref)
         if r is None:
@@ -158,14 +157,15 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
 def _check_colocated(traces: Sequence[Trace]) -> None:
     for t in traces:  # a split recording's step costs overlap and wait on each other: no colocated model in them
         if placement(t.config)["mode"] == "split":
-            raise RlsimError(f"{t.name} was recorded in split mode; fit a colocated recording (rlrun record --mode colocated) "
-                             "and predict the split with --gen-gpus/--train-gpus/--staleness")
+            raise RlsimError(f"{t.name} was recorded in split mode; fit a colocated recording (rlrun record --mode "
+                             "colocated) and predict the split with --gen-gpus/--train-gpus/--staleness")
 
 
 def _check_rows(traces: Sequence[Trace]) -> None:
     ref = traces[0]
     if sum(t.count(GEN_STEP) for t in traces) == 0:
-        raise RlsimError(f"{ref.path} has no gen_step rows; record it with per-step rows on (rlrun record without --no-record-steps)")
+        raise RlsimError(f"{ref.path} has no gen_step rows; record it with per-step rows on (rlrun record without "
+                         "--no-record-steps)")
     if sum(t.count(UPDATE) for t in traces) == 0:
         raise RlsimError(f"{ref.path} has no update rows; the run recorded no complete RL step")
     if sum(t.count(RESPONSE) for t in traces) == 0:
@@ -211,7 +211,8 @@ class _Steps:
     num_tokens: np.ndarray = field(metadata={"help": "tokens trained on"})
     t_optimizer: np.ndarray = field(metadata={"help": "optimizer-step seconds"})
     t_fb: np.ndarray = field(metadata={"help": "forward + backward seconds"})
-    warm: np.ndarray = field(metadata={"help": "warm-up update (a trace's step 0 unless warmed up before; none if all are)"})
+    warm: np.ndarray = field(metadata={"help": "warm-up update (a trace's step 0 unless warmed up before; none if all "
+                                               "are)"})
     is_ref: np.ndarray = field(metadata={"help": "a row of the first trace"})
     trace: np.ndarray = field(metadata={"help": "index of the row's trace"})
 
@@ -229,8 +230,8 @@ class _Steps:
         return cls(gen_steps=col["gen_steps"], gen_step_time=col["gen_step_time"], gen_time=col["gen_time"],
                    step_time=col["step_time"], sync_time=col["sync_time"], reward_time=col["reward_time"],
                    prep_time=col["prep_time"], update_time=col["update_time"], num_responses=col["num_responses"],
-                   num_tokens=col["num_tokens"], t_optimizer=col["t_optimizer"], t_fb=col["t_forward"] + col["t_backward"],
-                   warm=warm, is_ref=trace == 0, trace=trace)
+                   num_tokens=col["num_tokens"], t_optimizer=col["t_optimizer"],
+                   t_fb=col["t_forward"] + col["t_backward"], warm=warm, is_ref=trace == 0, trace=trace)
 
 
 def _at_median_speed(tb: dict[str, np.ndarray], t: np.ndarray, drift: Drift) -> dict[str, np.ndarray]:
@@ -297,17 +298,20 @@ def _fit_step_costs(st: _Steps, model_bytes: float, sync_rows: tuple[np.ndarray,
     hint = robust_location(st.t_optimizer[sel]) if np.isfinite(st.t_optimizer[sel]).any() else 0.0
     grp = st.trace[sel] if st.trace.max() > 0 else None
     n_tok, n_resp = st.num_tokens[sel], st.num_responses[sel]
-    other_t = np.maximum(st.step_time - st.gen_time - st.reward_time - st.prep_time - upd_proper - st.sync_time, 0.0)[sel]
+    other_t = np.maximum(st.step_time - st.gen_time - st.reward_time - st.prep_time - upd_proper - st.sync_time,
+                         0.0)[sel]
     s_dur, s_bytes = sync_rows
     if len(s_dur):
         sync, sync_bytes = fit_affine("sync", "bytes", s_bytes, s_dur), float(np.median(s_bytes))
     else:
-        sync = AffineModel("sync", "bytes", 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
+        sync = AffineModel("sync", "bytes", 0.0, 0.0,
+                           FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
         sync_bytes = model_bytes
     models = dict(update=fit_affine("update", "tokens", n_tok, upd_proper[sel], intercept_hint=hint, groups=grp),
                   prep=fit_affine("prep", "tokens", n_tok, st.prep_time[sel], groups=grp),
                   reward=fit_affine("reward", "responses", n_resp, st.reward_time[sel], groups=grp),
-                  other=fit_affine("other", "responses", n_resp, other_t, intercept_hint=robust_location(other_t), groups=grp),
+                  other=fit_affine("other", "responses", n_resp, other_t, intercept_hint=robust_location(other_t),
+                                   groups=grp),
                   sync=sync)
     return _StepCosts(models, sync_bytes=sync_bytes, upd_proper=upd_proper, prep_inside=prep_inside, sel=sel)
 
@@ -321,7 +325,8 @@ def _lengths(ref: Trace) -> LengthModel:
     pre_total = float(np.sum(ref.rows(GEN_STEP)["prefill_tokens"]))
     prompt_total = float(np.sum(resp["prompt_tokens"]))
     ratio = float(np.clip(pre_total / prompt_total, 0.0, 1.5)) if prompt_total > 0 else 1.0
-    return LengthModel(prompt_tokens=p_tok.astype(np.int64), response_tokens=np.maximum(resp["response_tokens"], 1).astype(np.int64),
+    return LengthModel(prompt_tokens=p_tok.astype(np.int64),
+                       response_tokens=np.maximum(resp["response_tokens"], 1).astype(np.int64),
                        max_tokens=max_tokens, prefill_ratio=ratio)
 
 
@@ -331,10 +336,12 @@ def _recorded(ref: Trace, prep_inside: bool) -> Recorded:
     resp = ref.rows(RESPONSE)
     st = step_table(ref)
     rec_steps = st["step"]
-    order = np.lexsort((resp["group_index"], resp["prompt_id"], resp["t_queued"] if np.isfinite(resp["t_queued"]).all() else resp["prompt_id"]))
+    order = np.lexsort((resp["group_index"], resp["prompt_id"],
+                        resp["t_queued"] if np.isfinite(resp["t_queued"]).all() else resp["prompt_id"]))
     r_step = resp["consumed_step"] if np.isfinite(resp["consumed_step"].astype(float)).all() else resp["step"]
     r_step = r_step[order].astype(np.int64)
-    rp, rr = resp["prompt_tokens"][order].astype(np.int64), np.maximum(resp["response_tokens"][order], 1).astype(np.int64)
+    rp = resp["prompt_tokens"][order].astype(np.int64)
+    rr = np.maximum(resp["response_tokens"][order], 1).astype(np.int64)
     workload = tuple((rp[r_step == s], rr[r_step == s]) for s in rec_steps)
     train = st["update_time"] + (0.0 if prep_inside else st["prep_time"])
     return Recorded(step=rec_steps, step_time=st["step_time"], gen_time=st["gen_time"], train_time=train,

@@ -2,35 +2,19 @@
 
 A step-level trace has, per RL step, the time of each phase (generation, rewards, old log-probs and
 reference, the update, a weight sync), the batch, the tokens trained on, and the step's length
-statistics (mean / min / max response and prompt length, the fraction of responses cut at the cap),
-but no engine-step or per-response rows. `fit_steps` builds the same `FittedModels` as `fit.fit_trace`
-so that the simulator runs unchanged:
+statistics, but no engine-step or per-response rows. `fit_steps` builds the same `FittedModels` as
+`fit.fit_trace` so that the simulator runs unchanged:
 
-- generation: a round's cost in the simulator is linear in its engine steps K, its summed running
-  sequences S1 (= summed response lengths), its summed context S2 and its prefill tokens S3. Each step's
-  K, S1, S2, S3 are computed from a stand-in for its responses: a shifted log-normal length
-  distribution matched to the logged mean, to the minimum (its shift), and to the maximum (the largest
-  of its B quantiles) or, when responses were clipped, to the clip ratio at the response cap; B
-  lengths at evenly spaced quantiles, laid out over the engine's `max_num_seqs` like the simulator does.
-  The logged generation time is then fitted on those features:
-  - several batch sizes (traces pooled, or a run whose batch changed): NNLS on [1, K, S1, S2];
-  - one batch size: NNLS on [1, K, S1, S2] when the step-to-step spread of the longest response pins the
-    per-step cost c_step (its standard error under 25 %); otherwise c_step comes from the roofline prior
-    (model bytes / (tensor parallel x device memory bandwidth), `replay.devices`), a warning says so,
-    and the per-token terms are fitted on the rest.
-  The prefill cost per prompt token is the roofline compute prior (2 x parameters FLOPs over the GPUs'
-  dense FLOP/s) when the model and device are known, else 0.
-- update (update_actor + update_critic) and prep (old_log_prob + ref + values) vs tokens; reward
-  (reward + adv) vs responses; sync vs bytes; the rest of the step (other) vs responses: `robust.fit_affine`.
-- lengths: the stand-in samples of all steps pooled.
-- a trace whose log times only whole steps (TRL): generation from the roofline priors alone (decode at
-  2 x parameters FLOPs per token, weights read once per engine step), training = the rest; without a
-  prior, the whole step is fitted against tokens and generation costs nothing (warned).
+- generation: each step's engine-step features (steps, running sequences, context, prefill) from a stand-in
+  for its responses (a shifted log-normal matched to the logged length statistics), then NNLS of the logged
+  generation time on them; with one batch size the per-step cost may come from the roofline prior
+  (`replay.devices`), with a warning;
+- update, prep, reward, sync and the rest of the step: `robust.fit_affine` against tokens, responses, bytes;
+- lengths: the stand-in samples of all steps pooled;
+- a log that times only whole steps (TRL): generation from the roofline priors alone, training the rest.
 
 Every fit says in `warnings` that the fidelity is lower than from an `rlrun record` trace, and why.
-Imports neither torch nor SimPy.
-
-Size: one fit, phase by phase, of a step-level trace into the same FittedModels as fit.fit_trace.
+Imports neither torch nor SimPy. In detail: docs/importing.md, "How a step-level trace is fitted".
 """
 from __future__ import annotations
 
@@ -48,7 +32,8 @@ from rlsim.replay.devices import profile_for_hardware
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.io import Trace
 from rlsim.replay.models import FittedModels, GenOverheadModel, GenStepModel, LengthModel, Recorded
-from rlsim.replay.robust import NARROW_RANGE, AffineModel, FitQuality, fit_affine, fit_quality, nnls_fit, robust_location
+from rlsim.replay.robust import (NARROW_RANGE, AffineModel, FitQuality, fit_affine, fit_quality, nnls_fit,
+                                 robust_location)
 from rlsim.replay.schema import GEN_STEP, PHASE, STEP_STATS, SYNC, UPDATE
 from rlsim.replay.steps import step_table, step_times
 
@@ -213,7 +198,8 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     ref = traces[0]
     for t in traces:
         if not is_step_level(t):
-            raise RlsimError(f"{t.path} is an rlrun trace and {ref.path} a step-level (imported) one: fit them separately")
+            raise RlsimError(f"{t.path} is an rlrun trace and {ref.path} a step-level (imported) one: fit them "
+                             "separately")
         if t.count(UPDATE) == 0:
             raise RlsimError(f"{t.path} has no update rows: the imported log had no complete training step")
     meta = ref.meta
@@ -225,13 +211,15 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     ratio = float(eng_meta.get("prefill_ratio") or 1.0)
     pri = _priors(meta)
     n_steps = sum(t.count(UPDATE) for t in traces)
-    warnings = [f"step-level trace imported from {src.get('framework', 'another framework')} ({src.get('file', ref.name)}, "
-                f"{n_steps} steps): only per-step phase times were logged, no engine steps or responses, so generation is "
-                "fitted on per-step totals with response lengths from a log-normal stand-in matched to the logged "
-                "mean/min/max and clip ratio; expect larger errors than from an `rlrun record` trace"]
+    warnings = [f"step-level trace imported from {src.get('framework', 'another framework')} "
+                f"({src.get('file', ref.name)}, {n_steps} steps): only per-step phase times were logged, no engine "
+                "steps or responses, so generation is fitted on per-step totals with response lengths from a "
+                "log-normal stand-in matched to the logged mean/min/max and clip ratio; expect larger errors than from "
+                "an `rlrun record` trace"]
     if cfg.get("fully_async"):
-        warnings.append("the imported run was fully asynchronous (verl fully_async: generation and training overlapped); "
-                        "rlsim simulates the synchronous colocated loop, so its reference step time is the sum of the phases")
+        warnings.append("the imported run was fully asynchronous (verl fully_async: generation and training "
+                        "overlapped); rlsim simulates the synchronous colocated loop, so its reference step time is "
+                        "the sum of the phases")
     d = _steps_table(traces)
     sel = ~d["warm"] if (~d["warm"]).sum() >= 2 else np.ones(len(d["B"]), bool)
     st = _standins(d, traces, G, cfg.get("max_tokens"), cfg.get("max_prompt_tokens"), M, ratio, warnings)
@@ -249,7 +237,8 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     cfg.setdefault("tp", pri["tp"])
     if len(traces) > 1 and len({int(t.config.get("group") or 1) for t in traces}) > 1:
         warnings.append("the pooled traces differ in group size G; their stand-in lengths are pooled as they are")
-    models = FittedModels(gen=gen, gen_overhead=GenOverheadModel(base=base, per_response=0.0, per_step=0.0, quality=gen.quality),
+    models = FittedModels(gen=gen,
+                          gen_overhead=GenOverheadModel(base=base, per_response=0.0, per_step=0.0, quality=gen.quality),
                           lengths=_standin_lengths(st, G, cfg.get("max_tokens"), ratio), **ph.models,
                           sync_bytes=float(pri.get("bytes") or 0.0),
                           engine=_engine(eng_meta, M, cfg.get("max_tokens"), cfg.get("max_prompt_tokens")), config=cfg,
@@ -262,8 +251,9 @@ def fit_steps(traces: Trace | Sequence[Trace]) -> FittedModels:
     if alt is None:
         return models
     return replace(models, alternative=alt, warnings=models.warnings + (
-        f"a log of whole steps cannot tell generation's share of the step: predictions are also made with the per-step "
-        f"generation cost raised until generation takes {GEN_SHARE_HI:.0%} of it, training the rest, for the interval",))
+        "a log of whole steps cannot tell generation's share of the step: predictions are also made with the per-step "
+        f"generation cost raised until generation takes {GEN_SHARE_HI:.0%} of it, training the rest, for the "
+        "interval",))
 
 
 def _steps_table(traces: Sequence[Trace]) -> dict[str, np.ndarray]:
@@ -304,17 +294,20 @@ def _standins(d: dict[str, np.ndarray], traces: Sequence[Trace], G: int, cap, pc
             raise RlsimError(f"{traces[int(d['trace'][i])].path}: step {int(d['step'][i])} has no response length; the "
                              "log must give the mean response length per step")
         only_mean |= not math.isfinite(d["response_len_max"][i])
-        r = lognormal_lengths(Bi, mean, d["response_len_min"][i], d["response_len_max"][i], d["response_clip_ratio"][i], cap)
+        r = lognormal_lengths(Bi, mean, d["response_len_min"][i], d["response_len_max"][i], d["response_clip_ratio"][i],
+                              cap)
         pm = d["prompt_len_mean"][i]
-        pr = (lognormal_lengths(int(prompts_per[i]), pm, d["prompt_len_min"][i], d["prompt_len_max"][i], d["prompt_clip_ratio"][i], pcap)
+        pr = (lognormal_lengths(int(prompts_per[i]), pm, d["prompt_len_min"][i], d["prompt_len_max"][i],
+                                d["prompt_clip_ratio"][i], pcap)
               if math.isfinite(pm) else np.zeros(int(prompts_per[i])))
         p_full = np.repeat(pr, G)[:Bi] if len(pr) * G >= Bi else np.resize(pr, Bi)
-        feats[i] = round_features(r, p_full, max_num_seqs, ratio, np.random.default_rng(int(d["step"][i]) + 7919 * int(d["trace"][i])))
+        feats[i] = round_features(r, p_full, max_num_seqs, ratio,
+                                  np.random.default_rng(int(d["step"][i]) + 7919 * int(d["trace"][i])))
         resp.append(r)
         prompts.append(pr)
     if only_mean:
-        warnings.append(f"the log gives only the mean response length: the stand-in distribution has a log-normal shape "
-                        f"sigma = {DEFAULT_SIGMA} (an assumption), so the engine steps per round are uncertain")
+        warnings.append("the log gives only the mean response length: the stand-in distribution has a log-normal "
+                        f"shape sigma = {DEFAULT_SIGMA} (an assumption), so the engine steps per round are uncertain")
     return _Standins(StepSums(*feats.T), resp, prompts)
 
 
@@ -341,22 +334,23 @@ def _fit_generation(d: dict[str, np.ndarray], sums: StepSums, sel: np.ndarray, p
         # no generation time logged (TRL: whole steps): generation from the priors alone
         if "c_step" in pri and "c_token" in pri:
             c_step, c_seq, prior_used = pri["c_step"], pri["c_token"], True
-            warnings.append("the log times whole steps only (no generation phase): generation is predicted from roofline "
-                            f"priors alone ({pri['c_step_text']} per engine step, 2 x parameters FLOPs per generated token "
-                            "at peak FLOP/s), a lower bound; training takes the rest of each step")
+            warnings.append("the log times whole steps only (no generation phase): generation is predicted from "
+                            f"roofline priors alone ({pri['c_step_text']} per engine step, 2 x parameters FLOPs per "
+                            "generated token at peak FLOP/s), a lower bound; training takes the rest of each step")
         else:
             warnings.append("the log times whole steps only and no roofline prior is available (import with --device "
-                            "NAME and --model-params): the whole step is fitted against tokens, generation costs nothing "
-                            "in the simulation, and sigma reflects tokens only")
+                            "NAME and --model-params): the whole step is fitted against tokens, generation costs "
+                            "nothing in the simulation, and sigma reflects tokens only")
         q = FitQuality(0, math.nan, math.nan, math.nan, math.nan, dropped, "prior" if prior_used else "default")
     gen = GenStepModel(c_step=c_step, c_seq=c_seq, c_ctx=c_ctx, c_prefill=c_prefill, quality=q, prior=prior_used,
                        concurrency_range=(int(min(d["B"].min(), max_num_seqs)), int(min(d["B"].max(), max_num_seqs))))
     warnings.append(_provenance(pri, prior_used, c_prefill > 0, fit_rows.sum() >= 3))
     if alt is not None:
         alt = replace(gen, c_step=alt[0], c_seq=alt[1])
-        warnings.append(f"the log cannot tell the per-step generation cost from the per-token cost: c_step anywhere from "
-                        f"{gen.c_step * 1e3:.3g} ms to {alt.c_step * 1e3:.3g} ms (the longest response's engine steps taking "
-                        "up to 90 % of the round) fits it; predictions are made at both ends for the interval")
+        warnings.append("the log cannot tell the per-step generation cost from the per-token cost: c_step anywhere "
+                        f"from {gen.c_step * 1e3:.3g} ms to {alt.c_step * 1e3:.3g} ms (the longest response's engine "
+                        "steps taking up to 90 % of the round) fits it; predictions are made at both ends for the "
+                        "interval")
     return gen, base, alt
 
 
@@ -393,7 +387,8 @@ def _provenance(pri: dict[str, Any], step_prior: bool, prefill_prior: bool, gen_
     return f"terms from the {pri['profile'].name} datasheet: {', '.join(sheet)}; from the log: {', '.join(logged)}"
 
 
-def _unidentified(f: StepSums, y: np.ndarray, base: float, c_step: float, c_ctx: float, method: str) -> tuple[float, float] | None:
+def _unidentified(f: StepSums, y: np.ndarray, base: float, c_step: float, c_ctx: float,
+                  method: str) -> tuple[float, float] | None:
     """(c_step, c_seq) at the upper end of what a log at one batch size allows, or None when c_step was identified
     (several batch sizes, or the spread of engine steps). Upper end: the cap the prior is held to, 90 % of the
     smallest round's time per engine step; c_seq refitted (least squares through 0) to what is left."""
@@ -449,7 +444,8 @@ def _fit_gen_rows(f: StepSums, y: np.ndarray, B: np.ndarray, pri: dict[str, Any]
     rest = y - c_step * f.steps
     if sep_ctx:
         coef2, _ = nnls_fit(np.column_stack([np.ones_like(y), f.running, f.context]), rest)
-        return float(coef2[0]), c_step, float(coef2[1]), float(coef2[2]), prior_used, "prior+nnls" if prior_used else "nnls (per token)"
+        return (float(coef2[0]), c_step, float(coef2[1]), float(coef2[2]), prior_used,
+                "prior+nnls" if prior_used else "nnls (per token)")
     am = fit_affine("gen", "response tokens", f.running, rest)
     return am.intercept, c_step, am.slope, 0.0, prior_used, ("prior+" if prior_used else "") + am.quality.method
 
@@ -460,30 +456,33 @@ class _Phases:
     values), and the times they were fitted on."""
 
     models: dict[str, AffineModel] = field(metadata={"help": "fit.PHASES -> its fitted model"})
-    update_s: np.ndarray = field(metadata={"help": "(steps,) update seconds (a whole step less generation and sync when no phases)"})
+    update_s: np.ndarray = field(metadata={"help": "(steps,) update seconds (a whole step less generation and sync "
+                                                   "when no phases)"})
     step_time: np.ndarray = field(metadata={"help": "(steps,) step seconds (the phases summed when not logged)"})
 
 
 def _fit_phases(d: dict[str, np.ndarray], gen_time: np.ndarray, gen_pred: np.ndarray, has_gen: np.ndarray,
                 sel: np.ndarray, model_bytes: float, pooled: bool, warnings: list[str]) -> _Phases:
     upd = d["update"].astype(float)
-    upd = np.where(~has_gen, np.maximum(upd - gen_pred - d["sync"], 0.1 * upd), upd)  # update rows holding the whole step
+    # update rows holding the whole step
+    upd = np.where(~has_gen, np.maximum(upd - gen_pred - d["sync"], 0.1 * upd), upd)
     grp = d["trace"][sel] if pooled else None
     step_time = step_times(d["step_time"], gen_time, d["reward"], d["prep"], upd, d["sync"])
     other_t = np.maximum(step_time - gen_time - d["reward"] - d["prep"] - upd - d["sync"], 0.0)
     if (d["sync"][sel] > 0).any():
         sync = fit_affine("sync", "bytes", np.full(int(sel.sum()), model_bytes), d["sync"][sel])
     else:
-        sync = AffineModel("sync", "bytes", 0.0, 0.0, FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
+        sync = AffineModel("sync", "bytes", 0.0, 0.0,
+                           FitQuality(0, math.nan, math.nan, math.nan, math.nan, 0, "default"))
     over = (gen_time + d["reward"] + d["prep"] + upd + d["sync"]) > 1.05 * step_time
     if over[sel].mean() > 0.2:
-        warnings.append(f"in {int(over[sel].sum())} of {int(sel.sum())} steps the phases add up to more than the step time "
-                        "(phases overlapped or nested); the simulator runs them one after the other")
+        warnings.append(f"in {int(over[sel].sum())} of {int(sel.sum())} steps the phases add up to more than the step "
+                        "time (phases overlapped or nested); the simulator runs them one after the other")
     models = dict(update=fit_affine("update", "tokens", d["tokens"][sel], upd[sel], intercept_hint=0.0, groups=grp),
                   prep=fit_affine("prep", "tokens", d["tokens"][sel], d["prep"][sel], groups=grp),
                   reward=fit_affine("reward", "responses", d["B"][sel], d["reward"][sel], groups=grp),
-                  other=fit_affine("other", "responses", d["B"][sel], other_t[sel], intercept_hint=robust_location(other_t[sel]),
-                                   groups=grp),
+                  other=fit_affine("other", "responses", d["B"][sel], other_t[sel],
+                                   intercept_hint=robust_location(other_t[sel]), groups=grp),
                   sync=sync)
     return _Phases(models, update_s=upd, step_time=step_time)
 
@@ -503,7 +502,8 @@ def _standin_workload(d: dict[str, np.ndarray], st: _Standins, G: int, warnings:
     `rlsim replay`); empty beyond WORKLOAD_LIMIT responses."""
     m0 = d["trace"] == 0
     if float(d["B"][m0].sum()) > WORKLOAD_LIMIT:
-        warnings.append("the imported run is too large to keep per-step stand-in workloads: `rlsim replay` needs --lengths sampled")
+        warnings.append("the imported run is too large to keep per-step stand-in workloads: `rlsim replay` needs "
+                        "--lengths sampled")
         return ()
     wl = []
     for i in np.nonzero(m0)[0]:
@@ -518,8 +518,9 @@ def _standin_workload(d: dict[str, np.ndarray], st: _Standins, G: int, warnings:
 
 def _engine(eng_meta: dict[str, Any], max_num_seqs: int, cap, pcap) -> dict[str, Any]:
     """The simulator's engine limits from the log's engine metadata, defaults filled in."""
-    engine = {k: v for k, v in eng_meta.items() if k in ("max_num_seqs", "kv_cache_tokens", "block_size", "max_model_len",
-                                                        "engines", "tensor_parallel", "prefill_ratio", "name")}
+    engine = {k: v for k, v in eng_meta.items()
+              if k in ("max_num_seqs", "kv_cache_tokens", "block_size", "max_model_len", "engines", "tensor_parallel",
+                       "prefill_ratio", "name")}
     engine.setdefault("block_size", 16)
     engine.setdefault("max_model_len", int((pcap or 0) + (cap or 0)) or 4096)
     engine.setdefault("max_num_seqs", max_num_seqs)

@@ -156,7 +156,8 @@ def _read_stream(path: Path) -> tuple[pa.Table, dict | None]:
     try:
         reader = ipc.open_stream(pa.memory_map(str(path)))
     except (pa.ArrowInvalid, OSError) as e:
-        raise TraceError(f"{path} is not a readable partial trace ({e}); the run died before recording anything") from None
+        raise TraceError(f"{path} is not a readable partial trace ({e}); the run died before recording "
+                         "anything") from None
     meta = _parse_meta((reader.schema.metadata or {}).get(META_KEY), path)
     try:
         for b in reader:
@@ -174,7 +175,8 @@ class Trace:
     meta: dict[str, Any]
     table: pa.Table
     recovered: bool = False
-    dropped: dict[str, int] = field(default_factory=dict)  # "kind.column" -> rows dropped by read_trace(drop_invalid=True)
+    # "kind.column" -> rows dropped by read_trace(drop_invalid=True)
+    dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # one line per group of dropped rows
     _cache: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
@@ -213,7 +215,8 @@ def _parse_meta(raw: bytes | None, path: Path) -> Any:
     try:
         return json.loads(raw)
     except (ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError
-        raise TraceError(f"{path}: the `rlsim` metadata is not valid JSON; the trace is corrupt, re-record it with `rlrun record`") from None
+        raise TraceError(f"{path}: the `rlsim` metadata is not valid JSON; the trace is corrupt, re-record it with "
+                         "`rlrun record`") from None
 
 
 def read_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
@@ -232,7 +235,8 @@ def read_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
         table, meta = _read_stream(part)
         path, recovered = part, True
     elif not path.exists():
-        raise TraceError(f"trace not found: {path} (record one with `rlrun record --out {path}` or use one under traces/)")
+        raise TraceError(f"trace not found: {path} (record one with `rlrun record --out {path}` or use one under "
+                         "traces/)")
     else:
         try:
             pf = pq.ParquetFile(path)
@@ -240,8 +244,10 @@ def read_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
         except Exception as e:  # pyarrow raises several types for corrupt files
             if path.suffix.lower() in LOG_SUFFIXES:
                 raise TraceError(f"{path} is a training log, not an rlsim trace: import it first with `rlsim import "
-                                 f"verl|openrlhf|trl {path} -o out.parquet` (docs/importing.md), then pass out.parquet") from None
-            raise TraceError(f"{path} is not a readable Parquet file ({type(e).__name__}); pass a trace written by `rlrun record`") from None
+                                 f"verl|openrlhf|trl {path} -o out.parquet` (docs/importing.md), then pass "
+                                 "out.parquet") from None
+            raise TraceError(f"{path} is not a readable Parquet file ({type(e).__name__}); pass a trace written by "
+                             "`rlrun record`") from None
         meta = _parse_meta((pf.schema_arrow.metadata or {}).get(META_KEY), path)
     res = validate(table, meta, path, drop_invalid=drop_invalid)
     return Trace(path=path, meta=meta, table=res.table, recovered=recovered, dropped=res.dropped, warnings=res.warnings)

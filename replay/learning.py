@@ -26,10 +26,11 @@ class LearningCurve:
 
     cum_responses: np.ndarray = field(metadata={"help": "training responses consumed at each eval (sorted)"})
     score: np.ndarray = field(metadata={"help": "eval score at each point"})
-    batch: int = field(default=0, metadata={"help": "responses per update (B = P x G) of the run"})
+    responses_per_update: int = field(default=0, metadata={"help": "responses per update (B = P x G) of the run"})
     lr_rule: str = field(default="", metadata={"help": "learning-rate rule of the run"})
     name: str = field(default="", metadata={"help": "trace name"})
-    staleness: int = field(default=0, metadata={"help": "staleness limit the run was recorded with (config `staleness`; 0: synchronous)"})
+    staleness: int = field(default=0, metadata={"help": "staleness limit the run was recorded with (config "
+                                                        "`staleness`; 0: synchronous)"})
     lr: float = field(default=math.nan, metadata={"help": "the run's effective learning rate (nan: not recorded)"})
 
     @property
@@ -81,7 +82,8 @@ def fit_learning_curve(trace: Trace) -> LearningCurve:
     cfg = trace.config
     g = cfg.get("group") or default_group(cfg.get("algo"))
     return LearningCurve(cum_responses=ev["cum_responses"][order].astype(float), score=ev["score"][order].astype(float),
-                         batch=int((cfg.get("prompts") or 0) * g), lr_rule=str(cfg.get("lr_rule") or ""), name=trace.name,
+                         responses_per_update=int((cfg.get("prompts") or 0) * g), lr_rule=str(cfg.get("lr_rule") or ""),
+                         name=trace.name,
                          staleness=int(cfg.get("max_staleness", cfg.get("staleness")) or 0), lr=effective_lr(cfg))
 
 
@@ -105,13 +107,14 @@ def lr_scale(rule: str, ratio: float) -> float:
 class NoiseScale:
     """Gradient noise scale B_noise = tr(Sigma)/|G|^2 (~ B_crit) from the two-batch estimators."""
 
-    b_crit: float = field(metadata={"help": "EMA-smoothed B_noise at the end of the run, in responses (the run's ratio of "
-                                            "means where that is not positive; nan if neither is)"})
+    b_crit: float = field(metadata={"help": "EMA-smoothed B_noise at the end of the run, in responses (the run's ratio "
+                                            "of means where that is not positive; nan if neither is)"})
     series: np.ndarray = field(metadata={"help": "B_noise after each update (EMA ratio)"})
     g2: np.ndarray = field(metadata={"help": "per-update |G|^2 estimates (unsmoothed)"})
     trace_sigma: np.ndarray = field(metadata={"help": "per-update tr(Sigma) estimates (unsmoothed)"})
     updates_used: int = field(metadata={"help": "update rows with both norms and micro_batch < num_responses"})
-    critic_b_crit: float = field(default=math.nan, metadata={"help": "the same for the PPO value model (nan without critic norms)"})
+    critic_b_crit: float = field(default=math.nan,
+                                 metadata={"help": "the same for the PPO value model (nan without critic norms)"})
 
     @property
     def ratio_of_means(self) -> float:

@@ -44,13 +44,16 @@ class Validation:
     gen_source: str = field(metadata={"help": "rows the engine-step fit used"})
     gen_cv_interp: float = field(default=math.nan, metadata={
         "help": "the same RMS for the interpolated form (nan: no calibration ladder of enough levels)"})
-    gen_knots: int = field(default=0, metadata={"help": "measured levels the interpolated form has knots at (0: another form)"})
+    gen_knots: int = field(default=0,
+                           metadata={"help": "measured levels the interpolated form has knots at (0: another form)"})
     train_form: str = field(default="", metadata={
         "help": "training form: interp (forward + backward interpolated over the calibration's token levels), "
                 "else '' (the run's own line, fit.py)"})
-    train_r2: float = field(default=math.nan, metadata={"help": "R2 of the training fit (calibration levels and run updates)"})
+    train_r2: float = field(default=math.nan,
+                            metadata={"help": "R2 of the training fit (calibration levels and run updates)"})
     train_cv: float = field(default=math.nan, metadata={"help": "RMS relative error of held-out token levels"})
-    train_cv_max: float = field(default=math.nan, metadata={"help": "largest |relative error| of a held-out token level"})
+    train_cv_max: float = field(default=math.nan,
+                                metadata={"help": "largest |relative error| of a held-out token level"})
     train_levels: tuple[LevelError, ...] = field(default=(), metadata={"help": "held-out errors per token level"})
     train_run_err: float = field(default=math.nan, metadata={
         "help": "the run's median update predicted from the calibration alone (+ its optimizer time) / measured - 1"})
@@ -75,12 +78,14 @@ class Validation:
         form = (f"interpolated over {self.gen_knots} measured levels" if self.gen_form == "interp"
                 else self.gen_form + (f" at {self.gen_knee:.0f} running" if self.gen_form == "knee" else ""))
         out = [f"engine-step fit: {form}, leave-one-level-out {pct(self.gen_cv)} RMS (max {pct(self.gen_cv_max)}; "
-               f"linear {pct(self.gen_cv_linear)}, knee {pct(self.gen_cv_knee)}), R2 {self.gen_r2:.3f}; {self.gen_source}"]
+               f"linear {pct(self.gen_cv_linear)}, knee {pct(self.gen_cv_knee)}), R2 {self.gen_r2:.3f}; "
+               f"{self.gen_source}"]
         if self.train_source:
-            run = f", run's update from the calibration {100 * self.train_run_err:+.1f}%" if math.isfinite(self.train_run_err) else ""
+            run = (f", run's update from the calibration {100 * self.train_run_err:+.1f}%"
+                   if math.isfinite(self.train_run_err) else "")
             form = f"interpolated over {len(self.train_levels)} token levels, " if self.train_form == "interp" else ""
-            out.append(f"training fit: {form}leave-one-level-out {pct(self.train_cv)} RMS (max {pct(self.train_cv_max)})"
-                       f"{run}, R2 {self.train_r2:.3f}; {self.train_source}")
+            out.append(f"training fit: {form}leave-one-level-out {pct(self.train_cv)} RMS (max "
+                       f"{pct(self.train_cv_max)}){run}, R2 {self.train_r2:.3f}; {self.train_source}")
         return out
 
 
@@ -89,11 +94,13 @@ class Replicates:
     """Bootstrap refits of the engine-step and update models (one row per replicate)."""
 
     gen: np.ndarray = field(metadata={
-        "help": "(R, 4 + 2K): c_step, c_seq, c_ctx, c_prefill, then a (slope change, knee) pair per hinge (replay/cost.py)"})
+        "help": "(R, 4 + 2K): c_step, c_seq, c_ctx, c_prefill, then a (slope change, knee) pair per hinge "
+                "(replay/cost.py)"})
     update: np.ndarray = field(metadata={
         "help": "(R, 2 + 2K): seconds at 0 tokens, seconds per token, then a (slope change, knee) pair per hinge "
                 "(`robust.hinge_predict`; K = 0: a line)"})
-    b_crit: np.ndarray | None = field(default=None, metadata={"help": "(R,) gradient noise scale replicates (filled by the what-if)"})
+    b_crit: np.ndarray | None = field(default=None,
+                                      metadata={"help": "(R,) gradient noise scale replicates (filled by the what-if)"})
     method: str = field(default="", metadata={"help": "what was resampled"})
     level: float = field(default=INTERVAL, metadata={"help": "central coverage of the intervals"})
 
@@ -125,8 +132,10 @@ class GenStepModel(EngineStepCost):
     as fitted to a trace, with how it was fitted."""
 
     quality: FitQuality = field(metadata={"help": "fit quality on the gen_step rows"})
-    prior: bool = field(default=False, metadata={"help": "c_step came from the roofline prior (too little concurrency range)"})
-    concurrency_range: tuple[int, int] = field(default=(0, 0), metadata={"help": "min and max num_running of the fitted rows"})
+    prior: bool = field(default=False,
+                        metadata={"help": "c_step came from the roofline prior (too little concurrency range)"})
+    concurrency_range: tuple[int, int] = field(default=(0, 0),
+                                               metadata={"help": "min and max num_running of the fitted rows"})
     form: str = field(default="linear", metadata={
         "help": "linear (no hinge) | knee (one hinge) | interp (a hinge at each inner measured level's concurrency)"})
 
@@ -161,13 +170,15 @@ class LengthModel:
     prompt_tokens: np.ndarray = field(metadata={"help": "prompt length of each recorded prompt (one per group)"})
     response_tokens: np.ndarray = field(metadata={"help": "length of each recorded response"})
     max_tokens: int = field(metadata={"help": "response cap of the recorded run (config.max_tokens)"})
-    prefill_ratio: float = field(metadata={"help": "prompt tokens computed / prompt tokens submitted (prefix-cache hits lower it)"})
+    prefill_ratio: float = field(metadata={"help": "prompt tokens computed / prompt tokens submitted (prefix-cache "
+                                                   "hits lower it)"})
 
     @property
     def mean_response(self) -> float:
         return float(self.response_tokens.mean())
 
-    def sample(self, rng: np.random.Generator, prompts: int, group: int, rounds: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, rng: np.random.Generator, prompts: int, group: int,
+               rounds: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """(prompt lengths, response lengths), each shaped (rounds, prompts*group), prompt-major order."""
         p = rng.choice(self.prompt_tokens, size=(rounds, prompts))
         r = rng.choice(self.response_tokens, size=(rounds, prompts * group))
@@ -186,7 +197,8 @@ class Recorded:
     num_responses: np.ndarray = field(metadata={"help": "responses per update"})
     gen_steps: np.ndarray = field(metadata={"help": "engine steps per RL step"})
     # per-step workload in queue order, for an exact replay of the recorded responses
-    workload: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=(), metadata={"help": "(prompt_tokens, response_tokens) per RL step, in queue order"})
+    workload: tuple[tuple[np.ndarray, np.ndarray], ...] = field(default=(), metadata={
+        "help": "(prompt_tokens, response_tokens) per RL step, in queue order"})
 
     @property
     def responses_per_s(self) -> np.ndarray:
@@ -208,7 +220,8 @@ class FittedModels:
     other: AffineModel = field(metadata={"help": "rest of the RL step (unaccounted) vs responses"})
     sync: AffineModel = field(metadata={"help": "weight sync seconds vs bytes"})
     sync_bytes: float = field(metadata={"help": "bytes per weight sync (median of sync rows, else model bytes)"})
-    engine: dict = field(metadata={"help": "trace metadata `engine`: max_num_seqs, kv_cache_tokens, block_size, max_model_len"})
+    engine: dict = field(metadata={"help": "trace metadata `engine`: max_num_seqs, kv_cache_tokens, block_size, "
+                                           "max_model_len"})
     config: dict = field(metadata={"help": "trace metadata `config` (algo, prompts, group, lr_rule, ...)"})
     recorded: Recorded = field(metadata={"help": "recorded per-step timings and workload"})
     warnings: tuple[str, ...] = field(default=(), metadata={"help": "fit warnings"})
@@ -223,9 +236,9 @@ class FittedModels:
         "help": "bootstrap coefficient sets for intervals (Replicates), None when not estimable"})
     alternative: FittedModels | None = field(default=None, metadata={
         "help": "the models at the far end of what the trace cannot identify (a log at one batch size: the per-step "
-                "generation cost as large as its longest response allows; a log of whole steps: generation's share of the "
-                "step at its high end), fitting the trace as well; None when identified. Predictions are made with both "
-                "for the interval"})
+                "generation cost as large as its longest response allows; a log of whole steps: generation's share of "
+                "the step at its high end), fitting the trace as well; None when identified. Predictions are made with "
+                "both for the interval"})
 
     @property
     def quality(self) -> dict[str, FitQuality]:

@@ -72,7 +72,8 @@ class ProbeSigma:
         for r in self.rows:
             if r.prompts == prompts:
                 return r
-        raise RlsimError(f"{self.trace} did not probe P={prompts}; it probed P={','.join(str(r.prompts) for r in self.rows)}")
+        raise RlsimError(f"{self.trace} did not probe P={prompts}; it probed "
+                         f"P={','.join(str(r.prompts) for r in self.rows)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,7 +87,8 @@ def probe_sigma(trace: Trace | str | os.PathLike, *, level: float = LEVEL) -> Pr
                          "with `rlrun probe --prompts 16,64,256 ...`")
     sizes, group = _sizes(t), int((t.meta.get(PROBE) or {}).get("group") or t.config.get("group") or 0)
     if len(sizes) < 2 or group < 1:
-        raise RlsimError(f"{t.path}: its `probe` metadata lacks the sizes or the group; re-record it with `rlrun probe`")
+        raise RlsimError(f"{t.path}: its `probe` metadata lacks the sizes or the group; re-record it with "
+                         "`rlrun probe`")
     rps = _per_round(t, sizes, group)  # rounds x sizes
     if not rps.size:
         raise RlsimError(f"{t.path} has no probed steps (no update rows): the probe stopped before its first step")

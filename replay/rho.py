@@ -1,34 +1,20 @@
 """Sample-cost models rho(B) = N*(B) / N*(B_ref): one small frozen class per model, registered by name.
 
 - invariant:   rho = 1 (inside the approximately batch-size-invariant range, with the lr rescaled).
-- noise-scale: B_crit from the two-batch estimators of McCandlish et al. (2018) on the trace's
-  micro-batch and full-batch gradient norms (EMA-smoothed, `rlsim.replay.learning.noise_scale`), then
-  E(B) = E_min (1 + B/B_crit), so rho(B) = (1 + B/B_crit) / (1 + B_ref/B_crit).
-- curves:      several traces at different batch sizes: samples-to-target N*(B), interpolated linearly
-  in log B. Outside the measured range, a power law N* ~ B^s through the nearest measured segment, s clipped
-  to [0, 1], with the bounds s = 0 and s = 1 as its interval (`bounds`).
-- lr-aware:    Adam at the lr each batch actually gets (the run's lr rule), not the tuned-at-every-batch lr
-  that noise-scale assumes. Progress per update, relative to the reference's:
-      delta(B) = x h(B) - kappa x^2 h(B_ref),   x = lr(B) / lr(B_ref),   h(B) = (1 + B_bend / B)^(-1/2)
-  First order: Adam's update has a fixed size per coordinate, so the gain along the gradient is lr times the
-  update's signal fraction, |G| / sqrt(|G|^2 + tr(Sigma)/B) for a noise scale B_bend (h). Second order: the
-  curvature cost of an update of size lr (kappa: the share of the reference's first-order gain it takes
-  back). Then N*(B) ~ B / delta(B) and rho(B) = (B / B_ref) delta(B_ref) / delta(B): flat while B << B_bend
-  under the sqrt rule, then rising steeply once h saturates and the x^2 term grows (infinite where delta <= 0:
-  that lr does not make progress). B_bend and kappa are fitted on runs at other batch sizes or lrs
-  (`fit_lr_aware`) or given. B_bend is fitted rather than taken from the trace's two-batch B_noise: Adam's
-  per-coordinate noise scale is not tr(Sigma)/|G|^2, and the two-batch estimate varied 3-5x between seeds of
-  one configuration in the study, which made per-trace scaling worse on seeds it did not see (docs/results.md).
-  The constants are the task's: one task's fit does not transfer to another, so there are no defaults.
+- noise-scale: rho(B) = (1 + B/B_crit) / (1 + B_ref/B_crit), B_crit from the two-batch estimators of McCandlish
+  et al. (2018) on the trace's gradient norms (`rlsim.replay.learning.noise_scale`).
+- curves:      samples-to-target N*(B) of several traces, interpolated linearly in log B; outside the measured
+  range a power law through the nearest segment, its exponent bounded by 0 and 1 (`bounds`).
+- lr-aware:    Adam at the lr each batch actually gets (the run's lr rule): progress per update
+  delta(B) = x h(B) - kappa x^2 h(B_ref), x = lr(B) / lr(B_ref), h(B) = (1 + B_bend / B)^(-1/2), and
+  rho(B) = (B / B_ref) delta(B_ref) / delta(B); B_bend and kappa fitted on other runs (`fit_lr_aware`) or given.
 
-Bounds without a measurement (McCandlish et al. 2018): a larger batch needs no fewer samples (N* rises
-with B) and no more updates (N*/B falls with B), so beyond the last measured batch b_m, rho(B) lies in
-[rho(b_m), rho(b_m) B / b_m], and below the first in [rho(b_1) B / b_1, rho(b_1)]. An invariant rho that
-was assumed rather than asked for (`assumed`, no learning data at other sizes) carries the same bounds
-around the reference: rho in [1, B / B_ref] above it, [B / B_ref, 1] below.
+Bounds without a measurement: a larger batch needs no fewer samples and no more updates, so rho beyond the
+measured range, or an invariant rho that was assumed (`assumed`), lies between them.
 
 Every model answers `rho(b, lr_rule=None, x=None)`, `notes(b)`, `outside(b)` and `bounds(b)`; `kind` is the
-name it is registered under (`register_rho`, a decorator filling `RHO_REGISTRY`). Pure numpy.
+name it is registered under (`register_rho`, a decorator filling `RHO_REGISTRY`). Pure numpy. The models, their
+derivations and their evidence: docs/simulator.md, "rho models".
 """
 from __future__ import annotations
 
@@ -70,7 +56,8 @@ class RhoModel:
     """Sample cost rho(B) relative to B_ref. A subclass registers itself with `register_rho`."""
 
     kind: ClassVar[str] = ""
-    follows_lr_rule: ClassVar[bool] = False  # whether rho depends on the candidate's lr rule (others assume it rescaled)
+    # whether rho depends on the candidate's lr rule (others assume it rescaled)
+    follows_lr_rule: ClassVar[bool] = False
     b_ref: float = field(metadata={"help": "reference batch in responses"})
 
     def rho(self, b: float, lr_rule: str | None = None, x: float | None = None) -> float:
@@ -120,9 +107,9 @@ class InvariantRho(RhoModel):
                     "article found approximately invariant; record runs at other batch sizes (--rho curves)"]
         if self.outside(b):
             lo, hi = self.bounds(b)
-            return [f"the sample cost is not measured (no learning curves at other batch sizes, no gradient noise scale): "
-                    f"rho = 1 is assumed, and only {lo:.3g}..{hi:.3g} is bounded (samples rise, updates fall with the "
-                    "batch); record a run at another batch size and add it with --trace"]
+            return ["the sample cost is not measured (no learning curves at other batch sizes, no gradient noise "
+                    f"scale): rho = 1 is assumed, and only {lo:.3g}..{hi:.3g} is bounded (samples rise, updates fall "
+                    "with the batch); record a run at another batch size and add it with --trace"]
         return []
 
 
@@ -136,7 +123,8 @@ def noise_scale_ratio(b, b_ref: float, b_crit):
 class NoiseScaleRho(RhoModel):
     """rho from the gradient noise scale B_crit, at the lr tuned for each batch."""
 
-    b_crit: float = field(default=math.nan, metadata={"help": "critical batch (the reference's gradient noise scale), responses"})
+    b_crit: float = field(default=math.nan,
+                          metadata={"help": "critical batch (the reference's gradient noise scale), responses"})
 
     def rho(self, b: float, lr_rule: str | None = None, x: float | None = None) -> float:
         return noise_scale_ratio(b, self.b_ref, self.b_crit)
@@ -149,7 +137,8 @@ class CurvesRho(RhoModel):
 
     follows_lr_rule: ClassVar[bool] = True  # the runs on the candidate's lr line are chosen (`Study.rho_model`)
     log_b: tuple[float, ...] = field(default=(), metadata={"help": "log batch of each measured size (sorted)"})
-    n_star: tuple[float, ...] = field(default=(), metadata={"help": "samples-to-target at each size (mean of its runs)"})
+    n_star: tuple[float, ...] = field(default=(),
+                                      metadata={"help": "samples-to-target at each size (mean of its runs)"})
     lr_rules: tuple[str, ...] = field(default=(), metadata={"help": "lr rule of the runs at each size"})
 
     def rho(self, b: float, lr_rule: str | None = None, x: float | None = None) -> float:
@@ -184,9 +173,10 @@ class CurvesRho(RhoModel):
         if not self.outside(b):
             return []
         lo, hi = self.bounds(b)
-        return [f"batch {b:g} is outside the measured curves ({math.exp(self.log_b[0]):g}..{math.exp(self.log_b[-1]):g}): "
-                f"rho {self.rho(b):.3g} extrapolates the nearest segment as a power law, and only {lo:.3g}..{hi:.3g} "
-                "is bounded (samples rise, updates fall with the batch); record a run near this batch to measure it"]
+        return [f"batch {b:g} is outside the measured curves "
+                f"({math.exp(self.log_b[0]):g}..{math.exp(self.log_b[-1]):g}): rho {self.rho(b):.3g} extrapolates the "
+                f"nearest segment as a power law, and only {lo:.3g}..{hi:.3g} is bounded (samples rise, updates fall "
+                "with the batch); record a run near this batch to measure it"]
 
 
 @register_rho("lr-aware")
@@ -196,7 +186,8 @@ class LrAwareRho(RhoModel):
 
     follows_lr_rule: ClassVar[bool] = True
     b_bend: float = field(default=math.nan, metadata={"help": "the batch (responses) where rho bends upward, B_bend"})
-    kappa: float = field(default=math.nan, metadata={"help": "share of the reference update's gain that curvature takes back"})
+    kappa: float = field(default=math.nan,
+                         metadata={"help": "share of the reference update's gain that curvature takes back"})
     lr_rule: str = field(default="sqrt", metadata={"help": "the reference's lr rule (the default for a candidate)"})
     source: str = field(default="", metadata={"help": "where B_bend and kappa come from"})
 
@@ -235,10 +226,11 @@ def noise_scale_rho(b_ref: float, b_crit: float) -> NoiseScaleRho:
     return NoiseScaleRho(float(b_ref), b_crit=float(b_crit))
 
 
-def lr_aware_rho(b_ref: float, b_bend: float, kappa: float, lr_rule: str = "sqrt", *, source: str = "given") -> LrAwareRho:
+def lr_aware_rho(b_ref: float, b_bend: float, kappa: float, lr_rule: str = "sqrt", *,
+                 source: str = "given") -> LrAwareRho:
     if not (b_bend > 0 and math.isfinite(b_bend)) or not (0 <= kappa < 1):
-        raise RlsimError(f"lr-aware constants out of range: --bend-batch must be > 0 responses (got {b_bend:g}) and --kappa "
-                         f"in [0, 1) (got {kappa:g})")
+        raise RlsimError(f"lr-aware constants out of range: {name('bend_batch')} must be > 0 responses (got "
+                         f"{b_bend:g}) and {name('kappa')} in [0, 1) (got {kappa:g})")
     return LrAwareRho(float(b_ref), b_bend=float(b_bend), kappa=float(kappa), lr_rule=lr_rule, source=source)
 
 
@@ -248,10 +240,10 @@ def curves_rho(b_ref: float, curves: list[LearningCurve], target: float) -> Curv
     rules: dict[float, str] = {}
     for c in curves:
         n = c.samples_to_target(target)
-        if n is None or n <= 0 or c.batch <= 0:  # never reached, or already at the start
+        if n is None or n <= 0 or c.responses_per_update <= 0:  # never reached, or already at the start
             continue
-        pts.setdefault(float(c.batch), []).append(n)
-        rules[float(c.batch)] = c.lr_rule
+        pts.setdefault(float(c.responses_per_update), []).append(n)
+        rules[float(c.responses_per_update)] = c.lr_rule
     if len(pts) < 2:
         raise RlsimError(f"{setting(rho_model='curves')} needs traces at two or more batch sizes that reach the target "
                          f"{target:.4g}; got {len(pts)} (add runs at other batch sizes with {name('trace')}, or lower "
@@ -259,8 +251,8 @@ def curves_rho(b_ref: float, curves: list[LearningCurve], target: float) -> Curv
     if float(b_ref) not in pts:
         raise RlsimError(f"the reference trace does not reach the target {target:.4g}; lower {name('target')}")
     bs = sorted(pts)
-    return CurvesRho(float(b_ref), log_b=tuple(math.log(b) for b in bs), n_star=tuple(float(np.mean(pts[b])) for b in bs),
-                     lr_rules=tuple(rules[b] for b in bs))
+    return CurvesRho(float(b_ref), log_b=tuple(math.log(b) for b in bs),
+                     n_star=tuple(float(np.mean(pts[b])) for b in bs), lr_rules=tuple(rules[b] for b in bs))
 
 
 # ---- the lr-aware model's fit ------------------------------------------------------------------
@@ -271,7 +263,8 @@ class LrAwareFit:
 
     b_bend: float = field(metadata={"help": "fitted bend batch, responses"})
     kappa: float = field(metadata={"help": "fitted kappa"})
-    loss: float = field(metadata={"help": "sum of squared log-rho errors at the fit (censored runs count only when predicted too low)"})
+    loss: float = field(metadata={"help": "sum of squared log-rho errors at the fit (censored runs count only when "
+                                          "predicted too low)"})
     runs: int = field(metadata={"help": "runs other than the reference that entered the fit"})
 
 
@@ -293,13 +286,14 @@ def rho_points(ref: LearningCurve, curves, target: float) -> list[RhoPoint]:
                          f"{name('target')}")
     out = []
     for c in curves:
-        if c is ref or c.batch <= 0 or not len(c.score):
+        if c is ref or c.responses_per_update <= 0 or not len(c.score):
             continue
-        x = c.lr / ref.lr if (c.lr > 0 and ref.lr > 0) else lr_scale(c.lr_rule or "sqrt", c.batch / ref.batch)
+        b_ratio = c.responses_per_update / ref.responses_per_update
+        x = c.lr / ref.lr if (c.lr > 0 and ref.lr > 0) else lr_scale(c.lr_rule or "sqrt", b_ratio)
         n, cens = samples_to_target(c, target)
         if not cens and n <= 0:
             continue
-        out.append(RhoPoint(float(c.batch), float(x), float(n / n_ref), cens))
+        out.append(RhoPoint(float(c.responses_per_update), float(x), float(n / n_ref), cens))
     return out
 
 
@@ -310,11 +304,11 @@ def fit_lr_aware(ref: LearningCurve, curves, target: float) -> LrAwareFit:
     if not pts:
         raise RlsimError(f"fitting the lr-aware model needs runs at other batch sizes or lrs that have evals (add "
                          f"them with {name('trace')})")
-    base = lr_aware_rho(ref.batch, ref.batch, 0.0)
+    base = lr_aware_rho(ref.responses_per_update, ref.responses_per_update, 0.0)
     best = None
     for m in 2.0 ** np.arange(-8, 8.01, 0.25):
         for k in np.linspace(0.0, 0.95, 96):
-            model = dataclasses.replace(base, b_bend=float(m * ref.batch), kappa=float(k))
+            model = dataclasses.replace(base, b_bend=float(m * ref.responses_per_update), kappa=float(k))
             loss = 0.0
             for b, x, r, cens in pts:
                 p = model.rho(b, x=x)
@@ -322,7 +316,7 @@ def fit_lr_aware(ref: LearningCurve, curves, target: float) -> LrAwareFit:
                 loss += 0.0 if (cens and e > 0) else e * e
             if best is None or loss < best[0] - 1e-12:
                 best = (loss, float(m), float(k))
-    return LrAwareFit(b_bend=best[1] * ref.batch, kappa=best[2], loss=best[0], runs=len(pts))
+    return LrAwareFit(b_bend=best[1] * ref.responses_per_update, kappa=best[2], loss=best[0], runs=len(pts))
 
 
 # ---- the --rho option and the verdict ----------------------------------------------------------
@@ -381,7 +375,7 @@ def staleness_rho(curves: Sequence[LearningCurve], target: float, b_ref: int, et
     pts: dict[int, list[float]] = {}
     if curves and math.isfinite(target):
         for c in curves:
-            if c.batch != b_ref:
+            if c.responses_per_update != b_ref:
                 continue
             n_ = c.samples_to_target(target)
             if n_ is not None and n_ > 0:
@@ -393,15 +387,16 @@ def staleness_rho(curves: Sequence[LearningCurve], target: float, b_ref: int, et
         notes = [f"staleness: rho x{mult:.4g} at eta = {eta:g} from learning curves recorded at staleness "
                  f"{', '.join(map(str, xs))} (batch {b_ref}), linear in eta"]
         if eta < xs[0] or eta > xs[-1]:
-            notes.append(f"staleness {eta:g} is outside the recorded {xs[0]}..{xs[-1]}: its sample cost is clamped to the nearest")
+            notes.append(f"staleness {eta:g} is outside the recorded {xs[0]}..{xs[-1]}: its sample cost is clamped to "
+                         "the nearest")
         return mult, notes
     if eta == ref_eta:
         return 1.0, []
-    notes = [f"staleness: rho x1 assumed for eta = {eta:g}, not measured on this task: flat up to eta = {STALENESS_FLAT_UP_TO} "
-             "with an off-policy correction and rising from eta = 2 without one (plain PPO/GRPO clipping) in AReaL's "
-             "staleness ablation (Fu et al. 2025, arXiv:2505.24298); record runs at this staleness (--trace, config staleness) for "
-             "learning curves"]
+    notes = [f"staleness: rho x1 assumed for eta = {eta:g}, not measured on this task: flat up to eta = "
+             f"{STALENESS_FLAT_UP_TO} with an off-policy correction and rising from eta = 2 without one (plain "
+             "PPO/GRPO clipping) in AReaL's staleness ablation (Fu et al. 2025, arXiv:2505.24298); record runs at this "
+             "staleness (--trace, config staleness) for learning curves"]
     if eta > STALENESS_FLAT_UP_TO:
-        notes.append(f"staleness {eta:g} is beyond eta = {STALENESS_FLAT_UP_TO}, where that ablation's final scores fall even "
-                     "with the correction: rho = 1 is optimistic here")
+        notes.append(f"staleness {eta:g} is beyond eta = {STALENESS_FLAT_UP_TO}, where that ablation's final scores "
+                     "fall even with the correction: rho = 1 is optimistic here")
     return 1.0, notes

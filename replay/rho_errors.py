@@ -30,7 +30,8 @@ class RhoErrors:
     """Measured error curves of reference-alone rho, and the noise levels that go with them."""
 
     d: np.ndarray = field(metadata={"help": "(m,) log2(B / B_ref) where the curves are measured, ascending"})
-    curves: np.ndarray = field(metadata={"help": "(K, m) log(rho measured / rho predicted), one row per (study, reference seed)"})
+    curves: np.ndarray = field(metadata={"help": "(K, m) log(rho measured / rho predicted), one row per (study, "
+                                                 "reference seed)"})
     sources: tuple[str, ...] = field(metadata={"help": "(K,) the study and seed of each curve"})
     seed_sd: float = field(metadata={"help": "sd of one run's log rho around its seed mean (a one-seed pilot's noise)"})
     truth_sd: float = field(metadata={"help": "sd of a study's seed mean of log rho (the curves' own noise)"})
@@ -39,8 +40,8 @@ class RhoErrors:
                 "from the trace's own intervals)"})
     model: str = field(default="noise-scale", metadata={"help": "the rho model whose errors these are"})
     mirrored: bool = field(default=True, metadata={
-        "help": "draw each curve mirrored too: the noise-scale model's bend was misplaced in both directions, on different "
-                "tasks (an invariant rho's errors have a known sign: rho rises with the batch)"})
+        "help": "draw each curve mirrored too: the noise-scale model's bend was misplaced in both directions, on "
+                "different tasks (an invariant rho's errors have a known sign: rho rises with the batch)"})
     pilot_sigma_sd: float = field(default=0.0, metadata={
         "help": "sd of one run's log sigma (responses/s over the reference's, both one seed) around its seed mean: a "
                 "one-seed pilot's sigma noise"})
@@ -76,8 +77,8 @@ class RhoErrors:
 
     def describe(self) -> str:
         studies = sorted({s.rsplit(" seed", 1)[0] for s in self.sources})
-        return (f"rho uncertainty: {len(self.curves)} measured error curves of the {self.model} model from one reference "
-                f"({', '.join(studies)}); a pilot's noise {self.seed_sd:.2f} in log rho")
+        return (f"rho uncertainty: {len(self.curves)} measured error curves of the {self.model} model from one "
+                f"reference ({', '.join(studies)}); a pilot's noise {self.seed_sd:.2f} in log rho")
 
     def without(self, study: str) -> RhoErrors:
         """The curves of every study but `study` (leave-one-study-out)."""
@@ -118,7 +119,31 @@ def measured_errors(model: str = "noise-scale") -> RhoErrors:
 
 # Written by `python -m bench.studies.plan_eval --write-errors`; do not edit by hand.
 DATA: dict[str, dict] = {
-    "noise-scale": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0], 'sources': ['add2 seed0', 'add2 seed1', 'add2 seed2', 'add2 seed3', 'add2 seed4', 'add2 seed5', 'addmix seed0', 'addmix seed1', 'addmix seed2', 'addmix seed3', 'addmix seed4', 'addmix seed5', 'addmix lr 1e-4 seed0', 'addmix lr 1e-4 seed1', 'addmix lr 1e-4 seed2'], 'seed_sd': 0.3786, 'truth_sd': 0.1893, 'sigma_sd': 0.1321, 'model': 'noise-scale', 'mirrored': True, 'pilot_sigma_sd': 0.146, 'prefix_f': [0.25, 0.5, 0.75, 1.0], 'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402], 'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
+    "noise-scale": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0],
+     'sources': ['add2 seed0',
+                 'add2 seed1',
+                 'add2 seed2',
+                 'add2 seed3',
+                 'add2 seed4',
+                 'add2 seed5',
+                 'addmix seed0',
+                 'addmix seed1',
+                 'addmix seed2',
+                 'addmix seed3',
+                 'addmix seed4',
+                 'addmix seed5',
+                 'addmix lr 1e-4 seed0',
+                 'addmix lr 1e-4 seed1',
+                 'addmix lr 1e-4 seed2'],
+     'seed_sd': 0.3786,
+     'truth_sd': 0.1893,
+     'sigma_sd': 0.1321,
+     'model': 'noise-scale',
+     'mirrored': True,
+     'pilot_sigma_sd': 0.146,
+     'prefix_f': [0.25, 0.5, 0.75, 1.0],
+     'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402],
+     'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
      "curves": [
         [0.0887, 0.1048, 0.0, -0.4485, -0.4873, -0.6196],
         [-0.1922, -0.0374, 0.0, -0.2347, -0.1408, -0.1015],
@@ -135,7 +160,31 @@ DATA: dict[str, dict] = {
         [-0.4602, -0.3609, 0.0, -0.0435, -0.1894, -0.2085],
         [-0.4267, -0.1735, 0.0, 0.1277, 0.272, 0.3743],
         [-0.3146, -0.2287, 0.0, 0.0073, 0.0898, 0.5352]]},
-    "invariant": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0], 'sources': ['add2 seed0', 'add2 seed1', 'add2 seed2', 'add2 seed3', 'add2 seed4', 'add2 seed5', 'addmix seed0', 'addmix seed1', 'addmix seed2', 'addmix seed3', 'addmix seed4', 'addmix seed5', 'addmix lr 1e-4 seed0', 'addmix lr 1e-4 seed1', 'addmix lr 1e-4 seed2'], 'seed_sd': 0.3786, 'truth_sd': 0.1893, 'sigma_sd': 0.1321, 'model': 'invariant', 'mirrored': False, 'pilot_sigma_sd': 0.146, 'prefix_f': [0.25, 0.5, 0.75, 1.0], 'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402], 'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
+    "invariant": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0],
+     'sources': ['add2 seed0',
+                 'add2 seed1',
+                 'add2 seed2',
+                 'add2 seed3',
+                 'add2 seed4',
+                 'add2 seed5',
+                 'addmix seed0',
+                 'addmix seed1',
+                 'addmix seed2',
+                 'addmix seed3',
+                 'addmix seed4',
+                 'addmix seed5',
+                 'addmix lr 1e-4 seed0',
+                 'addmix lr 1e-4 seed1',
+                 'addmix lr 1e-4 seed2'],
+     'seed_sd': 0.3786,
+     'truth_sd': 0.1893,
+     'sigma_sd': 0.1321,
+     'model': 'invariant',
+     'mirrored': False,
+     'pilot_sigma_sd': 0.146,
+     'prefix_f': [0.25, 0.5, 0.75, 1.0],
+     'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402],
+     'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
      "curves": [
         [-0.2837, -0.1275, 0.0, -0.1017, 0.3209, 0.742],
         [-0.3612, -0.1468, 0.0, -0.0463, 0.343, 0.7953],

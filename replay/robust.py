@@ -53,7 +53,8 @@ def _nnls_scaled(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return nnls(X / scale, y)[0] / scale
 
 
-def nnls_fit(X: np.ndarray, y: np.ndarray, *, trim: bool = True, keep_frac: float = 0.5, groups: np.ndarray | None = None,
+def nnls_fit(X: np.ndarray, y: np.ndarray, *, trim: bool = True, keep_frac: float = 0.5,
+             groups: np.ndarray | None = None,
              iters: int = 15, relative: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Robust non-negative least squares. Returns (coef, mask of rows kept).
 
@@ -169,12 +170,14 @@ class PiecewiseLinear:
     knots: tuple[float, ...] = field(metadata={"help": "x of the measured levels, ascending, at least two"})
     values: tuple[float, ...] = field(metadata={"help": "g at each knot (e.g. forward + backward seconds)"})
     quality: FitQuality = field(metadata={"help": "fit quality on the recorded rows"})
-    offset: float = field(default=0.0, metadata={"help": "added everywhere (e.g. the per-update fixed cost: optimizer step)"})
+    offset: float = field(default=0.0,
+                          metadata={"help": "added everywhere (e.g. the per-update fixed cost: optimizer step)"})
 
     def __post_init__(self):
         k = np.asarray(self.knots, float)
         if len(k) < 2 or len(k) != len(self.values) or np.any(np.diff(k) <= 0):
-            raise ValueError(f"a piecewise-linear model needs two or more ascending knots with one value each, got {self.knots}")
+            raise ValueError("a piecewise-linear model needs two or more ascending knots with one value each, got "
+                             f"{self.knots}")
 
     def predict(self, x):
         return hinge_predict(self.array, x)
@@ -231,7 +234,8 @@ def fit_affine(name: str, x_name: str, x, y, *, intercept_hint: float | None = N
         if len(ug) >= 2 and len(pos) >= 2 and pos.max() / pos.min() >= NARROW_RANGE:
             w = np.sqrt([np.sum(g == k) for k in ug])
             coef = _nnls_scaled(np.column_stack([np.ones_like(cx), cx]) * w[:, None], cy * w)
-            return AffineModel(name, x_name, float(coef[0]), float(coef[1]), fit_quality(X, y, coef, 0, f"nnls over {len(ug)} traces"))
+            return AffineModel(name, x_name, float(coef[0]), float(coef[1]),
+                               fit_quality(X, y, coef, 0, f"nnls over {len(ug)} traces"))
     xpos = x[x > 0]
     span = xpos.max() / xpos.min() if len(xpos) else 1.0
     if len(y) >= 5 and span >= NARROW_RANGE:

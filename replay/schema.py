@@ -4,31 +4,17 @@ Every row has `kind` in EVENT_KINDS and the common columns; the other columns ar
 they do not apply to the row's kind. Times are seconds from run start on one monotonic clock.
 Run metadata is JSON under the Parquet key-value metadata key `rlsim` (see docs/trace-format.md).
 
-Version 2 is additive: the kinds `phase` and `step_stats` and their columns (COLUMN_SINCE) for
-step-level traces imported from other frameworks' logs (docs/importing.md). A version-1 file lacks
-those columns and reads exactly as before (the reader adds them as nulls). Also in version 2: the
-calibration kinds `calib_gen` and `calib_train` (and column `calib_level`), the profiles `rlrun record`
-takes before the first update and `rlrun calibrate` writes alone (replay/calibration.py fits them).
-
-Version 3 is additive too: split-mode recordings (`rlrun record --mode split`: engine replicas generating
-while data-parallel trainer ranks train). Columns `engine_id` (gen_step, response, sync, idle, eval),
-`rank` (train_rank, allreduce, idle) and `finish_version` (response); kinds `idle` (an engine or a rank
-waiting with nothing to do), `train_rank` (one rank's forward + backward of an update) and `allreduce`
-(one rank's gradient all-reduce, its `bytes`). Version-1 and -2 files lack those columns and read as
-before (nulls). The run config's placement fields (`mode`, `gen_devices`, ...) default as in
-CONFIG_DEFAULTS when missing (`placement`). In a split trace the `update` row's `step_time` runs from the
-end of the previous update's weight sync (the run's start for the first) to the end of this one's, and its
-`gen_time` is the time the trainer waited for finished responses in that interval; `sync` has one row per
-engine replica per update (docs/trace-format.md).
-
-Version 4 is additive: the drift probe (`drift_gen`, `drift_train`: a fixed engine visit and a fixed training
-pass repeated every few updates on the run's clock, so the fit can state and remove the machine's speed drift)
-and the column `threads` on calibration and drift rows (the CPU threads a row was measured at: the calibration
-also measures one device's speed, i.e. one core on CPU, for split what-ifs).
-
-Version 5 is additive: the `update` row's measured memory peaks, `mem_gen_peak_bytes` and `mem_train_peak_bytes`
-(the recording process's high-water mark during the step's generation and its training: runner/peaks.py).
-Older files read with them null.
+Every version since 1 is additive, so older files read as they were, their missing columns null (COLUMN_SINCE
+says which version added each) and missing placement fields of the run config defaulted (CONFIG_DEFAULTS,
+`placement`):
+- 2: step-level traces imported from other frameworks' logs (`phase`, `step_stats`; docs/importing.md) and the
+  calibration profiles (`calib_gen`, `calib_train`, column `calib_level`; replay/calibration.py fits them);
+- 3: split-mode recordings (`engine_id`, `rank`, `finish_version`; kinds `idle`, `train_rank`, `allreduce`);
+  in a split trace the `update` row's `step_time` runs from the end of the previous weight sync to the end of
+  this one's, and `sync` has one row per engine replica per update;
+- 4: the drift probe (`drift_gen`, `drift_train`) and the column `threads` on calibration and drift rows;
+- 5: the `update` row's memory peaks, `mem_gen_peak_bytes` and `mem_train_peak_bytes` (runner/peaks.py).
+Each kind and column in full: docs/trace-format.md.
 """
 from __future__ import annotations
 
@@ -58,8 +44,8 @@ SPLIT_KINDS = (IDLE, TRAIN_RANK, ALLREDUCE)
 # after which the probe ran; `calib_level`: the probe's fixed size), recorded every few updates.
 DRIFT_GEN, DRIFT_TRAIN = "drift_gen", "drift_train"
 DRIFT_KINDS = (DRIFT_GEN, DRIFT_TRAIN)
-EVENT_KINDS = (GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL, PHASE, STEP_STATS, CALIB_GEN, CALIB_TRAIN, IDLE, TRAIN_RANK, ALLREDUCE,
-               DRIFT_GEN, DRIFT_TRAIN)
+EVENT_KINDS = (GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL, PHASE, STEP_STATS, CALIB_GEN, CALIB_TRAIN, IDLE, TRAIN_RANK,
+               ALLREDUCE, DRIFT_GEN, DRIFT_TRAIN)
 
 f64, i64 = pa.float64(), pa.int64()
 
@@ -75,8 +61,10 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("num_running", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "sequences in the step's batch"),
     ("num_waiting", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "requests queued but not scheduled after the step"),
     ("prefill_tokens", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "prompt tokens computed in the step"),
-    ("decode_tokens", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "new tokens sampled in the step (one per decoding sequence)"),
-    ("context_tokens", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "KV tokens attended over by the step's batch (sum of context lengths)"),
+    ("decode_tokens", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN),
+     "new tokens sampled in the step (one per decoding sequence)"),
+    ("context_tokens", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN),
+     "KV tokens attended over by the step's batch (sum of context lengths)"),
     ("kv_usage", f64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "fraction of the KV cache in use after the step"),
     ("finished", i64, (GEN_STEP, CALIB_GEN, DRIFT_GEN), "sequences that finished in the step"),
     # response: one finished response
@@ -90,8 +78,13 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("t_first_token", f64, (RESPONSE,), "time of its first generated token"),
     ("t_finished", f64, (RESPONSE,), "time it finished"),
     # update: one optimizer update (plus the timing of the whole RL step it closes)
-    ("num_responses", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK, DRIFT_TRAIN), "responses in the update (B = P x G); calib_train: responses in the profiled batch; train_rank: the rank's share"),
-    ("num_tokens", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK, DRIFT_TRAIN), "tokens trained on in the update: prompt + response per sample, or each group's prompt once + all response tokens when metadata trainer.share_prompts; train_rank: the rank's share"),
+    ("num_responses", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK, DRIFT_TRAIN),
+     "responses in the update (B = P x G); calib_train: responses in the profiled batch; train_rank: the rank's share"),
+    ("num_tokens", i64, (UPDATE, CALIB_TRAIN, TRAIN_RANK, DRIFT_TRAIN), "tokens trained on in the update: prompt + "
+                                                                        "response per sample, or each group's prompt "
+                                                                        "once + all response tokens when metadata "
+                                                                        "trainer.share_prompts; train_rank: the rank's "
+                                                                        "share"),
     ("response_tokens_total", i64, (UPDATE,), "response tokens in the update"),
     ("lr", f64, (UPDATE,), "learning rate of the update"),
     ("loss", f64, (UPDATE,), "policy loss"),
@@ -104,8 +97,10 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("critic_loss", f64, (UPDATE,), "PPO value loss"),
     ("critic_grad_norm", f64, (UPDATE,), "full-batch value gradient norm"),
     ("critic_grad_norm_micro", f64, (UPDATE,), "RMS of micro-batch value gradient norms"),
-    ("step_time", f64, (UPDATE,), "wall seconds of the whole RL step: generation to end of sync (split mode: end of the previous update's sync, or the run's start, to the end of this one's)"),
-    ("gen_time", f64, (UPDATE,), "wall seconds of the step's generation phase (split mode: the trainer's wait for finished responses within step_time)"),
+    ("step_time", f64, (UPDATE,), "wall seconds of the whole RL step: generation to end of sync (split mode: end of "
+                                  "the previous update's sync, or the run's start, to the end of this one's)"),
+    ("gen_time", f64, (UPDATE,), "wall seconds of the step's generation phase (split mode: the trainer's wait for "
+                                 "finished responses within step_time)"),
     ("reward_time", f64, (UPDATE,), "wall seconds computing rewards (and advantages) not overlapped with generation"),
     ("prep_time", f64, (UPDATE,), "wall seconds preparing the training batch (old log-probs, values)"),
     # sync: one weight sync into the engine
@@ -118,29 +113,44 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("eval_prompts", i64, (EVAL,), "held-out prompts evaluated"),
     # phase (v2): one timed phase of one RL step, as the framework logged it (t_start: the phase's
     # start when the phases of a step are laid end to end in the framework's order; duration: seconds)
-    ("phase", pa.string(), (PHASE,), "phase name as the framework logs it, e.g. gen, reward, old_log_prob, ref, values, adv, update_actor, update_critic, update_weights, testing (verl timing_s/<name>)"),
-    ("phase_role", pa.string(), (PHASE,), "what the phase is to rlsim: gen | reward | prep | update | sync | eval | checkpoint | other | nested (inside another phase, not summed)"),
+    ("phase", pa.string(), (PHASE,), "phase name as the framework logs it, e.g. gen, reward, old_log_prob, ref, "
+                                     "values, adv, update_actor, update_critic, update_weights, testing (verl "
+                                     "timing_s/<name>)"),
+    ("phase_role", pa.string(), (PHASE,), "what the phase is to rlsim: gen | reward | prep | update | sync | eval | "
+                                          "checkpoint | other | nested (inside another phase, not summed)"),
     # step_stats (v2): per-RL-step statistics that stand in for per-response rows
     ("response_len_mean", f64, (STEP_STATS,), "mean response length in tokens (verl response_length/mean)"),
     ("response_len_min", f64, (STEP_STATS,), "shortest response (verl response_length/min)"),
     ("response_len_max", f64, (STEP_STATS,), "longest response (verl response_length/max)"),
-    ("response_clip_ratio", f64, (STEP_STATS,), "fraction of responses cut at the response cap (verl response_length/clip_ratio)"),
+    ("response_clip_ratio", f64, (STEP_STATS,),
+     "fraction of responses cut at the response cap (verl response_length/clip_ratio)"),
     ("prompt_len_mean", f64, (STEP_STATS,), "mean prompt length in tokens (verl prompt_length/mean)"),
     ("prompt_len_min", f64, (STEP_STATS,), "shortest prompt (verl prompt_length/min)"),
     ("prompt_len_max", f64, (STEP_STATS,), "longest prompt (verl prompt_length/max)"),
-    ("prompt_clip_ratio", f64, (STEP_STATS,), "fraction of prompts cut at the prompt cap (verl prompt_length/clip_ratio)"),
+    ("prompt_clip_ratio", f64, (STEP_STATS,),
+     "fraction of prompts cut at the prompt cap (verl prompt_length/clip_ratio)"),
     ("score_mean", f64, (STEP_STATS,), "mean training score of the step's responses (verl critic/score/mean)"),
     ("score_min", f64, (STEP_STATS,), "lowest training score (verl critic/score/min)"),
     ("score_max", f64, (STEP_STATS,), "highest training score (verl critic/score/max)"),
-    ("metrics", pa.string(), (STEP_STATS,), "JSON object: every numeric metric the framework logged for the step, under its original name (unknown names kept)"),
+    ("metrics", pa.string(), (STEP_STATS,), "JSON object: every numeric metric the framework logged for the step, "
+                                            "under its original name (unknown names kept)"),
     # calibration (v2): the profile level a calib_gen / calib_train row belongs to
-    ("calib_level", i64, (CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN), "calib_gen / drift_gen: sequences submitted at this rung of the concurrency ladder (the probe's fixed rung); calib_train / drift_train: responses in the profiled batch"),
+    ("calib_level", i64, (CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN), "calib_gen / drift_gen: sequences submitted "
+                                                                           "at this rung of the concurrency ladder "
+                                                                           "(the probe's fixed rung); calib_train / "
+                                                                           "drift_train: responses in the profiled "
+                                                                           "batch"),
     # split mode (v3): which engine replica / trainer rank a row belongs to, and the version a response ended on
-    ("engine_id", i64, (GEN_STEP, RESPONSE, SYNC, IDLE, EVAL), "generation engine replica (0-based); null (or 0) in colocated traces; idle: set for an engine's wait"),
+    ("engine_id", i64, (GEN_STEP, RESPONSE, SYNC, IDLE, EVAL),
+     "generation engine replica (0-based); null (or 0) in colocated traces; idle: set for an engine's wait"),
     ("rank", i64, (TRAIN_RANK, ALLREDUCE, IDLE), "data-parallel training rank (0-based); idle: set for a rank's wait"),
-    ("finish_version", i64, (RESPONSE,), "policy version its last token was generated under (policy_version: the one it started under); > policy_version: a partial rollout spanning a weight sync"),
+    ("finish_version", i64, (RESPONSE,), "policy version its last token was generated under (policy_version: the one "
+                                         "it started under); > policy_version: a partial rollout spanning a weight "
+                                         "sync"),
     # v4: the CPU threads (devices' cores) a calibration or drift row was measured at
-    ("threads", i64, (CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN), "CPU threads the row was measured at (the calibration also measures one core, a CPU's device unit); null: the run's"),
+    ("threads", i64, (CALIB_GEN, CALIB_TRAIN, DRIFT_GEN, DRIFT_TRAIN), "CPU threads the row was measured at (the "
+                                                                       "calibration also measures one core, a CPU's "
+                                                                       "device unit); null: the run's"),
     # v5: measured memory peaks of the step's phases in the recording process (null: not measured)
     ("mem_gen_peak_bytes", i64, (UPDATE,),
      "peak memory during the step's generation, bytes: CPU, the recording process's resident-set high-water mark; "
@@ -177,18 +187,21 @@ REQUIRED = {
     EVAL: ("cum_responses", "score"),
     PHASE: ("phase", "phase_role", "duration"),
     STEP_STATS: ("metrics",),
-    CALIB_GEN: ("t_start", "duration", "num_running", "prefill_tokens", "decode_tokens", "context_tokens", "calib_level"),
+    CALIB_GEN: ("t_start", "duration", "num_running", "prefill_tokens", "decode_tokens", "context_tokens",
+                "calib_level"),
     CALIB_TRAIN: ("t_start", "duration", "num_responses", "num_tokens", "t_forward", "t_backward", "calib_level"),
     IDLE: ("t_start", "duration"),  # and exactly one of engine_id / rank (replay/validate.py)
     TRAIN_RANK: ("t_start", "duration", "rank", "num_responses", "num_tokens"),
     ALLREDUCE: ("t_start", "duration", "bytes", "rank"),
-    DRIFT_GEN: ("t_start", "duration", "num_running", "prefill_tokens", "decode_tokens", "context_tokens", "calib_level"),
+    DRIFT_GEN: ("t_start", "duration", "num_running", "prefill_tokens", "decode_tokens", "context_tokens",
+                "calib_level"),
     DRIFT_TRAIN: ("t_start", "duration", "num_responses", "num_tokens", "t_forward", "t_backward", "calib_level"),
 }
 
 # The first schema version that has a column / an event kind; absent: version 1. A file of version v
 # must hold exactly the columns of `columns_for_version(v)`; kinds newer than v are unknown to it.
-_V2_COLUMNS = ("phase", "phase_role", "response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio",
+_V2_COLUMNS = ("phase", "phase_role", "response_len_mean", "response_len_min", "response_len_max",
+               "response_clip_ratio",
                "prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio", "score_mean", "score_min",
                "score_max", "metrics", "calib_level")
 _V3_COLUMNS = ("engine_id", "rank", "finish_version")
@@ -196,8 +209,8 @@ _V4_COLUMNS = ("threads",)
 _V5_COLUMNS = ("mem_gen_peak_bytes", "mem_train_peak_bytes")
 COLUMN_SINCE: dict[str, int] = {c: v for v, cols in ((2, _V2_COLUMNS), (3, _V3_COLUMNS), (4, _V4_COLUMNS),
                                                      (5, _V5_COLUMNS)) for c in cols}
-KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2, IDLE: 3, TRAIN_RANK: 3, ALLREDUCE: 3,
-                              DRIFT_GEN: 4, DRIFT_TRAIN: 4}
+KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2, IDLE: 3, TRAIN_RANK: 3,
+                              ALLREDUCE: 3, DRIFT_GEN: 4, DRIFT_TRAIN: 4}
 
 # The run config's placement fields (metadata `config`, schema version 3); a trace without them (older
 # ones) was recorded colocated on one device: these defaults.

@@ -7,63 +7,10 @@ and finish policy versions) the way `rlsim.modes.split` defines the simulated qu
 can be set beside its prediction; a colocated trace (any schema version) gets the same quantities from
 what it has, so colocated and split runs compare in one table.
 
-Definitions (window = the measurement window, see below; seconds):
-- responses_per_s: the median over updates after the first `skip` of num_responses / step_time (all
-  updates when there are no more), the project's steady-state rule (bench/studies/extrapolation.py `steady`,
-  `rlsim run`'s recorded responses/s); with a constant B it is B / median step_time (exactly so for an
-  odd number of updates). In a split trace step_time runs from the end of the previous update's weight
-  sync to the end of this one's, so the step times tile the run.
-- gen_idle_ratio: the mean over engines of 1 - (seconds of its `gen_step` rows inside the window) / window
-  (rows clipped to the window; engines: config `gen_devices`, or more if rows name more; a row without
-  `engine_id`, as in colocated traces, is engine 0). rlsim.modes.split: the mean over replicas of the fraction of
-  wall time running no engine step.
-- train_idle_ratio: the mean over ranks of 1 - busy / window, busy = the seconds inside the window covered
-  by its `train_rank` rows, its `allreduce` rows or a `sync` row (the trainer takes part in every weight
-  sync; one collective with every engine counts once), + the trainer's host and optimizer seconds of the
-  window's updates (update rows' `reward_time`, `prep_time`, `t_optimizer`, nulls 0: `train_rank` is the
-  forward + backward only, so a recorder must not time those inside it), at most the window. rlsim.modes.split:
-  the mean over ranks of the fraction of wall time neither computing nor communicating (rewards, the
-  rank's prep + update, the all-reduce, the sync and the rest of the step are busy; waiting for a batch,
-  for the slowest rank and for the replicas to join the sync is idle). Any trace with `train_rank` rows (split, or colocated
-  recorded by a version-3 `rlrun record`) is measured per rank this way; one without them (older
-  colocated traces) has one trainer whose busy time is its `update` rows (prep and optimizer inside their
-  duration) and `sync` rows inside the window plus the `reward_time` of the window's updates.
-- staleness_mean / staleness_max: over every consumed response of the run (consumed_step set), consumed_step
-  - policy_version (the update that trained on it minus the version its generation started under), as
-  rlsim.modes.split reports them over all the run's updates. 0 in a colocated (synchronous) trace.
-- partial_responses: responses whose finish_version > policy_version (they spanned a weight sync).
-- overlap_s: seconds inside the window during which some engine ran a `gen_step` while some rank ran a
-  `train_rank` (colocated: an `update`): > 0 shows generation overlapping training.
-
-- With `idle` rows (split recordings: each engine replica and each rank records when it waits), the idle
-  ratios are those intervals instead, as the simulator counts them: an engine is idle while it waits for
-  prompts or weights and while it loads weights (its `sync` rows; rlsim.modes.split: "waiting for the gate or a
-  sync"), busy from the start of a step to the next wait (the gaps between steps are busy, as in rlsim.modes.split's
-  fitted step gap); a rank is idle while it waits for responses or for the replicas to join the sync.
-  The busy-interval definitions above then apply to traces without idle rows (colocated).
-
-Window: from the end of update `skip - 1` (the end of its last `sync` row, else of the update row) to the
-end of the last update's sync; from 0 (the run's start) when skip = 0 or the trace has no more than `skip`
-updates. A split run's window ends earlier, at the end of its engines' last step outside the evals: after it
-the engines have generated all the run trains on and only wait while the trainer finishes its last updates
-(one or two 0.3 s waits in a 30-update recording at staleness 1 and 2, 3-6 % of its window), a tail the
-steady state does not have (skip = 0 keeps it). The evals inside it (`eval` rows: [t_start - duration,
-t_start)) are taken out of it, and with them any row's seconds during an eval: the simulator has no evals, and `step_time` leaves them out of a
-colocated step. `window` is the (start, end) pair; the ratios divide by its length less the evals.
-
-Differences from the simulator that measuring cannot remove:
-- rlsim.modes.split counts an engine's gaps between steps and its per-request admission overhead as busy (its
-  fitted step gap and host overhead); the trace times engine steps only, so the measured gen idle is
-  higher by the share of those gaps.
-- rlsim.modes.split's ratios are over its whole simulated run (from t = 0, pipeline fill included, to the end of the
-  last update's rest-of-step); these are over the steady-state window unless skip = 0.
-- rlsim.modes.split charges its fitted rest-of-step ("other") to the trainer as busy; host time with no row or
-  update-row figure (bookkeeping, copying the weights out for the sync, the trace flush) is idle here.
-  The trainer's sync time is the union of the engines' load intervals (engines loading one after another
-  each count), where rlsim.modes.split has one collective of the fitted sync time; both count waiting for the
-  replicas to join the sync as idle.
-- Outcome's colocated ratios are phase-level (gen idle = 1 - the generation phase's share of the step,
-  train idle = that share); measured here with the busy intervals above, for colocated and split alike.
+Measured over a steady-state window (after the first `skip` updates, up to the engines' last step, evals
+taken out): responses_per_s, gen_idle_ratio, train_idle_ratio, staleness_mean / _max, partial_responses,
+overlap_s. Their definitions, the window and the differences from the simulator that measuring cannot remove:
+docs/simulator.md, "Measured placement metrics".
 """
 from __future__ import annotations
 
@@ -86,18 +33,27 @@ class SplitStats:
     """A recorded run's measured placement metrics (module doc: definitions and the window)."""
 
     mode: str = field(metadata={"help": "colocated | split (metadata config.mode; older traces: colocated)"})
-    gen_devices: int = field(metadata={"help": "generation engine replicas (config gen_devices, or the engines the rows name)"})
-    train_devices: int = field(metadata={"help": "data-parallel trainer ranks (config train_devices, or the ranks the rows name)"})
-    max_staleness: int = field(metadata={"help": "staleness limit the run was recorded with (AReaL's eta; 0: synchronous)"})
+    gen_devices: int = field(metadata={"help": "generation engine replicas (config gen_devices, or the engines the "
+                                               "rows name)"})
+    train_devices: int = field(metadata={"help": "data-parallel trainer ranks (config train_devices, or the ranks the "
+                                                 "rows name)"})
+    max_staleness: int = field(metadata={"help": "staleness limit the run was recorded with (AReaL's eta; 0: "
+                                                 "synchronous)"})
     partial_rollout: bool = field(metadata={"help": "in-flight responses continued across weight syncs"})
-    responses_per_s: float = field(metadata={"help": "median num_responses / step_time over the updates after the first skip"})
-    gen_idle_ratio: float = field(metadata={"help": "mean over engines of the fraction of the window running no engine step"})
-    train_idle_ratio: float = field(metadata={"help": "mean over ranks of the fraction of the window neither computing nor communicating"})
+    responses_per_s: float = field(metadata={"help": "median num_responses / step_time over the updates after the "
+                                                     "first skip"})
+    gen_idle_ratio: float = field(metadata={"help": "mean over engines of the fraction of the window running no engine "
+                                                    "step"})
+    train_idle_ratio: float = field(metadata={"help": "mean over ranks of the fraction of the window neither computing "
+                                                      "nor communicating"})
     staleness_mean: float = field(metadata={"help": "mean over consumed responses of consumed_step - policy_version"})
     staleness_max: int = field(metadata={"help": "largest consumed_step - policy_version of a consumed response"})
-    partial_responses: int = field(metadata={"help": "responses with finish_version > policy_version (spanned a weight sync)"})
-    overlap_s: float = field(metadata={"help": "seconds of the window in which an engine step and a rank's compute ran at once"})
-    window: tuple[float, float] = field(metadata={"help": "the measurement window (start, end), seconds from run start"})
+    partial_responses: int = field(metadata={"help": "responses with finish_version > policy_version (spanned a weight "
+                                                     "sync)"})
+    overlap_s: float = field(metadata={"help": "seconds of the window in which an engine step and a rank's compute ran "
+                                               "at once"})
+    window: tuple[float, float] = field(metadata={"help": "the measurement window (start, end), seconds from run "
+                                                          "start"})
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -177,7 +133,8 @@ def _drain_start(g: dict[str, np.ndarray], e_lo: np.ndarray, e_hi: np.ndarray, h
     trace has no such step."""
     t = _f(g, "t_start")
     end = t + _f(g, "duration")
-    in_eval = ((t[:, None] >= e_lo[None, :]) & (t[:, None] < e_hi[None, :])).any(axis=1) if len(e_lo) else np.zeros(len(t), bool)
+    in_eval = (((t[:, None] >= e_lo[None, :]) & (t[:, None] < e_hi[None, :])).any(axis=1) if len(e_lo)
+               else np.zeros(len(t), bool))
     end = end[~in_eval & np.isfinite(end)]
     return float(end.max()) if len(end) else hi
 
@@ -261,11 +218,13 @@ def split_stats(trace: Any, skip: int = SKIP_UPDATES) -> SplitStats:
         i_e, i_r = _f(idle, "engine_id"), _f(idle, "rank")
         s_id = _ids(s, "engine_id")
         g_busy = np.array([W - _length(_in(win, np.concatenate([i_t[i_e == e], s_t[s_id == e]]),
-                                                np.concatenate([i_d[i_e == e], s_d[s_id == e]]))) for e in range(engines)])
+                                                np.concatenate([i_d[i_e == e], s_d[s_id == e]])))
+                           for e in range(engines)])
         busy = np.array([W - _length(_in(win, i_t[i_r == m], i_d[i_r == m])) for m in range(ranks)])
 
     return SplitStats(mode=str(pl["mode"]), gen_devices=int(engines), train_devices=int(ranks),
                       max_staleness=int(pl["max_staleness"]), partial_rollout=bool(pl["partial_rollout"]),
                       responses_per_s=rps, gen_idle_ratio=ratio(g_busy), train_idle_ratio=ratio(busy),
-                      staleness_mean=float(lag.mean()) if len(lag) else 0.0, staleness_max=int(lag.max()) if len(lag) else 0,
+                      staleness_mean=float(lag.mean()) if len(lag) else 0.0,
+                      staleness_max=int(lag.max()) if len(lag) else 0,
                       partial_responses=partial, overlap_s=float(overlap), window=(float(lo), float(hi)))

@@ -3,8 +3,8 @@
 The generator runs its own simple step loop of a continuous-batching engine (a deque of waiting
 requests, a list of running ones; independent of `sim.engine`), times each step with known
 coefficients (optionally with multiplicative noise), and writes a schema-v1 trace with
-`replay.io.write_trace` (schema v2 with `calibrate`: calib_gen / calib_train rows as `rlrun record` takes them). Fitting the trace should recover the coefficients; replaying it should
-reproduce its step times.
+`replay.io.write_trace` (schema v2 with `calibrate`: calib_gen / calib_train rows as `rlrun record` takes them). Fitting
+the trace should recover the coefficients; replaying it should reproduce its step times.
 """
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ class SynthSpec:
     prompt_min: int = field(default=6, metadata={"help": "shortest prompt"})
     prompt_max: int = field(default=12, metadata={"help": "longest prompt"})
     max_num_seqs: int = field(default=32, metadata={"help": "engine max_num_seqs"})
-    kv_cache_tokens: int = field(default=1 << 16, metadata={"help": "engine KV capacity (tokens); the generator does not preempt"})
+    kv_cache_tokens: int = field(default=1 << 16,
+                                 metadata={"help": "engine KV capacity (tokens); the generator does not preempt"})
     block_size: int = field(default=16, metadata={"help": "KV block size"})
     c_step: float = field(default=4e-3, metadata={"help": "true fixed seconds per engine step"})
     c_seq: float = field(default=5e-5, metadata={"help": "true seconds per running sequence"})
@@ -63,11 +64,14 @@ class SynthSpec:
     score_scale: float = field(default=2000.0, metadata={"help": "score = 1 - exp(-cum_responses / scale)"})
     model_bytes: int = field(default=2_592_000, metadata={"help": "model.bytes metadata"})
     seed: int = field(default=0, metadata={"help": "seed"})
-    c_knee: float = field(default=0.0, metadata={"help": "true change of the per-sequence slope above `knee` (0: linear)"})
+    c_knee: float = field(default=0.0,
+                          metadata={"help": "true change of the per-sequence slope above `knee` (0: linear)"})
     knee: float = field(default=0.0, metadata={"help": "true num_running at which the slope changes"})
-    calibrate: bool = field(default=False, metadata={"help": "add calib_gen / calib_train rows (rlrun record's profiles)"})
+    calibrate: bool = field(default=False,
+                            metadata={"help": "add calib_gen / calib_train rows (rlrun record's profiles)"})
     calib_steps: int = field(default=8, metadata={"help": "decode steps per calibration rung"})
-    calib_factor: int = field(default=16, metadata={"help": "calibration rungs up to this multiple of the batch (capped by max_num_seqs)"})
+    calib_factor: int = field(default=16, metadata={"help": "calibration rungs up to this multiple of the batch "
+                                                            "(capped by max_num_seqs)"})
     calib_train_a: float = field(default=0.004, metadata={"help": "true forward + backward seconds at 0 tokens"})
 
 
@@ -241,8 +245,8 @@ def calibration_rows(spec: SynthSpec) -> list[dict]:
             dur = noisy(float(true_step_seconds(spec, level, ctx, pre))) * slow
             rows.append(dict(kind="calib_gen", t_start=t, duration=dur, step=0, policy_version=0, num_running=level,
                              num_waiting=0, prefill_tokens=pre, decode_tokens=level if k else 0, context_tokens=ctx,
-                             kv_usage=min(ctx / spec.kv_cache_tokens, 1.0), finished=level if k == spec.calib_steps else 0,
-                             calib_level=level))
+                             kv_usage=min(ctx / spec.kv_cache_tokens, 1.0),
+                             finished=level if k == spec.calib_steps else 0, calib_level=level))
             t += dur
     mean_tok = (spec.prompt_min + spec.prompt_max) / 2 + (spec.min_tokens + spec.max_tokens) / 2
     for f, slow in zip(CALIB_TRAIN_FACTORS, train_load):

@@ -4,16 +4,10 @@ The simulator records `Slice`s and `Counter`s as it runs (rlsim.core.pipeline), 
 the same from a recorded trace, and every view takes them as they are: the Perfetto export
 (rlsim.present.perfetto), the Gantt chart (rlsim.present.charts), the report.
 
-Lanes (one Perfetto process each), in this order:
-- `rl`: RL steps (generation to the end of the step);
-- `gen/engine<k>`: generation rounds, engine steps, one slice per response (from the engine step that
-  computed its first token to its last), counters `gen.running`, `gen.kv_usage` (and `gen.waiting` where
-  recorded);
-- `host/driver<k>`: rewards, and `other` (the unaccounted rest of a simulated step);
-- `train/trainer<k>`: batch preparation (old log-probs, values), optimizer updates, gradient all-reduces
-  (a simulated split has one engine lane per generation replica and one trainer lane per rank);
-- `sync`: weight syncs;
-- `eval`: held-out evaluations and the counter `eval.score`.
+Lanes (one Perfetto process each), in this order: `rl` (RL steps); `gen/engine<k>` (rounds, engine steps, one
+slice per response, counters `gen.running`, `gen.kv_usage`, `gen.waiting`); `host/driver<k>` (rewards, `other`);
+`train/trainer<k>` (batch preparation, updates, all-reduces); `sync` (weight syncs); `eval` (evaluations, counter
+`eval.score`). A simulated split has one engine lane per replica and one trainer lane per rank.
 
 A slice's `track` is its family within a lane (TRACKS, in display order); its `name` is the namespaced
 event name (`gen.step`, `train.update`...). Recorded rewards and batch preparation sit just before their
@@ -211,7 +205,8 @@ def _rank_slices(trace) -> list[Slice]:
     x = trace.rows("idle")
     for i in range(len(x["kind"])):
         e, k = json_scalar(x["engine_id"][i]), json_scalar(x["rank"][i])
-        lane, nm = (f"gen/engine{int(e)}", "gen.idle") if e is not None else (f"train/trainer{int(k or 0)}", "train.idle")
+        lane, nm = (f"gen/engine{int(e)}",
+                    "gen.idle") if e is not None else (f"train/trainer{int(k or 0)}", "train.idle")
         spans.append(Slice(lane, "idle", nm, float(x["t_start"][i]), float(x["duration"][i]),
                            {"policy_version": json_scalar(x["policy_version"][i])}))
     return spans

@@ -1,26 +1,12 @@
 """Every value of a trace checked in one place, after the file is parsed and before anything uses it.
 
 `validate(table, meta, path)` is what `read_trace` calls. The checks are derived from the schema tables
-(`schema.COLUMNS`, `REQUIRED`, `EVENT_KINDS`), so a kind or column added there is covered with no edit
-here:
-
-- metadata: a JSON object, `schema_version` an int in READABLE_VERSIONS, the sections objects, and the
-  fields the simulator reads typed (`META_FIELDS`: P, G, engine limits positive integers, ...). Always an
-  error, never dropped.
-- columns: every column of the file's schema version present (newer ones are added as nulls), of a
-  compatible type (numbers for numeric columns).
-- kinds: every row's `kind` one the file's schema version knows.
-- rows, per kind, over the columns that kind fills (where non-null): required columns non-null; no NaN
-  or infinity; integer columns integral and within their range (`schema.INT_RANGES`: ids, steps and
-  versions, counts); durations, times and the other counts non-negative (`nonnegative`); rows within the
-  run (`t_start` + `duration` not past the run's end by more than a tolerance; the calibration kinds on
-  their own clock); update steps strictly increasing; an update's `num_responses` equal to the number
-  of response rows consumed by its step (where the trace has response rows for it).
-- split-mode rows (schema version 3): `engine_id`, `rank` and `finish_version` are integer columns, so
-  within their ranges like every other; an `idle` row has exactly one of `engine_id` (an engine waited)
-  and `rank` (a trainer rank waited); a response's `finish_version` is not below its `policy_version` (where both
-  are set). Metadata: the run config's placement fields typed (`mode` colocated or split, device counts
-  positive, ...; `schema.placement` gives older traces the defaults).
+(`schema.COLUMNS`, `REQUIRED`, `EVENT_KINDS`), so a kind or column added there is covered with no edit here:
+metadata (`META_FIELDS`, always an error, never dropped); columns present and typed; kinds known to the file's
+schema version; rows, per kind, over the columns it fills: required non-null, finite, integers within
+`schema.INT_RANGES`, durations and counts non-negative, within the run, update steps increasing, response counts
+consistent; the split-mode rules (an `idle` row names one of engine and rank, `finish_version` >=
+`policy_version`). The rules in full: docs/trace-format.md, "Validation".
 
 A bad row raises `TraceError` with one line: the file, kind, column, the first offending row (index
 within its kind, and step), how many rows are bad and the fix. With `drop_invalid=True` such rows are
@@ -164,7 +150,8 @@ def validate_meta(meta: Any, path: Path) -> None:
         raise TraceError(f"{path}: the `rlsim` metadata is {type(meta).__name__}, not a JSON object; {META_FIX}")
     version = meta.get("schema_version")
     if not _int(version) or version not in READABLE_VERSIONS:
-        reads = f"version {SCHEMA_VERSION}" if len(READABLE_VERSIONS) == 1 else "versions " + ", ".join(map(str, READABLE_VERSIONS))
+        reads = (f"version {SCHEMA_VERSION}" if len(READABLE_VERSIONS) == 1
+                 else "versions " + ", ".join(map(str, READABLE_VERSIONS)))
         raise TraceError(f"{path} has trace schema version {_short(version)}, this rlsim reads {reads}; "
                          "re-record it with this rlsim's `rlrun record`")
     for sec in META_SECTIONS:
@@ -177,15 +164,17 @@ def validate_meta(meta: Any, path: Path) -> None:
             name = f"{sec}.{key}" if sec else key
             raise TraceError(f"{path}: metadata `{name}` must be {_TYPE_TEXT[ok]}, got {_short(v)}; {META_FIX}")
     eng = meta.get("engine") or {}
-    if eng.get("kv_cache_tokens") is not None and eng.get("block_size") is not None and eng["kv_cache_tokens"] < eng["block_size"]:
-        raise TraceError(f"{path}: metadata `engine.kv_cache_tokens` {eng['kv_cache_tokens']} is less than one KV block "
-                         f"(`engine.block_size` {eng['block_size']}): no engine runs like that; {META_FIX}")
+    if (eng.get("kv_cache_tokens") is not None and eng.get("block_size") is not None
+            and eng["kv_cache_tokens"] < eng["block_size"]):
+        raise TraceError(f"{path}: metadata `engine.kv_cache_tokens` {eng['kv_cache_tokens']} is less than one KV "
+                         f"block (`engine.block_size` {eng['block_size']}): no engine runs like that; {META_FIX}")
 
 
 # ---------------------------------------------------------------------------------------------- columns
 def _string_like(t: pa.DataType) -> bool:
     return (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
-            or (pa.types.is_dictionary(t) and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))))
+            or (pa.types.is_dictionary(t)
+                and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))))
 
 
 def _numeric_like(t: pa.DataType) -> bool:
@@ -198,7 +187,8 @@ def check_columns(table: pa.Table, path: Path, version: int = SCHEMA_VERSION) ->
     names = table.column_names
     missing = [c for c in columns_for_version(version) if c not in names]
     if missing:
-        raise TraceError(f"{path} lacks columns {', '.join(missing)}; it was not written by a compatible `rlrun record`")
+        raise TraceError(f"{path} lacks columns {', '.join(missing)}; it was not written by a compatible "
+                         "`rlrun record`")
     dup = [c for c in COLUMN_NAMES if names.count(c) > 1]
     if dup:
         raise TraceError(f"{path} has columns {', '.join(dup)} more than once; it was not written by `rlrun record`")
@@ -259,10 +249,12 @@ class _Checker:
                 continue
             col = table[name]
             if not (pa.types.is_integer(dtype) or pa.types.is_floating(dtype)):  # text: only null-checked
-                full[name] = (np.zeros(n), col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool))
+                full[name] = (np.zeros(n),
+                              col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool))
                 continue
             null = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool)
-            full[name] = (pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False).astype(float, copy=False), null)
+            vals = pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
+            full[name] = (vals.astype(float, copy=False), null)
         self.rows: dict[str, _Rows] = {}
         for k in EVENT_KINDS:
             pos = np.nonzero(pc.equal(table["kind"], k).fill_null(False).to_numpy(zero_copy_only=False))[0]
@@ -302,7 +294,8 @@ class _Checker:
         try:
             self.result.table = table.cast(arrow_schema())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # pragma: no cover - the checks above prevent it
-            raise TraceError(f"{self.path}: values do not fit the trace schema ({str(e).splitlines()[0][:120]}); {FIX}") from None
+            raise TraceError(f"{self.path}: values do not fit the trace schema ({str(e).splitlines()[0][:120]}); "
+                             f"{FIX}") from None
         return self.result
 
     def check_values(self, r: _Rows) -> None:
@@ -380,7 +373,8 @@ class _Checker:
         uniq, counts = np.unique(cs, return_counts=True)
         n = np.zeros(len(steps))
         idx = np.searchsorted(uniq, steps)
-        hit = (idx < len(uniq)) & (uniq[np.minimum(idx, len(uniq) - 1)] == steps) if len(uniq) else np.zeros(len(steps), bool)
+        hit = ((idx < len(uniq)) & (uniq[np.minimum(idx, len(uniq) - 1)] == steps) if len(uniq)
+               else np.zeros(len(steps), bool))
         n[hit] = counts[idx[hit]]
         nr = u.values["num_responses"]
         self.flag(u, "num_responses", hit & (nr != n),
@@ -394,7 +388,8 @@ class _Checker:
         idle = self.rows.get(IDLE)
         if idle is not None and len(idle.pos):
             has_e, has_r = ~idle.null["engine_id"], ~idle.null["rank"]
-            self.flag(idle, "engine_id", has_e == has_r, "have both or neither of `engine_id` and `rank` (an idle row is "
+            self.flag(idle, "engine_id", has_e == has_r,
+                      "have both or neither of `engine_id` and `rank` (an idle row is "
                       "one engine's wait or one trainer rank's: exactly one of them)",
                       lambda i: f"engine_id {'set' if has_e[i] else 'null'}, rank {'set' if has_r[i] else 'null'}")
         resp = self.rows.get(RESPONSE)
@@ -403,8 +398,9 @@ class _Checker:
             both = ~resp.null["finish_version"] & ~resp.null["policy_version"]
             with np.errstate(invalid="ignore"):
                 self.flag(resp, "finish_version", both & (fv < pv),
-                          "have a `finish_version` below their `policy_version` (a response cannot finish on older weights "
-                          "than it started on)", lambda i: f"policy_version {pv[i]:.0f}, finish_version {fv[i]:.0f}")
+                          "have a `finish_version` below their `policy_version` (a response cannot finish on older "
+                          "weights than it started on)",
+                          lambda i: f"policy_version {pv[i]:.0f}, finish_version {fv[i]:.0f}")
 
 
 def validate(table: pa.Table, meta: Any, path: str | Path, *, drop_invalid: bool = False) -> Result:

@@ -1,49 +1,20 @@
 """GRPO and PPO updates on packed sequences, with gradient-noise diagnostics.
 
-GRPO variant (DeepSeekMath GRPO as simplified in nanochat's chat_rl.py, i.e. on-policy REINFORCE with a
-group baseline):
-- advantage of response i in its group: A_i = r_i - mean(r_group), divided by std(r_group) + 1e-6 when
-  `std_scale` (flag; Dr. GRPO turns it off); every response token gets A_i;
-- policy loss: -A * ratio with ratio = exp(logp - logp_old), PPO-clipped at `clip_eps`; with the
-  default one update per rollout batch and no reuse, logp_old = logp (detached) so ratio = 1 and
-  the loss is exactly REINFORCE with a group baseline; no separate old-log-prob forward pass is run;
-- aggregation: mean over all response tokens of the batch (`loss_agg=token`, DAPO/nanochat style) or
-  the mean of per-sequence means (`seq`, the original GRPO);
-- deviations from DeepSeekMath GRPO: no KL penalty and no reference model, no entropy bonus.
+- GRPO (DeepSeekMath's, as simplified in nanochat's chat_rl.py): group-relative advantages (divided by the
+  group's std when `std_scale`), the PPO-clipped policy loss (with one update per batch exactly REINFORCE with
+  a group baseline, no old-log-prob pass), token or sequence aggregation; no KL penalty, no entropy bonus.
+- PPO: a value model (a copy of the policy's decoder with a zero-initialised scalar head), GAE per sequence,
+  the clipped policy loss and a squared-error value loss.
+- Off-policy correction (`--off-policy tis`): truncated importance sampling, each token's loss weighted by
+  min(exp(logp_train - logp_behavior), `tis_cap`) with the engine's recorded behaviour log-probs.
+- Packing (`pack`): a group's prompt once, then its G responses, an attention mask letting each response see
+  the prompt and itself only; logits only at response positions.
+- Data-parallel ranks (`runner/dp.py`) run this code with a hook (`dp`) that all-reduces the batch totals, the
+  gradients and the diagnostic sums.
+- Gradient diagnostics: `grad_norm` (full batch, before clipping), `grad_norm_micro` (RMS of the micro-batch
+  norms) and `micro_batch`: the two batch sizes of the gradient-noise-scale estimator.
 
-Off-policy correction (`off_policy`, flag `--off-policy`; PPO and GRPO alike): `none` (default) trains on the
-samples as if the trainer had generated them. `tis`: truncated importance sampling (Yao et al. 2025, "Your
-Efficient RL Framework Secretly Brings You Off-Policy RL Training"): the engine that sampled a response token
-did so with log-prob logp_behavior (`Sample.behavior_logprobs`, recorded by vLLM), which differs from the
-trainer's logp_train of the same token (other kernels, precision, or a stale policy in split mode); each
-token's policy-loss term is multiplied by the detached weight w = min(exp(logp_train - logp_behavior), C),
-C = `tis_cap` (flag `--tis-cap`). logp_train is the trainer's log-prob before this batch's first optimizer
-step: with one update per batch that is the current one; with rollout reuse the PPO ratio (current / that
-one) does the rest, as in the paper. Tokens of samples without behaviour log-probs get w = 1. The mean of w
-and the fraction capped (ratio above C), over the tokens that have behaviour log-probs, go into
-`UpdateStats.extra` as `tis_weight_mean`, `tis_capped_frac` (and their count, `tis_tokens`).
-
-PPO: a separate value model (a copy of the policy's decoder with a scalar head, zero-initialised), the
-reward on the last response token, GAE(gamma, lambda) per sequence from the value model's outputs,
-the clipped policy loss above and a squared-error value loss. With one update per batch the values
-that give the advantages come from the same critic forward pass that is trained (detached), so no
-separate value pass is run either.
-
-Training runs on packed rows with shared prompts (`pack`): a GRPO group's prompt is laid out once,
-followed by its G responses, and an explicit attention mask lets each response see the prompt and
-itself only; groups are packed into rows of about `row_tokens` tokens, nothing is padded except the
-tail of each row. Each response's log-probs and gradients are those of the sequence on its own; the
-prompt's forward and backward are done once per group instead of G times. Logits are computed only at
-response positions.
-
-Data-parallel training (`runner/dp.py`) runs this same code on every rank with a hook (`dp`, see
-`Trainer.update`): micro-batch weights use the totals of the whole batch over all ranks, and the accumulated
-gradients and diagnostic sums are all-reduced before the norm, clipping and the optimizer step.
-
-Gradient diagnostics: each micro-batch's loss is normalised as its own estimate of the batch loss;
-its gradient norm is taken before it is added, weighted, into the full-batch gradient. `grad_norm` is
-the full-batch norm (before clipping), `grad_norm_micro` the RMS of the micro-batch norms, and
-`micro_batch` their size in responses: the two batch sizes of the gradient-noise-scale estimator.
+Each rule in full: docs/usage.md, "GRPO, PPO and the gradient diagnostics".
 """
 from __future__ import annotations
 
@@ -110,7 +81,8 @@ def gae(values: list[float], reward: float, gamma: float, lam: float) -> tuple[l
     return adv, [a + v for a, v in zip(adv, values)]
 
 
-def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prompts: bool = True) -> dict[str, torch.Tensor]:
+def pack(samples: list[Sample], row_tokens: int, pad_id: int, device,
+         share_prompts: bool = True) -> dict[str, torch.Tensor]:
     """Lay sequences out in rows; return ids, position ids, the attention mask and the response targets.
 
     A unit is a run of consecutive samples with the same prompt (a GRPO group, split where it would
@@ -153,12 +125,18 @@ def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prom
         ids, pos, br, un = rows[-1]
         r, col = len(rows) - 1, len(ids)
         last_prompt = col + P - 1
-        ids.extend(prompt); pos.extend(range(P)); br.extend([0] * P); un.extend([uid] * P)
+        ids.extend(prompt)
+        pos.extend(range(P))
+        br.extend([0] * P)
+        un.extend([uid] * P)
         col += P
         for b, smp in enumerate(group, start=1):
             resp = smp.response_ids
             inp = resp[:-1]
-            ids.extend(inp); pos.extend(range(P, P + len(inp))); br.extend([b] * len(inp)); un.extend([uid] * len(inp))
+            ids.extend(inp)
+            pos.extend(range(P, P + len(inp)))
+            br.extend([b] * len(inp))
+            un.extend([uid] * len(inp))
             where.extend([(r, last_prompt)] + [(r, col + k) for k in range(len(inp))])
             tgt_tokens.extend(resp)
             seq_of_tgt.extend([si] * len(resp))
@@ -185,6 +163,11 @@ def pack(samples: list[Sample], row_tokens: int, pad_id: int, device, share_prom
         "seq_of_tgt": torch.tensor(seq_of_tgt, dtype=torch.long, device=device),
         "num_tokens": sum(len(prompt) + sum(len(smp.response_ids) for smp in group) for prompt, group in units),
     }
+
+
+def _rms(xs: list[float]) -> float:
+    """Root mean square of the micro-batch (or step) norms."""
+    return math.sqrt(sum(x * x for x in xs) / len(xs))
 
 
 def _hidden(model, batch) -> torch.Tensor:
@@ -432,14 +415,17 @@ class Trainer:
                 idx = order[k:k + per_mb]
                 f, fm, cf, cfm, lo, clo = self._step([micros[i] for i in idx], [micro_samples[i] for i in idx],
                                                      None if old is None else [old[i] for i in idx], st, dp=dp)
-                norms.append(f); micro_norms.append(fm); losses.append(lo)
+                norms.append(f)
+                micro_norms.append(fm)
+                losses.append(lo)
                 if cf is not None:
-                    c_norms.append(cf); c_micro.append(cfm); c_losses.append(clo)
+                    c_norms.append(cf)
+                    c_micro.append(cfm)
+                    c_losses.append(clo)
                 st.optimizer_steps += 1
-        rms = lambda xs: math.sqrt(sum(x * x for x in xs) / len(xs))
-        st.grad_norm, st.grad_norm_micro, st.loss = rms(norms), rms(micro_norms), sum(losses) / len(losses)
+        st.grad_norm, st.grad_norm_micro, st.loss = _rms(norms), _rms(micro_norms), sum(losses) / len(losses)
         if c_norms:
-            st.critic_grad_norm, st.critic_grad_norm_micro = rms(c_norms), rms(c_micro)
+            st.critic_grad_norm, st.critic_grad_norm_micro = _rms(c_norms), _rms(c_micro)
             st.critic_loss = sum(c_losses) / len(c_losses)
         self._tis_finish(st)
         return st
@@ -467,7 +453,8 @@ class Trainer:
                     values = self.critic.values(b)
                     adv, ret = self._gae(values, b, ss)
                 else:
-                    adv = torch.tensor([s.advantage for s in ss], dtype=torch.float32, device=logp.device)[b["seq_of_tgt"]]
+                    adv = torch.tensor([s.advantage for s in ss], dtype=torch.float32,
+                                       device=logp.device)[b["seq_of_tgt"]]
                 old_logp = logp.detach() if old is None else old[i]
                 tis_w = self._tis_weights(old_logp, ss, tis_sums) if tis else None
                 loss = self._policy_loss(logp, old_logp, adv, b["seq_of_tgt"], n_seq[i], n_tgt[i], tis_w)

@@ -3,51 +3,20 @@
 Run by `rlrun record` after the warm-ups and before the first update (on by default, `--no-calibrate`
 skips it), and alone by `rlrun calibrate`. Rows are `calib_gen` / `calib_train` (replay/schema.py); the
 fit is replay/calibration.py. Weights and optimizer state are not changed (training passes compute and
-discard gradients, `Trainer.profile`, the code path of an update without its optimizer step); the engine's
-prefix cache is reset afterwards. Times are on the calibration's own clock (seconds from its start).
+discard gradients, `Trainer.profile`); the engine's prefix cache is reset afterwards. Times are on the
+calibration's own clock (seconds from its start).
 
-What it measures, and why so:
-- warm state first. The trainer's first passes after start run up to 1.9x slower per token than the
-  same passes a few updates later (allocator growth, kernel caches: measured in one process, 10 updates,
-  cold 70 us/token vs warm 37 at 1x, while the calibration's synthetic batches and the run's real ones
-  differ by 7 %). A calibration taken cold needed a 0.7 correction factor; here 1x passes are repeated
-  until two in a row agree within WARM_TOL (at most WARM_PASSES) and discarded. Likewise the first pass at
-  a size right after another size runs slower than the next one (a 2x level measured as single passes in a
-  shuffled ladder came out 30 % slower per token than the run's own updates; the second of two passes in a
-  row matches them): each visit of a training level is two passes, the first unrecorded. The engine's
-  largest rung runs once, unrecorded, before its ladder (its memory is then held).
-- engine: half-octave rungs 1, 2, 3, 4, 6, 8, 11, 16, ... up to LADDER_FACTOR x the run's batch, capped
-  by `max_num_seqs` and by the KV cache (sequences of the longest calibration context that fit); when
-  capped, one more rung submits min(LADDER_FACTOR x batch, 1.5 x cap) sequences, so it runs in two waves.
-  Each visit of a rung submits its sequences as the run does (requests of n = G samples; prompts of the
-  task's training distribution from a stream seeded apart from the run's; `ignore_eos`), for at least
-  VISIT_STEPS decode steps. Rungs are visited in a shuffled order, round after round (randomised
-  interleaving, Abedi and Brecht 2017: drift spreads over all rungs instead of biasing the late ones),
-  until the median of each rung's decode steps has a relative standard error of at most SE_TARGET.
-- training: forward + backward of TRAIN_FACTORS x the run's responses per update (1/8 to 8), built from
-  real sampled responses grouped G per prompt as the run's batches are, micro-batched as an update of that
-  size would be; also in shuffled rounds until each level's SE_TARGET is met or the budget is spent; each
-  visit is a settling pass and a recorded one.
-- one device: on a CPU run of more than one core, paired visits at the run's threads and at one thread
-  (`threads` = 1 on its rows), at the run's concurrency and one micro-batch of its update: a split what-if gives
-  each side whole devices, a core on CPU, and needs one device's speed relative to the run's. Pairs, because a
-  ladder of its own at one thread does not reach the run's concurrency within its share of the budget, and
-  extrapolating one from small rungs misses the split's operating point by 2x.
-- budget: BUDGET_FRACTION of the recording it precedes (estimated as steps x (one batch generated as the run
-  does + one update at the warm per-token cost), and its evals), within [BUDGET_MIN_S, BUDGET_S], GEN_SHARE of it
-  for the engine, DEVICE_SHARE for the one-device pairs (a pair starts only if one like the last ends within it,
-  beyond DEVICE_PAIRS' minimum). The setup before the ladders is not in it and is recorded apart (`setup`: the warm
-  passes, that timing batch, the held-memory visit; 2.6 s at the default recording on a 2-core host, a third of
-  its 8 s budget: counted in, the engine ladder stopped at rung 64, below the run's 256). The warm-up's last 1x
-  pass followed a 1x pass, as a visit's recorded pass follows its settling one: it is the 1x level's first value.
-  The engine's first round goes upwards, so that each rung's cost is
-  bounded by what was measured before it and the budget check holds; the training's first round goes from
-  the smallest level up (each priced at the warm per-token cost), so the budget buys the levels a curve needs
-  before range (a short recording affords 1/8x..2x, five levels, where 8x alone costs more); the rounds after
-  them are shuffled. Levels never measured for want of budget are listed in the
-  metadata `calibration.skipped`; each level's values and standard error in `gen_rungs` / `train_levels`; the run's
-  own levels in `run_levels`. Its end prints `runner/summary.py`'s `calibration_lines`, the text `rlrun inspect` gives,
-  with a warning when a ladder was left short or one device's ratio is implausible (`calibration_warnings`).
+- warm state first: 1x passes until two agree (WARM_TOL), and each training visit a settling pass, then a
+  recorded one: cold passes run slower per token;
+- engine: half-octave rungs up to LADDER_FACTOR x the run's batch (capped by max_num_seqs and the KV cache),
+  visited in shuffled rounds (randomised interleaving spreads drift over all rungs) until each rung's median
+  meets SE_TARGET;
+- training: forward + backward at TRAIN_FACTORS x the run's responses per update, in shuffled rounds too;
+- one device: on a multi-core CPU run, paired visits at the run's threads and at one thread, for split what-ifs;
+- budget: BUDGET_FRACTION of the recording, split GEN_SHARE / DEVICE_SHARE; levels left unmeasured are listed
+  in the metadata (`calibration.skipped`).
+
+In full: docs/usage.md, "Calibration profiles"; the measurements behind the choices: docs/results.md section 10.
 """
 from __future__ import annotations
 
@@ -160,7 +129,8 @@ class _Calibration:
     # ------------------------------------------------------------------------------------------ engine
     def visit(self, level: int, steps: int, record: bool = True) -> list[float]:
         """Submit `level` sequences (requests of G) for steps + 1 tokens; one row per engine step (unless `record` is
-        off); returns the decode steps' seconds at full concurrency (the first step is the prefill, a wave's are mixed)."""
+        off); returns the decode steps' seconds at full concurrency (the first step is the prefill, a wave's are
+        mixed)."""
         G = max(self.cfg.G, 1)
         reqs, left = [], level
         while left > 0:
@@ -174,10 +144,10 @@ class _Calibration:
             durs.append((s.num_running, s.duration))
             if record:
                 self.rows.append((self.kinds[0], dict(
-                    t_start=s.t_start, duration=s.duration, step=self.step, policy_version=self.step, num_running=s.num_running,
-                    num_waiting=s.num_waiting, prefill_tokens=s.prefill_tokens, decode_tokens=s.decode_tokens,
-                    context_tokens=s.context_tokens, kv_usage=s.kv_usage, finished=s.finished, calib_level=level,
-                    threads=self.threads)))
+                    t_start=s.t_start, duration=s.duration, step=self.step, policy_version=self.step,
+                    num_running=s.num_running, num_waiting=s.num_waiting, prefill_tokens=s.prefill_tokens,
+                    decode_tokens=s.decode_tokens, context_tokens=s.context_tokens, kv_usage=s.kv_usage,
+                    finished=s.finished, calib_level=level, threads=self.threads)))
 
         self.engine.generate(reqs, self.engine.sampling(steps + 1, self.cfg.temperature, ignore_eos=True), on_step)
         top = max((n for n, _ in durs), default=0)
@@ -198,7 +168,8 @@ class _Calibration:
             for level in todo:
                 n_run = min(level, rungs[-1])
                 est = self._step_estimate(lad, rungs, n_run)
-                steps = VISIT_STEPS if est is None else int(min(MAX_VISIT_STEPS, max(VISIT_STEPS, math.ceil(VISIT_SECONDS / est))))
+                steps = VISIT_STEPS if est is None else int(min(MAX_VISIT_STEPS,
+                                                                max(VISIT_STEPS, math.ceil(VISIT_SECONDS / est))))
                 steps = WAVE_STEPS if level == wave else min(steps, room)
                 waves = -(-level // rungs[-1])
                 if est is not None and self.clock() + waves * (steps + 1) * est > budget_end:
@@ -228,8 +199,8 @@ class _Calibration:
         for i in range(R):
             j = i // G
             resp = self.responses[(i * 7 + j) % len(self.responses)] or [self.trainer.pad_id]
-            out.append(Sample(prompt_ids=self.prompts[j % len(self.prompts)], response_ids=list(resp), reward=float(i % 2),
-                              prompt_id=j, group_index=i % G, advantage=1.0 if i % 2 else -1.0))
+            out.append(Sample(prompt_ids=self.prompts[j % len(self.prompts)], response_ids=list(resp),
+                              reward=float(i % 2), prompt_id=j, group_index=i % G, advantage=1.0 if i % 2 else -1.0))
         return out
 
     def train_pass(self, samples, level: int, record: bool = True, micro: int | None = None) -> tuple[float, int]:
@@ -266,7 +237,8 @@ class _Calibration:
             last = per
         return last or math.nan
 
-    def train_ladder(self, batches: dict[int, list], per_tok: float, budget_end: float, lad: Ladder | None = None) -> Ladder:
+    def train_ladder(self, batches: dict[int, list], per_tok: float, budget_end: float,
+                     lad: Ladder | None = None) -> Ladder:
         """Round 1 from the smallest level up (levels first: a level's visit costs twice its passes, so the cheap ones
         buy the count a curve needs, and the budget then buys range; the warm per-token cost prices each), then
         shuffled rounds over the levels (responses -> samples) whose median is not yet within SE_TARGET. Stops at
@@ -306,8 +278,9 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
                     ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
     """Profile the engine and the trainer. `prompts`: token ids of task prompts; `responses`: token ids of
     real sampled responses (their lengths). `budget_s`: fixed budget (None: BUDGET_FRACTION of the run).
-    `threads`: the CPU threads the run uses (recorded on the rows; None off CPU). `device_threads`: a context manager factory that runs its body on one device's threads (one core), or
-    None. Returns the rows (kind, fields) and the metadata section."""
+    `threads`: the CPU threads the run uses (recorded on the rows; None off CPU). `device_threads`: a context manager
+    factory that runs its body on one device's threads (one core), or None. Returns the rows (kind, fields) and the
+    metadata section."""
     cal = _Calibration(engine, trainer, cfg, prompts, responses, log, random.Random(cfg.seed + 7919))
     cal.threads = threads
     old_clock = engine.clock
@@ -317,9 +290,9 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
     room = max(engine.max_model_len - p_max - 2, VISIT_STEPS)
     rungs, wave = gen_ladder(cfg.gen_responses, engine.max_num_seqs, engine.kv_cache_tokens, engine.block_size,
                              p_max + min(room, MAX_VISIT_STEPS + 1))
-    batches = {max(G, int(round(f * cfg.batch / G)) * G): None for f in TRAIN_FACTORS}
+    batches = {max(G, int(round(f * cfg.responses_per_update / G)) * G): None for f in TRAIN_FACTORS}
     batches = {R: cal.batch(R) for R in sorted(batches)}
-    one = batches.get(max(G, cfg.batch // G * G)) or cal.batch(max(G, cfg.batch // G * G))
+    one = batches.get(max(G, cfg.responses_per_update // G * G)) or cal.batch(max(G, cfg.responses_per_update // G * G))
     train0 = Ladder()
     per_tok = cal.warm(one, train0 if batches.get(len(one)) is one else None)
     t_warm = cal.clock()
@@ -341,7 +314,8 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
         info.update(estimate_s=est, fraction=BUDGET_FRACTION)
     if device_threads:
         micro = one[:trainer.micro_for(len(one))]
-        info["device"] = _device_pairs(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro, cal.clock() + DEVICE_SHARE * budget)
+        info["device"] = _device_pairs(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro,
+                                       cal.clock() + DEVICE_SHARE * budget)
     engine.engine.reset_prefix_cache()
     engine.clock = old_clock
     info["duration_s"] = cal.clock()
@@ -360,10 +334,11 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
     t0 = time.perf_counter()
     cal.engine.generate(reqs, cal.engine.sampling(cfg.max_tokens, cfg.temperature))
     round_s = time.perf_counter() - t0
-    one_x = min(batches, key=lambda R: abs(R - cfg.batch))
+    one_x = min(batches, key=lambda R: abs(R - cfg.responses_per_update))
     tokens = sum(len(s.prompt_ids) + len(s.response_ids) for s in batches[one_x])
     evals = (cfg.steps // cfg.eval_every if cfg.eval_every else 0) + 2
-    run_s = cfg.steps * (round_s + per_tok * tokens) + evals * round_s * cfg.eval_prompts * cfg.eval_k / max(cfg.gen_responses, 1)
+    run_s = (cfg.steps * (round_s + per_tok * tokens)
+             + evals * round_s * cfg.eval_prompts * cfg.eval_k / max(cfg.gen_responses, 1))
     est = BUDGET_FRACTION * run_s
     return (float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S), float(est)
 
@@ -371,9 +346,9 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
 def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, end: float) -> dict[str, Any]:
     """One device's speed beside the run's, paired: engine visits of `level` sequences (the run's concurrency), then
     forward + backward passes of `samples` (one micro-batch of the run's update, at its shape: a speed-up from
-    threads depends on the operations' sizes), each at the run's threads and at one device's
-    (`device_threads`) in ABBA order (a drift within two pairs cancels), until the ratios' standard error is
-    within SE_TARGET or the calibration's clock reaches `end` (DEVICE_PAIRS: at least, at most). The fit scales the run's models by them
+    threads depends on the operations' sizes), each at the run's threads and at one device's (`device_threads`) in ABBA
+    order (a drift within two pairs cancels), until the ratios' standard error is within SE_TARGET or the calibration's
+    clock reaches `end` (DEVICE_PAIRS: at least, at most). The fit scales the run's models by them
     (replay/device_speed.py); this phase's rows (from `t0` on the calibration's clock) stay out of the ladders' fits."""
     t0, run_threads = cal.clock(), cal.threads
     R = len(samples)
@@ -418,14 +393,14 @@ class DriftProbe:
     of min(DRIFT_LEVEL, B) sequences and one training pass of DRIFT_TRAIN_FACTOR x the batch, on the run's clock
     (the engine's, set by the loop), as `drift_gen` / `drift_train` rows of the update after which it ran."""
 
-    def __init__(self, engine, trainer, cfg, prompts: list[list[int]], responses: list[list[int]], clock: Callable[[], float],
-                 threads: int | None = None):
+    def __init__(self, engine, trainer, cfg, prompts: list[list[int]], responses: list[list[int]],
+                 clock: Callable[[], float], threads: int | None = None):
         self.cal = _Calibration(engine, trainer, cfg, prompts, responses, None, random.Random(cfg.seed))
         self.cal.clock = clock  # the run's clock, not the calibration's own
         self.cal.kinds, self.cal.threads = (DRIFT_GEN, DRIFT_TRAIN), threads
         G = max(cfg.G, 1)
         self.level = min(DRIFT_LEVEL, cfg.gen_responses)
-        self.samples = self.cal.batch(max(G, int(round(DRIFT_TRAIN_FACTOR * cfg.batch / G)) * G))
+        self.samples = self.cal.batch(max(G, int(round(DRIFT_TRAIN_FACTOR * cfg.responses_per_update / G)) * G))
 
     def __call__(self, step: int) -> list[tuple[str, dict[str, Any]]]:
         """Run the probe after update `step`; its rows."""

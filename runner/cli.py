@@ -27,8 +27,8 @@ ENGINE = ("torch", "vllm", "transformers")  # what `record` and `calibrate` impo
 def _engine_installed() -> None:
     missing = [m for m in ENGINE if importlib.util.find_spec(m) is None]
     if missing:
-        raise RlsimError(f"rlrun needs torch and vLLM ({', '.join(missing)} not installed): pip install torch==2.13.0 && "
-                         'pip install -e ".[cpu]" (CPU) or pip install -e ".[gpu]" (CUDA)')
+        raise RlsimError(f"rlrun needs torch and vLLM ({', '.join(missing)} not installed): "
+                         'pip install torch==2.13.0 && pip install -e ".[cpu]" (CPU) or pip install -e ".[gpu]" (CUDA)')
 
 
 def _interruptible(fn: Callable[[], Any], interrupted: str) -> None:

@@ -63,52 +63,68 @@ class RunConfig:
     eval_prompts: int = _f(128, "held-out prompts per evaluation")
     eval_k: int = _f(4, "samples per held-out prompt (score is mean@k accuracy)")
     task: str = _f("add2", "built-in task: add2, add3 or addmix (ignored with --dataset)", cli=ALL)
-    dataset: str | None = _f(None, "JSONL or Parquet file with prompt/answer columns instead of a built-in task", cli=ALL)
+    dataset: str | None = _f(None, "JSONL or Parquet file with prompt/answer columns instead of a built-in task",
+                             cli=ALL)
     reward: str = _f("exact", "dataset reward: exact (whole response) or numeric (last number)", cli=ALL)
     model: str | None = _f(None, "local HF causal-LM folder (None: the built-in tiny Llama, built and cached)", cli=ALL)
     seed: int = _f(0, "random seed for prompts, sampling and torch", cli=ALL)
     # algorithm variants (GRPO as in nanochat chat_rl.py / DeepSeekMath, deviations as flags)
     std_scale: bool = _f(True, "GRPO: divide advantages by the group's reward std (Dr. GRPO: off)", cli=RUN)
-    loss_agg: str = _f("token", "policy-loss aggregation: token (mean over all response tokens of the batch) or seq (mean of per-sequence means)", cli=RUN)
-    clip_eps: float = _f(0.2, "PPO-clip epsilon on the ratio (inactive with one update per batch: the ratio is 1)", cli=())
+    loss_agg: str = _f("token", "policy-loss aggregation: token (mean over all response tokens of the batch) or seq "
+                                "(mean of per-sequence means)", cli=RUN)
+    clip_eps: float = _f(0.2, "PPO-clip epsilon on the ratio (inactive with one update per batch: the ratio is 1)",
+                         cli=())
     gamma: float = _f(1.0, "PPO discount", cli=RUN)
     lam: float = _f(0.95, "PPO GAE lambda", cli=RUN)
     minibatches: int = _f(1, "optimizer updates per rollout batch per epoch (1: the article's clean protocol)", cli=RUN)
     epochs: int = _f(1, "passes over each rollout batch (1: no rollout reuse)", cli=RUN)
-    micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto", cli=ALL)
-    train_devices: int = _f(1, "data-parallel training ranks, one device each (CPU: one core each, gloo; GPU: one GPU each, "
-                               "NCCL), started by rlrun; gradients all-reduced; must divide the batch", cli=RUN,
+    micro_batch: int = _f(0, "responses per micro-batch (gradient accumulation and micro-batch grad norms); 0: auto",
+                          cli=ALL)
+    train_devices: int = _f(1, "data-parallel training ranks, one device each (CPU: one core each, gloo; GPU: one GPU "
+                               "each, NCCL), started by rlrun; gradients all-reduced; must divide the batch", cli=RUN,
                                flags=["--train-gpus"], aliases=["--train-devices"])
     compile: bool = _f(False, "torch.compile the policy (and critic) decoder for training, dynamic shapes; compiled "
-                              "before recording starts (tens of seconds on CPU, recorded as trainer.warmup_s; needs a C++ compiler on CPU)", cli=ALL)
+                              "before recording starts (tens of seconds on CPU, recorded as trainer.warmup_s; needs a "
+                              "C++ compiler on CPU)", cli=ALL)
     # placement and asynchronous rollout (split mode)
-    mode: str = _f("colocated", "colocated: generate, then train, on the same devices (the synchronous reference); split: "
-                                "vLLM engine replicas in their own processes on their own devices, generating while the trainer trains")
+    mode: str = _f("colocated", "colocated: generate, then train, on the same devices (the synchronous reference); "
+                                "split: vLLM engine replicas in their own processes on their own devices, generating "
+                                "while the trainer trains")
     gen_devices: int = _f(1, "split mode: generation devices (CPU: cores; GPU: GPUs), one vLLM engine replica each",
                           flags=["--gen-gpus"], aliases=["--gen-devices"])
-    max_staleness: int = _f(0, "split mode: AReaL's eta; a prompt starts only while the samples started stay within eta policy "
-                               "versions of the current one (in-flight ones count); 0 = synchronous",
+    max_staleness: int = _f(0, "split mode: AReaL's eta; a prompt starts only while the samples started stay within "
+                               "eta policy versions of the current one (in-flight ones count); 0 = synchronous",
                             flags=["--staleness"], aliases=["--max-staleness"])
-    partial_rollout: bool = _f(False, "split mode: in-flight responses continue across a weight sync (KV kept) and record the "
-                                      "versions they span; off: they finish on the old weights before the engine loads the new ones")
-    off_policy: str = _f("none", "off-policy correction: none, or tis (truncated importance sampling: each token's loss "
-                                 "weighted by min(pi_train / pi_behaviour, --tis-cap), behaviour log-probs recorded by the engine)", cli=RUN)
+    partial_rollout: bool = _f(False, "split mode: in-flight responses continue across a weight sync (KV kept) and "
+                                      "record the versions they span; off: they finish on the old weights before the "
+                                      "engine loads the new ones")
+    off_policy: str = _f("none", "off-policy correction: none, or tis (truncated importance sampling: each token's "
+                                 "loss weighted by min(pi_train / pi_behaviour, --tis-cap), behaviour log-probs "
+                                 "recorded by the engine)", cli=RUN)
     tis_cap: float = _f(2.0, "cap C of the truncated importance ratio (--off-policy tis)", cli=RUN)
     threads: int = _f(0, "CPU threads per process side (engine, each trainer rank); 0: colocated all cores, split the "
-                         "side's devices; calibrate with --threads to profile at a split's per-side thread count", cli=ALL)
+                         "side's devices; calibrate with --threads to profile at a split's per-side thread count",
+                      cli=ALL)
     # engine
-    max_num_seqs: int = _f(1024, "vLLM max_num_seqs: sequences decoded concurrently (1024 holds a P=128, G=8 batch in one wave: on CPU an engine step costs mostly per-step and per-request overhead, so fewer, fuller steps are faster)", cli=ALL)
+    max_num_seqs: int = _f(1024, "vLLM max_num_seqs: sequences decoded concurrently (1024 holds a P=128, G=8 batch in "
+                                 "one wave: on CPU an engine step costs mostly per-step and per-request overhead, so "
+                                 "fewer, fuller steps are faster)", cli=ALL)
     gen_batch: int = _f(0, "responses submitted to the engine per RL step (0: = train batch B; must be >= B)", cli=BOTH)
-    kv_cache_gib: float = _f(1.0, "KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE on CPU; on GPU, converted to a memory fraction)", cli=ALL)
+    kv_cache_gib: float = _f(1.0, "KV-cache size in GiB (VLLM_CPU_KVCACHE_SPACE on CPU; on GPU, "
+                                  "converted to a memory fraction)", cli=ALL)
     max_model_len: int = _f(256, "vLLM max_model_len", cli=ALL)
-    dtype: str = _f("auto", "weights dtype: auto (bf16 on CUDA where supported, else float32), float32, bfloat16", cli=ALL)
+    dtype: str = _f("auto", "weights dtype: auto (bf16 on CUDA where supported, else float32), float32, bfloat16",
+                    cli=ALL)
     # recording
-    record_steps: bool = _f(True, "record one gen_step row per engine step (off: measure the tracing overhead)", cli=RUN)
+    record_steps: bool = _f(True, "record one gen_step row per engine step (off: measure the tracing overhead)",
+                            cli=RUN)
     calibrate: bool = _f(True, "before the first update, profile engine steps at 1..16x the batch's concurrency and "
                                "forward+backward at 1/8..8x its tokens (calib_gen / calib_train rows; weights and "
-                               "optimizer untouched), so predictions at other batch sizes interpolate instead of extrapolating")
-    drift_every: int = _f(4, "every N updates, repeat a small fixed probe (an engine visit and a training pass, drift_gen / "
-                             "drift_train rows) so the fit can state and remove the machine's speed drift (0: off)")
+                               "optimizer untouched), so predictions at other batch sizes "
+                               "interpolate instead of extrapolating")
+    drift_every: int = _f(4, "every N updates, repeat a small fixed probe (an engine visit and a training pass, "
+                             "drift_gen / drift_train rows) so the fit can state and remove the "
+                             "machine's speed drift (0: off)")
     progress: bool = _f(True, "show a progress bar")
     out: str = _f("traces/run.parquet", "output trace path", cli=ALL, flags=["--out", "-o"], required=True)
     overwrite: bool = _f(False, "replace an existing trace at --out", cli=ALL, flags=["--overwrite"])
@@ -121,13 +137,13 @@ class RunConfig:
         return default_group(self.algo)
 
     @property
-    def batch(self) -> int:
-        """B = P x G responses per update."""
+    def responses_per_update(self) -> int:
+        """B = P x G responses trained per update (the trace metadata's `batch`)."""
         return self.prompts * self.G
 
     @property
     def lr_effective(self) -> float:
-        ratio = self.batch / self.lr_ref_batch
+        ratio = self.responses_per_update / self.lr_ref_batch
         if self.lr_rule == "sqrt":
             return self.lr * math.sqrt(ratio)
         if self.lr_rule == "linear":
@@ -139,19 +155,20 @@ class RunConfig:
         """Responses per micro-batch (per rank): explicit, or the (mini)batch split in 4 (at least 4 responses).
 
         Four micro-batches give the small-batch gradient norms for the noise-scale estimate at little cost
-        (measured on 2 CPU cores, B=256: 2 micro-batches 0.44 s per update, 8 micro-batches 0.52 s)."""
-        per_update = self.batch // (self.minibatches * self.train_devices)
+        (docs/results.md section 10)."""
+        per_update = self.responses_per_update // (self.minibatches * self.train_devices)
         if self.micro_batch:
             return min(self.micro_batch, per_update)
         return max(min(per_update, 4), per_update // 4)
 
     @property
     def gen_responses(self) -> int:
-        return self.gen_batch or self.batch
+        return self.gen_batch or self.responses_per_update
 
     def derived(self) -> dict[str, Any]:
-        return {"G": self.G, "batch": self.batch, "lr_effective": self.lr_effective, "micro_batch": self.micro,
-                "gen_responses": self.gen_responses}
+        # the trace metadata names B `batch` (docs/trace-format.md), as the shipped traces have it
+        return {"G": self.G, "batch": self.responses_per_update, "lr_effective": self.lr_effective,
+                "micro_batch": self.micro, "gen_responses": self.gen_responses}
 
     def to_meta(self) -> dict[str, Any]:
         d = asdict(self)
@@ -201,8 +218,10 @@ class RunConfig:
             bad(f"--temperature is {self.temperature}; it must be 0 or more")
         if not 0 <= self.gamma <= 1 or not 0 <= self.lam <= 1:
             bad("--gamma and --lam must lie in [0, 1]")
-        if self.gen_batch and self.gen_batch < self.batch:
-            bad(f"--gen-batch {self.gen_batch} is smaller than the train batch B = P x G = {self.batch}; generate at least B responses per step")
+        B = self.responses_per_update
+        if self.gen_batch and self.gen_batch < B:
+            bad(f"--gen-batch {self.gen_batch} is smaller than the train batch B = P x G = {B}; generate at least B "
+                "responses per step")
         if self.mode not in ("colocated", "split"):
             bad(f"unknown --mode {self.mode!r}; choose colocated or split")
         if self.off_policy not in ("none", "tis"):
@@ -210,21 +229,24 @@ class RunConfig:
         if not (self.tis_cap >= 1 and math.isfinite(self.tis_cap)):
             bad(f"--tis-cap is {self.tis_cap}; it must be at least 1")
         if self.mode == "colocated":
-            for name, v, default in (("max_staleness", self.max_staleness, 0), ("partial_rollout", self.partial_rollout, False),
+            for name, v, default in (("max_staleness", self.max_staleness, 0),
+                                     ("partial_rollout", self.partial_rollout, False),
                                      ("gen_devices", self.gen_devices, 1)):
                 if v != default:
                     bad(f"{_flag(name)} needs --mode split (asynchronous rollout on separate generation devices)")
-        if self.batch % self.train_devices:
-            bad(f"batch B = P x G = {self.batch} is not divisible by --train-gpus {self.train_devices}; choose P so "
+        if B % self.train_devices:
+            bad(f"batch B = P x G = {B} is not divisible by --train-gpus {self.train_devices}; choose P so "
                 f"that P x G is a multiple of {self.train_devices}")
         if self.train_devices > 1 and self.prompts % self.train_devices:
             bad(f"--prompts {self.prompts} is not divisible by --train-gpus {self.train_devices}: each rank trains "
                 f"whole groups; choose P as a multiple of {self.train_devices}")
-        per_rank = self.batch // self.train_devices
+        per_rank = self.responses_per_update // self.train_devices
         if per_rank % self.minibatches:
-            bad(f"batch per rank {per_rank} is not divisible by --minibatches {self.minibatches}; choose P or --minibatches so it divides")
+            bad(f"batch per rank {per_rank} is not divisible by --minibatches {self.minibatches}; choose P or "
+                "--minibatches so it divides")
         if self.micro_batch and (per_rank // self.minibatches) % self.micro:
-            bad(f"minibatch of {per_rank // self.minibatches} responses is not divisible by --micro-batch {self.micro_batch}")
+            bad(f"minibatch of {per_rank // self.minibatches} responses is not divisible by --micro-batch "
+                f"{self.micro_batch}")
         if self.max_tokens >= self.max_model_len:
             bad(f"--max-tokens {self.max_tokens} must be below --max-model-len {self.max_model_len}")
         if self.dataset is None:
@@ -235,7 +257,8 @@ class RunConfig:
         if check_files:
             from rlsim.runner.placement import place
 
-            place(self.mode, self.gen_devices, self.train_devices, threads=self.threads)  # devices exist, do not overlap
+            # devices exist, do not overlap
+            place(self.mode, self.gen_devices, self.train_devices, threads=self.threads)
             if self.model is not None:
                 from rlsim.runner.model import check_model_dir
 
@@ -268,10 +291,11 @@ class ProbeConfig:
     prompts: tuple[int, ...] = _f((), "P of each size to probe, two or more, as a comma list (e.g. 16,64,256); sigma "
                                       "is each size's responses/s over the smallest's", cli=PROBE,
                                   flags=["--prompts", "--batch", "-P", "-b"], required=True)
-    rounds: int = _f(3, "rounds: each runs every size once, in an order shuffled by --seed, and pairs each size with the "
-                        "smallest; 2 or more give sigma a 90 % interval", cli=PROBE)
-    visit_steps: int = _f(2, "RL steps at a size each time a round visits it: the first settles the switch from the previous "
-                             "size (its memory and caches) and is recorded but not counted in sigma", cli=PROBE)
+    rounds: int = _f(3, "rounds: each runs every size once, in an order shuffled by --seed, and pairs each size with "
+                        "the smallest; 2 or more give sigma a 90 % interval", cli=PROBE)
+    visit_steps: int = _f(2, "RL steps at a size each time a round visits it: the first settles the switch from the "
+                             "previous size (its memory and caches) and is recorded but not counted in sigma",
+                          cli=PROBE)
     run: RunConfig = _f(RunConfig(), "the options every step shares (its prompts, steps, evals and calibration are the "
                                      "probe's: see `at`)", cli=())
 
@@ -312,14 +336,16 @@ class ProbeConfig:
                              "responses/s over the smallest's)")
         twice = [p for i, p in enumerate(ps) if p in ps[:i]]
         if twice:
-            raise RlsimError(f"--prompts lists {twice[0]} more than once ({','.join(map(str, ps))}); give each size once")
+            raise RlsimError(f"--prompts lists {twice[0]} more than once "
+                             f"({','.join(map(str, ps))}); give each size once")
         if self.rounds < 1:
             raise RlsimError(f"--rounds is {self.rounds}; it must be at least 1 (2 or more give sigma a 90 % interval)")
         if self.visit_steps < 1:
-            raise RlsimError(f"--visit-steps is {self.visit_steps}; it must be at least 1 (2, the default, settles each "
-                             "switch of size before the step that counts)")
+            raise RlsimError(f"--visit-steps is {self.visit_steps}; it must be at least 1 (2, the default, settles "
+                             "each switch of size before the step that counts)")
         if self.run.mode != "colocated":
-            raise RlsimError("rlrun probe runs colocated (generate, then train, on the same devices); drop --mode split")
+            raise RlsimError("rlrun probe runs colocated (generate, then train, on the same devices); "
+                             "drop --mode split")
         if self.run.gen_batch:
             raise RlsimError("rlrun probe generates B = P x G responses at each size; drop --gen-batch")
         self._validate_sizes()
@@ -341,7 +367,8 @@ class ProbeConfig:
             return
         first = next(iter(errors))
         msg = errors[first]
-        if (len(errors) == len(self.prompts) and len(set(errors.values())) == 1) or re.search(rf"--prompts (\(P\) is )?{first}\b", msg):
+        if ((len(errors) == len(self.prompts) and len(set(errors.values())) == 1)
+                or re.search(rf"--prompts (\(P\) is )?{first}\b", msg)):
             raise RlsimError(msg)
         raise RlsimError(f"at --prompts {first}: {msg}")
 
@@ -349,7 +376,7 @@ class ProbeConfig:
         """The helper ranks of data-parallel training keep the micro-batch size they started with (RunConfig.micro
         at the smallest size): only a --micro-batch every size uses keeps the ranks alike."""
         ref = self.reference
-        per_update = ref.batch // (ref.minibatches * ref.train_devices)
+        per_update = ref.responses_per_update // (ref.minibatches * ref.train_devices)
         if not ref.micro_batch or ref.micro_batch > per_update:
             raise RlsimError(f"rlrun probe with --train-gpus {ref.train_devices} needs --micro-batch N with N at most "
                              f"{per_update} (the smallest size's responses per rank and minibatch), so that every size "

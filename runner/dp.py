@@ -1,43 +1,17 @@
 """Data-parallel training over `--train-gpus N`: N ranks, torch.distributed, ranks started here.
 
-Scheme (DDP-style, gradient all-reduce after accumulation):
-- This process is rank 0 (it also runs the record loop and the engine); ranks 1..N-1 are helper processes
-  started with the multiprocessing 'spawn' context. Each helper loads the model from the model folder
-  (float32, as rank 0 does in `loop.record`), builds its own `Trainer` with the same config and seed, and
-  joins a private process group (gloo on CPU, NCCL on CUDA, rendezvous on a TCPStore at 127.0.0.1 on a
-  free port). The group is not torch's default group: the in-process vLLM engine may hold that one.
-  At start, rank 0 broadcasts per-parameter checksums (and its optimizer-state size) and every rank
-  compares them with its own: all ranks must start with identical weights and (empty) optimizer state.
-- Per update, the batch (in group order, G consecutive samples per prompt) is cut into N contiguous shards
-  of B/N samples, i.e. whole groups (validation guarantees P % N == 0); rank 0 sends each helper its shard
-  (pickled `Sample`s over a pipe) and trains its own. Every rank runs the same `Trainer.update` with a hook
-  (`_Collective`): before the first forward of an optimizer step the target-token and sequence counts are
-  all-reduced, so each micro-batch's loss is weighted by the GLOBAL totals (token aggregation: micro target
-  tokens / batch target tokens; `seq`: micro sequences / batch sequences); after the last backward the
-  accumulated gradient (one flat buffer per model, summed in place: SUM, not mean, because the weights
-  already carry the normalisation) and the diagnostic sums (squared micro-batch norms and their count,
-  the weighted loss parts, the TIS sums) are all-reduced. Then every rank computes the same full-batch
-  norm, clips by it, and takes the same Adam step; the PPO critic the same way. So the N-rank update equals
-  the single-rank update on the same batch, up to float summation order. grad_norm is the full-batch norm
-  (after the all-reduce, before clipping), grad_norm_micro the RMS over all ranks' micro-batch norms, loss
-  the full-batch loss.
-- Overlap: none between communication and computation. Ranks compute their shards concurrently; the
-  gradient is reduced once per optimizer step after all micro-batches are accumulated (not bucketed per
-  micro-batch or per layer during backward as torch DDP does). Why: the micro-batch norms (gradient-noise
-  diagnostics) need each micro-batch's gradient separately, so gradients are accumulated explicitly outside
-  autograd anyway; one reduction per step moves the gradient once instead of once per micro-batch; and at
-  the model sizes recorded here the reduction is short next to the compute and is recorded on its own
-  (`allreduce` rows), so a simulator can model overlap itself rather than have it baked into the trace.
-- Minibatches/epochs > 1 are kept: every rank runs the same number of optimizer steps (equal shards, the
-  same seeded epoch permutation of its local micro-batches); each step all-reduces as above, so its gradient
-  is that of the union of the ranks' k-th local minibatches (standard DDP semantics; a different split of
-  the batch into minibatches than a single rank makes, so not equal to the single-rank run step by step).
-- Per update, `update` returns one row per rank (its forward+backward compute) and one per rank for the
-  all-reduce (time around the collectives only, which includes waiting for the slowest rank). Times are on
-  the run clock, `time.perf_counter() - t0`; perf_counter is CLOCK_MONOTONIC, system-wide on Linux, so the
-  helpers use the same t0. With several optimizer steps per update a row sums them (t_start: the first).
-- N == 1: no process, no process group; `update` calls `trainer.update` with a local hook that only takes
-  the times (the numbers are bit-identical to `trainer.update(samples, lr)`).
+DDP-style, one gradient all-reduce after accumulation: this process is rank 0 (it also runs the record loop and
+the engine); ranks 1..N-1 are spawned helpers that load the same model, build the same `Trainer` and join a
+private process group (gloo on CPU, NCCL on CUDA; not torch's default group, which the in-process vLLM engine may
+hold), after checking that every rank starts with identical weights. Per update the batch is cut into N shards of
+whole groups; every rank runs `Trainer.update` with a hook (`_Collective`) that all-reduces the batch totals
+first (so micro-batch weights are global) and the accumulated gradients and diagnostic sums last, then takes the
+same clipped Adam step: the N-rank update equals the single-rank one up to float summation order.
+
+No overlap of communication and computation: the micro-batch norms need each micro-batch's gradient apart, and
+one reduction per step, recorded on its own (`allreduce` rows), lets a simulator model overlap itself. `update`
+returns one compute row and one all-reduce row per rank, on the run clock. N == 1 starts nothing. In detail:
+docs/usage.md, "Data-parallel training over --train-gpus N".
 """
 from __future__ import annotations
 

@@ -1,14 +1,13 @@
 """A vLLM engine driven one `step()` at a time, so every engine step is timed with its batch composition.
 
 - The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), built with `enforce_eager=True`
-  and `disable_log_stats=True` (request timing is taken here; under cProfile vLLM's own stats took ~5%
-  of a 1024-sequence generation on CPU).
+  and `disable_log_stats=True` (request timing is taken here; vLLM's own stats cost a share of the
+  generation: docs/results.md section 10).
 - A GRPO group is one request with `n = G` (vLLM parallel sampling): the prompt goes through input
   processing once and the G children are scheduled and decoded as independent sequences (each computes
   its prompt's KV unless the prefix cache holds it). On CPU an engine step is dominated by per-request
-  Python work, so this and a `max_num_seqs` that holds the whole batch shorten generation (in-process
-  A/B, P=128, G=8: max_num_seqs 1024 vs 256 2.0 vs 2.4 s; n=G vs G requests 5-20 % less; noisy machine;
-  end to end: `bench/runner_vs_trl.py --rlrun-args '--max-num-seqs 256'`).
+  Python work, so this and a `max_num_seqs` that holds the whole batch shorten generation (the A/B:
+  docs/results.md section 10).
 - Prompts are given as token ids made by the trainer's tokenizer, so the policy gradient is computed on
   exactly the contexts the engine saw.
 - Batch composition per step comes from the scheduler's own output (wrapped `Scheduler.schedule`):

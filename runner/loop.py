@@ -154,7 +154,8 @@ def setup(cfg: RunConfig, log: Callable[[str], None]) -> Setup:
         tok = AutoTokenizer.from_pretrained(str(model_dir))
         policy = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).to(device)
     except (OSError, ValueError) as e:
-        raise RlsimError(f"cannot load the model in {model_dir} ({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
+        raise RlsimError(f"cannot load the model in {model_dir} "
+                         f"({type(e).__name__}: {str(e).splitlines()[0][:100]})") from None
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
     eval_set = task.eval_set(cfg.eval_prompts, cfg.seed)
     eval_ids = [list(tok(ex.prompt)["input_ids"]) for ex in eval_set]
@@ -210,7 +211,8 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
     if cfg.calibrate or only_calibration:
         # after the warm-ups, before the first update: weights and optimizer state are not changed;
         # one device's speed (a core on CPU) for split what-ifs, when the run holds more than one
-        one_core = ((lambda: pinned(sorted(os.sched_getaffinity(0))[:1], 1)) if on_cpu and run.gen_threads > 1 else None)
+        one_core = ((lambda: pinned(sorted(os.sched_getaffinity(0))[:1], 1))
+                    if on_cpu and run.gen_threads > 1 else None)
         calib_rows, calib_info = run_calibration(engine, trainer, cfg, cal_prompts, cal_resp, log=log,
                                                  budget_s=BUDGET_S if only_calibration else None,
                                                  threads=run.gen_threads if on_cpu else None, device_threads=one_core)
@@ -239,7 +241,8 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
     drift = None
     if cfg.drift_every:  # the machine's speed over the run (replay/drift.py), between steps, outside their times
 
-        drift = DriftProbe(engine, trainer, cfg, cal_prompts, cal_resp, clock, threads=run.gen_threads if on_cpu else None)
+        drift = DriftProbe(engine, trainer, cfg, cal_prompts, cal_resp, clock,
+                           threads=run.gen_threads if on_cpu else None)
 
     def evaluate(version: int) -> dict[str, Any]:
         t0 = clock()

@@ -23,8 +23,8 @@ CHARS = "0123456789+=;#-"
 SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
-# Warm-up steps per task, calibrated on 2 CPU cores for a held-out pass rate of roughly 10-50% at
-# temperature 1: add2 100 steps -> 6%, 200 -> 64%; addmix 100 -> 20%, 150 -> 53%. add3 is not calibrated.
+# Warm-up steps per task, chosen on 2 CPU cores for a held-out pass rate of roughly 10-50% at temperature 1, so
+# RL has signal (the pass rates they gave: docs/results.md section 10). add3 is not calibrated.
 SFT_STEPS = {"add2": 140, "addmix": 115, "add3": 300}
 
 
@@ -160,7 +160,8 @@ def ensure_model(recipe: Recipe | None = None, log=None) -> Path:
         if log:
             log(f"building the default model ({recipe.task}, {recipe.sft_steps} warm-up steps; cached in {folder})")
         tok = make_tokenizer()
-        model = build_model(recipe, len(tok), {"bos": tok.bos_token_id, "eos": tok.eos_token_id, "pad": tok.pad_token_id})
+        model = build_model(recipe, len(tok),
+                            {"bos": tok.bos_token_id, "eos": tok.eos_token_id, "pad": tok.pad_token_id})
         threads = torch.get_num_threads()
         info = warm_up(model, tok, recipe, log=log)
         torch.set_num_threads(threads)
@@ -177,7 +178,8 @@ def ensure_model(recipe: Recipe | None = None, log=None) -> Path:
 def check_model_dir(path: str) -> Path:
     p = Path(path).expanduser()
     if not p.is_dir():
-        raise RlsimError(f"model folder not found: {path} (pass a local Hugging Face model folder with config.json, or omit --model for the built-in tiny model)")
+        raise RlsimError(f"model folder not found: {path} (pass a local Hugging Face model folder with config.json, or "
+                         "omit --model for the built-in tiny model)")
     if not (p / "config.json").is_file():
         raise RlsimError(f"{path} has no config.json: not a Hugging Face model folder")
     return p

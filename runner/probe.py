@@ -68,11 +68,12 @@ def check_kv(pc: ProbeConfig, engine, longest: int) -> None:
     once: the engine would preempt and recompute, and that size's steps would measure the cache, not the batch."""
     for p in sorted(pc.prompts, reverse=True):
         cfg = pc.at(p)
-        running = min(cfg.batch, engine.max_num_seqs)
+        running = min(cfg.responses_per_update, engine.max_num_seqs)
         need = running * (longest + cfg.max_tokens)
         if need > engine.kv_cache_tokens:
             gib = math.ceil(10 * cfg.kv_cache_gib * need / engine.kv_cache_tokens) / 10
-            raise RlsimError(f"--prompts {p} (B = {cfg.batch}) needs {need} KV tokens ({running} sequences at once x "
+            raise RlsimError(f"--prompts {p} (B = {cfg.responses_per_update}) needs {need} KV tokens ({running} "
+                             "sequences at once x "
                              f"({longest} prompt + {cfg.max_tokens} new tokens)), the engine's KV cache holds "
                              f"{engine.kv_cache_tokens}: drop {p} from --prompts, or give the cache --kv-cache-gib "
                              f"{gib:g} (vLLM's VLLM_CPU_KVCACHE_SPACE on CPU) or fewer --max-num-seqs")
@@ -112,5 +113,5 @@ def _probe(pc: ProbeConfig, ctx, run, log: Callable[[str], None]) -> Path:
 
 def _info(r: int, rounds: int, p: int, res: Any) -> str:
     """One line per probed step (a few steps: each one's line says more than a progress bar)."""
-    return (f"round {r + 1}/{rounds} P={p}: {res.responses / res.step_time:.0f} responses/s (step {res.step_time:.2f} s: "
-            f"gen {res.gen_time:.2f}, train {res.update_time:.2f}, sync {res.sync_time:.3f})")
+    return (f"round {r + 1}/{rounds} P={p}: {res.responses / res.step_time:.0f} responses/s (step {res.step_time:.2f} "
+            f"s: gen {res.gen_time:.2f}, train {res.update_time:.2f}, sync {res.sync_time:.3f})")

@@ -69,7 +69,7 @@ class Colocated:
         """One RL step at `cfg`'s size (P = cfg.prompts prompts from `stream`, ids from `first_prompt_id`, lr
         by its rule), rows labelled `step` (policy version `step`, `step + 1` after the sync)."""
 
-        clock, engine, P, G, B = self.clock, self.engine, cfg.prompts, cfg.G, cfg.batch
+        clock, engine, P, G, B = self.clock, self.engine, cfg.prompts, cfg.G, cfg.responses_per_update
         # the trainer sizes its micro-batches from its config (RunConfig.micro, a function of B): this step's
         self.trainer.cfg = cfg
         rows: Rows = []
@@ -98,8 +98,10 @@ class Colocated:
         set_threads(self.gen_threads)
         u_dur = clock() - t_u
         if cfg.train_devices > 1:  # per-rank compute and the gradient all-reduce (run clock: minus T0)
-            rows += [("train_rank", dict(r, t_start=r["t_start"] - self.T0, step=step, policy_version=step)) for r in rank_rows]
-            rows += [("allreduce", dict(r, t_start=r["t_start"] - self.T0, step=step, policy_version=step)) for r in ar_rows]
+            rows += [("train_rank", dict(r, t_start=r["t_start"] - self.T0, step=step, policy_version=step))
+                     for r in rank_rows]
+            rows += [("allreduce", dict(r, t_start=r["t_start"] - self.T0, step=step, policy_version=step))
+                     for r in ar_rows]
         t_s = clock()
         nbytes = engine.sync(self.ctx.policy.state_dict())
         s_dur = clock() - t_s

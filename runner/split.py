@@ -118,7 +118,7 @@ class SplitLoop:
     def __init__(self, cfg, ctx, reps: Replicas, dp: DataParallel, meta: dict[str, Any], log: Callable[[str], None]):
         self.cfg, self.ctx, self.reps, self.dp, self.meta, self.log = cfg, ctx, reps, dp, meta, log
         self.P, self.G = cfg.prompts, cfg.G
-        self.extra = cfg.gen_responses - cfg.batch   # over-generated responses per update
+        self.extra = cfg.gen_responses - cfg.responses_per_update   # over-generated responses per update
         self.book = StalenessBook(cfg.prompts, cfg.max_staleness, cfg.steps * cfg.prompts)
         self.stream = ctx.task.train_stream(cfg.seed)
         self.rows: list[tuple[str, dict[str, Any]]] = []

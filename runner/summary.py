@@ -28,11 +28,13 @@ def step_split(trace) -> dict[str, float]:
     n = len(st["step"])
     if n == 0:
         return {}
-    tot = {k: float(np.nansum(st[k])) for k in ("step_time", "gen_time", "update_time", "sync_time", "reward_time", "num_responses")}
-    step, gen, train, sync, reward = tot["step_time"], tot["gen_time"], tot["update_time"], tot["sync_time"], tot["reward_time"]
+    tot = {k: float(np.nansum(st[k]))
+           for k in ("step_time", "gen_time", "update_time", "sync_time", "reward_time", "num_responses")}
+    step, gen, train = tot["step_time"], tot["gen_time"], tot["update_time"]
+    sync, reward = tot["sync_time"], tot["reward_time"]
     return {"steps": n, "step": step, "gen": gen, "train": train, "sync": sync, "reward": reward,
-            "other": max(0.0, step - gen - train - sync - reward), "eval": float(np.nansum(trace.rows("eval")["duration"])),
-            "responses": tot["num_responses"]}
+            "other": max(0.0, step - gen - train - sync - reward),
+            "eval": float(np.nansum(trace.rows("eval")["duration"])), "responses": tot["num_responses"]}
 
 
 def split_lines(trace) -> list[str]:
@@ -40,8 +42,8 @@ def split_lines(trace) -> list[str]:
     s = split_stats(trace)
     pl = placement(trace.config)
     pct = lambda x: f"{100 * x:.1f}%" if np.isfinite(x) else "-"  # noqa: E731
-    return [f"split      {s.gen_devices} generation engine{'s' if s.gen_devices != 1 else ''} : {s.train_devices} trainer "
-            f"rank{'s' if s.train_devices != 1 else ''}, max staleness {s.max_staleness}, partial rollout "
+    return [f"split      {s.gen_devices} generation engine{'s' if s.gen_devices != 1 else ''} : {s.train_devices} "
+            f"trainer rank{'s' if s.train_devices != 1 else ''}, max staleness {s.max_staleness}, partial rollout "
             f"{'on' if s.partial_rollout else 'off'}, off-policy {pl['off_policy']}"
             + (f" (cap {_f(pl['tis_cap'], 'g')})" if pl["off_policy"] != "none" else ""),
             f"measured   over {_f(s.window[0], '.1f')}..{_f(s.window[1], '.1f')} s "
@@ -72,8 +74,8 @@ def probe_lines(trace) -> list[str]:
         lines.append("           " + f"{r.prompts:>6} {r.group:>4} {r.responses:>7}  "
                      + "".join(f"{_f(v, '.1f'):>9}" for v in r.per_round) + f"  {_f(r.responses_per_s, '.1f'):>9}  "
                      + f"{_ratio(r.sigma)}x{iv}")
-    lines.append("sigma      responses/s (num_responses / step_time) of each size over the smallest's in the same round; "
-                 f"geometric mean over rounds, {ps.interval}")
+    lines.append("sigma      responses/s (num_responses / step_time) of each size over the smallest's in the same "
+                 f"round; geometric mean over rounds, {ps.interval}")
     return lines
 
 
@@ -83,13 +85,13 @@ def _config_line(t) -> str:
         pr = m.get("probe") or {}
         return (f"config     {c.get('algo')} probe P={','.join(map(str, pr.get('sizes') or []))} G={c.get('group')} "
                 f"rounds={pr.get('rounds')} lr {c.get('lr_rule')} rule from {_f(c.get('lr'), '.1e')} at "
-                f"B_ref={c.get('lr_ref_batch')} task={c.get('dataset') or c.get('task')} max_tokens={c.get('max_tokens')} "
-                f"T={c.get('temperature')} seed={m.get('seed')}")
+                f"B_ref={c.get('lr_ref_batch')} task={c.get('dataset') or c.get('task')} "
+                f"max_tokens={c.get('max_tokens')} T={c.get('temperature')} seed={m.get('seed')}")
     return (f"config     {c.get('algo')} P={c.get('prompts')} G={c.get('group')} B={c.get('batch')} "
-            f"lr={_f(c.get('lr_effective'), '.2e')} ({c.get('lr_rule')} rule from {_f(c.get('lr'), '.1e')} at B_ref={c.get('lr_ref_batch')}) "
-            f"steps={c.get('steps')} task={c.get('dataset') or c.get('task')} max_tokens={c.get('max_tokens')} "
-            f"T={c.get('temperature')} eval every {c.get('eval_every')} (k={c.get('eval_k')}, {c.get('eval_prompts')} prompts) "
-            f"seed={m.get('seed')}")
+            f"lr={_f(c.get('lr_effective'), '.2e')} ({c.get('lr_rule')} rule from {_f(c.get('lr'), '.1e')} at "
+            f"B_ref={c.get('lr_ref_batch')}) steps={c.get('steps')} task={c.get('dataset') or c.get('task')} "
+            f"max_tokens={c.get('max_tokens')} T={c.get('temperature')} eval every {c.get('eval_every')} "
+            f"(k={c.get('eval_k')}, {c.get('eval_prompts')} prompts) seed={m.get('seed')}")
 
 
 # A ladder that measured fewer than this share of its planned levels (the rest did not fit the budget, or ran out of
@@ -110,7 +112,8 @@ def _levels(entries: list[dict], key: str, unit: str) -> str:
     se = se[np.isfinite(se)]
     n = len(set(lv))
     out = f"{n} level{'' if n == 1 else 's'} {min(lv, default=0)}..{max(lv, default=0)} {unit}"
-    return out + (f" (standard error of a level's median {100 * np.median(se):.1f} %, worst {100 * se.max():.1f} %)" if len(se) else "")
+    return out + (f" (standard error of a level's median {100 * np.median(se):.1f} %, worst {100 * se.max():.1f} %)"
+                  if len(se) else "")
 
 
 def _train_key(cal: dict) -> str:
@@ -141,8 +144,8 @@ def calibration_lines(cal: dict) -> list[str]:
     if dev and "gen_ratios" in dev:
         def pairs(r):
             return f"x{np.median(r):.2f} ({len(r)} pairs: {', '.join(f'{x:.2f}' for x in r)})" if r else "not measured"
-        out.append(f"one device {_f(dev.get('duration_s'), '.1f')} s, one core against the run's threads, paired: engine "
-                   f"steps {pairs(dev['gen_ratios'])} at {dev.get('gen_level')} sequences; training "
+        out.append(f"one device {_f(dev.get('duration_s'), '.1f')} s, one core against the run's threads, paired: "
+                   f"engine steps {pairs(dev['gen_ratios'])} at {dev.get('gen_level')} sequences; training "
                    f"{pairs(dev.get('train_ratios') or [])} at one micro-batch of {dev.get('train_level')} responses")
     elif dev:
         out.append(f"one device {_f(dev.get('duration_s'), '.1f')} s at {dev.get('threads')} thread: engine "
@@ -249,7 +252,8 @@ def summarize(path: str) -> str:
     mo = m.get("model", {})
     if mo:
         lines.append(f"model      {mo.get('architecture')} {mo.get('name')}: {mo.get('parameters'):,} parameters, "
-                     f"hidden {mo.get('hidden')}, {mo.get('layers')} layers, {mo.get('heads')} heads x {mo.get('head_dim')}, vocab {mo.get('vocab')}")
+                     f"hidden {mo.get('hidden')}, {mo.get('layers')} layers, {mo.get('heads')} heads x "
+                     f"{mo.get('head_dim')}, vocab {mo.get('vocab')}")
     en = m.get("engine", {})
     if en:
         lines.append(f"engine     {en.get('name')} {en.get('version')}: start {_f(en.get('start_time_s'), '.1f')} s, "
@@ -268,10 +272,10 @@ def summarize(path: str) -> str:
     if sp and placement(c)["mode"] == "split":  # phases overlap: the trainer's view of its step
         tot = sp["step"] or float("nan")
         n_eng = max(1, int(placement(c)["gen_devices"]))
-        lines.append(f"step time  {sp['steps']} steps, {_f(sp['step'] / sp['steps'])} s mean (trainer's view): waited for "
-                     f"responses {100 * sp['gen'] / tot:.1f}%, training {100 * sp['train'] / tot:.1f}%, weight sync "
-                     f"{100 * sp['sync'] / n_eng / tot:.1f}% (per engine), rewards {100 * sp['reward'] / tot:.1f}%; evals "
-                     "run on engine 0 beside the training requests")
+        lines.append(f"step time  {sp['steps']} steps, {_f(sp['step'] / sp['steps'])} s mean (trainer's view): waited "
+                     f"for responses {100 * sp['gen'] / tot:.1f}%, training {100 * sp['train'] / tot:.1f}%, weight "
+                     f"sync {100 * sp['sync'] / n_eng / tot:.1f}% (per engine), rewards "
+                     f"{100 * sp['reward'] / tot:.1f}%; evals run on engine 0 beside the training requests")
         lines.append(f"throughput {_f(sp['responses'] / sp['step'], '.1f')} responses/s over RL steps; "
                      f"{int(sp['responses'])} responses")
     elif sp:
@@ -284,19 +288,22 @@ def summarize(path: str) -> str:
         lines.append(f"throughput {_f(sp['responses'] / sp['step'], '.1f')} responses/s over RL steps "
                      f"({_f(sp['responses'] / wall, '.1f')} incl. evals); {int(sp['responses'])} responses")
         u = t.rows("update")
-        lines.append(f"update     loss {_f(u['loss'][-1])} (last), reward {_f(u['reward'][0])} -> {_f(u['reward'][-1])}, "
-                     f"grad norm {_f(np.nanmean(u['grad_norm']))} full / {_f(np.nanmean(u['grad_norm_micro']))} micro "
-                     f"(micro-batch {int(u['micro_batch'][0])}), forward {_f(np.nansum(u['t_forward']), '.1f')} s, "
-                     f"backward {_f(np.nansum(u['t_backward']), '.1f')} s, optimizer {_f(np.nansum(u['t_optimizer']), '.1f')} s")
+        lines.append(f"update     loss {_f(u['loss'][-1])} (last), reward {_f(u['reward'][0])} -> "
+                     f"{_f(u['reward'][-1])}, grad norm {_f(np.nanmean(u['grad_norm']))} full / "
+                     f"{_f(np.nanmean(u['grad_norm_micro']))} micro (micro-batch {int(u['micro_batch'][0])}), forward "
+                     f"{_f(np.nansum(u['t_forward']), '.1f')} s, backward {_f(np.nansum(u['t_backward']), '.1f')} s, "
+                     f"optimizer {_f(np.nansum(u['t_optimizer']), '.1f')} s")
         if np.isfinite(u["critic_loss"].astype(float)).any():
-            lines.append(f"critic     loss {_f(u['critic_loss'][-1])} (last), grad norm {_f(np.nanmean(u['critic_grad_norm']))} full / "
+            lines.append(f"critic     loss {_f(u['critic_loss'][-1])} (last), grad norm "
+                         f"{_f(np.nanmean(u['critic_grad_norm']))} full / "
                          f"{_f(np.nanmean(u['critic_grad_norm_micro']))} micro")
     lines += memory_lines(t)
     r = t.rows("response")
     if len(r["kind"]):
         L = r["response_tokens"].astype(float)
-        lines.append(f"responses  length mean {L.mean():.1f}, p50 {np.percentile(L, 50):.0f}, p95 {np.percentile(L, 95):.0f}, "
-                     f"max {L.max():.0f} tokens; mean reward {np.nanmean(r['reward'].astype(float)):.3f}")
+        lines.append(f"responses  length mean {L.mean():.1f}, p50 {np.percentile(L, 50):.0f}, p95 "
+                     f"{np.percentile(L, 95):.0f}, max {L.max():.0f} tokens; mean reward "
+                     f"{np.nanmean(r['reward'].astype(float)):.3f}")
     g = t.rows("gen_step")
     if len(g["kind"]):
         lines.append(f"gen steps  {len(g['kind'])} engine steps, {_f(np.mean(g['duration']) * 1e3, '.1f')} ms mean, "

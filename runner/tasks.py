@@ -164,13 +164,15 @@ def load_dataset(path: str) -> list[Example]:
             table = pq.read_table(p)
             if not {"prompt", "answer"} <= set(table.column_names):
                 raise RlsimError(f"{path} lacks `prompt`/`answer` columns (has {', '.join(table.column_names)})")
-            raw = [{"prompt": pr, "answer": an} for pr, an in zip(table["prompt"].to_pylist(), table["answer"].to_pylist())]
+            raw = [{"prompt": pr, "answer": an}
+                   for pr, an in zip(table["prompt"].to_pylist(), table["answer"].to_pylist())]
         else:
             raw = [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
     except RlsimError:
         raise
     except Exception as e:
-        raise RlsimError(f"cannot read dataset {path} ({type(e).__name__}: {str(e)[:80]}); expected JSONL or Parquet with `prompt` and `answer`") from None
+        raise RlsimError(f"cannot read dataset {path} ({type(e).__name__}: {str(e)[:80]}); expected JSONL or Parquet "
+                         "with `prompt` and `answer`") from None
     rows = []
     for i, r in enumerate(raw):
         if not isinstance(r, dict) or "prompt" not in r or "answer" not in r:

@@ -5,29 +5,34 @@
     tr = rlsim.load_trace("traces/grpo_p128.parquet")   # validated; tr.table is the pyarrow Table
     rlsim.events(tr)                                     # one row per recorded event
     rlsim.steps(tr)                                      # one row per RL step (rlsim.replay.steps)
-    rlsim.split_stats(tr)                                # measured idle ratios, staleness, overlap (rlsim.replay.split_stats)
+    rlsim.split_stats(tr)                                # idle ratios, staleness, overlap (replay/split_stats.py)
     study = rlsim.fit([tr])                              # cost and learning models, fitted once
     rlsim.predict(study, prompts=2048)                   # reference and candidate, sigma, rho, T ratio
     rlsim.predict_sizes(study, prompts=[256, 512, 1024]) # the reference and one row per size
+    rlsim.predict(study, mode="fully_async", gen_gpus=4, train_gpus=4, staleness_threshold=0.5)  # a framework's mode
     rlsim.sweep([tr], {"prompts": [256, 1024], "group": [4, 8]})   # ranked, best first
     rlsim.check_fidelity(tr)                             # recorded vs simulated, per update (rlsim replay)
     rlsim.example_trace("grpo_p128")                     # the path of a trace shipped under traces/
 
-Config keywords are the fields of `rlsim.core.config.WhatIf`; `batch` is accepted for `prompts` (the CLI's
-`--batch` is P). Errors name those keywords, not the CLI's options.
+Keywords are the CLI's option names (`--rho` is `rho=`, `--sampled` `sampled=`): the fit's are the fields of
+`rlsim.core.config.StudyOptions`, the config's those of `WhatIf`, which the CLI's options are made from (`batch` is
+`prompts`, as the CLI's --batch). Errors name keywords; a deprecated one (`DEPRECATED`) works, with a warning.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import inspect
+import math
 import os
+import warnings
 from collections.abc import Iterable, Iterator
-from numbers import Integral
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from rlsim.core.config import LENGTHS, WhatIf
+from rlsim.core.config import StudyOptions, WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.replay.errors import RlsimError, did_you_mean, keyword_names
 from rlsim.replay.io import Trace, read_trace
@@ -39,6 +44,11 @@ from rlsim.whatif.predict import evaluate, reference_outcome
 from rlsim.whatif.study import Study, prepare
 
 ALIASES = {"batch": "prompts"}  # the CLI's --batch is P
+# Keywords spelt otherwise before they took the CLI's names: old -> (new, the old value as the new keyword takes it)
+DEPRECATED: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "rho_model": ("rho", lambda v: v),  # the CLI's --rho
+    "lengths": ("sampled", lambda v: {"sampled": True, "recorded": False}.get(v, v)),  # rlsim replay --sampled
+}
 
 
 def _path_like(v: Any) -> bool:
@@ -57,10 +67,15 @@ def _count(v: Any, least: int) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool) and v >= least
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
 _TRACE = "a path (str or pathlib.Path) or a Trace from rlsim.load_trace"
 _TRACES = f"{_TRACE}, or a list of them (the first is the reference)"
 # Every parameter of a public function -> (whether a value is acceptable, what is expected), checked before any work;
-# None: the library checks it where it is used (rho_model: parse_rho, target: prepare, prompts: WhatIf.validate).
+# None: the library checks it where it is used (rho: parse_rho, target: prepare, prompts: WhatIf.validate; the ranges
+# of bend_batch and kappa: lr_aware_rho).
 CHECKS: dict[str, tuple[Callable[[Any], bool], str] | None] = {
     "path": (_path_like, "a path (str or pathlib.Path)"),
     "trace": (lambda v: isinstance(v, Trace) or _path_like(v), _TRACE),
@@ -71,15 +86,17 @@ CHECKS: dict[str, tuple[Callable[[Any], bool], str] | None] = {
     "overwrite": (lambda v: isinstance(v, bool), "True or False"),
     "skip": (lambda v: _count(v, 0), "a non-negative integer (updates)"),
     "seed": (lambda v: _count(v, 0), "a non-negative integer"),
-    "lengths": (lambda v: v in LENGTHS, f"one of {', '.join(map(repr, LENGTHS))}"),
+    "sampled": (lambda v: isinstance(v, bool), "True or False (draw lengths from the fit, not the recorded ones)"),
     "axes": (lambda v: isinstance(v, Mapping), "a dict of WhatIf field -> values, e.g. {'prompts': [256, 1024]}"),
     "out": (lambda v: v is None or _path_like(v), "None or a folder path"),
     "workers": (lambda v: v is None or _count(v, 1), "None or a positive integer"),
     "chunk_size": (lambda v: v is None or _count(v, 1), "None or a positive integer"),
     "ray_address": (lambda v: v is None or isinstance(v, str), "None or a Ray address (text)"),
     "name": (lambda v: isinstance(v, str), "a trace's name, e.g. 'grpo_p128' (rlsim.example_traces() lists them)"),
-    "rho_model": None, "target": None, "prompts": None,
-    "progress": None,  # sweep's callback, called as it is
+    "bend_batch": (lambda v: v is None or _number(v), "None or a number (responses; with kappa and rho='lr-aware')"),
+    "kappa": (lambda v: v is None or _number(v), "None or a number in [0, 1) (with bend_batch and rho='lr-aware')"),
+    "progress": (lambda v: v is None or callable(v), "None or a function of the configs just finished, progress(k)"),
+    "rho": None, "target": None, "prompts": None,
 }
 
 
@@ -91,7 +108,10 @@ def _check(call: str, key: str, value: Any) -> None:
 
 
 def _unknown(call: str, key: str, choices: Sequence[str], listed: str = "") -> RlsimError:
-    """The one error for a keyword a function does not take: the closest it does take, then what it takes."""
+    """The one error for a keyword a function does not take: the closest it does take, then what it takes; a config
+    field given to a function of grid axes belongs in the axes."""
+    if "axes" in choices and (key in ALIASES or key in {f.name for f in dataclasses.fields(WhatIf)}):
+        return RlsimError(f"{call}: {key} is a config field: put it in the axes, e.g. {{{key!r}: [value]}}")
     return RlsimError(f"{call}: unknown keyword {key!r}{did_you_mean(key, choices)}; "
                       f"{listed or 'the keywords are ' + (', '.join(choices) or '(none)')}")
 
@@ -112,18 +132,36 @@ def _bind(call: str, sig: inspect.Signature, args: tuple, kwargs: dict) -> inspe
         raise RlsimError(f"{call}{plain}: {e}") from None
 
 
+def _renamed(call: str, names: Sequence[str], kwargs: dict) -> dict:
+    """`kwargs` with each deprecated keyword of `call` (one whose new name is in `names`) under its new name, with a
+    DeprecationWarning; both spellings at once is an RlsimError."""
+    out = dict(kwargs)
+    for old, (new, convert) in DEPRECATED.items():
+        if old in out and new in names:
+            if new in out:
+                raise RlsimError(f"{call}: give {new}, not both {new} and {old} (its deprecated spelling)")
+            warnings.warn(f"{call}: {old}= is deprecated; use {new}= (the CLI's name)", DeprecationWarning,
+                          stacklevel=3)
+            out[new] = convert(out.pop(old))
+    return out
+
+
 def _public(fn: Callable) -> Callable:
     """A function of the notebook API: its arguments are bound and checked (`CHECKS`) before it runs, and its
-    RlsimErrors name keywords (`prompts`, `rho_model`) as the API spells them, not the CLI's options."""
+    RlsimErrors name keywords (`prompts`, `rho`) as the API spells them, not the CLI's options. A deprecated keyword
+    (`DEPRECATED`) is read as its new name, with a warning."""
     sig = inspect.signature(fn)
     unchecked = [n for n, p in sig.parameters.items()
                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and n not in CHECKS]
     if unchecked:
         raise TypeError(f"{fn.__name__}: add the parameters {unchecked} to rlsim.api.CHECKS")
 
+    names = list(sig.parameters)
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with keyword_names():
+            kwargs = _renamed(fn.__name__, names, kwargs)
             bound = _bind(fn.__name__, sig, args, kwargs)
             for key, value in bound.arguments.items():
                 if key in CHECKS and sig.parameters[key].kind is not sig.parameters[key].VAR_KEYWORD:
@@ -131,6 +169,27 @@ def _public(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+def _fit_options(fn: Callable) -> Callable:
+    """`fn(..., **options)` takes `rlsim.core.config.StudyOptions`' fields (but the trace: the traces are its first
+    argument) as keyword-only parameters with their defaults, named as the CLI's options: a field added there is a
+    keyword here (and `_public` asks for its check in CHECKS)."""
+    sig = inspect.signature(fn)
+    own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    study = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+             for f in dataclasses.fields(StudyOptions) if f.name != "trace"]
+    fn.__signature__ = sig.replace(parameters=own + study)
+    return fn
+
+
+def _fitted(call: str, traces: Any, options: Mapping[str, Any]) -> tuple[list[Trace], StudyOptions, list[Trace]]:
+    """The traces, the StudyOptions of the call's fit keywords, and the calibration traces, read as the options say."""
+    so = StudyOptions(**{k: v for k, v in options.items() if k != "calibration"})
+    read = _traces(traces, so.drop_invalid)
+    if not read:
+        raise RlsimError(f"{call}: give at least one trace (a path or a loaded Trace; the first is the reference)")
+    return read, so, _traces(options.get("calibration", ()), so.drop_invalid)
 
 
 def _fields(given: Mapping[str, Any], call: str) -> dict[str, Any]:
@@ -154,10 +213,10 @@ def load_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
     return read_trace(path, drop_invalid=drop_invalid)
 
 
-def _trace(t: Any) -> Trace:
+def _trace(t: Any, drop_invalid: bool = False) -> Trace:
     if not (isinstance(t, Trace) or _path_like(t)):
         raise RlsimError(f"expected {_TRACE}, got {type(t).__name__} {t!r:.60}")
-    return t if isinstance(t, Trace) else load_trace(t)
+    return t if isinstance(t, Trace) else read_trace(t, drop_invalid=drop_invalid)
 
 
 def _listed(v: Any) -> list:
@@ -165,11 +224,11 @@ def _listed(v: Any) -> list:
     return [v] if isinstance(v, str) or not isinstance(v, Iterable) else list(v)
 
 
-def _traces(traces: Any) -> list[Trace]:
+def _traces(traces: Any, drop_invalid: bool = False) -> list[Trace]:
     """A trace, a path, or a sequence of them (the first is the reference), read to be fitted: a probe trace is
     refused (it measures sigma, it is not a run)."""
     one = isinstance(traces, (Trace, str, os.PathLike))
-    return [refuse_probe(_trace(t)) for t in ([traces] if one else traces)]
+    return [refuse_probe(_trace(t, drop_invalid)) for t in ([traces] if one else traces)]
 
 
 @_public
@@ -194,13 +253,14 @@ def split_stats(trace: Trace | str | os.PathLike, *, skip: int = 2) -> dict[str,
 
 
 @_public
-def fit(traces: Any, *, rho_model: str = "auto", target: float | None = None, calibration: Any = ()):
+@_fit_options
+def fit(traces: Any, **options: Any):
     """Fit the traces (a trace or path, or a list of them; the first is the reference): a `rlsim.whatif.study.Study`.
-    `calibration`: traces of `rlrun calibrate` for a reference recorded without calibration."""
-    read = _traces(traces)
-    if not read:
-        raise RlsimError("fit: give at least one trace (a path or a loaded Trace; the first is the reference)")
-    return prepare(read, rho_model=rho_model, target=target, calibration=_traces(calibration))
+    Keywords: `rlsim.core.config.StudyOptions`' fields, the options of `rlsim run`'s fit: `rho` (the sample-cost
+    model; None: auto), `bend_batch` and `kappa` (lr-aware rho's constants), `target`, `calibration` (traces of
+    `rlrun calibrate` for a reference recorded without calibration), `drop_invalid` (as `load_trace`'s)."""
+    read, so, calibration = _fitted("fit", traces, options)
+    return prepare(read, rho_model=so.rho_model, target=so.target, calibration=calibration)
 
 
 def _study(study_or_traces: Any):
@@ -215,6 +275,7 @@ def _frame(study_or_traces: Any, candidates: Sequence[dict[str, Any]], roles: Se
     cfgs = [WhatIf(**c) for c in candidates]
     for cfg in cfgs:
         cfg.validate()
+        check_mode(cfg)  # the execution mode and its settings (rlsim.modes.registry), before anything is fitted
     study = _study(study_or_traces)
     outs = [reference_outcome(study, cfgs[0].updates, cfgs[0].seed, like=cfgs[0])] + [evaluate(study, c) for c in cfgs]
     # each row carries the study's warnings beside its own, as `rlsim run` prints them
@@ -249,34 +310,33 @@ def _axes(axes: Mapping[str, Any]) -> dict[str, list]:
 
 
 @_public
+@_fit_options
 def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathLike | None = None,
-          workers: int | None = 1, **options: Any):
+          workers: int | None = 1, overwrite: bool = False, ray_address: str | None = None,
+          chunk_size: int | None = None, progress: Callable[[int], None] | None = None, **options: Any):
     """Every config of the grid `axes` (WhatIf field -> values; `batch` is an alias of `prompts`), ranked best
-    first (smallest T / T_ref). `out` also writes results.parquet/csv and sweep.json there; other options as
-    `rlsim.sweeps.study.sweep_study` (rho_model, target, overwrite, ray_address, chunk_size, calibration)."""
+    first (smallest T / T_ref). `out` also writes results.parquet/csv and sweep.json there (`overwrite`: into an
+    existing folder); `ray_address`, `chunk_size`: as `rlsim sweep`'s; `progress(k)` is called as k configs finish;
+    the fit's keywords as `fit`'s (rho, bend_batch, kappa, target, calibration, drop_invalid)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
-    allowed = sorted(set(inspect.signature(sweep_study).parameters)
-                     - {"traces", "axes", "out", "workers", "charts", "labels"})
-    for key, value in options.items():
-        if key in ALIASES or key in {f.name for f in dataclasses.fields(WhatIf)}:
-            raise RlsimError(f"sweep: {key} is a config field: put it in the axes, e.g. {{{key!r}: [value]}}")
-        if key not in allowed:
-            raise _unknown("sweep", key, ["traces", "axes", "out", "workers", *allowed],
-                           f"the options are out, workers, {', '.join(allowed)}")
-        _check("sweep", key, value)
-    if "calibration" in options:
-        options["calibration"] = _traces(options["calibration"])
-    res = sweep_study(_traces(traces), _axes(axes), out=out, workers=workers, charts=False, **options)
+    read, so, calibration = _fitted("sweep", traces, options)
+    res = sweep_study(read, _axes(axes), out=out, overwrite=overwrite, rho_model=so.rho_model, target=so.target,
+                      workers=workers, ray_address=ray_address, chunk_size=chunk_size, progress=progress,
+                      charts=False, calibration=calibration)
     return pd.DataFrame(res.rows).set_index("rank")
 
 
 @_public
-def check_fidelity(trace: Trace | str | os.PathLike, *, seed: int = 0, lengths: str = "recorded"):
-    """Recorded vs simulated step time, generation time and responses/s per update (rlsim replay)."""
+def check_fidelity(trace: Trace | str | os.PathLike, *, seed: int = 0, sampled: bool = False,
+                   drop_invalid: bool = False):
+    """Recorded vs simulated step time, generation time and responses/s per update (rlsim replay; `sampled`: draw
+    response lengths from the fitted distribution instead of replaying the recorded ones, as --sampled;
+    `drop_invalid`: as `load_trace`'s)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
-    res = replay_trace(refuse_probe(_trace(trace)), seed=seed, lengths=lengths)
+    res = replay_trace(refuse_probe(_trace(trace, drop_invalid)), seed=seed,
+                       lengths="sampled" if sampled else "recorded")
     return pd.DataFrame(res.to_dict()["per_update"]).set_index("step")
 
 

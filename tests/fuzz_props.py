@@ -114,10 +114,12 @@ def library_read(path: Path, *, drop_invalid: bool) -> Any:
         return read_trace(path, drop_invalid=drop_invalid)
     except RlsimError as e:
         if "\n" in str(e) or not str(e):
-            raise Bug(f"read_trace({path.name}, drop_invalid={drop_invalid}): multi-line or empty error {str(e)!r}") from None
+            raise Bug(f"read_trace({path.name}, drop_invalid={drop_invalid}): multi-line or empty error "
+                      f"{str(e)!r}") from None
         return None
     except Exception as e:
-        raise Bug(f"read_trace({path.name}, drop_invalid={drop_invalid}) raised {type(e).__name__}: {e}\n{_tail(e)}") from None
+        raise Bug(f"read_trace({path.name}, drop_invalid={drop_invalid}) raised {type(e).__name__}: "
+                  f"{e}\n{_tail(e)}") from None
 
 
 # ---------------------------------------------------------------------------------------------- traces
@@ -169,13 +171,15 @@ MUTATIONS = st.one_of(
     st.fixed_dictionaries({"op": st.just("reorder"), "how": st.sampled_from(["reverse", "shuffle"]),
                            "seed": st.integers(0, 1000)}),
     st.fixed_dictionaries({"op": st.just("truncate"), "frac": st.floats(0, 1, exclude_max=True)}),
-    st.fixed_dictionaries({"op": st.just("retype"), "column": st.sampled_from(ALL_COLUMNS), "to": st.sampled_from(RETYPES)}),
+    st.fixed_dictionaries({"op": st.just("retype"), "column": st.sampled_from(ALL_COLUMNS),
+                           "to": st.sampled_from(RETYPES)}),
     st.fixed_dictionaries({"op": st.just("drop_column"), "column": st.sampled_from(ALL_COLUMNS)}),
     st.fixed_dictionaries({"op": st.just("meta"), "path": st.sampled_from(META_PATHS),
                            "value": st.one_of(st.sampled_from(META_VALUES), st.just("<delete>"))}),
     st.fixed_dictionaries({"op": st.just("meta_raw"),
-                           "text": st.sampled_from([b"", b"{", b"null", b"[]", b"1", b'"x"', b"NaN", b'{"schema_version": 1}',
-                                                     b"\xff\xfe", b"[" * 5000, b'{"schema_version": 1, "config": {"prompts": 1e999}}'])}),
+                           "text": st.sampled_from([b"", b"{", b"null", b"[]", b"1", b'"x"', b"NaN",
+                                                    b'{"schema_version": 1}', b"\xff\xfe", b"[" * 5000,
+                                                    b'{"schema_version": 1, "config": {"prompts": 1e999}}'])}),
 )
 
 META_MUTATIONS = st.one_of(
@@ -216,7 +220,8 @@ def mutate(base: str, m: dict, out: Path) -> Path:
         arr = pa.array(vals, mask=null)
         if not pa.types.is_floating(typ):
             # an int column cannot hold NaN/inf/fractions: write it as float64 (a writer that got the type wrong)
-            ok = np.isfinite(vals[~null]).all() and (np.floor(vals[~null]) == vals[~null]).all() and (np.abs(vals[~null]) < 2 ** 62).all()
+            ok = (np.isfinite(vals[~null]).all() and (np.floor(vals[~null]) == vals[~null]).all()
+                  and (np.abs(vals[~null]) < 2 ** 62).all())
             arr = arr.cast(typ) if ok else arr
         t = t.set_column(t.schema.get_field_index(m["column"]), m["column"], arr)
     elif op == "delete":
@@ -230,7 +235,8 @@ def mutate(base: str, m: dict, out: Path) -> Path:
         eq = pa.compute.equal(t["kind"], m["kind"])
         t = t.filter(eq if m["keep"] else pa.compute.invert(eq))
     elif op == "reorder":
-        idx = np.arange(t.num_rows)[::-1] if m["how"] == "reverse" else np.random.default_rng(m["seed"]).permutation(t.num_rows)
+        idx = (np.arange(t.num_rows)[::-1] if m["how"] == "reverse"
+               else np.random.default_rng(m["seed"]).permutation(t.num_rows))
         t = t.take(pa.array(idx))
     elif op == "retype":
         c, i = m["column"], t.schema.get_field_index(m["column"])
@@ -239,7 +245,8 @@ def mutate(base: str, m: dict, out: Path) -> Path:
         if to == "null":
             arr = pa.nulls(t.num_rows)
         elif to == "dictionary":
-            arr = col.cast(pa.string()).dictionary_encode() if not pa.types.is_string(col.type) else col.dictionary_encode()
+            arr = (col.cast(pa.string()).dictionary_encode() if not pa.types.is_string(col.type)
+                   else col.dictionary_encode())
         elif to in ("string", "large_string"):
             arr = col.cast(pa.string() if to == "string" else pa.large_string())
         elif to == "bool":
@@ -309,7 +316,8 @@ TEXT_EDGES = ["1.5", "abc", "1e3", "", " 8", "0x10", "nan", "inf", "-0", "2,3"]
 VALID = {"batch": [None, 1, 2, 3, 64, 1000], "group": [None, 2, 3, 16], "gen_batch": [None],
          "updates": [None, 1, 2, MAX_UPDATES], "target": [None, 0.0, 0.5, 0.9, 1.0, 2.0, -1.0],
          "max_num_seqs": [None, 1, 64, 1024], "kv_cache_tokens": [None, 4096, 10 ** 6],
-         "lr_rule": [None, "sqrt", "linear", "fixed"], "rho": [None, "auto", "invariant", "noise-scale"], "seed": [None, 0, 1]}
+         "lr_rule": [None, "sqrt", "linear", "fixed"], "rho": [None, "auto", "invariant", "noise-scale"],
+         "seed": [None, 0, 1]}
 EDGES = {"batch": INT_EDGES + TEXT_EDGES, "group": INT_EDGES + TEXT_EDGES,
          "gen_batch": [0, -1, 1, 7, 65536, 10 ** 9] + TEXT_EDGES, "updates": [0, -1] + TEXT_EDGES,
          "target": [1e300, -1e300, "nan", "inf", "-inf", "abc"], "max_num_seqs": [0, -1, 10 ** 9] + TEXT_EDGES,
@@ -350,9 +358,10 @@ BOUNDED_CONFIGS = CONFIGS.filter(lambda c: responses(c) <= MAX_RESPONSES)
 
 def cli_args(cfg: dict) -> list[str]:
     args = ["run", "--trace", TRACES / f"{cfg['base']}.parquet"]
-    for key, flag in (("batch", "--batch"), ("group", "--group"), ("gen_batch", "--gen-batch"), ("updates", "--updates"),
-                      ("target", "--target"), ("max_num_seqs", "--max-num-seqs"), ("kv_cache_tokens", "--kv-cache-tokens"),
-                      ("lr_rule", "--lr-rule"), ("rho", "--rho"), ("seed", "--seed")):
+    for key, flag in (("batch", "--batch"), ("group", "--group"), ("gen_batch", "--gen-batch"),
+                      ("updates", "--updates"), ("target", "--target"), ("max_num_seqs", "--max-num-seqs"),
+                      ("kv_cache_tokens", "--kv-cache-tokens"), ("lr_rule", "--lr-rule"), ("rho", "--rho"),
+                      ("seed", "--seed")):
         if cfg.get(key) is not None:
             args += [flag, str(cfg[key])]
     if cfg["updates"] is None:
@@ -369,7 +378,8 @@ def prop_cli_config(cfg: dict) -> str:
     return "ok" if r["exit"] == 0 else "refused"
 
 
-HUGE = st.fixed_dictionaries({"base": st.sampled_from(BASES), "batch": st.sampled_from([10 ** 6, 10 ** 9, 2 ** 40, 10 ** 18]),
+HUGE = st.fixed_dictionaries({"base": st.sampled_from(BASES),
+                              "batch": st.sampled_from([10 ** 6, 10 ** 9, 2 ** 40, 10 ** 18]),
                               "group": st.sampled_from([None, 1, 2, 16, 10 ** 6]), "gen_batch": st.just(None),
                               "updates": st.just(1), "target": st.just(None), "json": st.just(True),
                               "max_num_seqs": st.sampled_from([None, 10 ** 6])})

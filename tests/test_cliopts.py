@@ -37,7 +37,8 @@ def test_specs_take_flags_help_and_defaults_from_the_fields():
     assert s["fast"].pair and not s["force"].pair  # a bool is --x/--no-x unless its flags are named
     assert s["files"].repeated and s["out"].required and not s["size"].required
     only = cliopts.specs(Toy, names=("rate", "size"), spelling={"size": ["--count"]}, help={"rate": "other"})
-    assert [(x.field, x.flags, x.help) for x in only] == [("size", ("--count",), "how many"), ("rate", ("--rate",), "other")]
+    assert ([(x.field, x.flags, x.help) for x in only]
+            == [("size", ("--count",), "how many"), ("rate", ("--rate",), "other")])
 
 
 def test_values_parse_text_with_the_field_type():
@@ -163,3 +164,20 @@ def test_every_command_of_both_clis_reads_alike(cli):
         if path == ("plan",):
             trace = " ".join(out[out.index("--trace"):out.index("--rho")].split())
             assert "pilot" in trace and "learning curves" not in trace
+
+
+def test_both_clis_spell_the_shared_options_alike():
+    """`rlsim run` and `rlrun record` name P, G, the split devices and the staleness limit with the same options and
+    short flags, the first of each as --help shows it."""
+    from rlsim.cli import app as rlsim_app
+    from rlsim.runner.cli import app as rlrun_app
+
+    def shown(app, name):
+        cmd = typer.main.get_command(app).commands[name]
+        return {p.name: (p.opts, p.secondary_opts) for p in cmd.params if not getattr(p, "hidden", False)}
+
+    sim = {tuple(o): s for o, s in shown(rlsim_app, "run").values()}
+    run = {tuple(o): s for o, s in shown(rlrun_app, "record").values()}
+    for opts in (("--prompts", "--batch", "-P", "-b"), ("--group", "-G", "-g"), ("--gen-gpus",), ("--train-gpus",),
+                 ("--staleness",)):
+        assert opts in sim and opts in run, (opts, sorted(sim), sorted(run))

@@ -67,3 +67,16 @@ def test_docs_state_the_written_schema_version():
     for doc in ("docs/importing.md", "replay/importers/common.py"):
         text = (ROOT / doc).read_text()
         assert "(schema version 2" not in text, f"{doc} says imported traces are schema version 2"
+
+
+def test_module_docstrings_say_what_and_why_briefly():
+    """A module docstring says what the module is for and why in about 20 lines; the detail lives in docs/."""
+    import ast
+
+    long = {}
+    for folder in ("sim", "replay", "runner"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(path.read_text()), clean=False) or ""
+            if doc.count("\n") + 1 > 20:
+                long[str(path.relative_to(ROOT))] = doc.count("\n") + 1
+    assert not long, f"module docstrings over 20 lines (move the detail to docs/): {long}"

@@ -12,7 +12,8 @@ GOLDEN = Path(__file__).parent / "golden" / "outputs.json"
 REL = 1e-6
 # Differences that are fixes, each with its reason (nothing simulated may appear here).
 KNOWN_FIXES = {
-    "run_p32_genbatch.reference.seed": "the old code labelled the reference seed 0 although it simulated it with --seed 3",
+    "run_p32_genbatch.reference.seed": "the old code labelled the reference seed 0 although it "
+                                       "simulated it with --seed 3",
     # batch 2048 is 2x past the largest traced batch: rho was clamped to the last measured value and called 'flat';
     # now it extrapolates the last segment as a power law, bounded, and the verdict is 'undecided'
     **{f"run_curves.{k}": "rho beyond the measured curves is extrapolated with bounds, not clamped"

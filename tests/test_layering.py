@@ -49,7 +49,8 @@ def test_each_command_runs_from_the_cli_built_for_it(command):
 def test_no_module_imports_the_old_top_level_names():
     """`sim`, `replay` and `runner` are folders, not import names: everything imports `rlsim.*`
     (an old name would import a second copy of a module, with its own exception classes)."""
-    bad = [(p.relative_to(ROOT), n) for pkg in ("sim", "replay", "runner", "tests", "bench") for p, names in _imports(pkg)
+    bad = [(p.relative_to(ROOT), n) for pkg in ("sim", "replay", "runner", "tests", "bench")
+           for p, names in _imports(pkg)
            for n in names if n.split(".")[0] in {"sim", "replay", "runner"}]
     assert bad == []
 

@@ -67,7 +67,8 @@ def test_a_target_nobody_reached_is_one_line():
 @pytest.mark.parametrize("target", [None, "-1"])
 def test_sweep_json_and_parquet_metadata(tmp_path, target):
     out = tmp_path / "sweep"
-    args = ["sweep", "--trace", TRACE, "--batch", "32,64", "--updates", "2", "--out", out, "--no-charts", "--workers", "1"]
+    args = ["sweep", "--trace", TRACE, "--batch", "32,64", "--updates", "2", "--out", out, "--no-charts",
+            "--workers", "1"]
     r = invoke(args + (["--target", target] if target else []), json_out=False)
     assert r["exit"] == 0, r
     _strict_file(out / "sweep.json")
@@ -90,8 +91,8 @@ def test_export_perfetto_recorded(tmp_path):
 @pytest.mark.parametrize("extra", [[], ["--target", "2.0"]])
 def test_export_perfetto_simulated(tmp_path, extra):
     out = tmp_path / "simulated.json"
-    r = invoke(["export", "perfetto", "--simulate", "--trace", TRACE, "--batch", "64", "--updates", "2", "-o", out, *extra],
-               json_out=False)
+    r = invoke(["export", "perfetto", "--simulate", "--trace", TRACE, "--batch", "64", "--updates", "2", "-o", out,
+                *extra], json_out=False)
     assert r["exit"] == 0, r
     _strict_file(out)
 

@@ -169,7 +169,8 @@ def test_bad_metadata_is_always_an_error(tmp_path, edit, what):
 
 def test_metadata_that_is_not_json_or_not_an_object(tmp_path):
     t = pq.read_table(P32)
-    for raw, what in ((b"{not json", "not valid JSON"), (b"[1, 2]", "not a JSON object"), (b"\xff\xfe", "not valid JSON")):
+    for raw, what in ((b"{not json", "not valid JSON"), (b"[1, 2]", "not a JSON object"),
+                      (b"\xff\xfe", "not valid JSON")):
         p = tmp_path / "j.parquet"
         pq.write_table(t.replace_schema_metadata({META_KEY: raw}), p)
         with pytest.raises(TraceError, match=what):

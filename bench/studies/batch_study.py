@@ -95,8 +95,9 @@ def steps_for(P: int, budget: int) -> int:
 def rlrun_cmd(P: int, steps: int, lr: float, rule: str, seed: int, path: Path, *extra: str) -> list[str]:
     """The `rlrun record` command line of one study run: G = 8, an eval every ~EVAL_SAMPLES responses."""
     return [tool("rlrun"), "record", "--prompts", str(P), "--group", str(G), "--steps", str(steps), "--lr", f"{lr:g}",
-            "--lr-rule", rule, "--eval-every", str(max(1, EVAL_SAMPLES // (P * G))), "--eval-prompts", str(EVAL_PROMPTS),
-            "--eval-k", str(EVAL_K), "--seed", str(seed), "--no-progress", "--overwrite", "--out", str(path), *extra]
+            "--lr-rule", rule, "--eval-every", str(max(1, EVAL_SAMPLES // (P * G))),
+            "--eval-prompts", str(EVAL_PROMPTS), "--eval-k", str(EVAL_K), "--seed", str(seed), "--no-progress",
+            "--overwrite", "--out", str(path), *extra]
 
 
 def record(out: Path, sizes, seeds: int, budget: int, task: str = TASK, log=print, lr: float = LR,
@@ -123,15 +124,18 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=float, default=LR, help="lr of the reference P = %d (the sqrt rule scales it)" % REF_P)
     ap.add_argument("--no-fixed", action="store_true", help="skip the P = 64 fixed-lr runs")
     ap.add_argument("--predict", help="write the reference-alone predictions for every size here, from the recorded "
-                                      "references only (before the other sizes are recorded: --sizes 32 first), and stop")
+                                      "references only (before the other sizes are recorded: --sizes 32 first), and "
+                                      "stop")
     ap.add_argument("--lr-aware", help="B_BEND,KAPPA: also predict with the lr-aware model at these constants (e.g. "
                                        "another task's fit, to see whether it transfers)")
-    ap.add_argument("--target", type=float, help="validation score to reach (default: 90 %% of the worst reference "
-                                                  "seed's best; fix it when adding seeds, so that the target stays put)")
+    ap.add_argument("--target", type=float, help="validation score to reach (default: 90 %% of the worst "
+                                                  "reference seed's best; fix it when adding seeds, so that the "
+                                                  "target stays put)")
     ap.add_argument("--fresh-from", type=int, help="also check the models on the seeds from this one on alone (seeds "
                                                    "recorded after the models were chosen)")
-    ap.add_argument("--predictions", help="a JSON of predictions written before the runs (docs/study/addmix_preregistered.json): "
-                                          "score its noise-scale T ranking and rho against the measured seed means")
+    ap.add_argument("--predictions", help="a JSON of predictions written before the runs "
+                                          "(docs/study/addmix_preregistered.json): score its noise-scale T ranking and "
+                                          "rho against the measured seed means")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--record-only", action="store_true")
     ap.add_argument("--json", help="write the tables as JSON here")
@@ -143,14 +147,16 @@ def main(argv=None) -> int:
         if lr_aware is not None and len(lr_aware) != 2:
             raise ValueError
     except ValueError:
-        raise SystemExit("--sizes takes integers (8,16,32) and --lr-aware two numbers B_BEND,KAPPA (2896,0.64)") from None
+        raise SystemExit("--sizes takes integers (8,16,32) and --lr-aware two numbers B_BEND,KAPPA "
+                         "(2896,0.64)") from None
     if not a.lr > 0:
         raise SystemExit(f"--lr must be positive, got {a.lr:g}")
     if a.predict:  # written once, before the runs it predicts: never over a file that already holds predictions
         dest = Path(a.predict)
         if dest.exists() or not dest.parent.is_dir():
-            raise SystemExit(f"error: --predict {dest}: " + ("exists; predictions are written once, before the runs they "
-                             "predict: choose a new file" if dest.exists() else "its folder does not exist"))
+            raise SystemExit(f"error: --predict {dest}: "
+                             + ("exists; predictions are written once, before the runs they predict: choose a new file"
+                                if dest.exists() else "its folder does not exist"))
     out = Path(a.out)
     if not a.no_record:
         record(out, sizes, a.seeds, a.budget, a.task, lr=a.lr, fixed=not a.no_fixed)
@@ -158,9 +164,11 @@ def main(argv=None) -> int:
         return 0
     try:
         if a.predict:
-            dest.write_text(json.dumps(predict(out, a.seeds, a.task, sizes, target=a.target, argv=argv, lr_aware=lr_aware), indent=1))
+            dest.write_text(json.dumps(predict(out, a.seeds, a.task, sizes, target=a.target, argv=argv,
+                                               lr_aware=lr_aware), indent=1))
             return 0
-        res = analyse(out, sizes, a.seeds, a.budget, target=a.target, task=a.task, lr_aware=lr_aware, fresh_from=a.fresh_from)
+        res = analyse(out, sizes, a.seeds, a.budget, target=a.target, task=a.task, lr_aware=lr_aware,
+                      fresh_from=a.fresh_from)
     except RlsimError as e:  # e.g. a --target the reference never reaches: one line, no traceback
         raise SystemExit(f"error: {e}") from None
     if a.predictions:
@@ -191,7 +199,8 @@ def predicted(paths, P: int, rule: str, target: float, rho: str) -> Outcome:
 
 
 def lr_aware_spec(b_bend: float, kappa: float) -> str:
-    """The --rho value of the lr-aware model at these constants, to 6 significant digits as the CLI's options give them."""
+    """The --rho value of the lr-aware model at these constants, to 6 significant digits as the CLI's options give
+    them."""
     return f"lr-aware:{b_bend:g},{kappa:g}"
 
 
@@ -245,15 +254,16 @@ def measure(out: Path, sizes, seeds: int, task: str = TASK) -> dict:
         if t.meta.get("status") != "complete":
             continue
         c = fit_learning_curve(t)
-        res.setdefault((P, rule), []).append(dict(name=name, seed=seed, path=path, curve=c, rps=split_stats(t).responses_per_s,
+        res.setdefault((P, rule), []).append(dict(name=name, seed=seed, path=path, curve=c,
+                                                  rps=split_stats(t).responses_per_s,
                                                   first=float(c.score[0]), best=c.best))
     return res
 
 
 def seed_runs(rs: list[dict]) -> SeedRuns:
     """The runs of one configuration (dicts of `measure` with n_star and censored filled in), in their order."""
-    return SeedRuns(n_star=np.array([r["n_star"] for r in rs], float), censored=np.array([r["censored"] for r in rs], bool),
-                    rps=np.array([r["rps"] for r in rs], float))
+    return SeedRuns(n_star=np.array([r["n_star"] for r in rs], float),
+                    censored=np.array([r["censored"] for r in rs], bool), rps=np.array([r["rps"] for r in rs], float))
 
 
 def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = None, log=print, task: str = TASK,
@@ -317,31 +327,35 @@ def analyse(out: Path, sizes, seeds: int, budget: int, target: float | None = No
     crit_gen, crit_train = critical_batches(sig_sorted)
     within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
     ok_rho = [within_spread(r["pred_rho"], r["rho_min"], r["rho_max"]) for r in within]
-    log(f"\nKendall tau, predicted (reference alone) vs measured T ranking over P = {', '.join(str(r['P']) for r in sq)}: "
-        f"{tau:.2f} (90 % bootstrap over seeds {lo:.2f}..{hi:.2f}; target >= 0.8); from curves (P left out): {tau_c:.2f}"
+    log("\nKendall tau, predicted (reference alone) vs measured T ranking over P = "
+        f"{', '.join(str(r['P']) for r in sq)}: {tau:.2f} (90 % bootstrap over seeds {lo:.2f}..{hi:.2f}; target >= "
+        f"0.8); from curves (P left out): {tau_c:.2f}"
         + (f"; lr-aware at --lr-aware {lr_aware[0]:g},{lr_aware[1]:g}: {tau_d:.2f}" if lr_aware else ""))
     log(f"rho predicted (noise scale) within the measured seed spread for P within 4x of {REF_P}: "
-        f"{sum(ok_rho)} of {len(ok_rho)} ({', '.join(str(r['P']) for r, ok in zip(within, ok_rho) if not ok) or 'none'} outside)")
+        f"{sum(ok_rho)} of {len(ok_rho)} "
+        f"({', '.join(str(r['P']) for r, ok in zip(within, ok_rho) if not ok) or 'none'} outside)")
     tau_s = kendall_tau([r["sde_T"] for r in sq], [r["T"] for r in sq])
     ok_sde = [within_spread(r["sde_rho"], r["rho_min"], r["rho_max"]) for r in within]
-    log(f"reference alone, lr-aware at kappa = 0 and B_bend = each reference's B_noise: Kendall tau {tau_s:.2f}; rho within "
-        f"the seed spread {sum(ok_sde)} of {len(ok_sde)}; "
+    log(f"reference alone, lr-aware at kappa = 0 and B_bend = each reference's B_noise: Kendall tau {tau_s:.2f}; rho "
+        f"within the seed spread {sum(ok_sde)} of {len(ok_sde)}; "
         "rho " + ", ".join(f"P {r['P']}: {r['sde_rho']:.2f}" for r in sq))
     log(f"critical generation batch (sigma within 10 % of its largest): P = {crit_gen}; critical training batch "
         f"(samples-to-target within 1.2x of P = {sig_sorted[0]['P']}): P = {crit_train}")
     # which B_crit could the noise-scale form (1 + B/B_crit) / (1 + B_ref/B_crit) fit, given the measured rho?
     lo_b, hi_b = b_crit_allowed([dict(r, B=r["P"] * G) for r in sq], REF_P * G)
     b_ema, b_rom = b_noise, [ns.ratio_of_means for ns in noise]  # each reference's, sorted by seed like ref_paths
-    log(f"B_crit of the reference seeds (responses): {', '.join(f'{b:.0f}' for b in b_ema)} (rlsim: last value of the EMA "
-        f"ratio); {', '.join(f'{b:.0f}' for b in b_rom)} (ratio of the run's means)")
+    log(f"B_crit of the reference seeds (responses): {', '.join(f'{b:.0f}' for b in b_ema)} (rlsim: last value of the "
+        f"EMA ratio); {', '.join(f'{b:.0f}' for b in b_rom)} (ratio of the run's means)")
     log(f"B_crit the measured rho allows: >= {lo_b:.0f} (sizes that every seed finished, within their spread) and "
         f"<= {hi_b:.0f} (censored sizes): {'none fits both' if lo_b > hi_b else 'consistent'}")
     held = held_out_all(runs_, rows, target, log, fresh_from)
     reso = resolution(runs_, log)
-    return dict(resolution=reso, target=target, n_star_ref=n_ref, rps_ref=rps_ref, rows=[{k: v for k, v in r.items() if k != "pred_T_seeds"} for r in rows],
-                kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], kendall_tau_curves=tau_c, kendall_tau_lr_aware_given=tau_d,
-                kendall_tau_sde=tau_s, sde_rho_within_spread=[int(x) for x in ok_sde],
-                rho_within_spread=[int(x) for x in ok_rho], critical_gen_batch=crit_gen, critical_train_batch=crit_train,
+    return dict(resolution=reso, target=target, n_star_ref=n_ref, rps_ref=rps_ref,
+                rows=[{k: v for k, v in r.items() if k != "pred_T_seeds"} for r in rows],
+                kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], kendall_tau_curves=tau_c,
+                kendall_tau_lr_aware_given=tau_d, kendall_tau_sde=tau_s, sde_rho_within_spread=[int(x) for x in ok_sde],
+                rho_within_spread=[int(x) for x in ok_rho], critical_gen_batch=crit_gen,
+                critical_train_batch=crit_train,
                 b_crit_ref_ema=b_ema, b_crit_ref_ratio_of_means=b_rom, b_crit_allowed=[lo_b, hi_b], held_out=held)
 
 
@@ -375,7 +389,8 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print, seeds: lis
         if not rs:
             continue
         all_rs = runs_[(P, rule)]  # the spread is over every seed recorded
-        r = dict(P=P, rule=rule, censored=any(x["censored"] for x in rs), rho=float(np.mean([x["n_star"] for x in rs])) / n_ref,
+        r = dict(P=P, rule=rule, censored=any(x["censored"] for x in rs),
+                 rho=float(np.mean([x["n_star"] for x in rs])) / n_ref,
                  sigma=float(np.mean([x["rps"] for x in rs])) / rps_ref, rho_min=row["rho_min"], rho_max=row["rho_max"],
                  seeds_all=len(all_rs))
         r["T"] = r["rho"] / r["sigma"]
@@ -384,13 +399,14 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print, seeds: lis
             r[f"{name}_rho"] = float(np.mean([p.rho for p in pr]))
             r[f"{name}_T"] = float(np.mean([p.time_to_target_ratio for p in pr]))
         out.append(r)
-    log(f"{'P':>4} {'lr':>5} | {'rho meas':>8} {'(all-seed spread)':>17} {'noise-scale':>11} {'lr-aware':>8} {'kappa0':>6} | "
-        f"{'T meas':>6} {'noise-scale':>11} {'lr-aware':>8} {'kappa0':>6}")
+    log(f"{'P':>4} {'lr':>5} | {'rho meas':>8} {'(all-seed spread)':>17} {'noise-scale':>11} {'lr-aware':>8} "
+        f"{'kappa0':>6} | {'T meas':>6} {'noise-scale':>11} {'lr-aware':>8} {'kappa0':>6}")
     for r in out:
         ge = ">=" if r["censored"] else "  "
         log(f"{r['P']:4d} {r['rule']:>5} | {ge}{r['rho']:6.2f} ({r['rho_min']:5.2f}..{r['rho_max']:5.2f})   "
             + " ".join(f"{r[m + '_rho']:{w}.2f}" for m, w in (("noise-scale", 11), ("lr-aware", 8), ("kappa0", 6)))
-            + f" | {ge}{r['T']:4.2f} " + " ".join(f"{r[m + '_T']:{w}.2f}" for m, w in (("noise-scale", 11), ("lr-aware", 8), ("kappa0", 6))))
+            + f" | {ge}{r['T']:4.2f} " + " ".join(f"{r[m + '_T']:{w}.2f}"
+                                                  for m, w in (("noise-scale", 11), ("lr-aware", 8), ("kappa0", 6))))
     sq = [r for r in out if r["rule"] == "sqrt"]
     res = dict(fit_seed=FIT_SEED, seeds=seeds, b_bend=fit.b_bend, kappa=fit.kappa, fit_loss=fit.loss, rows=out)
     rng = np.random.default_rng(0)
@@ -404,12 +420,14 @@ def held_out(runs_: dict, rows: list[dict], target: float, log=print, seeds: lis
         within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
         ok = [within_spread(r[f"{name}_rho"], r["rho_min"], r["rho_max"], r["censored"]) for r in within]
         err = [abs(math.log(r[f"{name}_rho"] / r["rho"])) for r in out if not r["censored"] and r["P"] != REF_P]
-        res[name] = dict(kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)], rho_within_spread=[int(x) for x in ok],
+        res[name] = dict(kendall_tau=tau, kendall_tau_interval=[float(lo), float(hi)],
+                         rho_within_spread=[int(x) for x in ok],
                          median_abs_log_rho_error=float(np.median(err)) if err else math.nan)
         log(f"{name:>11} on seeds {','.join(map(str, seeds))}: Kendall tau {tau:.2f} (90 % bootstrap "
-            f"{lo:.2f}..{hi:.2f}; target >= 0.8); rho within the spread of all seeds for P within 4x of {REF_P}: {sum(ok)} of "
-            f"{len(ok)} (a censored size counts when the prediction is at or above its lowest bound); median |log(pred/meas)| "
-            f"of rho over the sizes every one of these seeds finished: {res[name]['median_abs_log_rho_error']:.3f}")
+            f"{lo:.2f}..{hi:.2f}; target >= 0.8); rho within the spread of all seeds for P within 4x of {REF_P}: "
+            f"{sum(ok)} of {len(ok)} (a censored size counts when the prediction is at or above its lowest bound); "
+            "median |log(pred/meas)| of rho over the sizes every one of these seeds finished: "
+            f"{res[name]['median_abs_log_rho_error']:.3f}")
     return res
 
 
@@ -439,7 +457,8 @@ def score_predictions(rows: list[dict], path: Path, log=print) -> dict:
                   for m in ("noise_scale", "kappa0", "lr_aware") if m == "noise_scale" or m in pred[f"{REF_P}_sqrt"]}
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise SystemExit(f"error: cannot read predictions from {path} ({type(e).__name__}: {e}); it needs "
-                         '{"predictions": {"<P>_sqrt": {"noise_scale": {"rho": .., "T": ..}}}} for every measured size') from None
+                         '{"predictions": {"<P>_sqrt": {"noise_scale": {"rho": .., "T": ..}}}} for every measured '
+                         "size") from None
     within = [r for r in sq if r["P"] != REF_P and REF_P / 4 <= r["P"] <= REF_P * 4]
     spread = [(r["rho_min"], r["rho_max"], r["censored"]) for r in within]
     out = {}
@@ -468,14 +487,16 @@ def resolution(runs_: dict, log=print) -> dict:
     log_rho, log_sig = (np.log([[v[P][i] / v[REF_P][i] for P in sizes] for v in by_seed.values()]) for i in (0, 1))
     within = sum(1 for P in sizes if P != REF_P and REF_P / 4 <= P <= REF_P * 4)
     res = noise_split(log_rho, log_sig, sizes.index(REF_P), within)
-    log(f"resolution of the study ({len(by_seed)} seeds, P = {', '.join(map(str, sizes))}): one seed's measured T ranking "
-        f"against another's, Kendall tau {', '.join(f'{t:.2f}' for t in res['seed_pair_tau'])} (mean "
-        f"{res['seed_pair_tau_mean']:.2f}); seed sd of log T {res['sd_log_t']:.3f} (of log rho {res['sd_log_rho']:.3f}, of log "
-        f"sigma {res['sd_log_sigma']:.3f}), so a perfect predictor reaches tau "
+    log(f"resolution of the study ({len(by_seed)} seeds, P = {', '.join(map(str, sizes))}): one seed's measured T "
+        f"ranking against another's, Kendall tau {', '.join(f'{t:.2f}' for t in res['seed_pair_tau'])} (mean "
+        f"{res['seed_pair_tau_mean']:.2f}); seed sd of log T {res['sd_log_t']:.3f} (of log rho "
+        f"{res['sd_log_rho']:.3f}, of log sigma {res['sd_log_sigma']:.3f}), so a perfect predictor reaches tau "
         f"{res['perfect_tau_mean']:.2f} on average against the {len(by_seed)}-seed means, >= 0.8 in "
-        f"{100 * res['perfect_tau_p08']:.0f} % of draws ({', '.join(f'{m} seeds {100 * q:.0f} %' for m, q in res['perfect_tau_p08_by_seeds'].items())}"
-        f"; >= 80 % from {res['seeds_for_p08'] or 'more than ' + str(max(res['perfect_tau_p08_by_seeds']))} seeds); the true rho lies inside {len(by_seed)} seeds' min..max with "
-        f"chance {res['spread_cover_one']:.2f} per size, {res['spread_cover_all']:.2f} at all {within} sizes within 4x")
+        f"{100 * res['perfect_tau_p08']:.0f} % of draws "
+        f"({', '.join(f'{m} seeds {100 * q:.0f} %' for m, q in res['perfect_tau_p08_by_seeds'].items())}; >= 80 % from "
+        f"{res['seeds_for_p08'] or 'more than ' + str(max(res['perfect_tau_p08_by_seeds']))} seeds); the true rho lies "
+        f"inside {len(by_seed)} seeds' min..max with chance {res['spread_cover_one']:.2f} per size, "
+        f"{res['spread_cover_all']:.2f} at all {within} sizes within 4x")
     return res
 
 
@@ -484,16 +505,18 @@ def leave_one_size_out(runs_: dict, target: float, log=print) -> dict:
     predicts its rho (over the seed's own reference); |log error|, censored sizes counted only when predicted low."""
     errs: dict[str, list[float]] = {"curves": [], "lr-aware": []}
     for ref in runs_.get((REF_P, "sqrt"), []):
-        mine = {P: r for (P, rule), rs in runs_.items() if rule == "sqrt" and P != REF_P for r in rs if r["seed"] == ref["seed"]}
+        mine = {P: r for (P, rule), rs in runs_.items() if rule == "sqrt" and P != REF_P
+                for r in rs if r["seed"] == ref["seed"]}
         for P, r in mine.items():
             others = [ref["curve"]] + [x["curve"] for Q, x in mine.items() if Q != P]
             meas = r["n_star"] / ref["n_star"]
             try:
-                pc = curves_rho(ref["curve"].batch, others, target).rho(P * G)
+                pc = curves_rho(ref["curve"].responses_per_update, others, target).rho(P * G)
             except RlsimError:
                 pc = math.nan
             f = fit_lr_aware(ref["curve"], others, target)
-            pl = lr_aware_rho(ref["curve"].batch, f.b_bend, f.kappa).rho(P * G, x=r["curve"].lr / ref["curve"].lr)
+            pl = lr_aware_rho(ref["curve"].responses_per_update, f.b_bend, f.kappa).rho(
+                P * G, x=r["curve"].lr / ref["curve"].lr)
             for name, p in (("curves", pc), ("lr-aware", pl)):
                 errs[name].append(censored_log_error(p, meas, r["censored"]))
     return _summary(errs, "leave one size out, per seed (the other sizes as the pilot)", log)
@@ -522,16 +545,17 @@ def seed_cv(runs_: dict, target: float, log=print) -> dict:
             if s == f or (REF_P, "sqrt", s) not in by:
                 continue
             rs = by[(REF_P, "sqrt", s)]
-            lr_model = lr_aware_rho(ref.batch, fit.b_bend, fit.kappa)
+            lr_model = lr_aware_rho(ref.responses_per_update, fit.b_bend, fit.kappa)
             ns = noise_scale(_trace(rs["path"])).b_crit
             for (P, rule, s2), r in by.items():
                 if s2 != s or (P == REF_P and rule == "sqrt"):
                     continue
                 meas = r["n_star"] / rs["n_star"]
-                for name, p in (("noise-scale", noise_scale_rho(ref.batch, ns).rho(P * G)),
+                for name, p in (("noise-scale", noise_scale_rho(ref.responses_per_update, ns).rho(P * G)),
                                 ("lr-aware", lr_model.rho(P * G, x=r["curve"].lr / rs["curve"].lr))):
                     errs[name].append(censored_log_error(p, meas, r["censored"]))
-    return _summary(errs, "seed cross-validation (each seed fits lr-aware in turn; every other seed's rho predicted)", log)
+    return _summary(errs, "seed cross-validation (each seed fits lr-aware in turn; every other seed's rho predicted)",
+                    log)
 
 
 def chart(res: dict, out_dir: Path) -> None:
@@ -551,9 +575,10 @@ def chart(res: dict, out_dir: Path) -> None:
     held = res.get("held_out") or {}
     for r in held.get("rows", []):  # the lr-aware model fitted on seed 0, predicting the held-out seeds' references
         if r["rule"] == "sqrt":
-            pts.append({"P": r["P"], "T ratio": r["lr-aware_T"], "series": f"lr-aware (fit on seed {held['fit_seed']}), held-out seeds",
-                        "lo": None, "hi": None})
-    base = alt.Chart(alt.Data(values=pts)).encode(x=alt.X("P:Q", scale=alt.Scale(type="log", base=2), title="prompts per update P (G = 8)"))
+            pts.append({"P": r["P"], "T ratio": r["lr-aware_T"],
+                        "series": f"lr-aware (fit on seed {held['fit_seed']}), held-out seeds", "lo": None, "hi": None})
+    base = alt.Chart(alt.Data(values=pts)).encode(x=alt.X("P:Q", scale=alt.Scale(type="log", base=2),
+                                                          title="prompts per update P (G = 8)"))
     band = base.transform_filter(alt.datum.series == "measured (mean of seeds)").mark_errorbar().encode(
         y=alt.Y("lo:Q", title="time-to-target ratio T / T(P=32)"), y2="hi:Q")
     lines = base.mark_line(point=True).encode(y="T ratio:Q", color=alt.Color("series:N", title=None))
@@ -562,17 +587,19 @@ def chart(res: dict, out_dir: Path) -> None:
 
 
 def _print(rows, log) -> None:
-    hdr = (f"{'P':>4} {'lr':>5} {'seeds':>5} {'N* (mean)':>10} | {'rho meas (spread)':>20} {'pred':>6} {'curves':>6} {'lr-aw':>6} | "
-           f"{'sigma meas (spread)':>20} {'pred':>6} | {'T meas':>6} {'pred':>6} {'curves':>6} {'lr-aw':>6}")
-    log("pred: noise-scale from the reference alone; curves: the other sizes' runs, P left out; lr-aw: lr-aware at --lr-aware")
+    hdr = (f"{'P':>4} {'lr':>5} {'seeds':>5} {'N* (mean)':>10} | {'rho meas (spread)':>20} {'pred':>6} {'curves':>6} "
+           f"{'lr-aw':>6} | {'sigma meas (spread)':>20} {'pred':>6} | {'T meas':>6} {'pred':>6} "
+           f"{'curves':>6} {'lr-aw':>6}")
+    log("pred: noise-scale from the reference alone; curves: the other sizes' runs, P left out; "
+        "lr-aw: lr-aware at --lr-aware")
     log(hdr)
     log("-" * len(hdr))
     for r in rows:
         ge = ">=" if r["censored"] else "  "  # some seed never reached the target: a lower bound
         log(f"{r['P']:4d} {r['rule']:>5} {r['reached']:>2}/{r['seeds']:<2} {ge}{r['n_star']:8.0f} | "
-            f"{ge}{r['rho']:4.2f} ({r['rho_min']:.2f}..{r['rho_max']:.2f}) {r['pred_rho']:6.2f} {r['curves_rho']:6.2f} {r['lrd_rho']:6.2f} | "
-            f"{r['sigma']:6.2f} ({r['sigma_min']:.2f}..{r['sigma_max']:.2f}) {r['pred_sigma']:6.2f} | "
-            f"{ge}{r['T']:4.2f} {r['pred_T']:6.2f} {r['curves_T']:6.2f} {r['lrd_T']:6.2f}")
+            f"{ge}{r['rho']:4.2f} ({r['rho_min']:.2f}..{r['rho_max']:.2f}) {r['pred_rho']:6.2f} {r['curves_rho']:6.2f} "
+            f"{r['lrd_rho']:6.2f} | {r['sigma']:6.2f} ({r['sigma_min']:.2f}..{r['sigma_max']:.2f}) "
+            f"{r['pred_sigma']:6.2f} | {ge}{r['T']:4.2f} {r['pred_T']:6.2f} {r['curves_T']:6.2f} {r['lrd_T']:6.2f}")
 
 
 if __name__ == "__main__":

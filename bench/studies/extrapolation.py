@@ -62,9 +62,9 @@ def record(out: Path, configs, steps: int, rounds: int) -> None:
     for name, algo, task, G, sizes in configs:
         ref, probe = paths(out, name, steps, rounds)
         if not complete(ref, steps):
-            run_locked([tool("rlrun"), "record", *_common(algo, task, G), "--prompts", str(sizes[0]), "--steps", str(steps),
-                        "--eval-every", "0", "--eval-prompts", "16", "--eval-k", "1", "--no-progress", "--overwrite",
-                        "--out", str(ref)])
+            run_locked([tool("rlrun"), "record", *_common(algo, task, G), "--prompts", str(sizes[0]),
+                        "--steps", str(steps), "--eval-every", "0", "--eval-prompts", "16", "--eval-k", "1",
+                        "--no-progress", "--overwrite", "--out", str(ref)])
         if not _probe_complete(probe):
             run_locked([tool("rlrun"), "probe", *_common(algo, task, G), "--prompts", ",".join(map(str, sizes)),
                         "--rounds", str(rounds), "--overwrite", "--out", str(probe)])
@@ -100,12 +100,13 @@ def cases(out: Path, configs, steps: int, rounds: int) -> list[SigmaCase]:
 
 
 def table(found: list[SigmaCase]) -> str:
-    lines = ["| configuration | B_ref -> B | sigma predicted (90 %) | sigma measured, paired (90 % over rounds) | error | interval holds it |",
+    lines = ["| configuration | B_ref -> B | sigma predicted (90 %) | sigma measured, paired (90 % over rounds) | "
+             "error | interval holds it |",
              "|---|---|---|---|---|---|"]
     for c in found:
-        lines.append(f"| {c.name} | {c.b_ref} -> {c.b} ({c.b / c.b_ref:.0f}x) | {c.predicted:.3f} ({c.lo:.3f}..{c.hi:.3f}) | "
-                     f"{c.measured:.3f} ({c.measured_lo:.3f}..{c.measured_hi:.3f}) | {100 * c.error:+.1f} % | "
-                     f"{'yes' if c.covered else 'no'} |")
+        lines.append(f"| {c.name} | {c.b_ref} -> {c.b} ({c.b / c.b_ref:.0f}x) | {c.predicted:.3f} "
+                     f"({c.lo:.3f}..{c.hi:.3f}) | {c.measured:.3f} ({c.measured_lo:.3f}..{c.measured_hi:.3f}) | "
+                     f"{100 * c.error:+.1f} % | {'yes' if c.covered else 'no'} |")
     s = sigma_summary(found)
     lines.append("")
     lines.append(f"{s['cases']} cases: |error| median {100 * s['median_abs_error']:.1f} % (target <= 3 %), max "

@@ -22,7 +22,8 @@ Recording is serialised (`flock`) and resumable, like the study's.
 
     python -m bench.studies.lr_or_batch --predict --json docs/study/lr_or_batch_preregistered.json
     python -m bench.studies.lr_or_batch --record-only                  # ~45 min on 2 quiet cores
-    python -m bench.studies.lr_or_batch --no-record --predictions docs/study/lr_or_batch_preregistered.json --json docs/study/lr_or_batch.json
+    python -m bench.studies.lr_or_batch --no-record --predictions docs/study/lr_or_batch_preregistered.json \\
+        --json docs/study/lr_or_batch.json
 
 (from the repository root; the scoring is `rlsim.replay.evaluation`).
 """
@@ -47,7 +48,8 @@ SEEDS = 3
 BUDGET = 16384
 TASK, TARGET = "addmix", 0.562  # the study's task and target (docs/results.md section 1c)
 HYPOTHESES = ("lr", "sde", "steps", "lr-aware")
-LR_AWARE = (53.8, 0.19)  # B_bend, kappa fitted on the addmix study's seed 0 (bench/studies/batch_study.py held-out check)
+# B_bend, kappa fitted on the addmix study's seed 0 (bench/studies/batch_study.py held-out check)
+LR_AWARE = (53.8, 0.19)
 
 
 def name(P: int, lr: float, seed: int, task: str) -> str:
@@ -65,13 +67,15 @@ def record(out: Path, points, seeds: int, task: str, budget: int, log=print) -> 
             run_locked(rlrun_cmd(P, steps, lr, "fixed", seed, path, "--task", task, "--no-calibrate"), log)
 
 
-def study_f(study: Path, seeds: int, task: str, target: float) -> tuple[float, dict[float, tuple[float, bool]], list[dict]]:
+def study_f(study: Path, seeds: int, task: str,
+            target: float) -> tuple[float, dict[float, tuple[float, bool]], list[dict]]:
     """The reference's mean N*, f: lr -> (measured sqrt-rule rho at the size with that lr, censored), and every study
     configuration as a row (P, lr, rho, censored, seeds)."""
     runs_ = measure(study, SIZES, seeds, task)
     refs = runs_.get((REF_P, "sqrt"), [])
     if not refs:
-        raise SystemExit(f"error: no reference runs (P = {REF_P}) in {study}; record the study first (bench/studies/batch_study.py)")
+        raise SystemExit(f"error: no reference runs (P = {REF_P}) in {study}; record the study first "
+                         "(bench/studies/batch_study.py)")
     ref_n = [samples_to_target(r["curve"], target) for r in refs]
     if any(c for _, c in ref_n):
         raise SystemExit(f"error: a reference run in {study} never reaches the target {target:g}; lower --target")
@@ -140,13 +144,17 @@ def analyse(out: Path, points, seeds: int, task: str, target: float, n_ref: floa
         errs = {h: row[f"{h}_err"] for h in HYPOTHESES if math.isfinite(row[f"{h}_err"])}
         row["nearest"] = min(errs, key=errs.get) if errs else None
         rows.append(row)
-    log(f"target {target:g}; reference P = {REF_P} at lr {LR:g}: N* = {n_ref:.0f} responses (mean of the study's seeds)")
-    log(f"{'P':>4} {'lr':>7} {'seeds':>5} | {'rho measured (range)':>22} | {'lr':>10} {'sde':>6} {'steps':>6} {'lr-aware':>8} | nearest")
+    log(f"target {target:g}; reference P = {REF_P} at lr {LR:g}: N* = {n_ref:.0f} responses "
+        "(mean of the study's seeds)")
+    log(f"{'P':>4} {'lr':>7} {'seeds':>5} | {'rho measured (range)':>22} | {'lr':>10} {'sde':>6} {'steps':>6} "
+        f"{'lr-aware':>8} | nearest")
     for r in rows:
         ge = ">=" if r["censored"] else "  "
-        lr_pred = "n/a" if r["lr_rho"] is None else (">=" if pred[f"{r['P']}_{r['lr']:g}"]["lr_censored"] else "") + f"{r['lr_rho']:.2f}"
-        log(f"{r['P']:4d} {r['lr']:7.2g} {r['seeds']:5d} | {ge}{r['rho']:5.2f} ({r['rho_min']:5.2f}..{r['rho_max']:5.2f})     | "
-            f"{lr_pred:>10} {r['sde_rho']:6.2f} {r['steps_rho']:6.2f} {r['lr-aware_rho']:8.2f} | {r['nearest']}")
+        censored = r["lr_rho"] is not None and pred[f"{r['P']}_{r['lr']:g}"]["lr_censored"]
+        lr_pred = "n/a" if r["lr_rho"] is None else (">=" if censored else "") + f"{r['lr_rho']:.2f}"
+        log(f"{r['P']:4d} {r['lr']:7.2g} {r['seeds']:5d} | {ge}{r['rho']:5.2f} "
+            f"({r['rho_min']:5.2f}..{r['rho_max']:5.2f})     | {lr_pred:>10} {r['sde_rho']:6.2f} {r['steps_rho']:6.2f} "
+            f"{r['lr-aware_rho']:8.2f} | {r['nearest']}")
     for h in HYPOTHESES:
         won = sum(r["nearest"] == h for r in rows)
         inside = sum(r[f"{h}_in_range"] for r in rows)
@@ -156,7 +164,8 @@ def analyse(out: Path, points, seeds: int, task: str, target: float, n_ref: floa
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--study", default=str(ROOT / "traces" / "study_addmix"), help="the batch-size study's traces (reference, f)")
+    ap.add_argument("--study", default=str(ROOT / "traces" / "study_addmix"),
+                    help="the batch-size study's traces (reference, f)")
     ap.add_argument("--study-seeds", type=int, default=6, help="seeds of the study to read")
     ap.add_argument("--out", default=str(ROOT / "traces" / "lr_or_batch"), help="folder of this bench's traces")
     ap.add_argument("--points", default=",".join(f"{P}:{lr:g}" for P, lr in POINTS), help="P:LR pairs to record")
@@ -167,7 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--lr-aware", default=",".join(f"{v:g}" for v in LR_AWARE),
                     help="B_BEND,KAPPA of the lr-aware hypothesis (default: the addmix study's seed-0 fit)")
     ap.add_argument("--predict", action="store_true", help="write the hypotheses' predictions (--json) and stop")
-    ap.add_argument("--predictions", help="score against this predictions file (written beforehand) instead of recomputing")
+    ap.add_argument("--predictions",
+                    help="score against this predictions file (written beforehand) instead of recomputing")
     ap.add_argument("--no-record", action="store_true")
     ap.add_argument("--record-only", action="store_true")
     ap.add_argument("--json", help="write the predictions or the results here")
@@ -178,18 +188,20 @@ def main(argv=None) -> int:
         if any(P <= 0 or lr <= 0 for P, lr in points) or len(lr_aware) != 2:
             raise ValueError
     except ValueError:
-        raise SystemExit(f"--points takes P:LR pairs with positive numbers (8:3e-4,128:1.5e-4) and --lr-aware two numbers "
-                         f"B_BEND,KAPPA; got {a.points!r}, {a.lr_aware!r}") from None
+        raise SystemExit("--points takes P:LR pairs with positive numbers (8:3e-4,128:1.5e-4) and --lr-aware two "
+                         f"numbers B_BEND,KAPPA; got {a.points!r}, {a.lr_aware!r}") from None
     if a.seeds < 1 or a.study_seeds < 1 or a.budget < 1:
-        raise SystemExit(f"--seeds, --study-seeds and --budget must be at least 1; got {a.seeds}, {a.study_seeds}, {a.budget}")
+        raise SystemExit(f"--seeds, --study-seeds and --budget must be at least 1; got {a.seeds}, "
+                         f"{a.study_seeds}, {a.budget}")
     if a.predict and a.json and Path(a.json).exists():  # predictions are written once, before the runs they predict
-        raise SystemExit(f"error: --predict --json {a.json}: exists; predictions are written once, before the runs they "
-                         "predict: choose a new file")
+        raise SystemExit(f"error: --predict --json {a.json}: exists; predictions are written once, before the runs "
+                         "they predict: choose a new file")
     n_ref, f, study_rows = study_f(Path(a.study), a.study_seeds, a.task, a.target)
     if a.predict:
         res = dict(task=a.task, target=a.target, reference=dict(P=REF_P, lr=LR, n_star=n_ref), seeds=a.seeds,
-                   rule="per point, the hypothesis with the smallest |log(pred/measured)| of the seed-mean rho is nearest; "
-                        "a hypothesis holds if it is nearest at 3 or more of the 4 points and inside the seeds' range at 3 or more",
+                   rule="per point, the hypothesis with the smallest |log(pred/measured)| of the seed-mean rho is "
+                        "nearest; a hypothesis holds if it is nearest at 3 or more of the 4 points and inside the "
+                        "seeds' range at 3 or more",
                    lr_aware=dict(b_bend=lr_aware[0], kappa=lr_aware[1]), predictions=predict(points, f, lr_aware))
         print(json.dumps(res, indent=1))
         if a.json:
@@ -207,7 +219,8 @@ def main(argv=None) -> int:
             if missing:
                 raise KeyError(", ".join(missing))
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise SystemExit(f"error: cannot read predictions from {a.predictions} ({type(e).__name__}: {e}); write it with --predict") from None
+            raise SystemExit(f"error: cannot read predictions from {a.predictions} ({type(e).__name__}: "
+                             f"{e}); write it with --predict") from None
     else:
         pred = predict(points, f, lr_aware)
     res = analyse(Path(a.out), points, a.seeds, a.task, a.target, n_ref, pred, a.budget)

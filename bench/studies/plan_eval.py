@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pprint
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -68,8 +69,9 @@ class StudySpec:
 STUDIES = (StudySpec("add2", "traces/study", "grpo", 6, 0.566),
            StudySpec("addmix", "traces/study_addmix", "grpo_addmix", 6, 0.562),
            StudySpec("addmix lr 1e-4", "traces/study_addmix_lr1e-4", "grpo_addmix", 3, 0.647))
-# Recorded after the plan's method was frozen (ff4f5ac) and its plans were committed (docs/study/add3_plan_preregistered.json):
-# scored with the error curves rlsim plan ships (every study above), never used to make them.
+# Recorded after the plan's method was frozen (ff4f5ac) and its plans were committed
+# (docs/study/add3_plan_preregistered.json): scored with the error curves rlsim plan ships (every study above), never
+# used to make them.
 FRESH = (StudySpec("add3", "traces/study_add3", "grpo_add3", 3, math.nan),)
 
 
@@ -82,7 +84,8 @@ def preregister(spec: StudySpec, path: Path) -> dict:
     target = target_of(refs)
     plans = [plan(t, PlanConfig(prompts=SIZES, group=G), target=target).to_dict() for t in refs]
     out = dict(study=spec.name, target=target, sizes=SIZES, references=[t.name for t in refs], plans=plans,
-               method="rlsim plan at commit ff4f5ac, error curves of rlsim.replay.rho_errors (add2, addmix, addmix lr 1e-4)")
+               method="rlsim plan at commit ff4f5ac, error curves of rlsim.replay.rho_errors "
+                      "(add2, addmix, addmix lr 1e-4)")
     path.write_text(json.dumps(out, indent=1, default=float) + "\n")
     return out
 
@@ -298,11 +301,11 @@ def write_errors(errors: dict[str, RhoErrors]) -> None:
     """Store the measured curves in rlsim/replay/rho_errors.py's DATA (the line after its marker)."""
     path = ROOT / "replay" / "rho_errors.py"
     text = path.read_text()
-    def block(e: RhoErrors) -> str:  # one curve a line, rounded to what the studies resolve
-        d = e.to_dict()
-        rows = ",\n".join("        " + json.dumps([round(x, 4) for x in c]) for c in d.pop("curves"))
+    def block(e: RhoErrors) -> str:  # one curve a line, rounded to what the studies resolve, within 120 columns
         rnd = lambda v: round(v, 4) if isinstance(v, float) else [rnd(x) for x in v] if isinstance(v, list) else v  # noqa: E731
-        head = ", ".join(f"{k!r}: {rnd(v)!r}" for k, v in d.items())  # Python literals
+        d = {k: rnd(v) for k, v in e.to_dict().items()}
+        rows = ",\n".join("        " + json.dumps(c) for c in d.pop("curves"))
+        head = pprint.pformat(d, width=112, sort_dicts=False).replace("\n", "\n    ")[1:-1]  # Python literals
         return "{" + head + ',\n     "curves": [\n' + rows + "]}"
 
     data = "{\n" + ",\n".join(f"    {json.dumps(m)}: {block(e)}" for m, e in errors.items()) + "}"
@@ -324,7 +327,8 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--write-errors", action="store_true", help="store every study's error curves for rlsim plan")
     ap.add_argument("--studies", default=",".join(s.name for s in STUDIES), help="comma list of study names")
     ap.add_argument("--preregister", help="write the fresh study's target and plans from its references here, and stop")
-    ap.add_argument("--fresh", action="store_true", help="also score the fresh study (FRESH) with the shipped error curves")
+    ap.add_argument("--fresh", action="store_true",
+                    help="also score the fresh study (FRESH) with the shipped error curves")
     ap.add_argument("--confidence", type=float, default=PlanConfig.confidence,
                     help="PlanConfig.confidence: the guard on moves made on predictions alone")
     ap.add_argument("--measured-confidence", type=float, default=PlanConfig.measured_confidence,
@@ -384,7 +388,8 @@ def _table(rows: list[dict]) -> None:
         one = r["one_pilot"]
         print(f"{r['name']:16s} {r['median_regret']:14.1%} {r['max_regret']:6.1%} {r['keep_reference_regret']:9.1%} "
               f"{r['largest_batch_regret']:8.1%} {r['ref_alone_regret']:9.1%} {r['pilot_cost']:10.2f} "
-              f"{r['confident']:>6d}/{r['seeds']} {one['best_median_regret']:>20.1%} (P={one['best_pilot_in_hindsight']})")
+              f"{r['confident']:>6d}/{r['seeds']} {one['best_median_regret']:>20.1%} "
+              f"(P={one['best_pilot_in_hindsight']})")
 
 
 if __name__ == "__main__":

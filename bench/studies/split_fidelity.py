@@ -66,7 +66,8 @@ def record(out: Path, steps: int, log=print) -> None:
                     "--out", str(out / "calib_t1.parquet")], log)
     for name, extra, _k, _p in RUNS:
         if not complete(out / f"{name}.parquet", steps):
-            run_locked([rl, "record", *COMMON, *extra, "--steps", str(steps), "--out", str(out / f"{name}.parquet")], log)
+            run_locked([rl, "record", *COMMON, *extra, "--steps", str(steps), "--out", str(out / f"{name}.parquet")],
+                       log)
 
 
 @functools.lru_cache(maxsize=4)
@@ -79,7 +80,8 @@ def _study(out: Path, separate: bool) -> Study:
 
 def predict(out: Path, staleness: int, partial: bool, separate: bool, updates: int) -> Outcome:
     """The split run predicted from the colocated recording, in process: `rlsim run`'s candidate."""
-    cfg = WhatIf(prompts=P, group=G, gen_gpus=1, train_gpus=1, staleness=staleness, updates=updates, partial_rollout=partial)
+    cfg = WhatIf(prompts=P, group=G, gen_gpus=1, train_gpus=1, staleness=staleness, updates=updates,
+                 partial_rollout=partial)
     return evaluate(_study(out, separate), cfg)
 
 
@@ -118,8 +120,8 @@ def main(argv=None) -> int:
             continue
         m = split_stats(path)
         if k is None:
-            print(f"{name:22} {m.responses_per_s:11.1f} {'-':>7} {'-':>7} {'-':>8} | {m.gen_idle_ratio:8.2f} {'-':>6} | "
-                  f"{m.train_idle_ratio:10.2f} {'-':>6} | {m.staleness_mean:5.2f} {'-':>5}")
+            print(f"{name:22} {m.responses_per_s:11.1f} {'-':>7} {'-':>7} {'-':>8} | {m.gen_idle_ratio:8.2f} {'-':>6} "
+                  f"| {m.train_idle_ratio:10.2f} {'-':>6} | {m.staleness_mean:5.2f} {'-':>5}")
             continue
         pc = predict(out, k, partial, False, a.updates)
         pu = predict(out, k, partial, True, a.updates)
@@ -130,10 +132,11 @@ def main(argv=None) -> int:
         ti.append(abs(pc.train_idle_ratio - m.train_idle_ratio))
         sg, su = slowdown(cal_models, path)
         print(f"{name:22} {m.responses_per_s:11.1f} {pc.responses_per_s:7.1f} {100 * e:+6.1f}% {100 * eu:+8.1f}% | "
-              f"{m.gen_idle_ratio:8.2f} {pc.gen_idle_ratio:6.2f} | {m.train_idle_ratio:10.2f} {pc.train_idle_ratio:6.2f} | "
-              f"{m.staleness_mean:5.2f} {pc.staleness_mean:5.2f} | {sg:12.2f} {su:7.2f}")
+              f"{m.gen_idle_ratio:8.2f} {pc.gen_idle_ratio:6.2f} | {m.train_idle_ratio:10.2f} "
+              f"{pc.train_idle_ratio:6.2f} | {m.staleness_mean:5.2f} {pc.staleness_mean:5.2f} | {sg:12.2f} {su:7.2f}")
     if errs:
-        print(f"\nresponses/s |error|: median {100 * np.median(errs):.1f}%, max {100 * max(errs):.1f}% (target: every run within 10%)")
+        print(f"\nresponses/s |error|: median {100 * np.median(errs):.1f}%, max {100 * max(errs):.1f}% "
+              "(target: every run within 10%)")
         print(f"idle ratio |error|: generator max {max(gi):.3f}, trainer max {max(ti):.3f} (target: within 0.05)")
         ok = max(errs) <= 0.10 and max(gi) <= 0.05 and max(ti) <= 0.05
         print("targets met" if ok else "targets NOT met")

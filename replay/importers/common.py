@@ -42,7 +42,8 @@ def parse_number(text: str) -> float | None:
     """A number as Python/numpy/torch print it: 0.5, 1e-06, nan, inf, np.float64(0.5), np.int64(3),
     numpy.float32(2.0), tensor(0.5, device='cuda:0'), True. None if it is not one."""
     t = text.strip()
-    m = re.fullmatch(r"(?:np|numpy)\.(?:float|int|uint)\d*\((.*)\)|(?:np|numpy)\.bool_?\((.*)\)|tensor\(([^,()]*)(?:,.*)?\)", t)
+    m = re.fullmatch(r"(?:np|numpy)\.(?:float|int|uint)\d*\((.*)\)|(?:np|numpy)\.bool_?\((.*)\)"
+                     r"|tensor\(([^,()]*)(?:,.*)?\)", t)
     if m:
         t = next(g for g in m.groups() if g is not None).strip()
     if t in ("True", "False"):
@@ -123,7 +124,8 @@ def load_config(path: str | Path | None) -> dict[str, Any]:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise RlsimError(f"{p} is not a readable YAML/JSON config ({first}); pass the run's saved config") from None
     if not isinstance(data, dict):
-        raise RlsimError(f"{p} does not hold a mapping of config keys; pass the run's saved config (e.g. .hydra/config.yaml)")
+        raise RlsimError(f"{p} does not hold a mapping of config keys; pass the run's saved config (e.g. "
+                         ".hydra/config.yaml)")
     return unwrap(data)
 
 
@@ -302,6 +304,10 @@ class ImportFlags:
     model_params: str | None = field(default=None, metadata={
         "help": "model parameters, e.g. 7B, 0.5B, 1.5e9 (None: read from the model path in the config)",
         "flags": ["--model-params"]})
+    model_config: Path | None = field(default=None, metadata={
+        "help": "the model's Hugging Face config.json: its layer shapes size the KV cache and activations in the "
+                "memory estimate (None: the model's name, if rlsim knows it, else --model-params alone)",
+        "flags": ["--model-config"]})
     tp: int | None = field(default=None, metadata={"help": "rollout tensor parallel size", "flags": ["--tp"]})
     eval_metric: str | None = field(default=None, metadata={
         "help": "the validation metric to use as the eval score (None: chosen per framework, see docs/importing.md)",
@@ -339,6 +345,7 @@ class RunSpec:
     model_name: str | None = None
     model_params: float | None = None
     model_params_source: str = ""
+    model_dims: dict[str, int] | None = None  # layers, hidden, heads, kv_heads, head_dim, intermediate, vocab
     tp: int = 1
     engines: int | None = None           # generation engines (default: GPUs / tp)
     max_prompt_len: int | None = None
@@ -351,6 +358,8 @@ class RunSpec:
     prefill_ratio: float | None = None   # prompt tokens computed / submitted (1/G when a group shares its prompt)
     task: str | None = None
     fully_async: bool = False            # generation and training overlapped (verl fully_async)
+    execution_mode: str | None = None     # the rlsim mode its config asks for (rlsim.modes.registry's names)
+    mode_settings: dict[str, Any] = field(default_factory=dict)  # that mode's settings and devices, rlsim's names
     config_file: str | None = None
     config: dict[str, Any] = field(default_factory=dict)   # the framework config values used
     flags: dict[str, Any] = field(default_factory=dict)
@@ -359,7 +368,8 @@ class RunSpec:
     metric_use: dict[str, str] = field(default_factory=dict)  # original metric name -> what rlsim used it for
 
     @property
-    def batch(self) -> int:
+    def responses_per_update(self) -> int:
+        """B = P x G responses trained per step."""
         return self.prompts * self.group
 
 
@@ -399,7 +409,8 @@ def phases_exceeding(steps: list[Step]) -> list[str]:
             "phases one after the other, so its reference step is their sum"]
 
 
-def write_step_trace(out: str | Path, spec: RunSpec, steps: list[Step], evals: list[Eval], *, overwrite: bool = False) -> Path:
+def write_step_trace(out: str | Path, spec: RunSpec, steps: list[Step], evals: list[Eval], *,
+                     overwrite: bool = False) -> Path:
     """Write the step-level trace of `steps` (sorted by index) and `evals`; returns the path."""
     out = _output_path(out, spec, steps, overwrite)
     model_bytes = 2.0 * spec.model_params if spec.model_params else None  # bf16 weights
@@ -415,7 +426,7 @@ def write_step_trace(out: str | Path, spec: RunSpec, steps: list[Step], evals: l
         cum_tokens += tokens
         step_tokens[s.index] = cum_tokens
         t += total
-    rows += _eval_rows(evals, spec.batch, step_start, step_tokens, run_end=t)
+    rows += _eval_rows(evals, spec.responses_per_update, step_start, step_tokens, run_end=t)
     out.parent.mkdir(parents=True, exist_ok=True)
     return write_trace(out, _step_meta(spec, steps, evals, model_bytes), rows)
 
@@ -432,21 +443,24 @@ def _output_path(out: str | Path, spec: RunSpec, steps: list[Step], overwrite: b
     return out
 
 
-def _step_rows(s: Step, spec: RunSpec, t: float, model_bytes: float | None) -> tuple[list[dict[str, Any]], float, float]:
+def _step_rows(s: Step, spec: RunSpec, t: float,
+               model_bytes: float | None) -> tuple[list[dict[str, Any]], float, float]:
     """One step starting at `t`: its phase (and sync) rows, its update row and its stats row; with its seconds
     and its tokens (logged, else B x (mean prompt + mean response))."""
     rows, roles, pos, first_update_t = _phase_rows(s, t, model_bytes)
     total = s.total_time if math.isfinite(s.total_time) else pos - t
-    B = spec.batch
+    B = spec.responses_per_update
     tokens = s.num_tokens
     if not math.isfinite(tokens):
-        tokens = B * ((s.prompt[0] if math.isfinite(s.prompt[0]) else 0.0) + (s.response[0] if math.isfinite(s.response[0]) else 0.0))
+        tokens = B * ((s.prompt[0] if math.isfinite(s.prompt[0]) else 0.0)
+                      + (s.response[0] if math.isfinite(s.response[0]) else 0.0))
     rows.append(_update_row(s, spec, t, roles, total, tokens, first_update_t))
     rows.append(_stats_row(s, t, total))
     return rows, total, tokens
 
 
-def _phase_rows(s: Step, t: float, model_bytes: float | None) -> tuple[list[dict[str, Any]], dict[str, float], float, float]:
+def _phase_rows(s: Step, t: float,
+                model_bytes: float | None) -> tuple[list[dict[str, Any]], dict[str, float], float, float]:
     """The step's phases laid end to end from `t` (a nested phase takes no time of its own), a sync row beside each
     sync phase; with the seconds per role, where the last phase ended, and when the first update began (nan)."""
     rows: list[dict[str, Any]] = []
@@ -472,7 +486,7 @@ def _update_row(s: Step, spec: RunSpec, t: float, roles: dict[str, float], total
                 first_update_t: float) -> dict[str, Any]:
     """The step's `update` row: its batch, tokens, lr (logged, else the config's), the RL part of its time and the
     seconds per role ('whole': one duration for the lot), and the losses, reward and gradient norms logged."""
-    B = spec.batch
+    B = spec.responses_per_update
     outside = sum(roles.get(r, 0.0) for r in OUTSIDE_STEP)
     lr = s.lr if math.isfinite(s.lr) and s.lr > 0 else (spec.lr if spec.lr is not None else s.lr)
     if not math.isfinite(lr):
@@ -480,8 +494,8 @@ def _update_row(s: Step, spec: RunSpec, t: float, roles: dict[str, float], total
                          "pass the run's config (--config)")
     upd = dict(kind=UPDATE, t_start=first_update_t if math.isfinite(first_update_t) else t, step=s.index,
                policy_version=s.index, num_responses=s.responses or B, num_tokens=int(round(tokens)),
-               response_tokens_total=int(round((s.responses or B) * s.response[0])) if math.isfinite(s.response[0]) else None,
-               lr=float(lr), step_time=max(total - outside, 0.0))
+               response_tokens_total=(int(round((s.responses or B) * s.response[0])) if math.isfinite(s.response[0])
+                                      else None), lr=float(lr), step_time=max(total - outside, 0.0))
     if "whole" in roles:
         upd.update(duration=roles["whole"])
     else:
@@ -498,7 +512,8 @@ def _stats_row(s: Step, t: float, total: float) -> dict[str, Any]:
     """The step's `step_stats` row: its metrics as JSON, and the response, prompt and score summaries logged."""
     st = dict(kind=STEP_STATS, t_start=t, duration=total, step=s.index, policy_version=s.index,
               metrics=json.dumps(s.metrics, sort_keys=True, allow_nan=False))
-    for cols, vals in ((("response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio"), s.response),
+    for cols, vals in ((("response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio"),
+                        s.response),
                        (("prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio"), s.prompt),
                        (("score_mean", "score_min", "score_max"), s.score)):
         for col, v in zip(cols, vals):
@@ -516,7 +531,8 @@ def _eval_rows(evals: list[Eval], B: int, step_start: dict[int, float], step_tok
             when, tok = step_start.get(e.updates, run_end), step_tokens[e.updates - 1]
         else:
             when, tok = 0.0, 0.0
-        rows.append(dict(kind=EVAL, t_start=when, duration=e.seconds if math.isfinite(e.seconds) else 0.0, step=e.updates,
+        rows.append(dict(kind=EVAL, t_start=when, duration=e.seconds if math.isfinite(e.seconds) else 0.0,
+                         step=e.updates,
                          policy_version=e.updates, cum_responses=e.updates * B, cum_tokens=int(round(tok)),
                          score=float(e.score), eval_k=e.k))
     return rows
@@ -526,14 +542,16 @@ def _step_meta(spec: RunSpec, steps: list[Step], evals: list[Eval], model_bytes:
     """The trace's metadata: where it came from, the run's config, engine, hardware and model as the log and its
     config give them (engine limits estimated where they do not), and the phases seen."""
     hardware, engine = _hardware_and_engine(spec)
-    B = spec.batch
-    config = {"algo": spec.algo, "prompts": spec.prompts, "group": spec.group, "batch": B, "gen_responses": spec.gen_responses or B,
+    B = spec.responses_per_update
+    config = {"algo": spec.algo, "prompts": spec.prompts, "group": spec.group, "batch": B,
+              "gen_responses": spec.gen_responses or B,
               "lr": spec.lr if spec.lr is not None else float(steps[-1].lr) if math.isfinite(steps[-1].lr) else None,
               "lr_rule": "sqrt", "max_tokens": spec.max_response_len, "max_prompt_tokens": spec.max_prompt_len,
               "task": spec.task, "adv_estimator": spec.adv_estimator, "tp": spec.tp, "gpus": spec.gpus,
-              "framework": spec.framework, "framework_config": spec.config, "fully_async": spec.fully_async or None}
+              "framework": spec.framework, "framework_config": spec.config, "fully_async": spec.fully_async or None,
+              "execution_mode": spec.execution_mode, "mode_settings": spec.mode_settings or None}
     model = {"name": spec.model_name, "parameters": spec.model_params, "bytes": model_bytes,
-             "parameters_source": spec.model_params_source or None}
+             "parameters_source": spec.model_params_source or None, **(spec.model_dims or {})}
     phases: dict[str, str] = {}
     for s in steps:
         for ph in s.phases:
@@ -543,7 +561,8 @@ def _step_meta(spec: RunSpec, steps: list[Step], evals: list[Eval], model_bytes:
         "created": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "granularity": "step",
         "source": _source_meta(spec, steps, evals),
-        "config": {k: v for k, v in config.items() if v is not None}, "engine": engine, "trainer": {"share_prompts": False},
+        "config": {k: v for k, v in config.items() if v is not None}, "engine": engine,
+        "trainer": {"share_prompts": False},
         "hardware": hardware, "model": {k: v for k, v in model.items() if v is not None}, "phases": phases,
         "packages": {"rlsim": _package_version()},
     }
@@ -579,8 +598,8 @@ def _source_meta(spec: RunSpec, steps: list[Step], evals: list[Eval]) -> dict[st
     return {"framework": spec.framework, "version": spec.version, "file": spec.file.name, "format": spec.fmt,
             "config_file": spec.config_file, "flags": {k: v for k, v in spec.flags.items() if v is not None},
             "metric_names": {k: spec.metric_use[k] for k in sorted(known & seen)},
-            "unknown_metrics": sorted(seen - known), "notes": spec.notes, "warnings": spec.warnings, "steps": len(steps),
-            "first_step": steps[0].index + 1, "last_step": steps[-1].index + 1}
+            "unknown_metrics": sorted(seen - known), "notes": spec.notes, "warnings": spec.warnings,
+            "steps": len(steps), "first_step": steps[0].index + 1, "last_step": steps[-1].index + 1}
 
 
 def _package_version() -> str | None:

@@ -33,8 +33,8 @@ USE = {"train/global_step": "step index (0-based in the trace: global_step - 1)"
        "_runtime": "step time (difference to the previous row)", "_timestamp": "step time when _runtime is absent",
        "train/response_length": "step_stats response_len_mean",
        "train/total_length": "prompt length = total_length - response_length; tokens = B x total_length",
-       "train/reward": "update reward, step_stats score_mean", "train/actor_lr": "update lr", "train/policy_loss": "update loss",
-       "train/critic_loss": "update critic_loss",
+       "train/reward": "update reward, step_stats score_mean", "train/actor_lr": "update lr",
+       "train/policy_loss": "update loss", "train/critic_loss": "update critic_loss",
        **{k: f"phase {v[0]} ({v[1]})" for k, v in PERF.items()}}
 
 
@@ -52,8 +52,8 @@ CONFIG_KEYS = ("rollout_batch_size", "n_samples_per_prompt", "train_batch_size",
 
 
 def load(path: str | Path, *, config: str | Path | None = None, prompts: int | None = None, group: int | None = None,
-         gpus: int | None = None, device: str | None = None, model_params: str | float | None = None, tp: int | None = None,
-         eval_metric: str | None = None) -> tuple[RunSpec, list[Step], list[Eval]]:
+         gpus: int | None = None, device: str | None = None, model_params: str | float | None = None,
+         tp: int | None = None, eval_metric: str | None = None) -> tuple[RunSpec, list[Step], list[Eval]]:
     """Parse an OpenRLHF W&B history export (.csv or .jsonl) and its config into (spec, steps, evals)."""
     path = Path(path)
     fmt, rows = _read(path)
@@ -89,7 +89,8 @@ def _spec(path: Path, fmt: str, config: str | Path | None, *, prompts, group, gp
     is an error)."""
     cfg = load_config(config)
     cfile = Path(config).name if config else None
-    P = positive_int(pick(prompts, cfg.get("rollout_batch_size"), "--prompts", "rollout_batch_size", cfile), "--prompts")
+    P = positive_int(pick(prompts, cfg.get("rollout_batch_size"), "--prompts", "rollout_batch_size", cfile),
+                     "--prompts")
     G = positive_int(pick(group, cfg.get("n_samples_per_prompt"), "--group", "n_samples_per_prompt", cfile), "--group")
     if P is None or G is None:
         raise RlsimError(f"{path}: the export does not state the batch; pass the run's config (--config, with "
@@ -186,7 +187,7 @@ def _evals(rows: list[dict[str, float]], spec: RunSpec, eval_metric: str | None)
 IMPORTER = Importer(
     name="openrlhf", help="Import an OpenRLHF PPO/GRPO/REINFORCE++ run (Ray trainer).", load=load,
     log_help="W&B history export (.csv or .jsonl) with train/* and perf/experience_maker/* metrics",
-    flags=("config", "prompts", "group", "gpus", "device", "model_params", "tp", "eval_metric"),
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "model_config", "tp", "eval_metric"),
     flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"]
                + " (the W&B run config or the launch args as JSON/YAML)",
                "prompts": "P: --rollout_batch_size (prompts per rollout)", "group": "G: --n_samples_per_prompt",

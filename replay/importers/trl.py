@@ -26,9 +26,11 @@ from rlsim.replay.importers.common import (Eval, ImportFlags, Importer, Phase, R
                                            fill_from_steps, load_config, model_params_of, numeric, pick, positive_int)
 
 USE = {
-    "step": "step index (0-based in the trace: step - 1)", "step_time": "step time (whole optimizer step, generation included)",
+    "step": "step index (0-based in the trace: step - 1)",
+    "step_time": "step time (whole optimizer step, generation included)",
     "num_tokens": "update num_tokens (difference of the cumulative count per step)",
-    "completions/mean_length": "step_stats response_len_mean", "completion_length": "step_stats response_len_mean (older TRL)",
+    "completions/mean_length": "step_stats response_len_mean",
+    "completion_length": "step_stats response_len_mean (older TRL)",
     "completions/min_length": "step_stats response_len_min", "completions/max_length": "step_stats response_len_max",
     "completions/clipped_ratio": "step_stats response_clip_ratio", "reward": "update reward, step_stats score_mean",
     "learning_rate": "update lr", "loss": "update loss", "grad_norm": "update grad_norm",
@@ -43,8 +45,8 @@ def _entries(path: Path) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
         try:
             state = json.loads(text)
         except json.JSONDecodeError as e:
-            raise RlsimError(f"{path} is not complete JSON ({e.msg} at line {e.lineno}; truncated?); pass the trainer_state.json "
-                             "of a TRL checkpoint") from None
+            raise RlsimError(f"{path} is not complete JSON ({e.msg} at line {e.lineno}; truncated?); pass the "
+                             "trainer_state.json of a TRL checkpoint") from None
         if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
             raise RlsimError(f"{path} has no `log_history`: it is not a TRL/transformers trainer_state.json")
         return [e for e in state["log_history"] if isinstance(e, dict)], "trainer_state", state
@@ -57,7 +59,8 @@ def _entries(path: Path) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
         try:
             d = ast.literal_eval(s[j:])
         except (ValueError, SyntaxError):
-            raise RlsimError(f"{path} line {i}: a truncated log dict ({s[j:j + 60]!r}...); cut the line or pass trainer_state.json") from None
+            raise RlsimError(f"{path} line {i}: a truncated log dict ({s[j:j + 60]!r}...); cut the line or pass "
+                             "trainer_state.json") from None
         if isinstance(d, dict):
             entries.append(d)
     return entries, "console", {}
@@ -203,7 +206,7 @@ def _evals(entries: list[dict[str, Any]], spec: RunSpec, eval_metric: str | None
 IMPORTER = Importer(
     name="trl", help="Import a TRL GRPOTrainer run.", load=load,
     log_help="trainer_state.json of a GRPOTrainer checkpoint (its log_history)",
-    flags=("config", "prompts", "group", "gpus", "device", "model_params", "eval_metric"),
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "model_config", "eval_metric"),
     flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"]
                + " (the GRPOConfig recipe YAML/JSON)",
                "prompts": "P: prompts per optimizer step", "group": "G: num_generations",

@@ -44,14 +44,17 @@ USE = {
     "perf/total_num_tokens": "update num_tokens (prompt + response tokens)",
     "perf/throughput": "checked against tokens / (step time x GPUs)",
     "response_length/mean": "step_stats response_len_mean", "response_length/min": "step_stats response_len_min",
-    "response_length/max": "step_stats response_len_max", "response_length/clip_ratio": "step_stats response_clip_ratio",
+    "response_length/max": "step_stats response_len_max",
+    "response_length/clip_ratio": "step_stats response_clip_ratio",
     "prompt_length/mean": "step_stats prompt_len_mean", "prompt_length/min": "step_stats prompt_len_min",
     "prompt_length/max": "step_stats prompt_len_max", "prompt_length/clip_ratio": "step_stats prompt_clip_ratio",
     "critic/score/mean": "update reward, step_stats score_mean", "critic/score/min": "step_stats score_min",
     "critic/score/max": "step_stats score_max", "actor/lr": "update lr", "actor/pg_loss": "update loss",
-    "actor/grad_norm": "update grad_norm", "critic/vf_loss": "update critic_loss", "critic/grad_norm": "update critic_grad_norm",
+    "actor/grad_norm": "update grad_norm", "critic/vf_loss": "update critic_loss",
+    "critic/grad_norm": "update critic_grad_norm",
     "training/global_step": "step index (0-based in the trace: global_step - 1)",
-    "trainer/idle_ratio": "fully-async run detected (a warning at fit time)", "rollouter/idle_ratio": "fully-async run detected",
+    "trainer/idle_ratio": "fully-async run detected (a warning at fit time)",
+    "rollouter/idle_ratio": "fully-async run detected",
 }
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -118,7 +121,8 @@ def parse_table(path: Path, rows: list[dict[str, Any]]) -> dict[int, dict[str, f
         m = numeric(r)
         s = next((m[k] for k in ("training/global_step", "step", "_step") if k in m), None)
         if s is None:
-            raise RlsimError(f"{path}: a row has no step (training/global_step, step or _step); export the run's history with its step column")
+            raise RlsimError(f"{path}: a row has no step (training/global_step, step or _step); export the run's "
+                             "history with its step column")
         steps.setdefault(int(s), {}).update({k: v for k, v in m.items() if k not in ("step",)})
     return steps
 
@@ -177,7 +181,12 @@ CONFIG_KEYS = ("data.train_batch_size", "actor_rollout_ref.rollout.n", "trainer.
     "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
     "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.actor.use_kl_loss",
-    "algorithm.use_kl_in_reward", "actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.hybrid_engine")
+    "algorithm.use_kl_in_reward", "actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.hybrid_engine",
+    # verl 0.1's global micro-batches (divided over the devices) and the log-prob passes' micro-batches
+    "actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ulysses_sequence_parallel_size") + tuple(
+    f"actor_rollout_ref.{role}.{key}" for role in ("rollout", "ref")
+    for key in ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz",
+                "log_prob_max_token_len_per_gpu"))
 
 
 def load(path: str | Path, *, config: str | Path | None = None, prompts: int | None = None, group: int | None = None,
@@ -259,7 +268,80 @@ def _spec(path: Path, fmt: str, config: str | Path | None, notes: list[str], *, 
         f = files[0] if isinstance(files, list) else str(files)
         spec.task = Path(str(f)).parent.name or Path(str(f)).stem
     spec.config = config_subset(cfg, CONFIG_KEYS, dotted=True)
+    _mode_of(spec, cfg)
     return spec
+
+
+def _mode_of(spec: RunSpec, cfg: dict[str, Any]) -> None:
+    """Record the execution mode the config asks for, and the `rlsim run` options that ask for it."""
+    mode, settings, devices = execution_mode(cfg)
+    if mode is None:
+        return
+    spec.execution_mode, spec.mode_settings = mode, {**settings, **devices}
+    if mode == "colocated":
+        spec.notes.append("verl V1 trainer_mode sync: the colocated loop")
+        return
+    opts = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in spec.mode_settings.items()
+                    if v is not False)
+    spec.notes.append(f"execution mode {mode} (from the config); ask for it with: rlsim run TRACE --mode {mode} {opts}"
+                      + ("" if "train_gpus" in devices else " (add the devices: --train-gpus N"
+                         + ("" if mode == "colocate_async" else " --gen-gpus M") + ")"))
+
+
+# verl settings -> rlsim's mode settings (rlsim.modes.registry), per execution mode
+V1 = "trainer.v1."
+MODE_SETTINGS = {
+    "colocate_async": {"num_warmup_batches": V1 + "colocate_async.num_warmup_batches",
+                       "max_off_policy_threshold": V1 + "sampler.max_off_policy_threshold",
+                       "max_off_policy_strategy": V1 + "sampler.max_off_policy_strategy"},
+    "separate_async": {"num_warmup_batches": V1 + "separate_async.num_warmup_batches",
+                       "parameter_sync_step": V1 + "separate_async.parameter_sync_step",
+                       "max_off_policy_threshold": V1 + "sampler.max_off_policy_threshold",
+                       "max_off_policy_strategy": V1 + "sampler.max_off_policy_strategy"},
+    "fully_async": {"staleness_threshold": "async_training.staleness_threshold",
+                    "trigger_parameter_sync_step": "async_training.trigger_parameter_sync_step",
+                    "require_batches": "async_training.require_batches",
+                    "partial_rollout": "async_training.partial_rollout"},
+}
+MODE_SETTINGS["one_step_off"] = {}
+MODE_SETTINGS["separate_async_switch"] = {
+    **MODE_SETTINGS["separate_async"],
+    "switch_threshold_ratio": V1 + "separate_async.hybrid_rollout.switch_threshold_ratio"}
+
+
+def execution_mode(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any], dict[str, int]]:
+    """(the rlsim execution mode, its settings, its devices) a verl config asks for: the V1 trainer's
+    `trainer.v1.trainer_mode` (sync, colocate_async, separate_async with or without
+    hybrid_rollout.enable_switch, when trainer.use_v1), the fully_async recipe's `async_training` section, or the
+    one-step-off recipe's top-level `rollout` pool (verl/experimental/one_step_off_policy/config); (None, {}, {})
+    for the classic trainer. Devices: trainer.n_gpus_per_node x nnodes train; the standalone
+    rollout pool (rollout.* or actor_rollout_ref.rollout.* n_gpus_per_node x nnodes) generates."""
+    mode = dig(cfg, V1 + "trainer_mode")
+    if mode is not None and dig(cfg, "trainer.use_v1") is False:
+        mode = None
+    if mode == "sync":
+        return "colocated", {}, {}
+    if mode == "separate_async" and dig(cfg, V1 + "separate_async.hybrid_rollout.enable_switch") \
+            and dig(cfg, "actor_rollout_ref.hybrid_engine") is not False:
+        mode = "separate_async_switch"
+    if mode is None and isinstance(dig(cfg, "async_training"), dict):
+        mode = "fully_async"
+    elif mode is None and dig(cfg, "rollout.n_gpus_per_node") is not None:
+        mode = "one_step_off"  # the one-step-off recipe: a top-level rollout pool, no async_training section
+    if mode not in MODE_SETTINGS:
+        return None, {}, {}
+    settings = {k: dig(cfg, key) for k, key in MODE_SETTINGS[mode].items() if dig(cfg, key) is not None}
+    if settings.get("max_off_policy_threshold") == "null":
+        settings.pop("max_off_policy_threshold")
+
+    def count(prefix: str) -> int | None:
+        n = dig(cfg, prefix + ".n_gpus_per_node")
+        return int(n) * int(dig(cfg, prefix + ".nnodes") or 1) if n is not None else None
+
+    devices = {"train_gpus": count("trainer")}
+    if mode != "colocate_async":
+        devices["gen_gpus"] = count("rollout") or count("actor_rollout_ref.rollout")
+    return mode, settings, {k: v for k, v in devices.items() if v}
 
 
 def _steps(path: Path, raw: dict[int, dict[str, float]], train: dict[int, dict[str, float]], spec: RunSpec,
@@ -326,7 +408,8 @@ def _gpus_from_throughput(spec: RunSpec, implied: float) -> None:
 IMPORTER = Importer(
     name="verl", help="Import a verl PPO/GRPO run.", load=load,
     log_help="console log (step:N - key:value - ...), metrics .jsonl, or W&B history .csv",
-    flags=("config", "prompts", "group", "gpus", "device", "model_params", "tp", "eval_metric", "drop_truncated"),
+    flags=("config", "prompts", "group", "gpus", "device", "model_params", "model_config", "tp", "eval_metric",
+           "drop_truncated"),
     flag_help={"config": ImportFlags.__dataclass_fields__["config"].metadata["help"] + " (Hydra's .hydra/config.yaml)",
                "prompts": "P: data.train_batch_size (prompts per step)",
                "group": "G: actor_rollout_ref.rollout.n (responses per prompt)",

@@ -2,16 +2,23 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import Optional
 
 import typer
 from rich.console import Console
 
 from rlsim.cli.opts import default_text
-from rlsim.cli.options import StudyOptions, command
+from rlsim.core.config import WhatIf
+from rlsim.modes.registry import GENERAL
+from rlsim.cli.options import StudyOptions, command, labels, read_traces
 from rlsim.sweeps.plan import Plan, PlanConfig, plan
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import dumps, fmt
+
+
+# what every candidate of a plan shares: the execution mode, its settings (rlsim.modes.registry) and its devices
+SHARED = ("mode", "gen_gpus", "train_gpus", *sorted(set(f.name for f in fields(WhatIf)) - GENERAL))
 
 
 SOURCE = {"reference": "ref", "pilot": "pilot", "pilot prefix": "prefix", "prediction": "model"}
@@ -79,14 +86,25 @@ def register(app: typer.Typer) -> None:
                  budget: Optional[float] = typer.Option(None, "--budget", help=default_text(
                      "Responses the pilots may spend in all.", "one reference run's")),
                  as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
-        extra = sorted(set(axes) - {"prompts", "group"})
+        extra = sorted(set(axes) - {"prompts", "group", "model_params"} - set(SHARED))
         if extra:
-            raise RlsimError(f"rlsim plan takes candidate sizes (--batch P1,P2,... and one --group), not {', '.join(extra)}")
-        groups = axes.get("group", [None])
+            raise RlsimError(f"rlsim plan takes candidate sizes (--prompts P1,P2,... and one --group), the model's "
+                             f"--model-params and one execution mode with its settings and devices, not "
+                             f"{', '.join(labels()[x] for x in extra)}")
+        groups, params = axes.get("group", [None]), axes.get("model_params", [None])
         if len(groups) != 1:
             raise RlsimError("rlsim plan takes one --group for every candidate; plan each group separately")
-        traces = so.traces()
-        cfg = PlanConfig(prompts=tuple(axes.get("prompts", ())), group=groups[0], budget=budget)
+        if len(params) != 1:
+            raise RlsimError("rlsim plan takes one --model-params (the model's parameter count)")
+        many = [k for k in SHARED if len(axes.get(k, ())) > 1]
+        if many:
+            raise RlsimError(f"rlsim plan takes one value of {', '.join(labels()[k] for k in many)} for every "
+                             "candidate; plan each separately")
+        fixed = tuple((k, axes[k][0]) for k in SHARED if k in axes)
+        cfg = PlanConfig(prompts=tuple(axes.get("prompts", ())), group=groups[0], budget=budget,
+                         model_params=params[0], fixed=fixed)
+        cfg.validate()  # before the traces are read and fitted
+        traces = read_traces(so)
         res = plan(traces[0], cfg, pilots=traces[1:], target=so.target)
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))

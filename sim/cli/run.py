@@ -12,7 +12,7 @@ from rich.table import Table
 from rlsim.core.config import WhatIf, help_text
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.whatif.memory import memory_line
-from rlsim.cli.options import StudyOptions, command
+from rlsim.cli.options import StudyOptions, command, read_calibrations, read_traces
 from rlsim.sweeps.rank import rank_file
 from rlsim.replay.errors import cli_errors
 from rlsim.replay.io import read_trace
@@ -33,7 +33,7 @@ def _print_run(res) -> None:
     t.add_column("")
     t.add_column("reference (same hardware)" if moved else "reference (trace)", justify="right")
     t.add_column("candidate", justify="right")
-    rows = [("prompts P", "prompts", ""), ("group G", "group", ""), ("batch B = P x G", "batch", ""),
+    rows = [("prompts P", "prompts", ""), ("group G", "group", ""), ("batch B = P x G", "responses_per_update", ""),
             ("lr rule", "lr_rule", ""), ("responses/s", "responses_per_s", ""), ("step time", "step_time_s", "s"),
             ("  generation", "gen_s", "s"), ("  training", "train_s", "s"), ("  sync", "sync_s", "s"),
             ("  idle (rewards, other)", "idle_s", "s"), ("engine steps / round", "gen_steps", ""),
@@ -75,23 +75,26 @@ def _print_run(res) -> None:
     extra = f" (B_crit = {res.b_crit:.4g} responses)" if res.rho_model == "noise-scale" else ""
     con.print(f"rho model: {res.rho_model}{extra}")
     if math.isfinite(res.b_crit_critic):
-        con.print(f"gradient noise scale: actor B_crit = {res.b_crit:.4g}, critic B_crit = {res.b_crit_critic:.4g} responses "
-                  "(rho uses the actor's)")
+        con.print(f"gradient noise scale: actor B_crit = {res.b_crit:.4g}, critic B_crit = {res.b_crit_critic:.4g} "
+                  "responses (rho uses the actor's)")
     if math.isfinite(res.target):
         n = f"{res.n_star_ref:.4g} responses" if math.isfinite(res.n_star_ref) else "never"
-        rec = f", recorded wall time {res.recorded_time_to_target_s:.4g} s incl. evals" if math.isfinite(res.recorded_time_to_target_s) else ""
+        rec = (f", recorded wall time {res.recorded_time_to_target_s:.4g} s incl. evals"
+               if math.isfinite(res.recorded_time_to_target_s) else "")
         con.print(f"target: eval score {res.target:.4g}; reference reached it after {n}{rec}")
     if moved:
-        con.print(f"hardware: {cand.hardware}; there the reference configuration runs {cand.hardware_gain:.3g}x its recorded "
-                  f"responses/s. T vs the reference as recorded (batch and hardware together): "
+        con.print(f"hardware: {cand.hardware}; there the reference configuration runs {cand.hardware_gain:.3g}x its "
+                  "recorded responses/s. T vs the reference as recorded (batch and hardware together): "
                   f"{fmt(cand.time_to_target_vs_recorded, 'x')}")
-    for line in _memory_lines(ref, cand):
+    memory = _memory_lines(ref, cand)
+    for line in memory:
         con.print(f"memory: {line}")
     con.print(f"verdict: {_verdict(cand)}")
     for w in list(res.warnings) + list(cand.warnings):
         con.print(f"[yellow]warning:[/yellow] {w}")
     for n in list(res.notes) + list(cand.notes):
-        con.print(f"[dim]note: {n}[/dim]")
+        if n.split(": ", 1)[-1] not in " ".join(memory):  # the memory line says it already
+            con.print(f"[dim]note: {n}[/dim]")
 
 
 def _memory_lines(ref, cand) -> list[str]:
@@ -110,12 +113,13 @@ def _verdict(o) -> str:
 
 
 def register(app: typer.Typer) -> None:
-    @command(app, "run", help="Predict throughput, sample cost and time-to-target of a batch size from a recorded trace.")
+    @command(app, "run",
+             help="Predict throughput, sample cost and time-to-target of a batch size from a recorded trace.")
     def run_cmd(fields: dict, so: StudyOptions,
                 as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
         cfg = WhatIf(**fields)
         cfg.validate()
-        res = run(so.traces(), cfg, rho_model=so.rho, target=so.target, calibration=so.calibrations())
+        res = run(read_traces(so), cfg, rho_model=so.rho_model, target=so.target, calibration=read_calibrations(so))
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))
         else:
@@ -127,7 +131,8 @@ def register(app: typer.Typer) -> None:
         trace: Path = typer.Argument(..., help="recorded trace to replay"),
         seed: int = typer.Option(0, "--seed", help=help_text(WhatIf)["seed"]),
         drop_invalid: bool = typer.Option(False, "--drop-invalid", help=help_text(StudyOptions)["drop_invalid"]),
-        sampled: bool = typer.Option(False, "--sampled", help="draw response lengths from the fitted distribution instead of replaying the recorded ones"),
+        sampled: bool = typer.Option(False, "--sampled", help="draw response lengths from the fitted distribution "
+                                                              "instead of replaying the recorded ones"),
         per_update: bool = typer.Option(False, "--per-update", help="also print every update"),
         as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
@@ -148,8 +153,8 @@ def register(app: typer.Typer) -> None:
         units = {"step_time": "s", "gen_time": "s", "responses_per_s": ""}
         labels = {"step_time": "step time", "gen_time": "gen time", "responses_per_s": "responses/s"}
         for k, e in errs.items():
-            t.add_row(labels[k], fmt(e["recorded_mean"], units[k]), fmt(e["simulated_mean"], units[k]), f"{100 * e['mean_error']:.2f}%",
-                      f"{100 * e['median']:.2f}%", f"{100 * e['max']:.2f}%")
+            t.add_row(labels[k], fmt(e["recorded_mean"], units[k]), fmt(e["simulated_mean"], units[k]),
+                      f"{100 * e['mean_error']:.2f}%", f"{100 * e['median']:.2f}%", f"{100 * e['max']:.2f}%")
         con.print(t)
         if per_update:
             pu = Table(title="per update")
@@ -165,7 +170,8 @@ def register(app: typer.Typer) -> None:
     @app.command("rank")
     @cli_errors
     def rank_cmd(
-        measurements: Path = typer.Option(..., "--measurements", "-m", help="CSV: config,sigma,rho or config,responses_per_s,samples_to_target"),
+        measurements: Path = typer.Option(..., "--measurements", "-m",
+                                          help="CSV: config,sigma,rho or config,responses_per_s,samples_to_target"),
         reference: Optional[str] = typer.Option(
             None, "--reference", "-r",
             help="config name of the reference row (leave it out when sigma and rho are already relative to it)"),
@@ -175,7 +181,8 @@ def register(app: typer.Typer) -> None:
         ranked, present = rank_file(measurements, reference)
         best = ranked[0]
         if as_json:
-            typer.echo(dumps({"reference": reference, "best": best.config, "rows": [r.to_dict() for r in ranked]}, indent=2))
+            typer.echo(dumps({"reference": reference, "best": best.config, "rows": [r.to_dict() for r in ranked]},
+                             indent=2))
             return
 
         t = Table(title=f"rlsim rank (reference {reference})" if present else "rlsim rank (sigma and rho as given)")

@@ -2,6 +2,7 @@
 
 - `WhatIf`: what a user asks `rlsim run` (and, as lists, `rlsim sweep`) for: every option one field.
   None means "as in the reference trace".
+- `StudyOptions`: which traces are fitted and how (--trace, --rho, ...; `rlsim.fit`'s keywords).
 - `EngineConfig`: the generation engine (continuous batching limits).
 - `SimConfig`: one fully resolved simulation (what `rlsim.modes.registry.simulate` takes).
 - `SplitConfig`: generation and training on separate devices, asynchronous within a staleness limit
@@ -15,12 +16,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.util import ENGINE_DEFAULTS
 
 LR_RULES = ("sqrt", "linear", "fixed")
 LENGTHS = ("sampled", "recorded")
+OFF_POLICY_STRATEGIES = ("drop", "wait")  # verl V1 trainer.v1.sampler.max_off_policy_strategy
 
 
 def _f(default, help: str):
@@ -46,21 +49,68 @@ class WhatIf:
     device: str | None = _f(None, "named device profile to predict for, e.g. h200 (rlsim.replay.devices); costs move "
                                    "by the roofline rule and the notes say which (None: the trace's own hardware)")
     gpus: int | None = _f(None, "devices of that profile (None: as many as recorded)")
-    gen_batch: int | None = _f(None, "responses generated per update, B_gen >= B = P x G; the first G of each prompt to "
-                                     "finish are trained on (None: the trace's over-generation ratio B_gen / B)")
-    gen_gpus: int | None = _f(None, "generation devices of a split (generation and training on separate devices): one engine "
-                                    "replica each, each the recorded engine (its fitted step cost, max_num_seqs and KV cache), "
-                                    "pulling requests from one shared queue (None: colocated, as recorded)")
-    train_gpus: int | None = _f(None, "data-parallel training devices of a split: each trains B / train_gpus responses, then a ring "
-                                      "all-reduce of the gradients (None: colocated, as recorded)")
-    staleness: float | None = _f(None, "staleness limit eta (AReaL's): a prompt starts only while prompts started stay under "
-                                       "(eta + version + 1) x P, in-flight ones counted, so a trained sample lags at most "
-                                       "ceil(eta) policy versions; a fraction admits that share of a batch ahead (verl's "
-                                       "staleness_threshold); 0 = synchronous (None: 0)")
-    partial_rollout: bool = _f(False, "with a split: responses in flight at a weight update continue on the new weights (KV "
-                                      "recomputed) instead of finishing on the old ones while the sync waits for them")
+    gen_batch: int | None = _f(None, "responses generated per update, B_gen >= B = P x G; the first G of each prompt "
+                                     "to finish are trained on (None: the trace's over-generation ratio B_gen / B)")
+    gen_gpus: int | None = _f(None, "generation devices of a split (generation and training on separate devices): one "
+                                    "engine replica each, each the recorded engine (its fitted step cost, max_num_seqs "
+                                    "and KV cache), pulling requests from one shared queue (None: colocated, as "
+                                    "recorded)")
+    train_gpus: int | None = _f(None, "data-parallel training devices of a split: each trains B / train_gpus "
+                                      "responses, then a ring all-reduce of the gradients (None: colocated, as "
+                                      "recorded)")
+    staleness: float | None = _f(None, "staleness limit eta (AReaL's): a prompt starts only while prompts started stay "
+                                       "under (eta + version + 1) x P, in-flight ones counted, so a trained sample "
+                                       "lags at most ceil(eta) policy versions; a fraction admits that share of a "
+                                       "batch ahead (verl's staleness_threshold); 0 = synchronous (None: 0)")
+    partial_rollout: bool = _f(False, "with a split: responses in flight at a weight update continue on the new "
+                                      "weights (KV recomputed) instead of finishing on the old ones while the sync "
+                                      "waits for them")
     model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace "
                                           "names a model rlsim cannot size (None: the trace's model)")
+    mode: str | None = _f(
+        None, "execution mode, as the frameworks name them (rlsim.modes.registry lists them; None: split when "
+           "--gen-gpus/--train-gpus are given, else colocated)")
+    staleness_threshold: float | None = _f(
+        None, "fully_async (verl async_training.staleness_threshold): samples generated ahead per weight sync, "
+           "as a fraction of a step's batch; 0 = on-policy (None: 0)")
+    trigger_parameter_sync_step: int | None = _f(
+        None, "fully_async (verl async_training.trigger_parameter_sync_step): local updates of require_batches "
+           "PPO mini-batches per weight sync; P = trigger_parameter_sync_step x require_batches x mini-batch"
+           " (None: 1)")
+    require_batches: int | None = _f(
+        None, "fully_async (verl async_training.require_batches): PPO mini-batches the trainer fetches at once "
+           "(None: 1)")
+    num_warmup_batches: float | None = _f(
+        None, "colocate_async, separate_async (verl trainer.v1.*.num_warmup_batches): batches of prompts "
+           "dispatched ahead of training; one prompt is refilled per prompt trained or dropped, a fraction "
+           "dispatches that share of a batch (None: 1)")
+    parameter_sync_step: int | None = _f(
+        None, "separate_async (verl trainer.v1.separate_async.parameter_sync_step): PPO mini-batches per weight"
+           " sync, each trained as soon as it is ready; P = parameter_sync_step x mini-batch (None: 1)")
+    max_off_policy_threshold: int | None = _f(
+        None, "colocate_async, separate_async (verl trainer.v1.sampler.max_off_policy_threshold): policy "
+           "versions from a prompt's first generation to its training before max_off_policy_strategy acts; 0"
+           " = off (verl's null) (None: 8)")
+    max_off_policy_strategy: str | None = _f(
+        None, "colocate_async, separate_async (verl trainer.v1.sampler.max_off_policy_strategy): drop (evict a "
+           "stale group, dispatch a new prompt in its place) | wait (block training until a group in flight "
+           "at the threshold finishes) (None: drop)")
+    switch_threshold_ratio: float | None = _f(
+        None, "separate_async_switch (verl trainer.v1.separate_async.hybrid_rollout.switch_threshold_ratio): while "
+              "fewer than this share of P groups wait to be trained, the training devices' hybrid replicas join "
+              "rollout, and switch back once it is reached; in (0, 1] (None: 0.4)")
+    max_head_offpolicyness: int | None = _f(
+        None, "areal (AReaL rollout.max_head_offpolicyness, its eta): a prompt starts only while prompts "
+           "started stay under (eta + version + 1) x P (None: 0)")
+    max_trajectory_age_steps: int | None = _f(
+        None, "nemo_async (NeMo RL grpo.async_grpo.max_trajectory_age_steps): a batch generated under version v"
+           " is trained by step v + this at the latest (None: 1)")
+    in_flight_weight_updates: bool = _f(
+        False, "nemo_async (NeMo RL grpo.async_grpo.in_flight_weight_updates): load new weights into the engines"
+           " mid-generation instead of waiting for the longest response")
+    recompute_kv_cache_after_weight_updates: bool = _f(
+        False, "nemo_async (NeMo RL grpo.async_grpo.recompute_kv_cache_after_weight_updates): with in-flight "
+           "weight updates, prefill the KV cache of responses in flight again on the new weights")
 
     def validate(self) -> None:
         for f in ("prompts", "group", "max_num_seqs", "kv_cache_tokens", "gen_batch", "gpus"):
@@ -77,11 +127,49 @@ class WhatIf:
         if not isinstance(self.seed, int) or self.seed < 0:
             raise RlsimError(f"{name('seed')} must be a non-negative integer, got {self.seed!r}")
         self._validate_split()
+        self._validate_mode_settings()
 
     @property
     def split(self) -> bool:
-        """Generation and training on separate devices (--gen-gpus and --train-gpus given)."""
+        """The devices of a mode that places generation and training itself (--gen-gpus and/or --train-gpus given):
+        one engine replica per generation device, one data-parallel rank per training device."""
         return self.gen_gpus is not None or self.train_gpus is not None
+
+    @property
+    def split_devices(self) -> int:
+        """Devices of the split's placement: generation plus training devices (hybrid replicas sit on the latter)."""
+        return int(self.gen_gpus or 0) + int(self.train_gpus or 0)
+
+    def _validate_mode_settings(self) -> None:
+        """Each mode setting's type and range, with its fix; which settings a mode takes is
+        `rlsim.modes.registry.check`'s."""
+        if self.mode is not None and (not isinstance(self.mode, str) or not self.mode):
+            raise RlsimError(f"{name('mode')} must be a mode's name (rlsim.modes.registry), got {self.mode!r}")
+        for f in ("trigger_parameter_sync_step", "require_batches", "parameter_sync_step", "max_trajectory_age_steps"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise RlsimError(f"{name(f)} must be a positive integer, got {v!r}; e.g. {setting(**{f: 1})}")
+        for f in ("max_off_policy_threshold", "max_head_offpolicyness"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise RlsimError(f"{name(f)} must be a non-negative integer (policy versions), got {v!r}; e.g. "
+                                 f"{setting(**{f: 1})}")
+        for f in ("staleness_threshold", "num_warmup_batches"):
+            v = getattr(self, f)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < math.inf):
+                raise RlsimError(f"{name(f)} must be a non-negative number (batches), got {v!r}; e.g. "
+                                 f"{setting(**{f: 0.5})}")
+        r = self.switch_threshold_ratio
+        if r is not None and (not isinstance(r, (int, float)) or isinstance(r, bool) or not 0 < r <= 1):
+            raise RlsimError(f"{name('switch_threshold_ratio')} must be in (0, 1] (a share of P), got {r!r}; e.g. "
+                             f"{setting(switch_threshold_ratio=0.4)}")
+        s = self.max_off_policy_strategy
+        if s is not None and s not in OFF_POLICY_STRATEGIES:
+            raise RlsimError(f"{name('max_off_policy_strategy')} must be one of {' | '.join(OFF_POLICY_STRATEGIES)}, "
+                             f"got {s!r}")
+        for f in ("in_flight_weight_updates", "recompute_kv_cache_after_weight_updates"):
+            if not isinstance(getattr(self, f), bool):
+                raise RlsimError(f"{name(f)} must be true or false, got {getattr(self, f)!r}")
 
     def _validate_split(self) -> None:
         for f in ("gen_gpus", "train_gpus"):
@@ -90,16 +178,19 @@ class WhatIf:
                 raise RlsimError(f"{name(f)} must be a positive integer (devices), got {v!r}")
         s = self.staleness
         if s is not None and (not isinstance(s, (int, float)) or isinstance(s, bool) or not 0 <= s < math.inf):
-            raise RlsimError(f"{name('staleness')} must be a non-negative number (policy versions a sample may lag, a fraction "
-                             f"admitting that share of a batch ahead; 0 = synchronous), got {s!r}")
+            raise RlsimError(f"{name('staleness')} must be a non-negative number (policy versions a sample may lag, a "
+                             f"fraction admitting that share of a batch ahead; 0 = synchronous), got {s!r}")
         if not isinstance(self.partial_rollout, bool):
             raise RlsimError(f"{name('partial_rollout')} must be true or false, got {self.partial_rollout!r}")
         add_split = f"add {setting(gen_gpus='N', train_gpus='M')}"
-        if self.split and (self.gen_gpus is None or self.train_gpus is None):
+        named = self.mode is not None  # a named mode states its own devices (rlsim.modes.registry.check)
+        if not named and self.split and (self.gen_gpus is None or self.train_gpus is None):
             given, missing = ("gen_gpus", "train_gpus") if self.train_gpus is None else ("train_gpus", "gen_gpus")
-            raise RlsimError(f"{name(given)} needs {name(missing)} too: a split is generation devices plus training devices "
-                             f"(e.g. {setting(gen_gpus=6, train_gpus=2)})")
+            raise RlsimError(f"{name(given)} needs {name(missing)} too: a split is generation devices plus training "
+                             f"devices (e.g. {setting(gen_gpus=6, train_gpus=2)})")
         if not self.split:
+            if named:
+                return
             if self.partial_rollout:
                 raise RlsimError(f"{name('partial_rollout')} needs split devices: {add_split} "
                                  "(colocated generation stops for every update, nothing is in flight)")
@@ -107,11 +198,56 @@ class WhatIf:
                 raise RlsimError(f"{setting(staleness=s)} needs split devices: {add_split} "
                                  "(colocated generation and training cannot overlap)")
         elif self.gpus is not None:
-            raise RlsimError(f"{name('gpus')} sets the colocated device count; with a split give {name('gen_gpus')} and "
-                             f"{name('train_gpus')} instead")
+            raise RlsimError(f"{name('gpus')} sets the colocated device count; with a split give {name('gen_gpus')} "
+                             f"and {name('train_gpus')} instead")
         elif self.gen_batch is not None:
-            raise RlsimError(f"{name('gen_batch')} does not apply with a split: asynchronous generation keeps its replicas full "
-                             f"from one queue (B_gen = B); drop {name('gen_batch')} or the split")
+            raise RlsimError(f"{name('gen_batch')} does not apply with a split: asynchronous generation keeps its "
+                             f"replicas full from one queue (B_gen = B); drop {name('gen_batch')} or the split")
+
+
+@dataclass(frozen=True)
+class StudyOptions:
+    """Which traces are fitted and how: the options of every command that fits (`rlsim.cli.options`) and the keywords
+    of `rlsim.fit` and `rlsim.sweep`, so a field here is both. Each field is named as its option (`--rho` is `rho`)."""
+
+    trace: tuple[Path, ...] = field(default=(), metadata={
+        "help": "Recorded trace (first = reference); repeat for learning curves at other batch sizes.",
+        "flags": ["--trace", "-t"]})
+    rho: str | None = field(default=None, metadata={
+        "help": "Sample-cost model: invariant | noise-scale | curves | lr-aware | auto "
+                "(None: auto; `report`: the sweep's)",
+        "flags": ["--rho", "--rho-model"]})
+    bend_batch: float | None = field(default=None, metadata={
+        "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they "
+                "are fitted on the other --trace runs).", "flags": ["--bend-batch"]})
+    kappa: float | None = field(default=None, metadata={
+        "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with "
+                "--bend-batch).",
+        "flags": ["--kappa"]})
+    target: float | None = field(default=None, metadata={
+        "help": "Eval score that defines time-to-target (None: the best the reference reached; with several "
+                "traces, the best all reached)", "flags": ["--target"]})
+    calibration: tuple[Path, ...] = field(default=(), metadata={
+        "help": "Calibration trace from `rlrun calibrate` (same model and device) for a trace recorded without one; "
+                "its engine-step and training profiles refit the step costs over the calibrated range. Repeatable.",
+        "flags": ["--calibration"]})
+    drop_invalid: bool = field(default=False, metadata={
+        "help": "Drop trace rows with invalid values (NaN, negative durations...) with a warning instead of refusing "
+                "the trace.", "flags": ["--drop-invalid"]})
+
+    @property
+    def rho_model(self) -> str:
+        """The rho model the fit takes, with the lr-aware parameters when given ('lr-aware:B_BEND,KAPPA', parsed by
+        `rlsim.replay.rho.parse_rho`)."""
+        if self.bend_batch is None and self.kappa is None:
+            return self.rho or "auto"
+        if (self.rho or "auto") != "lr-aware":
+            raise RlsimError(f"{name('bend_batch')} and {name('kappa')} set the lr-aware rho model: add "
+                             f"{setting(rho='lr-aware')}")
+        if self.bend_batch is None or self.kappa is None:
+            raise RlsimError(f"give both {name('bend_batch')} and {name('kappa')} (or neither, to fit them on the "
+                             f"other traces' runs)")
+        return f"lr-aware:{self.bend_batch:g},{self.kappa:g}"
 
 
 @dataclass(frozen=True)
@@ -143,27 +279,69 @@ class SplitConfig:
 
     gen_gpus: int = _f(1, "generation engine replicas (one per device, each the recorded engine)")
     train_gpus: int = _f(1, "data-parallel training ranks")
-    staleness: float = _f(0.0, "staleness limit eta (AReaL's; a fraction as verl's staleness_threshold): a consumed sample lags "
-                               "at most ceil(eta) policy versions; 0 = synchronous")
-    partial_rollout: bool = _f(False, "in-flight responses continue across a weight sync (KV recomputed) instead of finishing first")
-    allreduce_gbs: float = _f(0.0, "bandwidth of the ring all-reduce of the gradients, GB/s (0: unknown; needed when train_gpus > 1)")
+    staleness: float = _f(0.0, "staleness limit eta (AReaL's; a fraction as verl's staleness_threshold): a consumed "
+                               "sample lags at most ceil(eta) policy versions; 0 = synchronous")
+    partial_rollout: bool = _f(False, "in-flight responses continue across a weight sync (KV recomputed) instead of "
+                                      "finishing first")
+    allreduce_gbs: float = _f(0.0, "bandwidth of the ring all-reduce of the gradients, GB/s (0: unknown; needed when "
+                                   "train_gpus > 1)")
     bandwidth_source: str = _f("", "where allreduce_gbs comes from (trace metadata or a named device profile)")
     allreduce_fitted: bool = _f(False, "the fitted update already holds the gradient collective (the reference trained "
                                        "data-parallel on several GPUs), so no all-reduce is added")
+    mode: str = _f(
+        "split", "the execution mode's registered name (rlsim.modes.registry), for the outputs")
+    hybrid: bool = _f(
+        False, "the replicas sit on the training devices (gen_gpus = train_gpus): they stop at their next engine"
+           " step when the trainer takes a batch and resume after the weight sync")
+    refill: bool = _f(
+        False, "admission counts prompts consumed, not policy versions: (staleness + 1) x P started ahead, one "
+           "prompt dispatched per prompt trained or dropped (verl V1's replay buffer)")
+    chunks: int = _f(
+        1, "trainer fetches per weight sync, P / chunks prompts each, each trained as soon as it is ready "
+           "(verl's PPO mini-batch streaming)")
+    fifo: bool = _f(
+        False, "the trainer takes finished groups in completion order (a message queue); else AReaL's rule, "
+           "oldest started first within the staleness deadline")
+    oldest: bool = _f(
+        False, "with fifo, the trainer takes the finished groups started first (AReaL's wait_results sorts the "
+               "finished by creation time), not the first finished")
+    off_policy: int = _f(
+        0, "verl V1 max_off_policy_threshold: versions a group may age before the strategy acts (0: off)")
+    off_policy_wait: bool = _f(
+        False, "at the threshold, wait for the group in flight (verl's wait) instead of dropping it and "
+           "dispatching a new prompt (drop)")
+    switch_ratio: float = _f(
+        0.0, "verl V1 hybrid_rollout.switch_threshold_ratio with enable_switch: while fewer than this share of P "
+             "groups wait to be trained, one hybrid replica per training device joins rollout, then switches back "
+             "(0: no switch)")
+    recompute: bool = _f(
+        True, "with partial rollout, the in-flight responses' KV is prefilled again on the new weights (else "
+           "they continue on their old KV)")
 
-    def validate(self, batch: int) -> None:
+    def validate(self, responses_per_update: int, prompts: int | None = None) -> None:
         if self.gen_gpus < 1 or self.train_gpus < 1:
-            raise RlsimError(f"{name('gen_gpus')} and {name('train_gpus')} must be at least 1, got {self.gen_gpus} and {self.train_gpus}")
+            raise RlsimError(f"{name('gen_gpus')} and {name('train_gpus')} must be at least 1, got {self.gen_gpus} and "
+                             f"{self.train_gpus}")
         if self.staleness < 0:
             raise RlsimError(f"{name('staleness')} must be a non-negative number, got {self.staleness}")
-        if batch % self.train_gpus:
-            divs = [d for d in range(2, min(batch, 64) + 1) if batch % d == 0][:4]
-            raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide the training batch B = P x G = {batch} "
-                             f"responses (each data-parallel rank trains B / train_gpus); pick a divisor of B"
-                             f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or change {name('prompts')}")
+        if responses_per_update % self.train_gpus:
+            divs = [d for d in range(2, min(responses_per_update, 64) + 1) if responses_per_update % d == 0][:4]
+            raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide the training batch B = P x G = "
+                             f"{responses_per_update} responses (each data-parallel rank trains B / train_gpus); "
+                             "pick a divisor of B"
+                             f"{' (e.g. ' + ', '.join(map(str, divs)) + ')' if divs else ''} or change "
+                             f"{name('prompts')}")
+        if prompts is not None and (self.chunks < 1 or prompts % self.chunks):
+            raise RlsimError(f"{self.mode}: P = {prompts} prompts per step do not split into {self.chunks} equal "
+                             f"trainer fetches (PPO mini-batches); pick {name('prompts')} a multiple of {self.chunks}")
+        if self.chunks > 1 and (responses_per_update // self.chunks) % self.train_gpus:
+            raise RlsimError(f"{setting(train_gpus=self.train_gpus)} does not divide one trainer fetch of "
+                             f"{responses_per_update // self.chunks} responses ({self.chunks} per step); "
+                             "pick a divisor of it")
         if self.train_gpus > 1 and not self.allreduce_fitted and not self.allreduce_gbs > 0:
-            raise RlsimError(f"{name('train_gpus')} > 1 needs the interconnect bandwidth for the gradient all-reduce: the trace's "
-                             f"hardware matches no device profile; pass {setting(device='NAME')} (rlsim.replay.devices)")
+            raise RlsimError(f"{name('train_gpus')} > 1 needs the interconnect bandwidth for the gradient all-reduce: "
+                             f"the trace's hardware matches no device profile; pass {setting(device='NAME')} "
+                             "(rlsim.replay.devices)")
 
 
 @dataclass(frozen=True)
@@ -180,29 +358,34 @@ class SimConfig:
     group: int = _f(8, "G: responses per prompt")
     updates: int = _f(100, "updates to simulate")
     engine: EngineConfig = _f(EngineConfig(), "generation engine limits")
-    gen_batch: int = _f(0, "requests generated per round (B_gen >= B; 0: = B); the first G responses of each prompt to finish are trained on")
-    lengths: str = _f("sampled", "sampled: draw lengths from the fitted distribution; recorded: replay the trace's responses step by step")
-    exact_engine: bool = _f(False, "always run the step-level engine loop (with KV accounting and preemption) instead of the exact fast path")
+    gen_batch: int = _f(0, "requests generated per round (B_gen >= B; 0: = B); the first G responses of each prompt to "
+                           "finish are trained on")
+    lengths: str = _f("sampled", "sampled: draw lengths from the fitted distribution; recorded: replay the trace's "
+                                 "responses step by step")
+    exact_engine: bool = _f(False, "always run the step-level engine loop (with KV accounting and preemption) instead "
+                                   "of the exact fast path")
     split: SplitConfig | None = _f(None, "split devices and asynchronous rollout (rlsim.modes.split); None: the "
                                          "synchronous colocated loop")
 
     @property
-    def batch(self) -> int:
-        """B = P x G responses per update."""
+    def responses_per_update(self) -> int:
+        """B = P x G responses trained per update (B_gen >= B are generated)."""
         return self.prompts * self.group
 
     @property
     def gen_requests(self) -> int:
         """B_gen: requests per generation round."""
-        return max(self.gen_batch, self.batch)
+        return max(self.gen_batch, self.responses_per_update)
 
     def validate(self) -> None:
-        if self.gen_batch and self.gen_batch < self.batch:
-            raise RlsimError(f"{setting(gen_batch=self.gen_batch)} is smaller than the train batch B = P x G = {self.batch}")
+        if self.gen_batch and self.gen_batch < self.responses_per_update:
+            raise RlsimError(f"{setting(gen_batch=self.gen_batch)} is smaller than the train batch B = P x G = "
+                             f"{self.responses_per_update}")
         if self.prompts <= 0 or self.group <= 0 or self.updates <= 0:
-            raise RlsimError(f"prompts, group and updates must be positive, got {self.prompts}, {self.group}, {self.updates}")
+            raise RlsimError(f"prompts, group and updates must be positive, got {self.prompts}, {self.group}, "
+                             f"{self.updates}")
         if self.lengths not in LENGTHS:
             raise RlsimError(f"lengths must be one of {', '.join(LENGTHS)}, got {self.lengths!r}")
         self.engine.validate()
         if self.split is not None:
-            self.split.validate(self.batch)
+            self.split.validate(self.responses_per_update, self.prompts)

@@ -3,28 +3,17 @@
 Scheduling semantics (the same in both paths below):
 - requests queue FIFO; at the start of every step the engine admits waiting requests while fewer than
   `max_num_seqs` run and the KV cache has blocks for their prompt;
-- an admitted request computes its prompt (prefill) and samples its first token in that step; every
-  later step it decodes one token; a request of L tokens occupies L consecutive steps and frees its
-  slot for the next step;
-- the step's cost is the fitted model of its composition (`rlsim.replay.cost.EngineStepCost`):
-  num_running, context tokens (KV length after the step: prompt + tokens generated before the step),
-  prefill tokens computed; linear, or piecewise linear in num_running (a knee, or interpolated over the
-  calibration's levels: hinges), whose sums need the histogram of num_running over the steps
-  (`RoundPlan.sums`), still a closed form of the schedule;
+- an admitted request prefills and samples its first token in that step, then decodes one token per step;
+- the step's cost is the fitted model of its composition (`rlsim.replay.cost.EngineStepCost`: num_running,
+  context tokens, prefill tokens), a closed form of the schedule's summed features (`RoundPlan.sums`);
 - when a running sequence needs a KV block and none is free, the latest admitted running request is
   preempted (its blocks freed; it re-queues at the front and recomputes prompt + output on readmission).
 
-Two implementations:
-- `schedule_rounds`: the exact fast path when the KV cache cannot bind (max_num_seqs sequences of the
-  longest context fit). All rounds are scheduled at once, vectorised across rounds with a calendar of
-  slot releases; per-round costs are closed forms of summed features (`RoundPlan.sums`).
-  `schedule_round` is the same schedule for one round in O(B) memory (simulations too large to hold
-  every round at once go round by round, `rlsim.core.pipeline`).
-- `run_round_steps`: the general step-level loop with KV accounting and preemption. Between two events
-  that change the batch (an admission, a finish, a preemption) the composition is fixed and the
-  context grows by num_running per step, so the stretch's cost is a closed form (`Stretch.cost`) and it
-  is advanced at once (one SimPy timeout per stretch).
-Per-sequence state lives in numpy arrays; there is no process per request.
+Two implementations: `schedule_rounds` (and `schedule_round`, one round in O(B) memory), the exact fast path
+when the KV cache cannot bind, vectorised across rounds; `run_round_steps`, the step-level loop with KV
+accounting and preemption, advancing each stretch between batch-changing events in one SimPy timeout
+(`Stretch.cost`). Per-sequence state lives in numpy arrays; there is no process per request. In detail:
+docs/simulator.md, "The simulation".
 """
 from __future__ import annotations
 
@@ -104,7 +93,8 @@ class RoundPlan:
     preemptions: np.ndarray = field(metadata={"help": "(rounds,) preemptions (0 on the fast path)"})
     peak_kv_tokens: np.ndarray = field(metadata={"help": "(rounds,) most KV tokens allocated in one step"})
     peak_running: np.ndarray = field(metadata={"help": "(rounds,) most sequences in one step"})
-    length: np.ndarray | None = field(default=None, metadata={"help": "(rounds, B) response lengths (for num_running per step)"})
+    length: np.ndarray | None = field(default=None,
+                                      metadata={"help": "(rounds, B) response lengths (for num_running per step)"})
 
     def sums(self, hist: bool = False) -> StepSums:
         """(rounds,) summed engine-step features; `hist`: with the (rounds, max n + 1) histogram of num_running
@@ -161,7 +151,8 @@ def schedule_rounds(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, p
     return _plan(start, prompt, length, prefill, max_num_seqs)
 
 
-def _plan(start: np.ndarray, prompt: np.ndarray, length: np.ndarray, prefill: np.ndarray, max_num_seqs: int) -> RoundPlan:
+def _plan(start: np.ndarray, prompt: np.ndarray, length: np.ndarray, prefill: np.ndarray,
+          max_num_seqs: int) -> RoundPlan:
     """RoundPlan of (rounds, B) admission steps: the summed features are closed forms of the lengths."""
     U, B = length.shape
     lmax = int(length.max())
@@ -192,7 +183,8 @@ def schedule_round(prompt: np.ndarray, length: np.ndarray, max_num_seqs: int, pr
         prefill = prompt
     if B == 0:
         z = np.zeros(1)
-        return RoundPlan(np.zeros((1, 0), np.int64), z.astype(np.int64), z, z, z, z.astype(np.int64), z, z.astype(np.int64))
+        return RoundPlan(np.zeros((1, 0), np.int64), z.astype(np.int64), z, z, z, z.astype(np.int64), z,
+                         z.astype(np.int64))
     rel_len = np.maximum(length, 1) if length.min() < 1 else length
     R = int(rel_len.max()) + 1
     ring = np.zeros(2 * R, np.int64)  # slot releases at steps base .. base + 2R - 1
@@ -251,7 +243,8 @@ def round_cost(gen: EngineStepCost, plan: RoundPlan) -> np.ndarray:
     return gen.total(plan.sums(hist=bool(gen.hinges)))
 
 
-def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray, prefill: np.ndarray | None = None) -> dict[str, np.ndarray]:
+def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray,
+                prefill: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-step composition of one round from its schedule: num_running, context_tokens, prefill_tokens, finished."""
     start = np.asarray(start, np.int64)
     length = np.asarray(length, np.int64)
@@ -261,7 +254,8 @@ def step_arrays(start: np.ndarray, length: np.ndarray, prompt: np.ndarray, prefi
     K = int(end.max()) if len(end) else 0
     n = np.cumsum(np.bincount(start, minlength=K + 1) - np.bincount(end, minlength=K + 1))[:K]
     a = (prompt - start).astype(float)  # context of a request at step s is a + s
-    ctx = np.cumsum(np.bincount(start, a, minlength=K + 1) - np.bincount(end, a, minlength=K + 1))[:K] + np.arange(K) * n
+    ctx = np.cumsum(np.bincount(start, a, minlength=K + 1)
+                    - np.bincount(end, a, minlength=K + 1))[:K] + np.arange(K) * n
     pre = np.bincount(start, np.asarray(prefill, float), minlength=K + 1)[:K]
     fin = np.bincount(end - 1, minlength=K + 1)[:K]
     return {"num_running": n.astype(np.int64), "context_tokens": ctx, "prefill_tokens": pre, "finished": fin}

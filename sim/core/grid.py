@@ -1,4 +1,4 @@
-"""The sweep grid: comma lists (`--batch 64,128 --group 4,8 --lr-rule sqrt,fixed`) parsed by the
+"""The sweep grid: comma lists (`--prompts 64,128 --group 4,8 --lr-rule sqrt,fixed`) parsed by the
 field types of `WhatIf` into validated configs, in a fixed order (the order of the axes, then of the
 values; the last axis varies fastest)."""
 from __future__ import annotations
@@ -29,7 +29,8 @@ def parse_value(text: str, tp: Any, option: str) -> Any:
     base, optional = base_type(tp)
     s = text.strip()
     if s == "":
-        raise RlsimError(f"{option}: empty element in the list (write values separated by single commas, e.g. {option} 64,128)")
+        raise RlsimError(f"{option}: empty element in the list (write values separated by single commas, e.g. {option} "
+                         "64,128)")
     if optional and s.lower() in ("none", "null", "-"):
         return None
     try:

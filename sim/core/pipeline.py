@@ -5,31 +5,17 @@ batch preparation (old log-probs), the optimizer update, the weight sync and the
 fitted cost. All state lives in the SimPy Environment and the objects this call creates; ids come from
 a per-run counter; nothing is class-level.
 
-Split devices and staleness (`SimConfig.split`) run in `rlsim.modes.split`, which sits above this module and
-shares its engine's step semantics (`rlsim.core.engine.Stretch`), cost model (`rlsim.replay.cost`) and workload
-sampler (`rlsim.core.workload`); `rlsim.modes.registry.simulate` picks one of the two by the config.
+Split devices and staleness (`SimConfig.split`) run in `rlsim.modes.split`, which shares this module's engine
+semantics (`rlsim.core.engine.Stretch`), cost model (`rlsim.replay.cost`) and workload sampler
+(`rlsim.core.workload`); `rlsim.modes.registry.simulate` picks one of the two by the config.
 
-How a simulation runs, step by step:
-1. the rounds: what each update's generation round does (`_Round`: its engine seconds, steps, peaks and
-   trained tokens), from `_AllRounds` or `_RoundByRound` below, each built by one of two engine paths:
-   `_fast_round` (a schedule of slot releases when the KV cache cannot bind: summed features in closed
-   form) or `_exact_round` (the step-level loop with KV accounting and preemption);
-2. the loop (`_Loop`): one SimPy process per RL step, generation then the fitted phases; the timeline
-   (`_Timeline`) when asked for.
-
-Size. Per-update arrays are O(U); the generation workload is O(B_gen) per round. Up to
-ALL_ROUNDS_MAX_REQUESTS requests in all (U x B_gen) every round's lengths are drawn at once and all
-rounds are scheduled together (`_AllRounds`, vectorised across rounds). Beyond it the rounds are drawn
-and simulated one at a time (`_RoundByRound`, memory O(B_gen), never U x B nor B x steps):
-- exact: every round's schedule (`schedule_round`, the same admission steps as `schedule_rounds`, or
-  the step-level loop with KV accounting), its step-cost sums and its trained tokens; recorded lengths
-  without over-generation repeat with the trace's period and are computed once per distinct round;
-- approximate: with sampled lengths only ceil(SAMPLED_REQUESTS / B_gen) rounds are drawn and simulated
-  (at least 1, at most U) and update u reuses round u mod that number. Rounds are i.i.d., so this is a
-  Monte-Carlo sample of fewer rounds; its error is stated in `SimRun.approximation` (measured, see
-  SAMPLED_REQUESTS).
-Before allocating, `check_memory` estimates the bytes a configuration needs and raises RlsimError
-(one line: what is too large, how to fix it) above MEMORY_LIMIT_BYTES.
+How a simulation runs: the rounds (`_Round`: one update's engine seconds, steps, peaks and trained tokens),
+all at once (`_AllRounds`) up to ALL_ROUNDS_MAX_REQUESTS requests in all, else one at a time
+(`_RoundByRound`, memory O(B_gen); with sampled lengths a Monte-Carlo sample of SAMPLED_REQUESTS requests'
+rounds, its error in `SimRun.approximation`), each by `_fast_round` (closed form when the KV cache cannot bind)
+or `_exact_round` (the step loop with KV accounting); then the loop (`_Loop`): one SimPy process per RL step,
+and the timeline (`_Timeline`) when asked for. `check_memory` refuses a configuration above MEMORY_LIMIT_BYTES
+in one line first. Sizes and paths in detail: docs/simulator.md, "The simulation".
 """
 from __future__ import annotations
 
@@ -90,13 +76,18 @@ class SplitResult:
     sync_s: float = field(metadata={"help": "seconds of one weight sync"})
     replica_idle: tuple[float, ...] = field(default=(), metadata={
         "help": "(replicas,) each replica's fraction of wall time running no engine step"})
+    mode: str = field(default="split", metadata={"help": "the execution mode's registered name"})
+    hybrid: bool = field(default=False, metadata={"help": "the replicas sat on the training devices"})
+    chunks: int = field(default=1, metadata={"help": "trainer fetches per weight sync"})
+    dropped: int = field(default=0, metadata={
+        "help": "groups evicted as too old (verl V1 drop), their generation lost"})
 
 
 @dataclass(frozen=True, eq=False)
 class SimRun:
     """Result of one simulation: per-update arrays, totals, and the timeline when asked for."""
 
-    batch: int = field(metadata={"help": "responses per update"})
+    responses_per_update: int = field(metadata={"help": "B = P x G responses trained per update"})
     step_time: np.ndarray = field(metadata={"help": "seconds of each RL step"})
     gen_time: np.ndarray = field(metadata={"help": "generation seconds of each step (engine steps + round overhead)"})
     train_time: np.ndarray = field(metadata={"help": "training seconds (batch preparation + optimizer update)"})
@@ -110,10 +101,14 @@ class SimRun:
     peak_running: np.ndarray = field(metadata={"help": "most concurrent sequences in a step of each round"})
     total_time: float = field(metadata={"help": "simulated seconds at the end"})
     exact_engine: bool = field(default=False, metadata={"help": "the step-level loop (KV accounting) was used"})
-    timeline: list = field(default_factory=list, metadata={"help": "Slices (rlsim.replay.timeline) when record_timeline=True"})
-    counters: list = field(default_factory=list, metadata={"help": "Counters gen.running, gen.kv_usage when record_timeline=True"})
-    rounds_simulated: int = field(default=0, metadata={"help": "distinct generation rounds simulated (= updates unless rounds were reused)"})
-    approximation: str = field(default="", metadata={"help": "empty when every update's round was simulated; else what was sampled and its error"})
+    timeline: list = field(default_factory=list,
+                           metadata={"help": "Slices (rlsim.replay.timeline) when record_timeline=True"})
+    counters: list = field(default_factory=list,
+                           metadata={"help": "Counters gen.running, gen.kv_usage when record_timeline=True"})
+    rounds_simulated: int = field(default=0, metadata={"help": "distinct generation rounds simulated (= updates unless "
+                                                               "rounds were reused)"})
+    approximation: str = field(default="", metadata={"help": "empty when every update's round was simulated; else what "
+                                                             "was sampled and its error"})
     features: dict = field(default_factory=dict, metadata={
         "help": "summed engine-step features over all updates: K steps, S1 running, S2 context, S3 prefill tokens, and "
                 "hist (steps per num_running; only for a knee step model): any step-cost coefficients give the engine "
@@ -121,8 +116,10 @@ class SimRun:
     gen_idle_ratio: float = field(default=math.nan, metadata={
         "help": "split runs: mean over replicas of the fraction of wall time running no engine step (nan: colocated)"})
     train_idle_ratio: float = field(default=math.nan, metadata={
-        "help": "split runs: mean over ranks of the fraction of wall time neither computing nor communicating (nan: colocated)"})
-    staleness_mean: float = field(default=0.0, metadata={"help": "mean policy versions a consumed sample lagged (0: synchronous)"})
+        "help": "split runs: mean over ranks of the fraction of wall time neither computing nor communicating (nan: "
+                "colocated)"})
+    staleness_mean: float = field(default=0.0,
+                                  metadata={"help": "mean policy versions a consumed sample lagged (0: synchronous)"})
     staleness_max: int = field(default=0, metadata={"help": "most policy versions a consumed sample lagged"})
     split: SplitResult | None = field(default=None, metadata={
         "help": "split runs (rlsim.modes.split): devices, staleness limit, all-reduce; None: colocated"})
@@ -137,7 +134,8 @@ class SimRun:
         return float(self.step_time.mean())
 
 
-def _trained(p: np.ndarray, L: np.ndarray, finish: np.ndarray | None, extra: int, G: int, shared_prompts: bool) -> tuple[int, float]:
+def _trained(p: np.ndarray, L: np.ndarray, finish: np.ndarray | None, extra: int, G: int,
+             shared_prompts: bool) -> tuple[int, float]:
     """Responses trained on and tokens trained on, counted as the trace's num_tokens counts them."""
     n = len(L) - extra
     prompt_of = np.concatenate([np.arange(n) // G, np.arange(extra) % max(n // G, 1)])
@@ -170,24 +168,28 @@ def check_memory(models: FittedModels, cfg: SimConfig, *, round_by_round: bool, 
                  rounds_kept: int = 0) -> None:
     """Raise RlsimError (one line: what is too large, how to fix it) when `memory_estimate` exceeds
     MEMORY_LIMIT_BYTES; nothing is allocated before."""
-    est = memory_estimate(models, cfg, round_by_round=round_by_round, record_timeline=record_timeline, rounds_kept=rounds_kept)
+    est = memory_estimate(models, cfg, round_by_round=round_by_round, record_timeline=record_timeline,
+                          rounds_kept=rounds_kept)
     total = sum(est.values())
     if total <= MEMORY_LIMIT_BYTES:
         return
     U, P, G, B_gen = cfg.updates, cfg.prompts, cfg.group, cfg.gen_requests
     limit = f"over the simulator's limit of {MEMORY_LIMIT_BYTES / 2**30:g} GB (rlsim.core.pipeline.MEMORY_LIMIT_BYTES)"
     if est["timeline"] >= est["workload"]:
-        what = f"recording the timeline of {U} updates of {B_gen:,} requests needs about {total / 2**30:.1f} GB of memory"
-        fix = "pass fewer --updates or a smaller --batch"
+        what = (f"recording the timeline of {U} updates of {B_gen:,} requests needs about {total / 2**30:.1f} GB of "
+                "memory")
+        fix = "pass fewer --updates or a smaller --prompts"
     elif round_by_round:
         per_prompt = BYTES_PER_REQUEST_ROUND * B_gen / P
         p_max = int((MEMORY_LIMIT_BYTES - est["timeline"]) / per_prompt)
         what = (f"one generation round of {B_gen:,} requests (P={P:,} x G={G}"
-                f"{f', {B_gen - P * G:,} over-generated' if B_gen > P * G else ''}) needs about {total / 2**30:.1f} GB of memory")
-        fix = f"pass a smaller --batch (at most about {p_max:,} prompts at --group {G}){' or --gen-batch' if B_gen > P * G else ''}"
+                f"{f', {B_gen - P * G:,} over-generated' if B_gen > P * G else ''}) needs about {total / 2**30:.1f} GB "
+                "of memory")
+        fix = (f"pass a smaller --prompts (at most about {p_max:,} prompts at --group "
+               f"{G}){' or --gen-batch' if B_gen > P * G else ''}")
     else:
         what = f"all {U} rounds of {B_gen:,} requests at once need about {total / 2**30:.1f} GB of memory"
-        fix = "pass fewer --updates or a smaller --batch"
+        fix = "pass fewer --updates or a smaller --prompts"
     raise RlsimError(f"{what}, {limit}; {fix}")
 
 
@@ -222,19 +224,19 @@ def _fast_round(models: FittedModels, cfg: SimConfig, plan: RoundPlan, row: int,
     """Round `row` of a plan of the fast path (`schedule_rounds`: the KV cache cannot bind); `sums`: its features,
     `cost`: their seconds."""
     K = int(plan.steps[row])
-    extra = max(cfg.gen_requests - cfg.batch, 0)
+    extra = max(cfg.gen_requests - cfg.responses_per_update, 0)
     finish = plan.start[row] + L - 1 if extra else None
     responses, tokens = _trained(p, L, finish, extra, cfg.group, models.shared_prompts)
     return _Round(requests=len(L), engine_s=float(cost) + models.gen_overhead.per_step * K, steps=K,
-                  preemptions=0, peak_kv_tokens=float(plan.peak_kv_tokens[row]), peak_running=int(plan.peak_running[row]),
-                  responses=responses, tokens=tokens, features=sums,
+                  preemptions=0, peak_kv_tokens=float(plan.peak_kv_tokens[row]),
+                  peak_running=int(plan.peak_running[row]), responses=responses, tokens=tokens, features=sums,
                   schedule=(plan.start[row], L, p) if keep_timeline else None)
 
 
 def _exact_round(models: FittedModels, cfg: SimConfig, p: np.ndarray, L: np.ndarray, keep_timeline: bool) -> _Round:
     """One round by the step-level loop (`run_round_steps`: KV accounting, preemption), stretch by stretch."""
     gm, per_step = models.gen, models.gen_overhead.per_step
-    extra = max(cfg.gen_requests - cfg.batch, 0)
+    extra = max(cfg.gen_requests - cfg.responses_per_update, 0)
     finish = np.zeros(len(L), np.int64) if extra else None
     stretches = [] if keep_timeline else None
     hist = _needs_hist(models)
@@ -316,7 +318,8 @@ class _RoundByRound:
             self.period = max(int(S), 1)
             self.sampled = self.period < U
         self.rounds = min(U, self.period)
-        self.exact = cfg.exact_engine or cfg.engine.kv_can_bind(min(self.workload.context_bound(), cfg.engine.max_model_len))
+        self.exact = cfg.exact_engine or cfg.engine.kv_can_bind(min(self.workload.context_bound(),
+                                                                    cfg.engine.max_model_len))
         self._kept: dict[int, _Round] = {}
 
     def _simulate(self, key: int) -> _Round:
@@ -359,9 +362,10 @@ class _Timeline:
     def add(self, lane: str, track: str, name: str, t: float, dur: float, **args) -> None:
         self.slices.append(Slice(lane, track, name, t, dur, {"id": next(self.ids), **args}))
 
-    def _step(self, t: float, d: float, u: int, n: int, ctx: float, pre: float, finished: int, kv_tokens: float) -> None:
-        self.add(LANE_GEN, "gen_step", "gen.step", t, d, update=u, num_running=n, context_tokens=ctx, prefill_tokens=pre,
-                 finished=finished)
+    def _step(self, t: float, d: float, u: int, n: int, ctx: float, pre: float, finished: int,
+              kv_tokens: float) -> None:
+        self.add(LANE_GEN, "gen_step", "gen.step", t, d, update=u, num_running=n, context_tokens=ctx,
+                 prefill_tokens=pre, finished=finished)
         self.counters.append(Counter(LANE_GEN, "gen.running", t, float(n)))
         self.counters.append(Counter(LANE_GEN, "gen.kv_usage", t, float(min(kv_tokens / self.kv_cache_tokens, 1.0))))
 
@@ -393,8 +397,10 @@ class _Loop:
         self.tl = _Timeline(models, cfg) if record_timeline else None
         U = cfg.updates
         self.per = dict(step_time=np.zeros(U), gen_time=np.zeros(U), train_time=np.zeros(U), sync_time=np.zeros(U),
-                        other_time=np.zeros(U), responses=np.zeros(U), tokens=np.zeros(U), gen_steps=np.zeros(U, np.int64),
-                        preemptions=np.zeros(U, np.int64), peak_kv_tokens=np.zeros(U), peak_running=np.zeros(U, np.int64))
+                        other_time=np.zeros(U), responses=np.zeros(U), tokens=np.zeros(U),
+                        gen_steps=np.zeros(U, np.int64),
+                        preemptions=np.zeros(U, np.int64), peak_kv_tokens=np.zeros(U),
+                        peak_running=np.zeros(U, np.int64))
         self.features = StepSums.zero(_needs_hist(models))
 
     def generate(self, u: int):
@@ -455,9 +461,9 @@ class _Loop:
             timeline = sorted(self.tl.slices, key=lambda s: (s.start, -s.dur))
             counters = sorted(self.tl.counters, key=lambda c: c.t)
         r = self.rounds
-        return SimRun(batch=self.cfg.batch, total_time=float(self.env.now), exact_engine=r.exact, timeline=timeline,
-                      counters=counters, rounds_simulated=r.rounds, approximation=r.approximation(),
-                      features=self.features.to_dict(), **self.per)
+        return SimRun(responses_per_update=self.cfg.responses_per_update, total_time=float(self.env.now),
+                      exact_engine=r.exact, timeline=timeline, counters=counters, rounds_simulated=r.rounds,
+                      approximation=r.approximation(), features=self.features.to_dict(), **self.per)
 
 
 def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,

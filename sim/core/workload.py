@@ -43,7 +43,7 @@ class Workload:
             recorded = models.recorded.workload
             if not recorded or any(len(w[1]) == 0 for w in recorded):
                 raise RlsimError("the trace's response rows do not cover its updates; replay with sampled lengths")
-        extra = max(cfg.gen_requests - cfg.batch, 0) if over_generate else 0
+        extra = max(cfg.gen_requests - cfg.responses_per_update, 0) if over_generate else 0
         return cls(cfg.prompts, cfg.group, extra, models.lengths, recorded, cfg.engine.max_model_len)
 
     def context_bound(self) -> int:

@@ -33,6 +33,7 @@ class ReplicaSpec:
     kv_cache_tokens: int
     kv_bind: bool          # KV accounting on: the cache can bind (or the exact engine is asked for)
     partial: bool          # partial rollout: join a sync at the next step boundary
+    recompute: bool = True  # partial rollout: the in-flight responses' KV is prefilled again after the sync
 
 
 @dataclass(eq=False)
@@ -97,17 +98,65 @@ class Replica:
         self.stats = ReplicaStats()
         self.idle: simpy.Event | None = None  # set while nothing runs: the next sync request triggers it
         self.in_stretch = False               # waiting out a stretch that a sync request may interrupt
+        self.parked = False                   # a hybrid replica in trainer mode: it joins syncs, generates nothing
+        self.switch_s = 0.0                   # seconds to switch to rollout before its next stretch (lent)
+        self.stopped: simpy.Event | None = None  # (reclaimed) triggered once it has parked
         sync.listeners.append(self.on_sync_request)
+        gate.listeners.append(self.on_gate_open)
         self.proc = env.process(self.run())
+
+    def wake(self) -> bool:
+        """(AdmissionGate listener) An idle replica wakes to pull what the gate admits; whether it was idle."""
+        if self.idle is not None and not self.idle.triggered:
+            self.idle.succeed()
+            return True
+        return False
 
     def on_sync_request(self) -> None:
         """(WeightSync listener) An idle replica wakes to join; with partial rollout one in a stretch is cut short.
         Idle replicas wake in replica order, the order they then join and start pulling prompts after the sync."""
-        if self.idle is not None and not self.idle.triggered:
-            self.idle.succeed()
-        elif self.spec.partial and self.in_stretch:
+        if not self.wake() and self.spec.partial and self.in_stretch:
             self.in_stretch = False
             self.proc.interrupt()
+
+    def on_gate_open(self) -> None:
+        """(AdmissionGate listener, refill) An idle replica wakes; one in a stretch with free slots ends it after the
+        step in progress, so the prompts admitted join at the next engine step, as vLLM schedules new requests."""
+        if not self.wake() and self.in_stretch and not self.parked and len(self.b.run) < self.spec.max_seqs:
+            self.in_stretch = False
+            self.proc.interrupt()
+
+    def lend(self, switch_s: float) -> None:
+        """(trainer) A parked hybrid replica switches to rollout (`switch_s` seconds), then pulls from the shared
+        queue."""
+        self.parked, self.switch_s = False, switch_s
+        self.wake()
+
+    def reclaim(self) -> simpy.Event:
+        """(trainer) Switch back to trainer mode at the end of the engine step in progress; the event fires once parked.
+        Its responses in flight keep their tokens and go back to the shared queue (`park`)."""
+        self.parked, self.stopped = True, self.env.event()
+        if not self.wake() and self.in_stretch:
+            self.in_stretch = False
+            self.proc.interrupt()
+        return self.stopped
+
+    def park(self):
+        """(a generator) Hand every sequence back to the shared queue, the running ones with their tokens (resumed by
+        any replica after a prefill of their prefix, as a preempted sequence is), then wait, parked."""
+        b, q = self.b, self.q
+        back = [(int(i), int(i) + 1) for i in b.run.tolist()]
+        q.done[b.run] = b.s - q.a[b.run]
+        back += list(b.wait)
+        if back:
+            self.gate.resume.extend(back)
+            self.gate.release(0, wake=True)
+        b.run, b.last, b.wait, b.nwait, b.sum_p, b.sum_a = b.run[:0], b.last[:0], deque(), 0, 0, 0
+        if self.stopped is not None and not self.stopped.triggered:
+            self.stopped.succeed()
+        self.idle = self.env.event()
+        yield self.idle
+        self.idle = None
 
     def run(self):
         """The process: each pass joins a requested sync, or preempts, admits and runs one stretch of steps."""
@@ -116,11 +165,18 @@ class Replica:
             if self.sync.requested and (self.spec.partial or not len(b.run)):
                 yield from self.join_sync()
                 continue
+            if self.parked:
+                yield from self.park()
+                continue
+            if self.switch_s:  # a lent hybrid replica wakes its engine and loads the current weights
+                t, d, self.switch_s = self.env.now, self.switch_s, 0.0
+                yield self.env.timeout(d)
+                self.rec.slice(lane_gen(self.r), "weight_load", "gen.switch", t, d)
             used, preempted = self.preempt()
             pre, b.recompute, host = b.recompute, 0.0, 0.0
             if not self.sync.requested and not preempted:
                 used, pre, host = self.admit(used, pre)
-            if not len(b.run):  # nothing to run: wait for a sync request (the gate opens only at a sync's end)
+            if not len(b.run):  # nothing to run: wait for a sync request or, with refill, for the gate to move
                 self.idle = self.env.event()
                 yield self.idle
                 self.idle = None
@@ -133,10 +189,10 @@ class Replica:
         b, n, tj = self.b, len(self.b.run), self.env.now
         yield self.sync.join(self.r)
         b.version = self.sync.version
-        if n:  # partial rollout: the running sequences' KV is recomputed on the new weights
+        if n and self.spec.recompute:  # partial rollout: the running sequences' KV is recomputed on the new weights
             b.recompute += float(b.context())
-        self.rec.slice(lane_gen(self.r), "weight_load", "gen.weight_sync", tj, self.env.now - tj, policy_version=b.version,
-                       in_flight=n)
+        self.rec.slice(lane_gen(self.r), "weight_load", "gen.weight_sync", tj, self.env.now - tj,
+                       policy_version=b.version, in_flight=n)
         self.rec.counter(lane_gen(self.r), "gen.running", tj, 0.0)
 
     def preempt(self) -> tuple[int, int]:
@@ -162,6 +218,10 @@ class Replica:
         allow: (blocks used, prefill tokens, host seconds of admission)."""
         b, G = self.b, self.q.group
         free = self.spec.max_seqs - len(b.run)
+        while self.gate.resume and b.nwait < free:  # sequences a reclaimed replica handed back: oldest first
+            lo, hi = self.gate.resume.popleft()
+            b.wait.append((lo, hi))
+            b.nwait += hi - lo
         if b.nwait < free and self.gate.is_open(self.sync.version):
             lo, hi = self.gate.pull(self.sync.version, -(-(free - b.nwait) // G))
             b.wait.append((lo * G, hi * G))
@@ -263,7 +323,8 @@ class Replica:
         return x
 
     def end_stretch(self, x: Stretch, ends: np.ndarray) -> None:
-        """After stretch x: its finished sequences leave; prompts whose sequences have all finished go to the trainer."""
+        """After stretch x: its finished sequences leave; prompts whose sequences have all finished go to the
+        trainer."""
         b, q = self.b, self.q
         b.s += x.steps
         self.totals.steps += x.steps

@@ -9,7 +9,7 @@ replicas, consumed by the trainer.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
@@ -21,7 +21,8 @@ from rlsim.replay.models import FittedModels
 from rlsim.core.workload import Workload
 
 
-def queue_lengths(models: FittedModels, cfg: SimConfig, rng: np.random.Generator, prompts: int) -> tuple[np.ndarray, np.ndarray]:
+def queue_lengths(models: FittedModels, cfg: SimConfig, rng: np.random.Generator,
+                  prompts: int) -> tuple[np.ndarray, np.ndarray]:
     """(S,) prompt and (S,) response lengths of the first `prompts` prompts' S = prompts x G sequences, in queue
     order (prompt-major, P prompts per block, no over-generation): `rlsim.core.workload.Workload`'s rounds end to
     end."""
@@ -67,7 +68,8 @@ class Requests:
         pre0 = p * prefill_ratio
         return cls(group, p, L, pre0, np.concatenate([[0], np.cumsum(p)]), np.concatenate([[0.0], np.cumsum(pre0)]),
                    a=np.zeros(S, np.int64), fin=np.zeros(S, np.int64), done=np.zeros(S, np.int64),
-                   v0=np.full(S, -1, np.int64), v1=np.full(S, -1, np.int64), t0=np.full(S, np.nan), t1=np.full(S, np.nan),
+                   v0=np.full(S, -1, np.int64), v1=np.full(S, -1, np.int64), t0=np.full(S, np.nan),
+                   t1=np.full(S, np.nan),
                    rep=np.full(S, -1, np.int64), cons=np.full(S, -1, np.int64), left=np.full(NP, group, np.int64),
                    pv=np.full(NP, np.iinfo(np.int64).max, np.int64))
 
@@ -85,9 +87,23 @@ class AdmissionGate:
     pv: np.ndarray     # (NP,) Requests.pv: the gate writes each prompt's start version
     started: int = 0   # prompts started: the queue's head
     replicas: int = 1  # engine replicas sharing the queue
+    refill: bool = False  # the bound moves with prompts released (trained or dropped), not with the version (verl V1)
+    released: int = 0     # prompts trained or dropped so far
+    listeners: list = field(default_factory=list)  # (refill) told when the bound moves: idle replicas wake
+    resume: deque = field(default_factory=deque)   # [lo, hi) sequence ranges a reclaimed replica handed back
 
     def bound(self, version: int) -> int:
+        if self.refill:  # (eta + 1) x P dispatched ahead, one more per prompt released
+            return min(admitted(self.staleness, 0, self.prompts) + self.released, len(self.pv))
         return min(admitted(self.staleness, version, self.prompts), len(self.pv))
+
+    def release(self, n: int, wake: bool = False) -> None:
+        """(trainer) n prompts trained or dropped: with refill, as many new ones may start (`wake`: tell the replicas
+        anyway, sequences were handed back)."""
+        self.released += n
+        if (self.refill and n) or wake:
+            for tell in self.listeners:
+                tell()
 
     def is_open(self, version: int) -> bool:
         return self.started < self.bound(version)
@@ -111,7 +127,8 @@ class FinishedGroups:
     trainer waits on `ready`, a condition event: a replica triggers it once P are finished and the trainer
     re-checks the rule."""
 
-    def __init__(self, env: simpy.Environment, prompts: int, staleness: float, pv: np.ndarray):
+    def __init__(self, env: simpy.Environment, prompts: int, staleness: float, pv: np.ndarray, *, fifo: bool = False,
+                 off_policy: int = 0, wait: bool = False, oldest: bool = False, gate: AdmissionGate | None = None):
         self.env = env
         self.prompts = prompts
         self.staleness = staleness
@@ -120,15 +137,22 @@ class FinishedGroups:
         self.ready: simpy.Event | None = None
         self.taken = np.zeros(len(pv), bool)
         self.open_from = 0                 # prompts below it have all been consumed
+        self.fifo, self.off_policy, self.wait, self.oldest, self.gate = fifo, off_policy, wait, oldest, gate
+        self.need = prompts                # finished prompts the waiting take needs before it weighs them
+        self.finished = np.zeros(len(pv), bool)
+        self.dropped = 0                   # groups evicted as too old (verl V1 drop)
 
     def put(self, prompts: np.ndarray) -> None:
         """(replica) Prompts whose last sequence just finished."""
         self.items.extend(prompts.tolist())
+        self.finished[prompts] = True
         ev = self.ready
-        if ev is not None and len(self.items) >= self.prompts and not ev.triggered:
+        if ev is not None and len(self.items) >= self.need and not ev.triggered:
             ev.succeed()
 
-    def _pick(self, u: int) -> tuple[np.ndarray, np.ndarray | None]:
+    def _pick(self, u: int, want: int) -> tuple[np.ndarray, np.ndarray | None]:
+        if self.fifo:
+            return self._pick_fifo(u, want)
         if len(self.items) < self.prompts:  # fewer than a batch finished: nothing to weigh yet
             return np.zeros(0, np.int64), None
         rg = np.fromiter(self.items, np.int64, len(self.items))
@@ -137,18 +161,62 @@ class FinishedGroups:
         open_ = self.pv[window[~self.taken[window]]]
         return rg, consumed(self.pv[rg], open_, u, self.staleness, self.prompts)
 
-    def take(self, u: int):
-        """(trainer; a generator to `yield from`) The (P,) prompt ids update u consumes, in completion order."""
-        rg, pick = self._pick(u)
+    def _pick_fifo(self, u: int, want: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """verl's rules: drop evicts finished groups older than the threshold (a new prompt is dispatched for each);
+        wait holds the take while a group in flight has reached it; then the first `want` in completion order, or
+        (oldest, and with wait, so the awaited group is trained) the `want` started first (AReaL's wait_results:
+        the finished results sorted by creation time)."""
+        T = self.off_policy
+        if T and not self.wait and self.items:
+            rg = np.fromiter(self.items, np.int64, len(self.items))
+            old = u - self.pv[rg] > T
+            if old.any():
+                self._mark(rg[old])
+                self.items = deque(rg[~old].tolist())
+                self.dropped += int(old.sum())
+                if self.gate is not None:
+                    self.gate.release(int(old.sum()))
+        if len(self.items) < want:
+            return np.zeros(0, np.int64), None
+        rg = np.fromiter(self.items, np.int64, len(self.items))
+        if T and self.wait:
+            started = int(np.searchsorted(self.pv, np.iinfo(np.int64).max, side="left"))
+            window = np.arange(self.open_from, started)
+            running = window[~self.taken[window] & ~self.finished[window]]
+            if len(running) and (u - self.pv[running] >= T).any():
+                return rg, None
+        if self.oldest or (T and self.wait):
+            return rg, np.sort(np.argsort(rg, kind="stable")[:want])  # prompt ids are in start order
+        return rg, np.arange(want)
+
+    def _mark(self, ids: np.ndarray) -> None:
+        self.taken[ids] = True
+        while self.open_from < len(self.taken) and self.taken[self.open_from]:
+            self.open_from += 1
+
+    def wait_for(self, n: int):
+        """(trainer; a generator) Until n finished prompts wait to be trained."""
+        while len(self.items) < n:
+            self.need = n
+            self.ready = self.env.event()
+            yield self.ready
+            self.ready = None
+
+    def take(self, u: int, want: int | None = None):
+        """(trainer; a generator to `yield from`) The prompt ids update u consumes (P, or `want` of them with fifo),
+        in completion order."""
+        want = self.prompts if want is None else want
+        self.need = want
+        rg, pick = self._pick(u, want)
         while pick is None:
             self.ready = self.env.event()
             yield self.ready
             self.ready = None
-            rg, pick = self._pick(u)
+            rg, pick = self._pick(u, want)
         keep = np.ones(len(rg), bool)
         keep[pick] = False
         self.items = deque(rg[keep].tolist())
-        self.taken[rg[pick]] = True
-        while self.open_from < len(self.taken) and self.taken[self.open_from]:
-            self.open_from += 1
+        self._mark(rg[pick])
+        if self.gate is not None:
+            self.gate.release(len(pick))
         return rg[pick]

@@ -54,8 +54,10 @@ class Recorder:
         G = q.group
         for i in np.nonzero(np.isfinite(q.t1))[0]:
             c = int(q.cons[i])
-            self.slice(lane_gen(int(q.rep[i])), "response", f"p{i // G}/g{i % G}", float(q.t0[i]), float(q.t1[i] - q.t0[i]),
-                       prompt_id=int(i // G), group_index=int(i % G), prompt_tokens=int(q.p[i]), response_tokens=int(q.L[i]),
+            self.slice(lane_gen(int(q.rep[i])), "response", f"p{i // G}/g{i % G}", float(q.t0[i]),
+                       float(q.t1[i] - q.t0[i]),
+                       prompt_id=int(i // G), group_index=int(i % G), prompt_tokens=int(q.p[i]),
+                       response_tokens=int(q.L[i]),
                        start_version=int(q.v0[i]), finish_version=int(q.v1[i]), consumed_update=c if c >= 0 else None,
                        staleness=int(q.cons[i] - q.v0[i]) if c >= 0 else None)
 

@@ -56,8 +56,8 @@ def _finite(x: Any) -> bool:
 
 def batch_of(row: Mapping[str, Any]) -> float:
     """Responses per update B = P x G."""
-    if _finite(row.get("batch")):
-        return float(row["batch"])
+    if _finite(row.get("responses_per_update")):
+        return float(row["responses_per_update"])
     return float(row["prompts"]) * float(row.get("group") or 1)
 
 
@@ -96,7 +96,8 @@ def _series(points: Sequence[Mapping[str, Any]], series: Sequence[str], *, x: al
             ticks=True, size=8, thickness=1.5).encode(
             x=x, y=alt.Y("lo:Q", title=ytitle, scale=yscale), y2="hi:Q", detail="series:N", color=bar_color))
     layers.append(alt.Chart().mark_line(**mark).encode(x=x, y=y, detail="series:N", **_series_dash(series), **enc))
-    layers.append(alt.Chart().mark_point(filled=True, size=30, opacity=1, **mark).encode(x=x, y=y, tooltip=tooltip, **enc))
+    layers.append(alt.Chart().mark_point(filled=True, size=30, opacity=1,
+                                         **mark).encode(x=x, y=y, tooltip=tooltip, **enc))
     if any(p.get("regime") == "undecided" for p in points):
         layers.append(alt.Chart().transform_filter(undecided).transform_calculate(verdict=f"'{UNDECIDED_LABEL}'").mark_point(
             filled=False, size=220, strokeWidth=2).encode(
@@ -120,7 +121,8 @@ def mark_labels(marks: Sequence[Mapping[str, Any]], extent: tuple[float, float],
     return out
 
 
-def varying_keys(rows: Sequence[Mapping[str, Any]], axes: Iterable[str], exclude: Iterable[str] = ("prompts",)) -> list[str]:
+def varying_keys(rows: Sequence[Mapping[str, Any]], axes: Iterable[str],
+                 exclude: Iterable[str] = ("prompts",)) -> list[str]:
     """Grid axes (other than the batch) that take more than one value: each combination is one series."""
     ex = set(exclude)
     out = []
@@ -162,7 +164,8 @@ def regime_bands(points: Sequence[tuple[float, str]]) -> list[dict]:
     return bands
 
 
-def critical_batches(rows: Sequence[Mapping[str, Any]], *, plateau: float = 0.9, invariance: float = 1.1) -> dict[str, float | None]:
+def critical_batches(rows: Sequence[Mapping[str, Any]], *, plateau: float = 0.9,
+                     invariance: float = 1.1) -> dict[str, float | None]:
     """The two boundaries read off one series of results:
     critical generation batch: smallest B whose throughput reaches `plateau` x the series' best
     (beyond it generation no longer speeds up); critical training batch: largest B whose rho stays
@@ -180,7 +183,8 @@ def critical_batches(rows: Sequence[Mapping[str, Any]], *, plateau: float = 0.9,
     return {"critical_gen_batch": gen, "critical_train_batch": train}
 
 
-def primary_series(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], prefer: Mapping[str, Any] | None) -> list[Mapping]:
+def primary_series(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+                   prefer: Mapping[str, Any] | None) -> list[Mapping]:
     """The rows of one series: the one matching `prefer` (e.g. the trace's group and lr rule) or the first."""
     if not keys:
         return list(rows)
@@ -196,7 +200,8 @@ def primary_series(rows: Sequence[Mapping[str, Any]], keys: Sequence[str], prefe
 
 def time_to_target_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = (),
                          critical: Mapping[str, float | None] | None = None,
-                         prefer: Mapping[str, Any] | None = None, reference_batch: float | None = None) -> alt.LayerChart:
+                         prefer: Mapping[str, Any] | None = None,
+                         reference_batch: float | None = None) -> alt.LayerChart:
     """T / T_ref vs batch, with the intervals as error bars, undecided points ringed, the regimes shaded under every
     point (the primary series' where it has a point) and the critical batches and the reference as rules, each
     labelled on its own line. The x axis spans the shading and the rules, no wider."""
@@ -240,7 +245,8 @@ def time_to_target_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[
                           tooltip=[alt.Tooltip("batch:Q"), alt.Tooltip("series:N"),
                                    alt.Tooltip("time_to_target_ratio:Q", format=".3f"),
                                    alt.Tooltip("lo:Q", format=".3f", title="interval low"),
-                                   alt.Tooltip("hi:Q", format=".3f", title="interval high"), alt.Tooltip("sigma:Q", format=".3f"),
+                                   alt.Tooltip("hi:Q", format=".3f", title="interval high"),
+                                   alt.Tooltip("sigma:Q", format=".3f"),
                                    alt.Tooltip("rho:Q", format=".3f"), alt.Tooltip("regime:N")]))
     if marks:
         xr = alt.X("batch:Q", scale=xscale)
@@ -269,8 +275,10 @@ def sigma_rho_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] 
     title = "ratio to the reference config"
     yscale = alt.Scale(type="log", base=2)
     y = alt.Y("value:Q", scale=yscale, title=title)
-    color = alt.Color("metric:N", title="metric", scale=alt.Scale(domain=["sigma", "rho"], range=["#2b6cb0", "#b7312c"]))
-    layers = [_series(long, series, x=x, y=y, ytitle=title, yscale=yscale, color=color, ring_when="datum.metric === 'rho'",
+    color = alt.Color("metric:N", title="metric",
+                      scale=alt.Scale(domain=["sigma", "rho"], range=["#2b6cb0", "#b7312c"]))
+    layers = [_series(long, series, x=x, y=y, ytitle=title, yscale=yscale, color=color,
+                      ring_when="datum.metric === 'rho'",
                       tooltip=["batch:Q", "metric:N", alt.Tooltip("value:Q", format=".3f"),
                                alt.Tooltip("lo:Q", format=".3f", title="interval low"),
                                alt.Tooltip("hi:Q", format=".3f", title="interval high"), "series:N", "regime:N"])]
@@ -298,7 +306,8 @@ def split_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = ()
         label, share, total = split_label(r)
         eta = r.get("staleness")
         iv = interval_of(r, "time_to_target_ratio")
-        pts.append({"split": label, "share": share, "devices": total, "time_to_target_ratio": float(r["time_to_target_ratio"]),
+        pts.append({"split": label, "share": share, "devices": total,
+                    "time_to_target_ratio": float(r["time_to_target_ratio"]),
                     "staleness": f"eta={float(eta) if _finite(eta) else 0.0:g}", "series": series_label(r, series),
                     "sigma": r.get("sigma"), "rho": r.get("rho"), "gen_idle_ratio": r.get("gen_idle_ratio"),
                     "train_idle_ratio": r.get("train_idle_ratio"), "regime": r.get("regime"),
@@ -314,7 +323,8 @@ def split_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] = ()
     layers = [alt.Chart(_data([{"y": 1.0}])).mark_rule(color="#555", strokeDash=[2, 2]).encode(y="y:Q")]
     layers.append(_series(pts, series, x=x, y=y, ytitle=title, yscale=yscale,
                           color=color if len(etas) > 1 else None, line_color=None if len(etas) > 1 else LINE_COLOR,
-                          tooltip=["split:N", "staleness:N", "series:N", alt.Tooltip("time_to_target_ratio:Q", format=".3f"),
+                          tooltip=["split:N", "staleness:N", "series:N",
+                                   alt.Tooltip("time_to_target_ratio:Q", format=".3f"),
                                    alt.Tooltip("lo:Q", format=".3f", title="interval low"),
                                    alt.Tooltip("hi:Q", format=".3f", title="interval high"),
                                    alt.Tooltip("sigma:Q", format=".3f"), alt.Tooltip("rho:Q", format=".3f"),
@@ -341,7 +351,8 @@ def throughput_chart(points: Sequence[Mapping[str, Any]], curve: Sequence[Mappin
     if curve:
         layers.append(alt.Chart(_data(curve)).mark_line(color="#b7312c", strokeWidth=2.5).encode(
             x=x, y=y, tooltip=["num_running:Q", alt.Tooltip("tokens_per_s:Q", format=".0f")]))
-    return alt.layer(*layers).properties(width=WIDTH, height=HEIGHT, title=title + (" (line: fitted model)" if curve else ""))
+    return alt.layer(*layers).properties(width=WIDTH, height=HEIGHT,
+                                         title=title + (" (line: fitted model)" if curve else ""))
 
 
 def measured_throughput_points(trace) -> list[dict]:
@@ -356,9 +367,11 @@ def measured_throughput_points(trace) -> list[dict]:
             for a, b, p in zip(n, tps, pre) if a > 0 and b > 0]
 
 
-def learning_chart(curves: Mapping[str, Sequence[tuple[float, float]]], *, target: float | None = None) -> alt.LayerChart:
+def learning_chart(curves: Mapping[str, Sequence[tuple[float, float]]], *,
+                   target: float | None = None) -> alt.LayerChart:
     """curves: trace name -> [(cum_responses, score)]."""
-    rows = [{"trace": name, "cum_responses": float(x), "score": float(y)} for name, pts in curves.items() for x, y in pts]
+    rows = [{"trace": name, "cum_responses": float(x), "score": float(y)} for name, pts in curves.items()
+            for x, y in pts]
     one = len(curves) == 1  # one trace: named in the title, not in a one-entry legend
     layers = [alt.Chart(_data(rows)).mark_line(point=True).encode(
         x=alt.X("cum_responses:Q", title="cumulative training responses"),
@@ -420,7 +433,8 @@ def gantt_chart(spans: Sequence[Any], counters: Sequence[Any] = (), *, title: st
         tooltip=["lane:N", "kind:N", alt.Tooltip("start:Q", format=".3f"), alt.Tooltip("duration_s:Q", format=".4f"),
                  "slices:Q"],
     ).properties(width=WIDTH + 140, height=36 * max(len(lanes), 1), title=title)
-    run = sorted(({"t": c.t, "running": c.value} for c in counters if c.name == "gen.running" and (until is None or c.t <= until)),
+    run = sorted(({"t": c.t, "running": c.value} for c in counters
+                  if c.name == "gen.running" and (until is None or c.t <= until)),
                  key=lambda r: r["t"])
     if len(run) > MAX_POINTS:
         idx = np.linspace(0, len(run) - 1, MAX_POINTS).astype(int)

@@ -52,7 +52,8 @@ def trace_summary(trace: Any) -> dict[str, Any]:
 
 
 def _kv_table(d: Mapping[str, Any]) -> str:
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v, default=str))}</td></tr>"
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>"
+                   f"{html.escape(fmt(v) if not isinstance(v, (dict, list)) else json.dumps(v, default=str))}</td></tr>"
                    for k, v in d.items())
     return f"<table class='kv'>{rows}</table>"
 
@@ -79,8 +80,8 @@ def _gen_equation(g: GenStepModel) -> str:
     if len(g.hinges) > 2:
         at = [lo] + [k for k in g.knees if lo < k < hi] + [hi]
         f = ", ".join(f"{n:.0f}: {_dur(float(g.step(n, 0.0)))}" for n in at)
-        return (f"t_step = f(running) + {rest}; f non-decreasing, piecewise linear through {len(g.hinges) + 2} measured "
-                f"levels (straight beyond {lo}..{hi}): {f}")
+        return (f"t_step = f(running) + {rest}; f non-decreasing, piecewise linear through {len(g.hinges) + 2} "
+                f"measured levels (straight beyond {lo}..{hi}): {f}")
     knees = "".join(f" + {_dur(d)} &times; max(0, running &minus; {k:.0f})" for k, d in g.hinges)
     return (f"t_step = {_dur(g.c_step)} + {_dur(g.c_seq)} &times; running + {rest}{knees}"
             f"{' (fixed term from the roofline prior)' if g.prior else ''}; fitted on concurrency {lo}..{hi}")
@@ -103,7 +104,8 @@ def models_section(fitted: FittedModels) -> str:
     o = fitted.gen_overhead
     parts.append("<h3>Other cost models (seconds = intercept + slope &times; x)</h3>")
     parts.append(_table(["model", "x", "intercept", "slope"], aff +
-                        [("gen overhead", "responses, steps", f"{o.base:.4g}", f"{o.per_response:.4g}, {o.per_step:.4g}")]))
+                        [("gen overhead", "responses, steps", f"{o.base:.4g}",
+                          f"{o.per_response:.4g}, {o.per_step:.4g}")]))
     val = fitted.validation
     cv = {"gen_step": (val.gen_cv, val.gen_form), "update": (val.train_cv, "")} if val is not None else {}
     q = [(name, fq.n, fmt(fq.r2, ".4f"), fmt(fq.rmse, ".3g"), fmt(fq.median_rel_err, ".2%"),
@@ -163,8 +165,9 @@ def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) 
     best, ref = v["best"] or rows[0], meta.get("reference") or {}
     cls = "verdict clear" if v["kind"] == "clear" else "verdict undecided-box"
     parts = [f"<div class='{cls}'><p class='headline'><b>{html.escape(v['title'])}</b>: {html.escape(v['text'])}.</p>"]
-    parts.append(f"<p>Ranked first: <b>{html.escape(describe(best, axes, opts))}</b> (B = {fmt(best.get('batch'))} responses "
-                 f"per update): T / T_ref = {html.escape(with_interval(best, 'time_to_target_ratio', '.3f'))} "
+    parts.append(f"<p>Ranked first: <b>{html.escape(describe(best, axes, opts))}</b> "
+                 f"(B = {fmt(best.get('responses_per_update'))} responses per update): T / T_ref = "
+                 f"{html.escape(with_interval(best, 'time_to_target_ratio', '.3f'))} "
                  f"({html.escape(str(best.get('regime')))}), sigma {html.escape(with_interval(best, 'sigma', '.3f'))}, "
                  f"rho {html.escape(with_interval(best, 'rho', '.3f'))} ({html.escape(str(best.get('rho_model')))}), "
                  f"{html.escape(with_interval(best, 'responses_per_s', '.1f'))} responses/s"
@@ -182,8 +185,8 @@ def summary_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) 
         items = "".join(f"<li>{w}</li>" for w in warns)  # escaped above
         parts.append(f"<div class='warnbox'><b>Caveats ({len(warns)})</b><ul>{items}</ul></div>")
     if v["notes"]:
-        parts.append(f"<details class='notes'><summary>How these numbers were made ({_count(len(v['notes']), 'note')})</summary>"
-                     f"<ul>{_items_html(v['notes'])}</ul></details>")
+        parts.append("<details class='notes'><summary>How these numbers were made "
+                     f"({_count(len(v['notes']), 'note')})</summary><ul>{_items_html(v['notes'])}</ul></details>")
     return "\n".join(parts)
 
 
@@ -226,7 +229,8 @@ def ranking_section(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any], 
         out += ("<p><b>Caveats of the configs</b> (numbers in the caveats column):</p><ol class='warn caveats'>"
                 + "".join(f"<li id='caveat-{i}'>{html.escape(w)}</li>" for w, i in warn_ids.items()) + "</ol>")
     if notes:
-        out += (f"<details class='notes'><summary>Notes per config: how their numbers were made ({len(notes)})</summary><ul>"
+        out += ("<details class='notes'><summary>Notes per config: how their numbers were made "
+                f"({len(notes)})</summary><ul>"
                 + "".join(f"<li>{html.escape(n)} <span class='muted'>(rank {', '.join(rs)})</span></li>"
                           for n, rs in notes.items())
                 + "</ul></details>")
@@ -240,9 +244,11 @@ def _chart_div(name: str, title: str, spec: dict) -> str:
 
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;color:#222;padding:0 1em}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1200px;
+  color:#222;padding:0 1em}
 h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
-table{border-collapse:collapse;margin:.6em 0;font-size:13px} td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
+table{border-collapse:collapse;margin:.6em 0;font-size:13px}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
 table.kv th{text-align:left;background:#f6f6f6} table.grid thead th{background:#f0f3f7;position:sticky;top:0}
 .eq{font-family:ui-monospace,monospace;background:#f7f7f7;padding:.5em} .warn{color:#9a5b00} .muted{color:#777}
 section.chart{margin:1.5em 0}
@@ -273,8 +279,8 @@ def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out
         swept = {t.get("sha256") for t in meta["traces"]}
         mine = {trace_identity(t)["sha256"] for t in traces}
         if not mine & swept:
-            raise RlsimError(f"the sweep in {sweep_dir} was run on other traces ({', '.join(t['path'] for t in meta['traces'])}); "
-                             "pass the same --trace")
+            raise RlsimError(f"the sweep in {sweep_dir} was run on other traces "
+                             f"({', '.join(t['path'] for t in meta['traces'])}); pass the same --trace")
     study = prepare(traces, rho_model=study_opts.get("rho_model") or "auto", target=study_opts.get("target"),
                     calibration=calibration)
     fitted = study.models
@@ -292,18 +298,20 @@ def build_report(traces: Sequence[Any], sweep_dir: str | os.PathLike | None, out
         parts.append(f"<h3>{html.escape(t.name)}</h3>")
         parts.append(_kv_table({"path": s["path"], "sha256": ident["sha256"], "status": s["status"],
                                 "rows": s["rows"], "recorded seconds": s["duration_s"],
-                                "mean step time (s)": s["mean_step_time_s"], "mean generation time (s)": s["mean_gen_time_s"],
+                                "mean step time (s)": s["mean_step_time_s"],
+                                "mean generation time (s)": s["mean_gen_time_s"],
                                 "responses / s": s["responses_per_s"], "max running sequences": s["max_running"],
                                 "best eval score": s["best_score"], "final eval score": s["final_score"],
-                                "config": t.config, "engine": t.meta.get("engine", {}), "model": t.meta.get("model", {}),
-                                "hardware": t.meta.get("hardware", {})}))
+                                "config": t.config, "engine": t.meta.get("engine", {}),
+                                "model": t.meta.get("model", {}), "hardware": t.meta.get("hardware", {})}))
     parts.append("<h2 id='models'>Fitted models</h2>" + models_section(fitted))
     parts.append("<h2 id='charts'>Charts</h2>")
     titles = dict(CHARTS + OPTIONAL_CHARTS)
     for name, chart in charts.items():
         parts.append(_chart_div(name, titles.get(name, name), chart.to_dict()))
     names = json.dumps(list(charts))
-    script = ("<script>(function(){for(const n of " + names + "){const s=JSON.parse(document.getElementById('spec-'+n).textContent);"
+    script = ("<script>(function(){for(const n of " + names
+              + "){const s=JSON.parse(document.getElementById('spec-'+n).textContent);"
               "vegaEmbed('#vis-'+n,s,{mode:'vega-lite',actions:{export:true,source:false,compiled:false,editor:false}})"
               ".catch(e=>{document.getElementById('vis-'+n).textContent='chart failed: '+e;});}})();</script>")
     bundle = vlc.javascript_bundle().replace("</script", "<\\/script")

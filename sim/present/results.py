@@ -84,7 +84,8 @@ def prepare_out_dir(out: str | os.PathLike, overwrite: bool, *, clear: bool = Tr
         if not out.is_dir():
             raise RlsimError(f"{out} exists and is not a folder; choose another --out")
         if not overwrite:
-            raise RlsimError(f"output folder {out} already exists; pass --overwrite to replace its results or choose another --out")
+            raise RlsimError(f"output folder {out} already exists; pass --overwrite to replace its results or choose "
+                             "another --out")
         if not clear:
             return out
         for name in OUTPUT_FILES:
@@ -130,7 +131,8 @@ def _column_safe(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
     return out
 
 
-def write_results(out: str | os.PathLike, ranked: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> dict[str, Path]:
+def write_results(out: str | os.PathLike, ranked: Sequence[Mapping[str, Any]],
+                  meta: Mapping[str, Any]) -> dict[str, Path]:
     """results.parquet (metadata under key `rlsim_sweep`), results.csv and sweep.json in `out`."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,7 +160,8 @@ def read_results(sweep_dir: str | os.PathLike) -> tuple[list[dict], dict[str, An
     meta = json.loads(raw) if raw else {}
     if not meta and (d / "sweep.json").exists():
         meta = json.loads((d / "sweep.json").read_text())
-    rows = table.to_pylist()
+    # a sweep written before B's column was named responses_per_update calls it batch
+    rows = [{("responses_per_update" if k == "batch" else k): v for k, v in r.items()} for r in table.to_pylist()]
     rows.sort(key=lambda r: r.get("rank", 0))
     return rows, meta
 

@@ -14,7 +14,7 @@ from rich.table import Table
 from rlsim.replay.rho import regime_key
 from rlsim.replay.util import fmt
 
-TERMINAL_COLUMNS = (("batch", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
+TERMINAL_COLUMNS = (("responses_per_update", "B", ""), ("responses_per_s", "resp/s", ".1f"), ("sigma", "sigma", ".3f"),
                     ("rho", "rho", ".3f"), ("time_to_target_ratio", "T ratio", ".3f"), ("regime", "regime", ""),
                     ("fits", "fits", ""),  # only when a config does not fit in memory
                     ("expected_regret", "exp. regret", "%"))  # the last: only when the sweep has a plan
@@ -95,7 +95,8 @@ def _split(s: str) -> list[str]:
 
 
 def own(row: Mapping[str, Any], key: str, meta: Mapping[str, Any] | None = None) -> list[str]:
-    """A row's warnings (key 'warnings') or notes ('notes') less the study's own (meta[key]), which every row repeats."""
+    """A row's warnings (key 'warnings') or notes ('notes') less the study's own (meta[key]), which every row
+    repeats."""
     study = items((meta or {}).get(key))
     return [x for x in items(row.get(key), study) if x not in study]
 
@@ -114,12 +115,12 @@ def varying(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> list[str]
 
 
 def describe(row: Mapping[str, Any], axes: Sequence[str], labels: Mapping[str, str] | None = None) -> str:
-    """'--batch 64 --group 8': a config by the options that were swept."""
+    """'--prompts 64 --group 8': a config by the options that were swept."""
     labels = labels or {}
     def shown(v: Any) -> Any:
         return f"{v:g}" if isinstance(v, float) else v  # 1.0 as typed: 1
 
-    return " ".join(f"{labels.get(a, a)} {shown(row.get(a))}" for a in axes) or f"B={row.get('batch')}"
+    return " ".join(f"{labels.get(a, a)} {shown(row.get(a))}" for a in axes) or f"B={row.get('responses_per_update')}"
 
 
 def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None = None, *,
@@ -172,7 +173,8 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
         out["title"] = f"Undecided: {name(best)} may not beat the reference"
         out["text"] = (f"it has the smallest predicted T / T_ref, {tv(best)}, but "
                        + ("its interval spans 1" if spans_one else "its regime is undecided")
-                       + ": whether time to target falls or rises against the reference is undecided at this confidence")
+                       + ": whether time to target falls or rises against the reference is undecided at this "
+                         "confidence")
         if tied:
             out["text"] += f"; {_names(tied, name)} {'is' if len(tied) == 1 else 'are'} not told apart from it either"
     elif tied:
@@ -185,7 +187,8 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
         out["text"] = f"T / T_ref {vals}: {why}, so which is fastest is undecided at this confidence"
         regimes = {str(r.get("regime")) for r in group}
         if regimes == {"time falls"} and all((interval(r, "time_to_target_ratio") or (1, 1))[1] < 1 for r in group):
-            out["text"] += f"; {'both' if len(group) == 2 else 'all'} reach the target sooner than the reference (time falls)"
+            out["text"] += (f"; {'both' if len(group) == 2 else 'all'} reach the target sooner than the reference "
+                            "(time falls)")
     else:
         out["kind"] = "clear"
         out["title"] = (f"Best of {len(rows)} configs: {name(best)}" if regime == "time falls" else
@@ -212,7 +215,7 @@ def sweep_verdict(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | N
 def config_warnings(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] | None,
                     name: Callable[[Mapping[str, Any]], str]) -> list[dict[str, list[str]]]:
     """The rows' own warnings (beyond the study's), each said once with the configs it applies to, and the
-    warnings of the same configs together: [{"configs": ["--batch 64", ...], "warnings": [text, ...]}], in the
+    warnings of the same configs together: [{"configs": ["--prompts 64", ...], "warnings": [text, ...]}], in the
     rows' order."""
     applies: dict[str, list[str]] = {}
     for r in rows:
@@ -227,7 +230,8 @@ def config_warnings(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any] |
 
 
 def config_warning_items(v: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """A verdict's config warnings as (the configs, in words, the warnings): ('--batch 64 and --batch 32', 'a; b')."""
+    """A verdict's config warnings as (the configs, in words, the warnings):
+    ('--prompts 64 and --prompts 32', 'a; b')."""
     return [(_names(g["configs"], str, most=len(g["configs"])), "; ".join(g["warnings"]))
             for g in v.get("config_warnings", ())]
 
@@ -240,12 +244,14 @@ def _names(rows: Sequence[Mapping[str, Any]], name: Callable, most: int = 4) -> 
 
 
 def ranking_table(rows: Sequence[Mapping[str, Any]], axes: Sequence[str], *, top: int = 10,
-                  labels: Mapping[str, str] | None = None, meta: Mapping[str, Any] | None = None, width: int | None = None):
+                  labels: Mapping[str, str] | None = None, meta: Mapping[str, Any] | None = None,
+                  width: int | None = None):
     """A rich table of the best `top` rows (rows already ranked): the axes that vary, then the key results,
     each with its interval under it where there is one; a row with warnings of its own (beyond the study's,
     meta['warnings']) is marked `!`. Too wide for `width` columns, it leaves out, in turn, responses/s (sigma
     carries it), B, then the sigma and rho intervals; never the T ratio's."""
-    drops = [(), ("responses_per_s",), ("responses_per_s", "batch"), ("responses_per_s", "batch", "sigma_iv", "rho_iv")]
+    drops = [(), ("responses_per_s",), ("responses_per_s", "responses_per_update"),
+             ("responses_per_s", "responses_per_update", "sigma_iv", "rho_iv")]
     for drop in drops:
         t = _ranking_table(rows, axes, top=top, labels=labels or {}, meta=meta, drop=drop)
         if width is None:

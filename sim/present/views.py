@@ -52,6 +52,9 @@ def axes_of(meta: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> list[
 def _whatif_from_row(row: Mapping[str, Any]):
     names = {f.name for f in dataclasses.fields(WhatIf) if f.init}
     kwargs = {k: row[k] for k in names if k in row and row[k] is not None}
+    kwargs.pop("mode", None)  # a results row's `mode` describes the devices; its registered name is execution_mode
+    if row.get("execution_mode") not in (None, "colocated", "split"):
+        kwargs["mode"] = row["execution_mode"]
     cfg = WhatIf(**kwargs)
     if cfg.updates > GANTT_STEPS:
         cfg = dataclasses.replace(cfg, updates=GANTT_STEPS)
@@ -86,9 +89,11 @@ def build_charts(*, traces: Sequence[Any], study: Study, rows: Sequence[Mapping[
         out["sigma_rho"] = ch.sigma_rho_chart(rows, series=series)
         if any(a in axes for a in SPLIT_AXES):
             out["split"] = ch.split_chart(rows, series=ch.varying_keys(rows, axes, exclude=SPLIT_AXES + ("staleness",)))
-    out["gen_throughput"] = ch.throughput_chart(ch.measured_throughput_points(traces[0]), throughput_curve(fitted, traces[0]),
+    out["gen_throughput"] = ch.throughput_chart(ch.measured_throughput_points(traces[0]),
+                                                throughput_curve(fitted, traces[0]),
                                                 title=f"Generation throughput vs concurrency ({traces[0].name})")
-    out["learning_curves"] = ch.learning_chart(ch.trace_learning_curves(traces), target=(meta.get("study") or {}).get("target"))
+    out["learning_curves"] = ch.learning_chart(ch.trace_learning_curves(traces),
+                                               target=(meta.get("study") or {}).get("target"))
     best = rows[0] if rows else {k: traces[0].config.get(k) for k in ("prompts", "group")}
     cfg = _whatif_from_row(best)
     spans, counters = simulated_timeline(timeline(study, cfg))
@@ -98,7 +103,8 @@ def build_charts(*, traces: Sequence[Any], study: Study, rows: Sequence[Mapping[
     return out
 
 
-def critical_batches(study: Study, rows: Sequence[Mapping[str, Any]], primary: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+def critical_batches(study: Study, rows: Sequence[Mapping[str, Any]],
+                     primary: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     """The two boundaries of the time-to-target chart.
     Critical generation batch: where the simulated end-to-end throughput of the primary series plateaus
     (reaches 90% of its best). Critical training batch: the gradient noise scale B_crit of the reference

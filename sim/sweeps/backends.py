@@ -42,7 +42,8 @@ def check_configs(study: Study, cfgs: Sequence[Any], labels: Mapping[str, str] |
         try:
             sim_config(study, cfg)
         except RlsimError as e:
-            desc = " ".join(f"{labels.get(k, '--' + k.replace('_', '-'))} {v}" for k, v in config_dict(cfg).items() if v is not None)
+            desc = " ".join(f"{labels.get(k, '--' + k.replace('_', '-'))} {v}" for k, v in config_dict(cfg).items()
+                            if v is not None)
             raise RlsimError(f"config [{desc}] is invalid: {e}") from None
 
 
@@ -195,5 +196,6 @@ def same_rows(a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]]) ->
             return True
         return type(x) is type(y) and x == y
 
-    return len(a) == len(b) and all(ra.keys() == rb.keys() and all(same(ra[k], rb[k]) for k in ra) for ra, rb in zip(a, b))
+    return len(a) == len(b) and all(ra.keys() == rb.keys() and all(same(ra[k], rb[k]) for k in ra)
+                                    for ra, rb in zip(a, b))
 

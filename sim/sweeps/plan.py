@@ -2,38 +2,19 @@
 
 The time to target of candidate i relative to the reference is T_i = rho_i / sigma_i. sigma comes from the
 simulator; rho from a sample-cost model that, from one reference trace, is known to err a lot (docs/results.md).
-The plan does not pretend otherwise: its uncertainty about rho is *measured*, as error curves e(d) = log(rho
-measured / rho predicted from a reference alone) at d = log2(B / B_ref), one per reference seed of the recorded
-batch-size studies (`rlsim.replay.rho_errors`). A draw of the truth is one such curve (plus the noise of the
-studies' own seed means), so errors at neighbouring sizes move together, as a misplaced bend makes them. Its
-uncertainty about sigma is the trace's own: each candidate's sigma interval as `rlsim run` gives it (the fits'
-bootstrap widened by their held-out error), read as a log-normal spread. A trace whose cost fits cannot be used
-(`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
+So the plan's uncertainty about rho is *measured*: error curves e(d) = log(rho measured / rho predicted from a
+reference alone) at d = log2(B / B_ref), one per reference seed of the recorded batch-size studies
+(`rlsim.replay.rho_errors`); a draw of the truth is one such curve plus the studies' seed noise. Its uncertainty
+about sigma is each candidate's sigma interval as `rlsim run` gives it, read as a log-normal spread. A trace whose
+cost fits cannot be used (`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
 
-Over the draws (weights w, shape (K,)), for each candidate i (T: (K, n)):
-    expected regret   E_w[T_i / min_j T_j - 1]        p_within_5pct   P_w[T_i <= 1.05 min_j T_j]
-Keeping the reference is one of the choices, with its own expected regret. The pick (`pick`) is the least expected
-regret among the reference and the candidates that beat it with probability `PlanConfig.confidence` on predictions
-alone (their draws come from other tasks' errors) or `PlanConfig.measured_confidence` once a pilot measured them (a
-one-seed pilot is noisy: with no guard there, the picks on the recorded studies moved to sizes worse than the
-reference; docs/results.md, section 10); `Plan.why` says it in one line. It is a **decision** when its p_within_5pct reaches the confidence, or when
-no pilot within the budget would lower the expected regret; otherwise the plan lists **pilots**.
-
-A pilot is a run at candidate j, one seed, set against the reference (one seed too). Run to the target, it measures
-rho (its samples-to-target over the reference's, noise `seed_sd` in log) and sigma (its responses/s over the
-reference's, noise `pilot_sigma_sd`); stopped short of it (a **prefix**), rho is read from the learning curves set
-side by side at equal responses (`rlsim.replay.learning.prefix_log_rho`), its bias and noise measured on the
-recorded studies (`RhoErrors.prefix_sd`, larger than a full run's). Both numbers come from `rlsim.replay.rho_errors`.
-The measurement is weighed against the draws allowing the truth to lie `PlanConfig.slack` off each recorded curve
-(`measured_column`): the draws are reweighted by its likelihood (so the other candidates move with it, as
-neighbouring sizes' errors do) and the candidate's own T becomes the posterior of its draw and the measurement. With
-no slack a task unlike the recorded ones could never leave their curves; with unlimited slack one noisy seed
-decides. The expected regret after a pilot is computed before it is run
-(preposterior: each draw in turn taken as the truth, its pilot observed with that noise, the pick made as above,
-its regret scored on that truth); pilots, full runs priced at the reference's samples-to-target times the
-candidate's predicted rho and prefixes at their length, are ranked by regret removed per response: the multi-fidelity
-logic of successive halving (spend little on candidates the evidence already rules out). A pilot trace given back
-(`--trace`), run to the target or not, is such an observation.
+Over the draws (weights w), for each candidate i: expected regret E_w[T_i / min_j T_j - 1] and p_within_5pct
+P_w[T_i <= 1.05 min_j T_j]. Keeping the reference is a choice with its own expected regret: the pick is the least
+expected regret among the reference and the candidates that beat it with probability `PlanConfig.confidence` on
+predictions alone, or `measured_confidence` once a pilot (a run at candidate j, to the target or a prefix of one)
+measured them; `Plan.why` says why in one line. It is a **decision** when its p_within_5pct reaches the confidence or
+no pilot would lower the expected regret; otherwise the plan lists **pilots**, ranked by the regret they are
+expected to remove (preposterior) per response spent. The method in full: docs/usage.md, "Planning".
 """
 from __future__ import annotations
 
@@ -45,6 +26,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from rlsim.core.config import WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
@@ -64,11 +46,14 @@ WITHIN = 0.05  # "within 5 % of the best"
 class PlanConfig:
     """What `rlsim plan` is asked."""
 
-    prompts: tuple[int, ...] = field(metadata={"help": "candidate P (prompts per update), two or more; the reference's is added"})
+    prompts: tuple[int, ...] = field(metadata={"help": "candidate P (prompts per update), two or more; the reference's "
+                                                       "is added"})
     group: int | None = field(default=None, metadata={"help": "G of every candidate (None: the reference's)"})
-    budget: float | None = field(default=None, metadata={"help": "responses the pilots may spend in all (None: one reference run's)"})
+    budget: float | None = field(default=None,
+                                 metadata={"help": "responses the pilots may spend in all (None: one reference run's)"})
     confidence: float = field(default=0.8, metadata={"help": "p_within_5pct at which the pick is a decision"})
-    draws: int = field(default=4000, metadata={"help": "draws of the truth (error curves plus the studies' seed noise)"})
+    draws: int = field(default=4000,
+                       metadata={"help": "draws of the truth (error curves plus the studies' seed noise)"})
     seed: int = field(default=0, metadata={"help": "seed of the draws"})
     updates: int = field(default=40, metadata={"help": "updates simulated per candidate for sigma"})
     measured_confidence: float = field(default=0.8, metadata={
@@ -78,21 +63,32 @@ class PlanConfig:
         "help": "sd in log T by which a task's truth may lie off every recorded error curve: a pilot's measurement is "
                 "weighed against the curves with it (0: the curves only; large: the measurement only); chosen on the "
                 "recorded studies (docs/results.md, section 10)"})
+    model_params: float | None = field(default=None, metadata={
+        "help": "the model's parameter count, e.g. 7e9, for the candidates' memory when the trace names a model rlsim "
+                "cannot size (None: the trace's model; WhatIf.model_params)"})
+    fixed: tuple = field(default=(), metadata={
+        "help": "((WhatIf field, value), ...) every candidate shares: the execution mode, its settings and devices "
+                "(e.g. (('mode', 'fully_async'),))"})
 
     def validate(self) -> None:
         ps = list(self.prompts)
         if len(ps) < 2:
-            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --batch 16,32,64,128")
+            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --prompts 16,32,64,128")
         if any(not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in ps):
-            raise RlsimError(f"--batch sizes must be positive integers, got {ps}")
+            raise RlsimError(f"{name('prompts')} sizes must be positive integers, got {ps}")
         if len(set(ps)) != len(ps):
-            raise RlsimError(f"--batch lists a size twice ({ps}); give each candidate once")
+            raise RlsimError(f"{name('prompts')} lists a size twice ({ps}); give each candidate once")
+        if self.fixed:
+            cfg = WhatIf(**dict(self.fixed))
+            cfg.validate()
+            check_mode(cfg)
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
             raise RlsimError(f"--confidence must be in [0.5, 1), got {self.confidence}")
         if not self.slack >= 0:
             raise RlsimError(f"slack must be 0 or more (sd in log T), got {self.slack}")
+        WhatIf(model_params=self.model_params).validate()
 
 
 @dataclass(frozen=True)
@@ -163,9 +159,11 @@ class Observation:
 class Plan:
     """A decision, or the pilots that would most cheaply lead to one."""
 
-    candidates: tuple[Candidate, ...] = field(metadata={"help": "every candidate, in the order asked (the reference included)"})
+    candidates: tuple[Candidate, ...] = field(metadata={"help": "every candidate, in the order asked (the reference "
+                                                                "included)"})
     decision: Candidate | None = field(metadata={"help": "the size to run (None: run the pilots first)"})
-    pilots: tuple[Pilot, ...] = field(metadata={"help": "pilots by regret removed per response, best first (empty: decided)"})
+    pilots: tuple[Pilot, ...] = field(metadata={"help": "pilots by regret removed per response, best first (empty: "
+                                                        "decided)"})
     expected_regret: float = field(metadata={"help": "expected regret of the best pick now"})
     reference_prompts: int = field(metadata={"help": "the reference's P"})
     why: str = field(default="", metadata={
@@ -178,13 +176,15 @@ class Plan:
 
     def to_dict(self) -> dict:
         out = {"reference_prompts": self.reference_prompts, "expected_regret": self.expected_regret, "why": self.why,
-               "candidates": [c.to_dict() for c in self.candidates], "notes": list(self.notes), "warnings": list(self.warnings)}
+               "candidates": [c.to_dict() for c in self.candidates], "notes": list(self.notes),
+               "warnings": list(self.warnings)}
         if self.no_move:
             out["no_move"] = self.no_move
         if self.decision is not None:
             d = self.decision
             out["decision"] = {"prompts": d.prompts, "group": d.group, "p_within_5pct": d.p_within_5pct,
-                               "expected_regret": d.expected_regret, "keep_reference": d.prompts == self.reference_prompts}
+                               "expected_regret": d.expected_regret,
+                               "keep_reference": d.prompts == self.reference_prompts}
         else:
             out["pilots"] = [p.to_dict() for p in self.pilots]
         return json_safe(out)  # a plan that makes no move has no regrets: None, not NaN, in JSON and sweep metadata
@@ -302,7 +302,7 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     """Predict every candidate, draw its truth from the measured errors, weigh the draws by the pilots' measurements."""
     G = cfg.group or study.reference.group
     sizes = sorted(set(cfg.prompts) | {study.reference.prompts})
-    preds = [_predict(study, P, G, cfg.updates) for P in sizes]
+    preds = [_predict(study, P, G, cfg) for P in sizes]
     log_t = np.log([p.time_to_target_ratio for p in preds])
     d = np.log2(np.array(sizes, float) * G / study.b_ref)
     ref = sizes.index(study.reference.prompts)
@@ -311,7 +311,7 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     away = sd[d != 0]
     notes = [errors.describe(), f"sigma uncertainty: the trace's own sigma intervals (its fits' bootstrap and held-out "
                                 f"error), sd {away.min():.2f}..{away.max():.2f} in log" if len(away) else ""]
-    notes = [n for n in notes if n]
+    notes = [n for n in notes if n] + _memory_notes(preds)
     warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing "
                 "resamples its fits): taken as exact, which understates the uncertainty"] if bare else []
     w, T = np.ones(cfg.draws), np.exp(T_log)
@@ -322,13 +322,13 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
         w = w * wj
     measured = {ref, *observed}
     if not w.sum() > 0:
-        raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from the "
-                         "same task, model and lr rule as the reference")
+        raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from "
+                         "the same task, model and lr rule as the reference")
     return Scored(sizes, ref, preds, T, e, w, measured, observed, notes, warnings)
 
 
-def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), errors: Mapping[str, RhoErrors] | None = None,
-         target: float | None = None, bounds_ok: bool = False) -> Plan:
+def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
+         errors: Mapping[str, RhoErrors] | None = None, target: float | None = None, bounds_ok: bool = False) -> Plan:
     """Candidates scored over the measured uncertainty, then a decision or the pilots worth running (module doc).
     `errors`: measured error curves by rho model (default: `rlsim.replay.rho_errors`); `bounds_ok`: a pilot short of the
     target whose prefix cannot be read counts at its budget (a lower bound) instead of being refused."""
@@ -341,9 +341,10 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (), err
         raise RlsimError(f"--budget {cfg.budget:g} responses is below one update of the smallest candidate "
                          f"({min(cfg.prompts)} x {G} = {min(cfg.prompts) * G}); give at least that")
     if not np.isfinite(study.n_star_ref):
-        raise RlsimError(f"{reference.name} never reaches its target, so no samples-to-target to plan from; pass a lower "
-                         "--target")
-    s = score(study, cfg, pilots, errors, np.random.default_rng(cfg.seed), (reference.meta.get("model") or {}).get("name"),
+        raise RlsimError(f"{reference.name} never reaches its target, so no samples-to-target to plan from; pass a "
+                         "lower --target")
+    s = score(study, cfg, pilots, errors, np.random.default_rng(cfg.seed),
+              (reference.meta.get("model") or {}).get("name"),
               bounds_ok, split_stats(reference).responses_per_s if pilots else math.nan)
     s, fit_warnings = _feasible(s)
     cands, er, p5 = _rows(s)
@@ -449,10 +450,18 @@ def _has_noise_scale(trace: Trace) -> bool:
     return bool(np.isfinite(noise_scale(trace).b_crit))
 
 
-def _predict(study: Study, P: int, G: int, updates: int) -> Outcome:
-    if P == study.reference.prompts and G == study.reference.group:
-        return reference_outcome(study, updates, 0)
-    return evaluate(study, WhatIf(prompts=P, group=G, updates=updates))
+def _memory_notes(preds: Sequence[Outcome]) -> list[str]:
+    """Why the candidates' memory is unknown or undecided, and what to pass: once, not per candidate."""
+    memory = ("memory unknown", "memory undecided")
+    return list(dict.fromkeys(n for p in preds for n in p.notes if n.startswith(memory)))
+
+
+def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:
+    """Candidate P; under the plan's shared settings `fixed` (a mode) every size runs in it, the reference's too."""
+    like = WhatIf(updates=cfg.updates, model_params=cfg.model_params, **dict(cfg.fixed))
+    if P == study.reference.prompts and G == study.reference.group and not cfg.fixed:
+        return reference_outcome(study, cfg.updates, 0, like=like)
+    return evaluate(study, replace(like, prompts=P, group=G))
 
 
 def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, preds: Sequence[Outcome],
@@ -493,8 +502,8 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: 
     j = sizes.index(P)
     curve = fit_learning_curve(tr)
     if not len(curve.score):
-        raise RlsimError(f"pilot {tr.name} has no eval rows, so it cannot measure samples-to-target; record it with evals "
-                         "(rlrun record --eval-every N)")
+        raise RlsimError(f"pilot {tr.name} has no eval rows, so it cannot measure samples-to-target; record it with "
+                         "evals (rlrun record --eval-every N)")
     reached = samples_to_target(curve, study.target)
     if reached.n <= 0:
         raise RlsimError(f"pilot {tr.name} has no eval after training started, so it measures nothing; run it longer "
@@ -521,10 +530,11 @@ def _same_setup(study: Study, tr: Trace, model_name: str | None) -> None:
     c = tr.config
     for key in ("algo", "task", "lr_rule"):
         if str(c.get(key)) != str(study.models.config.get(key)):
-            raise RlsimError(f"pilot {tr.name} has {key} {c.get(key)!r}, the reference {study.models.config.get(key)!r}: "
-                             "a pilot must be the reference's run at another size")
+            raise RlsimError(f"pilot {tr.name} has {key} {c.get(key)!r}, the reference "
+                             f"{study.models.config.get(key)!r}: a pilot must be the reference's run at another size")
     if model_name is not None and (tr.meta.get("model") or {}).get("name") != model_name:
-        raise RlsimError(f"pilot {tr.name} trains another model than the reference; record it with the reference's --model")
+        raise RlsimError(f"pilot {tr.name} trains another model than the reference; record it with the reference's "
+                         "--model")
 
 
 def _pilots(study: Study, s: Scored, errors: RhoErrors, rng: np.random.Generator, cfg: PlanConfig) -> list[Pilot]:

@@ -12,6 +12,7 @@ from rlsim.sweeps import backends
 from rlsim.present import results
 from rlsim.present import perfetto as pf
 from rlsim.core.config import WhatIf
+from rlsim.modes.registry import check as check_mode
 from rlsim.core.grid import build_grid, config_dict
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import exclusive
@@ -28,7 +29,8 @@ class SweepResult:
 
     rows: list = field(metadata={"help": "ranked result rows, best first (config fields + outcome)"})
     meta: dict = field(metadata={"help": "grid, study options, backend, traces' identity, the reference's outcome"})
-    paths: dict = field(default_factory=dict, metadata={"help": "files written (parquet, csv, json), when `out` was given"})
+    paths: dict = field(default_factory=dict,
+                        metadata={"help": "files written (parquet, csv, json), when `out` was given"})
     seconds: float = field(default=0.0, metadata={"help": "wall seconds of the evaluation"})
 
 
@@ -42,12 +44,14 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
     what `rlsim run` gives for its config."""
     labels = dict(labels or {})
     if not axes:
-        raise RlsimError("nothing to sweep: give at least one option as a comma list, e.g. --batch 64,128,256")
+        raise RlsimError("nothing to sweep: give at least one option as a comma list, e.g. --prompts 64,128,256")
     if workers is not None and workers < 1:
         raise RlsimError("--workers must be at least 1")
     if ray_address:
         backends.import_ray()  # fail fast, before fitting, when the extra is missing
     grid = build_grid(WhatIf, axes, {}, labels=labels)
+    for cfg in grid:  # a mode and settings that do not go together: one line before anything is fitted
+        check_mode(cfg)
     if out is not None:
         results.prepare_out_dir(out, overwrite, clear=False)  # refuse early; old results go only once new ones exist
     study = prepare(traces, rho_model=rho_model, target=target, calibration=calibration)
@@ -75,7 +79,8 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
                            "tied_configs": [r.get("config_id") for r in v["tied"]]}
         paths: dict = {}
         if out is not None:
-            results.prepare_out_dir(out, overwrite)  # again, under the lock: another sweep may have written it meanwhile
+            # again, under the lock: another sweep may have written it meanwhile
+            results.prepare_out_dir(out, overwrite)
             paths = results.write_results(out, ranked, meta)
             if charts:
                 sweep_charts(Path(out) / "charts", traces=traces, study=study, rows=ranked, meta=meta)
@@ -107,7 +112,8 @@ def _plan(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], target: floa
 
 def _with_plan(row: dict, p: dict | None) -> dict:
     """A sweep row with its size's expected regret and p_within_5pct from the plan (when there is one)."""
-    c = next((c for c in (p or {}).get("candidates", ()) if (c["prompts"], c["group"]) == (row.get("prompts"), row.get("group"))),
+    c = next((c for c in (p or {}).get("candidates", ())
+              if (c["prompts"], c["group"]) == (row.get("prompts"), row.get("group"))),
              None)
     return {**row, "expected_regret": c["expected_regret"], "p_within_5pct": c["p_within_5pct"]} if c else row
 

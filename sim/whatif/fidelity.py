@@ -57,13 +57,15 @@ def replay_trace(trace: Trace, *, seed: int = 0, lengths: str = "recorded") -> R
     skip = U > 1 and not warmup_excluded(trace)
     keep = rec.step != 0 if skip else np.ones(U, bool)
     resp = rec.num_responses
-    recorded = {"step_time": rec.step_time[keep], "gen_time": rec.gen_time[keep], "responses_per_s": (resp / rec.step_time)[keep]}
+    recorded = {"step_time": rec.step_time[keep], "gen_time": rec.gen_time[keep],
+                "responses_per_s": (resp / rec.step_time)[keep]}
     sim_resp = sim_run.responses
     simulated = {"step_time": sim_run.step_time[keep], "gen_time": sim_run.gen_time[keep],
                  "responses_per_s": (sim_resp / sim_run.step_time)[keep]}
     return ReplayResult(trace=trace.name, step=rec.step[keep], recorded=recorded, simulated=simulated,
                         skipped_warmup=bool(skip), lengths=lengths,
-                        warnings=models.warnings + ((f"{trace.name} was recovered from a partial recording",) if trace.recovered else ()))
+                        warnings=models.warnings
+                        + ((f"{trace.name} was recovered from a partial recording",) if trace.recovered else ()))
 
 
 def noise_floor(x) -> float:

@@ -26,9 +26,8 @@ from rlsim.whatif.study import (Study, fit_check, models_for, recorded_devices, 
 
 # The far end of a split predicted from a colocated GPU run: each side up to this many times the colocated per-device
 # speed. A colocated step holds costs of sharing the devices (weight reloads, memory swaps, a smaller KV cache, the
-# long tail holding every GPU) that a split drops and one log cannot separate. Published: verl's fully-async 7B
-# trainer updated 512 prompts on 16 H20s in 314 s where the colocated update on 32 took 270 s (1.7x per device);
-# NeMo RL's Llama-3.1-8B 1-step-off on 8 + 8 GPUs beat its colocated run on 16 (docs/results.md section 7).
+# long tail holding every GPU) that a split drops and one log cannot separate. Set from published split runs that
+# beat their colocated runs per device by more than overlap allows (docs/results.md section 7 item 8, section 10).
 SPLIT_GAIN_HI = 2.0
 
 
@@ -52,8 +51,8 @@ def replicate_rates(models: FittedModels, run_: SimRun) -> np.ndarray | None:
 def decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> str:
     """The cheapest measurement that would decide an undecided verdict: whichever of rho and sigma is less sure.
     Throughput at another P on the recorded hardware: `rlrun probe` of both sizes in one process, paired (two
-    recordings made apart differ by the machine's drift, 5-10 % between processes on a shared host, as much as
-    the gain in question; docs/results.md section 6)."""
+    recordings made apart differ by the machine's drift, as much as the gain in question; docs/results.md
+    sections 3, 6 and 10)."""
     def width(key: str) -> float:
         lo, hi = iv.get(key + "_lo", math.nan), iv.get(key + "_hi", math.nan)
         return math.log(hi / lo) if lo > 0 and math.isfinite(hi) and hi >= lo else 0.0
@@ -119,7 +118,8 @@ def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: 
         out["responses_per_s_hi"] = max(out.get("responses_per_s_hi", q), q_end)
         if not reference:
             widened |= not out.get("sigma_lo", sigma) <= s_end <= out.get("sigma_hi", sigma)
-            out["sigma_lo"], out["sigma_hi"] = min(out.get("sigma_lo", sigma), s_end), max(out.get("sigma_hi", sigma), s_end)
+            out["sigma_lo"], out["sigma_hi"] = (min(out.get("sigma_lo", sigma), s_end),
+                                                max(out.get("sigma_hi", sigma), s_end))
         methods.append(how)
     if reference:
         rho_reps, bounds, rho_note = None, None, "rho = 1"
@@ -140,8 +140,10 @@ def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: 
             (1.0, 1.0) if reference else interval(ratio, rr[:m] / ss[:m], level))
         methods.append(rho_note)
     if ends and not reference and (widened or "time_to_target_ratio_lo" not in out):  # T / T_ref across the ends too
-        out["time_to_target_ratio_lo"] = min(out.get("time_to_target_ratio_lo", ratio), out.get("rho_lo", rho) / out["sigma_hi"])
-        out["time_to_target_ratio_hi"] = max(out.get("time_to_target_ratio_hi", ratio), out.get("rho_hi", rho) / out["sigma_lo"])
+        out["time_to_target_ratio_lo"] = min(out.get("time_to_target_ratio_lo", ratio),
+                                             out.get("rho_lo", rho) / out["sigma_hi"])
+        out["time_to_target_ratio_hi"] = max(out.get("time_to_target_ratio_hi", ratio),
+                                             out.get("rho_hi", rho) / out["sigma_lo"])
     if methods:
         out["interval"] = "; ".join(methods)
     return out
@@ -204,7 +206,8 @@ def _split_gain_study(study: Study) -> Study:
     fast = replace(src, key="split-gain", mem_bandwidth_gbs=SPLIT_GAIN_HI, flops_tflops=SPLIT_GAIN_HI)
     n = recorded_devices(study)
     models, _ = rescale(study.models, fast, n, source_profile=src, source_gpus=n)
-    return replace(study, models=replace(models, config=study.models.config, warnings=study.models.warnings, alternative=None))
+    return replace(study,
+                   models=replace(models, config=study.models.config, warnings=study.models.warnings, alternative=None))
 
 
 def other_device(study: Study, device: str) -> bool:

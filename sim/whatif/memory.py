@@ -14,9 +14,13 @@ from typing import Any
 
 from rlsim.core.config import WhatIf
 from rlsim.replay.devices import get_profile, profile_for_hardware
-from rlsim.replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.memory import (GenSetup, MemoryEstimate, ModelShape, TrainSetup, estimate_memory, model_shape,
                                  setups_from_verl)
+
+# why a parameter count alone leaves the verdict open, and the fix
+PARTIAL = ("the model's layer shapes are unknown, so its KV cache and activations are not counted: import the log "
+           "with --model-config PATH/config.json")
 
 # bytes per element of an engine dtype as a trace's `engine.dtype` names it
 DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "fp32": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "fp16": 2.0,
@@ -62,8 +66,9 @@ def _shape(model: dict[str, Any]) -> tuple[ModelShape | None, str]:
         return model_shape(model.get("name"), params=model.get("parameters")), ""
     except RlsimError:
         return None, (f"memory unknown: the trace's model {model.get('name')!r} is not in rlsim's registry and the "
-                      "trace has no parameter count; pass --model-params (its parameter count, e.g. 7e9) for its "
-                      "training state, or import the log again with --model-params")
+                      f"trace has no parameter count, so pass {name('model_params')} (its parameter count, e.g. "
+                      "7e9) for its training state, or import the log again with --model-config PATH/config.json "
+                      "for all of it")
 
 
 def trace_memory(meta: dict[str, Any]) -> TraceMemory:
@@ -104,7 +109,7 @@ def trace_memory(meta: dict[str, Any]) -> TraceMemory:
 class Load:
     """What a candidate puts on its devices."""
 
-    batch: int = field(metadata={"help": "B = P x G responses trained per update"})
+    responses_per_update: int = field(metadata={"help": "B = P x G responses trained per update"})
     gen_requests: int = field(metadata={"help": "responses generated per update (B_gen >= B)"})
     seq_len: int = field(metadata={"help": "the longest prompt + response, tokens"})
     recorded_devices: int = field(metadata={"help": "devices the reference ran on"})
@@ -115,7 +120,7 @@ def candidate_setups(tm: TraceMemory, cfg: WhatIf, load: Load) -> tuple[GenSetup
     --gen-gpus engines and --train-gpus trainer ranks; a CPU host is one memory whatever its cores."""
     split = cfg.split and not tm.cpu
     n = 1 if tm.cpu else int(cfg.gpus or load.recorded_devices)
-    n_gen, n_train = (int(cfg.gen_gpus), int(cfg.train_gpus)) if split else (n, n)
+    n_gen, n_train = (int(cfg.gen_gpus or cfg.train_gpus), int(cfg.train_gpus)) if split else (n, n)  # hybrid: the same
     if tm.verl:  # its engine and FSDP settings; the batch enters below, as each engine's concurrency
         gen, _ = setups_from_verl(tm.verl, gpus=n_gen)
         _, train = setups_from_verl(tm.verl, gpus=n_train)
@@ -123,7 +128,8 @@ def candidate_setups(tm: TraceMemory, cfg: WhatIf, load: Load) -> tuple[GenSetup
         gen = replace(tm.gen, tp=min(tm.gen.tp, n_gen))
         train = replace(tm.train, gpus=n_train, seq_len=tm.train.seq_len if tm.train.seq_len else load.seq_len)
         if tm.framework == "rlrun":  # each rank trains at most its share of the batch per micro-batch
-            train = replace(train, micro_batch=max(1, min(train.micro_batch, load.batch // max(n_train, 1))))
+            share = load.responses_per_update // max(n_train, 1)
+            train = replace(train, micro_batch=max(1, min(train.micro_batch, share)))
         else:
             train = replace(train, seq_len=load.seq_len)
     engines = max(1, n_gen // max(gen.tp, 1))
@@ -164,7 +170,8 @@ def memory_warning(est: MemoryEstimate | None) -> str:
     """The warning of a configuration that does not fit: the overflowing term and the smallest changes that fit."""
     if est is None or est.fits is not False:
         return ""
-    fix = (f"; it would fit with {est.fixes[0]}" + (f" (or: {'; '.join(est.fixes[1:3])})" if len(est.fixes) > 1 else "")
+    fix = (f"; the smallest change that fits: {est.fixes[0]}"
+           + (f" (or: {'; '.join(est.fixes[1:3])})" if len(est.fixes) > 1 else "")
            if est.fixes else "; no single change tried fits (micro-batch, checkpointing, TP, sharding, offload, "
                              "up to 16x the GPUs)")
     return f"does not fit in memory: {est.overflow}{fix}"
@@ -179,7 +186,8 @@ def memory_line(m: dict[str, Any] | None) -> str:
 
     def gb(v: float | None) -> str:
         return "?" if v is None else f"{v:.1f}"
-    verdict = {True: "fits", False: "does not fit", None: "undecided (the model's layer shapes are unknown)"}[m["fits"]]
+    verdict = {True: "fits", False: "does not fit",
+               None: f"undecided ({PARTIAL})"}[m["fits"]]
     split = "" if m.get("colocated", True) else " (split: each device holds one phase)"
     kv = ""
     cap, demand = m.get("kv_capacity_tokens"), m.get("kv_demand_tokens")

@@ -22,7 +22,7 @@ class Outcome:
 
     prompts: int = field(metadata={"help": "P"})
     group: int = field(metadata={"help": "G"})
-    batch: int = field(metadata={"help": "B = P x G responses per update"})
+    responses_per_update: int = field(metadata={"help": "B = P x G responses trained per update"})
     lr_rule: str = field(metadata={"help": "learning-rate rule"})
     responses_per_s: float = field(metadata={"help": "simulated end-to-end responses per second (q)"})
     step_time_s: float = field(metadata={"help": "mean seconds per RL step"})
@@ -30,12 +30,14 @@ class Outcome:
     train_s: float = field(metadata={"help": "mean training seconds per step (batch preparation + update)"})
     sync_s: float = field(metadata={"help": "mean weight-sync seconds per step"})
     other_s: float = field(metadata={"help": "mean seconds of rewards and the rest of the step"})
-    idle_s: float = field(metadata={"help": "mean seconds the device neither generates, trains nor syncs (colocated: = other_s)"})
+    idle_s: float = field(metadata={"help": "mean seconds the device neither generates, trains nor syncs (colocated: = "
+                                            "other_s)"})
     sigma: float = field(metadata={"help": "throughput gain q / q_ref"})
     rho: float = field(metadata={"help": "sample cost N* / N*_ref"})
     rho_model: str = field(metadata={"help": "rho model used: invariant | noise-scale | curves | lr-aware"})
     time_to_target_ratio: float = field(metadata={"help": "T / T_ref = rho / sigma"})
-    time_to_target_s: float = field(metadata={"help": "predicted training seconds to the target (nan without evals reaching it)"})
+    time_to_target_s: float = field(metadata={"help": "predicted training seconds to the target (nan without evals "
+                                                      "reaching it)"})
     regime: str = field(metadata={"help": "time falls | flat | time rises (vs the reference, 5% band) | undecided "
                                              "(its T interval spans 1) | reference (the reference config itself)"})
     updates: int = field(metadata={"help": "updates simulated"})
@@ -43,14 +45,19 @@ class Outcome:
     peak_running: int = field(metadata={"help": "most concurrent sequences in the simulation"})
     preemptions: float = field(metadata={"help": "mean requests preempted per round (KV cache full)"})
     seed: int = field(metadata={"help": "seed of the length sampling"})
-    warnings: tuple[str, ...] = field(default=(), metadata={"help": "what may be wrong: extrapolation, unmeasured terms"})
-    notes: tuple[str, ...] = field(default=(), metadata={"help": "how the answer was made: rescaled terms, model assumptions"})
-    hardware: str = field(default="as recorded", metadata={"help": "the devices this configuration and its reference run on"})
-    hardware_gain: float = field(default=1.0, metadata={"help": "responses/s of the reference configuration on this hardware over "
+    warnings: tuple[str, ...] = field(default=(),
+                                      metadata={"help": "what may be wrong: extrapolation, unmeasured terms"})
+    notes: tuple[str, ...] = field(default=(),
+                                   metadata={"help": "how the answer was made: rescaled terms, model assumptions"})
+    hardware: str = field(default="as recorded",
+                          metadata={"help": "the devices this configuration and its reference run on"})
+    hardware_gain: float = field(default=1.0, metadata={"help": "responses/s of the reference configuration on this "
+                                                                "hardware over "
                                                                  "the recorded hardware (1: as recorded)"})
     time_to_target_vs_recorded: float = field(default=math.nan, metadata={
         "help": "T / T of the reference as recorded: the batch change and the hardware change together"})
-    responses_per_s_lo: float = field(default=math.nan, metadata={"help": "lower end of the responses/s interval (see interval)"})
+    responses_per_s_lo: float = field(default=math.nan,
+                                      metadata={"help": "lower end of the responses/s interval (see interval)"})
     responses_per_s_hi: float = field(default=math.nan, metadata={"help": "upper end of the responses/s interval"})
     sigma_lo: float = field(default=math.nan, metadata={"help": "lower end of the sigma interval"})
     sigma_hi: float = field(default=math.nan, metadata={"help": "upper end of the sigma interval"})
@@ -59,14 +66,21 @@ class Outcome:
     time_to_target_ratio_lo: float = field(default=math.nan, metadata={"help": "lower end of the T / T_ref interval"})
     time_to_target_ratio_hi: float = field(default=math.nan, metadata={"help": "upper end of the T / T_ref interval"})
     interval: str = field(default="", metadata={"help": "how the intervals were made (empty: none)"})
-    mode: str = field(default="colocated", metadata={"help": "colocated, or the split: generation : training devices, staleness limit, partial rollout"})
-    gen_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the generation side waits (split: mean over replicas; colocated: while training)"})
-    train_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the training side waits for generation (split: mean over ranks)"})
+    mode: str = field(default="colocated", metadata={"help": "colocated, or the split: generation : training devices, "
+                                                             "staleness limit, partial rollout"})
+    execution_mode: str = field(default="colocated", metadata={
+        "help": "the execution mode's registered name (rlsim.modes.registry); `mode` describes its devices and limits"})
+    gen_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the generation side waits "
+                                                                      "(split: mean over replicas; colocated: while "
+                                                                      "training)"})
+    train_idle_ratio: float = field(default=math.nan, metadata={"help": "fraction of wall time the training side waits "
+                                                                        "for generation (split: mean over ranks)"})
     staleness_mean: float = field(default=0.0, metadata={"help": "mean policy versions a consumed sample lagged"})
     staleness_max: int = field(default=0, metadata={"help": "most policy versions a consumed sample lagged"})
     rho_staleness: float = field(default=1.0, metadata={
         "help": "factor of rho for the staleness limit (in rho; rlsim.replay.rho.staleness_rho)"})
-    allreduce_s: float = field(default=0.0, metadata={"help": "gradient all-reduce seconds per update (split with train_gpus > 1)"})
+    allreduce_s: float = field(default=0.0,
+                               metadata={"help": "gradient all-reduce seconds per update (split with train_gpus > 1)"})
     fits: bool | None = field(default=None, metadata={
         "help": "the memory model says it fits its devices (None: unknown; rlsim.whatif.memory)"})
     memory: dict | None = field(default=None, metadata={
@@ -79,7 +93,8 @@ class Outcome:
         d.update({f"memory_{k}": (self.memory or {}).get(k) for k in MEMORY_COLUMNS})
         d["warnings"] = "; ".join(self.warnings)
         d["notes"] = "; ".join(self.notes)
-        return {k: (float(v) if isinstance(v, (np.floating,)) else int(v) if isinstance(v, np.integer) else v) for k, v in d.items()}
+        return {k: (float(v) if isinstance(v, (np.floating,)) else int(v) if isinstance(v, np.integer) else v)
+                for k, v in d.items()}
 
 
 @dataclass(frozen=True, eq=False)
@@ -92,14 +107,18 @@ class RunResult:
     target: float = field(metadata={"help": "eval score defining time-to-target"})
     n_star_ref: float = field(metadata={"help": "reference responses to reach the target (nan if never)"})
     b_crit: float = field(metadata={"help": "gradient noise scale of the reference (actor), responses"})
-    recorded_time_to_target_s: float = field(metadata={"help": "wall seconds at which the reference's evals reached the target"})
+    recorded_time_to_target_s: float = field(metadata={"help": "wall seconds at which the reference's evals reached "
+                                                               "the target"})
     warnings: tuple[str, ...] = field(metadata={"help": "fit and learning-model warnings"})
-    notes: tuple[str, ...] = field(default=(), metadata={"help": "how the study was made (models chosen, constants fitted)"})
+    notes: tuple[str, ...] = field(default=(),
+                                   metadata={"help": "how the study was made (models chosen, constants fitted)"})
     b_crit_critic: float = field(default=math.nan, metadata={"help": "gradient noise scale of the PPO value model"})
-    recorded_responses_per_s: float = field(default=math.nan, metadata={"help": "median responses/s over the trace's updates"})
+    recorded_responses_per_s: float = field(default=math.nan,
+                                            metadata={"help": "median responses/s over the trace's updates"})
     recorded_step_time_s: float = field(default=math.nan, metadata={
         "help": "median step time over the trace's updates, as recorded (rlsim.replay.steps: the one definition)"})
-    validation: Validation | None = field(default=None, metadata={"help": "fit validation (replay.models.Validation): form, R2, CV error"})
+    validation: Validation | None = field(default=None, metadata={"help": "fit validation (replay.models.Validation): "
+                                                                          "form, R2, CV error"})
 
     def to_dict(self) -> dict[str, Any]:
         d = self.candidate.to_dict()

@@ -13,7 +13,7 @@ import numpy as np
 
 from rlsim.core.config import WhatIf
 from rlsim.core.pipeline import SimRun
-from rlsim.modes.registry import simulate
+from rlsim.modes.registry import check as check_mode, simulate
 from rlsim.replay.io import Trace
 from rlsim.replay.rho import RhoModel, regime, staleness_rho
 from rlsim.whatif.intervals import decider, outcome_intervals
@@ -69,11 +69,14 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
         # the same words for every config (its interval is printed beside it): a sweep says them once for all
         warnings.append("the T / T_ref interval spans 1: whether time to target falls or rises is undecided at this "
                         f"confidence; {decider(iv, P, G, study, cfg)}")
-    return Outcome(prompts=P, group=G, batch=B, lr_rule=rule, responses_per_s=q, step_time_s=step, gen_s=gen, train_s=train,
-                   sync_s=syn, other_s=oth, idle_s=max(step - gen - train - syn, 0.0), sigma=sigma, rho=rho, rho_model=kind,
-                   time_to_target_ratio=ratio, time_to_target_s=t_abs, regime=reg, **iv,
-                   updates=int(len(run_.step_time)), gen_steps=float(run_.gen_steps.mean()), peak_running=int(run_.peak_running.max()),
-                   preemptions=float(run_.preemptions.mean()), seed=cfg.seed, warnings=tuple(warnings), notes=tuple(notes),
+    return Outcome(prompts=P, group=G, responses_per_update=B, lr_rule=rule, responses_per_s=q, step_time_s=step,
+                   gen_s=gen, train_s=train,
+                   sync_s=syn, other_s=oth, idle_s=max(step - gen - train - syn, 0.0), sigma=sigma, rho=rho,
+                   rho_model=kind, time_to_target_ratio=ratio, time_to_target_s=t_abs, regime=reg, **iv,
+                   updates=int(len(run_.step_time)), gen_steps=float(run_.gen_steps.mean()),
+                   peak_running=int(run_.peak_running.max()),
+                   preemptions=float(run_.preemptions.mean()), seed=cfg.seed, warnings=tuple(warnings),
+                   notes=tuple(notes),
                    hardware=hardware_label(study, cfg), hardware_gain=gain, time_to_target_vs_recorded=ratio / gain,
                    **_split_fields(run_, rho_stale), **mem)
 
@@ -87,9 +90,9 @@ def _hardware(study: Study, cfg: WhatIf, ref_cfg: WhatIf) -> tuple[list[str], li
     warnings = [w for w in models.warnings if w not in study.models.warnings]  # the rescale's own caveat
     recorded = reference_config(study, WhatIf(), updates=ref_cfg.updates, seed=ref_cfg.seed)
     gain = simulate_reference(study, ref_cfg).responses_per_s / simulate_reference(study, recorded).responses_per_s
-    notes = [f"compared with the reference configuration (P={ref_cfg.prompts}, G={ref_cfg.group}, colocated) on the same "
-             f"hardware, {hardware_label(study, ref_cfg)}: it runs {gain:.3g}x the recorded responses/s there, a change of "
-             "hardware and not of batch size, which sigma leaves out"] + list(notes)
+    notes = [f"compared with the reference configuration (P={ref_cfg.prompts}, G={ref_cfg.group}, colocated) on the "
+             f"same hardware, {hardware_label(study, ref_cfg)}: it runs {gain:.3g}x the recorded responses/s there, a "
+             "change of hardware and not of batch size, which sigma leaves out"] + list(notes)
     if cfg.split:  # where each side's one-device costs come from
         notes += [n for n in models_for(study, cfg)[2] if n not in notes]
     return warnings, notes, float(gain)
@@ -108,7 +111,8 @@ def _extrapolation_warnings(study: Study, cfg: WhatIf, run_: SimRun, B: int, ref
                    "the step-cost model is extrapolated")
     if run_.preemptions.sum() > 0:
         out.append(f"past KV-cache capacity ({run_.peak_kv_tokens.max():.0f} tokens needed of "
-                   f"{sim_config(study, cfg).engine.kv_cache_tokens}): {run_.preemptions.mean():.1f} preemptions per round, recomputed")
+                   f"{sim_config(study, cfg).engine.kv_cache_tokens}): {run_.preemptions.mean():.1f} preemptions per "
+                   "round, recomputed")
     return out
 
 
@@ -119,10 +123,16 @@ def _split_fields(run_: SimRun, rho_stale: float) -> dict[str, Any]:
     if not sp:
         total = float(run_.step_time.sum())
         gen = float(run_.gen_time.sum()) / total if total > 0 else math.nan
-        return {"mode": "colocated", "gen_idle_ratio": 1.0 - gen, "train_idle_ratio": gen}
-    mode = (f"split {sp.gen_gpus} gen : {sp.train_gpus} train, staleness {sp.staleness:g}"
-            + (", partial rollout" if sp.partial_rollout else ""))
-    return {"mode": mode, "gen_idle_ratio": run_.gen_idle_ratio, "train_idle_ratio": run_.train_idle_ratio,
+        return {"mode": "colocated", "execution_mode": "colocated", "gen_idle_ratio": 1.0 - gen,
+                "train_idle_ratio": gen}
+    if sp.hybrid:
+        where = f"{sp.mode} on {sp.train_gpus} devices (hybrid replicas)"
+    else:
+        where = f"{sp.mode} {sp.gen_gpus} gen : {sp.train_gpus} train"
+    mode = (f"{where}, staleness {sp.staleness:g}" + (", partial rollout" if sp.partial_rollout else "")
+            + (f", {sp.chunks} fetches per sync" if sp.chunks > 1 else ""))
+    return {"mode": mode, "execution_mode": sp.mode, "gen_idle_ratio": run_.gen_idle_ratio,
+            "train_idle_ratio": run_.train_idle_ratio,
             "staleness_mean": run_.staleness_mean, "staleness_max": int(run_.staleness_max), "rho_staleness": rho_stale,
             "allreduce_s": float(sp.allreduce_s)}
 
@@ -149,13 +159,15 @@ def timeline(study: Study, cfg: WhatIf) -> SimRun:
 def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target: float | None = None,
         calibration: Sequence[Trace] = ()) -> RunResult:
     cfg.validate()
+    check_mode(cfg)  # before the fit: a mode and settings that do not go together is one line at once
     study = prepare(traces, rho_model=rho_model, target=target, calibration=calibration)
     cand = evaluate(study, cfg)
     ref = reference_outcome(study, cfg.updates, cfg.seed, like=cfg)
     rec = study.models.recorded
-    return RunResult(reference=ref, candidate=cand, rho_model=cand.rho_model, target=study.target, n_star_ref=study.n_star_ref,
-                     b_crit=study.noise.b_crit, recorded_time_to_target_s=study.recorded_time_to_target_s, warnings=study.warnings,
-                     notes=study.notes,
+    return RunResult(reference=ref, candidate=cand, rho_model=cand.rho_model, target=study.target,
+                     n_star_ref=study.n_star_ref,
+                     b_crit=study.noise.b_crit, recorded_time_to_target_s=study.recorded_time_to_target_s,
+                     warnings=study.warnings, notes=study.notes,
                      b_crit_critic=study.noise.critic_b_crit, validation=study.models.validation,
                      recorded_responses_per_s=float(np.median(rec.responses_per_s)) if len(rec.step) else math.nan,
                      recorded_step_time_s=float(np.median(rec.step_time)) if len(rec.step) else math.nan)

@@ -38,6 +38,7 @@ def config_for(models: FittedModels, *, updates: int, prompts: int | None = None
     elif gen_batch is None:
         gen_batch = max(int(round(P * G * gen_ratio(models))), P * G)
     elif gen_batch < P * G:
-        raise RlsimError(f"--gen-batch {gen_batch} is smaller than the train batch B = P x G = {P * G}; generate at least B responses per update")
+        raise RlsimError(f"--gen-batch {gen_batch} is smaller than the train batch B = P x G = {P * G}; generate at "
+                         "least B responses per update")
     return SimConfig(prompts=P, group=G, updates=updates, engine=engine or engine_of(models), lengths=lengths,
                      gen_batch=gen_batch if gen_batch > P * G else 0, split=split)

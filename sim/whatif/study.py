@@ -18,7 +18,7 @@ import numpy as np
 from rlsim.core.config import EngineConfig, SimConfig, WhatIf
 from rlsim.core.pipeline import SimRun
 from rlsim.modes.registry import simulate
-from rlsim.modes.split import split_config
+from rlsim.modes.registry import check as check_mode, split_config
 from rlsim.replay.device_speed import device_ratios
 from rlsim.replay.devices import host_name, per_device, profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError, name, setting
@@ -31,7 +31,8 @@ from rlsim.replay.models import INTERVAL, FittedModels, interval
 from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_ratio,
                               noise_scale_rho, parse_rho)
 from rlsim.replay.schema import EVAL, placement
-from rlsim.whatif.memory import Load, TraceMemory, candidate_memory, memory_object, memory_warning, trace_memory
+from rlsim.whatif.memory import (PARTIAL, Load, TraceMemory, candidate_memory, memory_object, memory_warning,
+                                 trace_memory)
 from rlsim.whatif.simconfig import config_for, engine_of, gen_ratio
 
 
@@ -48,17 +49,26 @@ class Study:
     rho_requested: str = field(metadata={"help": "rho model asked for (auto picks)"})
     target: float = field(metadata={"help": "eval score defining time-to-target"})
     n_star_ref: float = field(metadata={"help": "reference responses to reach the target (nan if never)"})
-    recorded_time_to_target_s: float = field(metadata={"help": "wall seconds at which the reference's evals reached the target"})
+    recorded_time_to_target_s: float = field(metadata={"help": "wall seconds at which the reference's evals reached "
+                                                               "the target"})
     warnings: tuple[str, ...] = field(default=(), metadata={"help": "fit and learning-model warnings"})
-    notes: tuple[str, ...] = field(default=(), metadata={"help": "how the study was made (models chosen, constants fitted)"})
+    notes: tuple[str, ...] = field(default=(),
+                                   metadata={"help": "how the study was made (models chosen, constants fitted)"})
     trace_names: tuple[str, ...] = field(default=(), metadata={"help": "names of the traces"})
-    hardware: dict = field(default_factory=dict, metadata={"help": "the reference trace's `hardware` metadata (source of --device)"})
-    b_crit_reps: np.ndarray | None = field(default=None, metadata={"help": "bootstrap replicates of the reference's B_crit (over its updates), for rho intervals"})
-    lr_aware: RhoModel | None = field(default=None, metadata={"help": "the lr-aware rho model (--rho lr-aware), its B_bend and kappa resolved"})
-    framework: str = field(default="rlrun", metadata={"help": "what recorded the reference: rlrun, or the framework whose log was imported"})
+    hardware: dict = field(default_factory=dict,
+                           metadata={"help": "the reference trace's `hardware` metadata (source of --device)"})
+    b_crit_reps: np.ndarray | None = field(default=None, metadata={"help": "bootstrap replicates of the reference's "
+                                                                           "B_crit (over its updates), for rho "
+                                                                           "intervals"})
+    lr_aware: RhoModel | None = field(default=None, metadata={"help": "the lr-aware rho model (--rho lr-aware), its "
+                                                                      "B_bend and kappa resolved"})
+    framework: str = field(default="rlrun", metadata={"help": "what recorded the reference: rlrun, or the framework "
+                                                              "whose log was imported"})
     device_models: FittedModels | None = field(default=None, metadata={
-        "help": "one device's cost models, from the reference's calibration at one device's threads (a core on CPU); None: not measured"})
-    task: str = field(default="", metadata={"help": "the reference's task (its config's `task`; '' when not recorded), for the runs a verdict names"})
+        "help": "one device's cost models, from the reference's calibration at one device's threads (a core on CPU); "
+                "None: not measured"})
+    task: str = field(default="", metadata={"help": "the reference's task (its config's `task`; '' when not recorded), "
+                                                    "for the runs a verdict names"})
     memory: TraceMemory | None = field(default=None, metadata={
         "help": "the reference trace's memory inputs: model shape, framework settings, device memory "
                 "(rlsim.whatif.memory)"})
@@ -75,7 +85,8 @@ class Study:
     def rho_for(self, b: float, lr_rule: str) -> tuple[float, str, list[str]]:
         """(rho, model used, notes) at batch b with lr rule `lr_rule`."""
         model, notes = self.rho_model(b, lr_rule)
-        return float(model.rho(b, lr_rule)), model.kind, notes + model.notes(b)  # a model that ignores the rule ignores it
+        # a model that ignores the rule ignores it
+        return float(model.rho(b, lr_rule)), model.kind, notes + model.notes(b)
 
     def rho_model(self, b: float, lr_rule: str) -> tuple[RhoModel, list[str]]:
         """The sample-cost model for a candidate at batch b under `lr_rule`, and notes on its fit to the question."""
@@ -105,12 +116,12 @@ class Study:
         if model.follows_lr_rule:
             return model, notes
         if lr_rule == "fixed" and b > self.b_ref:
-            notes.append(f"--lr-rule fixed beyond the reference batch needs learning curves (record runs with a fixed lr at larger "
-                         f"batches and pass them with --trace); rho from the {model.kind} model assumes a rescaled lr, and what a "
-                         "fixed lr costs depends on the task (docs/results.md)")
+            notes.append("--lr-rule fixed beyond the reference batch needs learning curves (record runs with a fixed "
+                         f"lr at larger batches and pass them with --trace); rho from the {model.kind} model assumes a "
+                         "rescaled lr, and what a fixed lr costs depends on the task (docs/results.md)")
         elif lr_rule != self.reference.lr_rule and b != self.b_ref:
-            notes.append(f"lr rule {lr_rule} differs from the trace's ({self.reference.lr_rule}); the {model.kind} rho model "
-                         "ignores the rule")
+            notes.append(f"lr rule {lr_rule} differs from the trace's ({self.reference.lr_rule}); the {model.kind} rho "
+                         "model ignores the rule")
         return model, notes
 
     def _on_lr_line(self, c: LearningCurve, lr_rule: str) -> bool:
@@ -119,11 +130,12 @@ class Study:
         another base lr is another configuration, not a point of this one), else by the rule's name."""
         ref_lr, lr = self.curves[0].lr, c.lr
         if math.isfinite(ref_lr) and math.isfinite(lr) and ref_lr > 0:
-            return math.isclose(lr, ref_lr * lr_scale(lr_rule, c.batch / self.b_ref), rel_tol=0.02)
-        return c.lr_rule == lr_rule or c.batch == self.b_ref
+            return math.isclose(lr, ref_lr * lr_scale(lr_rule, c.responses_per_update / self.b_ref), rel_tol=0.02)
+        return c.lr_rule == lr_rule or c.responses_per_update == self.b_ref
 
     def rho_replicates(self, b: float, kind: str) -> tuple[np.ndarray | None, str]:
-        """rho at batch b for each B_crit replicate (noise-scale), ones (invariant), or None (curves, lr-aware), and a note."""
+        """rho at batch b for each B_crit replicate (noise-scale), ones (invariant), or None (curves, lr-aware), and a
+        note."""
         if kind == "invariant" or kind == "reference":
             return None, "rho = 1 by assumption"
         if kind == "noise-scale" and self.b_crit_reps is not None and len(self.b_crit_reps) >= 8:
@@ -148,7 +160,8 @@ def recorded_devices(study: Study) -> int:
     core, as `rlrun record --gen-gpus/--train-gpus` count them), else its hardware metadata's
     device_count; 1 when not stated."""
     hw = study.hardware or study.models.config.get("hardware") or {}
-    n = (hw.get("torch_threads") if hw.get("device") == "cpu" else None) or hw.get("device_count") or hw.get("gpus") or 1
+    n = ((hw.get("torch_threads") if hw.get("device") == "cpu" else None) or hw.get("device_count")
+         or hw.get("gpus") or 1)
     return int(n) if isinstance(n, (int, float)) and n >= 1 else 1
 
 
@@ -171,7 +184,7 @@ def reference_config(study: Study, cfg: WhatIf, *, updates: int | None = None, s
     colocated on as many devices as the split holds (each replica and each trainer rank is one device)."""
     gpus = cfg.gpus
     if cfg.split:
-        gpus = int(cfg.gen_gpus) + int(cfg.train_gpus)
+        gpus = cfg.split_devices
         if cfg.device is None and gpus == recorded_devices(study):
             gpus = None
     return replace(study.reference, updates=cfg.updates if updates is None else updates,
@@ -185,7 +198,7 @@ def hardware_label(study: Study, cfg: WhatIf) -> str:
     hw = study.hardware or {}
     host = host_name(hw.get("cpu_name") or hw.get("device_name")) if hw.get("device") == "cpu" else ""
     name = cfg.device or host or hw.get("device_name") or hw.get("device") or "the recorded device"
-    n = int(cfg.gen_gpus) + int(cfg.train_gpus) if cfg.split else cfg.gpus or recorded_devices(study)
+    n = cfg.split_devices if cfg.split else cfg.gpus or recorded_devices(study)
     return f"{n} x {name}"
 
 
@@ -212,6 +225,7 @@ def resolve_batch(study_ref: WhatIf | None, models: FittedModels, cfg: WhatIf) -
 
 def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimConfig:
     cfg.validate()
+    check_mode(cfg)
     P, G, _ = resolve_batch(study.reference, study.models, cfg)
     if study.algo == "grpo" and G < 2:
         raise RlsimError(f"GRPO needs a group of at least 2 responses per prompt (group-relative advantages), got "
@@ -228,8 +242,9 @@ def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimCon
     if cfg.kv_cache_tokens is None:
         eng = replace(eng, kv_cache_tokens=kv_capacity(study, cfg, eng.kv_cache_tokens, need))
     if eng.kv_cache_tokens < need:  # one request must fit, or the engine could never start it
-        raise RlsimError(f"--kv-cache-tokens {eng.kv_cache_tokens} cannot hold one request of up to {min(longest, eng.max_model_len)} "
-                         f"tokens (prompt + response, in blocks of {eng.block_size}); pass at least {need}")
+        raise RlsimError(f"--kv-cache-tokens {eng.kv_cache_tokens} cannot hold one request of up to "
+                         f"{min(longest, eng.max_model_len)} tokens (prompt + response, in blocks of "
+                         f"{eng.block_size}); pass at least {need}")
     return config_for(study.models, updates=cfg.updates, prompts=P, group=G, engine=eng, lengths=lengths,
                       gen_batch=cfg.gen_batch, split=split_config(cfg, models, study.hardware))
 
@@ -264,6 +279,8 @@ def memory_fields(study: Study, cfg: WhatIf) -> tuple[dict[str, Any], list[str],
     est, _, why = memory_of(study, cfg)
     warning = memory_warning(est)
     notes = [why] if why else []
+    if est is not None and est.fits is None:
+        notes.append(f"memory undecided: {PARTIAL}")
     if est is not None and study.memory is not None and study.memory.assumed:
         notes.append(study.memory.assumed)
     return {"fits": None if est is None else est.fits, "memory": memory_object(est, why)}, \
@@ -292,7 +309,8 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
             a = (ref.config.get(key) if key == "task" else (ref.meta.get("model") or {}).get("name"))
             b = (t.config.get(key) if key == "task" else (t.meta.get("model") or {}).get("name"))
             if a != b:
-                setup_warnings.append(f"{t.name} has {what} {b!r}, the reference {a!r}: its learning curve may not be comparable")
+                setup_warnings.append(f"{t.name} has {what} {b!r}, the reference {a!r}: its learning curve may not be "
+                                      "comparable")
     curves = tuple(fit_learning_curve(t) for t in traces)
     if target is not None:
         _check_target(float(target), curves)
@@ -308,14 +326,16 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     noise = noise_scale(ref)
     warnings = list(models.warnings) + setup_warnings
     warnings += [w for t in traces for w in t.warnings]  # rows dropped by --drop-invalid
-    warnings += [f"{t.name} was recovered from a partial recording ({t.meta.get('status')}): only its complete steps are used"
+    warnings += [f"{t.name} was recovered from a partial recording ({t.meta.get('status')}): only its complete steps "
+                 "are used"
                  for t in traces if t.recovered]
     ref_curve = curves[0]
     if target is None:
         # the best score the reference reached; with several traces, the best score all of them reached
         # (so that their samples-to-target can be compared)
         bests = [c.best for c in curves if len(c.score)]
-        target = (min(bests) if len(curves) > 1 and len(bests) == len(curves) else ref_curve.best) if len(ref_curve.score) else math.nan
+        target = ((min(bests) if len(curves) > 1 and len(bests) == len(curves) else ref_curve.best)
+                  if len(ref_curve.score) else math.nan)
     n_star = ref_curve.samples_to_target(target) if math.isfinite(target) else None
     if n_star is not None and n_star <= 0:
         warnings.append(f"the reference's first eval already reaches {target:.4g}: pass a higher {name('target')} "
@@ -340,8 +360,10 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
         lr_aware, note, identified = _lr_aware(ref_curve, curves, target, rho_params)
         (notes if identified else warnings).append(note)
     return Study(models=models, reference=reference, engine=engine_of(models), algo=algo, curves=curves, noise=noise,
-                 rho_requested=rho_model, target=float(target), n_star_ref=float(n_star) if n_star is not None else math.nan,
-                 recorded_time_to_target_s=rec_t, warnings=tuple(warnings), notes=tuple(notes), trace_names=tuple(t.name for t in traces),
+                 rho_requested=rho_model, target=float(target),
+                 n_star_ref=float(n_star) if n_star is not None else math.nan,
+                 recorded_time_to_target_s=rec_t, warnings=tuple(warnings), notes=tuple(notes),
+                 trace_names=tuple(t.name for t in traces),
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
                  framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models,
                  task=str(ref.config.get("task") or ""), memory=trace_memory(ref.meta))
@@ -365,11 +387,12 @@ def _check_target(target: float, curves: Sequence[LearningCurve]) -> None:
 def _noise_scale_warning(b_crit: float, reps: np.ndarray | None) -> str:
     """The caveat on rho from one trace's gradient noise scale: the spread computed for it, and where its record is."""
     lo, hi = interval(b_crit, reps, INTERVAL) if reps is not None else (math.nan, math.nan)
-    spread = (f"{100 * INTERVAL:.0f} % bootstrap over its updates {lo:.4g}..{hi:.4g}" if math.isfinite(lo) and math.isfinite(hi)
-              else "too few updates for a bootstrap interval")
-    return (f"rho from one trace rests on its gradient noise scale, B_crit {b_crit:.4g} responses ({spread}), which did not "
-            "predict samples-to-target in rlsim's measured batch-size studies (docs/results.md): treat rho and the ranking "
-            "as a guess, or record runs at two or more other batch sizes and add them with --trace (--rho curves)")
+    spread = (f"{100 * INTERVAL:.0f} % bootstrap over its updates {lo:.4g}..{hi:.4g}"
+              if math.isfinite(lo) and math.isfinite(hi) else "too few updates for a bootstrap interval")
+    return (f"rho from one trace rests on its gradient noise scale, B_crit {b_crit:.4g} responses ({spread}), which "
+            "did not predict samples-to-target in rlsim's measured batch-size studies (docs/results.md): treat rho and "
+            "the ranking as a guess, or record runs at two or more other batch sizes and add them with --trace (--rho "
+            "curves)")
 
 
 def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float,
@@ -378,20 +401,23 @@ def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float
     come from, and whether they are identified (two constants need runs at two other sizes or lrs)."""
     rule = ref.lr_rule or "sqrt"
     if params is not None:
-        return lr_aware_rho(ref.batch, *params, rule), f"lr-aware rho: B_bend = {params[0]:.4g}, kappa = {params[1]:.3g} as given", True
+        return (lr_aware_rho(ref.responses_per_update, *params, rule),
+                f"lr-aware rho: B_bend = {params[0]:.4g}, kappa = {params[1]:.3g} as given", True)
     if len(curves) > 1 and math.isfinite(target):
         f = fit_lr_aware(ref, curves, target)
         src = f"fitted on {f.runs} runs"
         few = "; two constants from one run are not identified: add runs at more sizes" if f.runs < 2 else ""
-        return lr_aware_rho(ref.batch, f.b_bend, f.kappa, rule, source=src), \
-            f"lr-aware rho: B_bend = {f.b_bend:.4g} responses, kappa = {f.kappa:.3g} {src} (squared log error {f.loss:.3g}){few}", \
+        return lr_aware_rho(ref.responses_per_update, f.b_bend, f.kappa, rule, source=src), \
+            (f"lr-aware rho: B_bend = {f.b_bend:.4g} responses, kappa = {f.kappa:.3g} {src} (squared log error "
+             f"{f.loss:.3g}){few}"), \
             f.runs >= 2
     if len(curves) > 1:
-        raise RlsimError("--rho lr-aware is fitted where the runs reach a target score, and the reference trace has no eval "
-                         "rows: record it with evals (--eval-every), or give --bend-batch and --kappa")
-    raise RlsimError("--rho lr-aware needs its two constants: pass runs at other batch sizes or lrs with --trace to fit them, "
-                     "or give --bend-batch and --kappa (they are the task's: one task's fit did not transfer to another, "
-                     "docs/results.md)")
+        raise RlsimError(f"{setting(rho_model='lr-aware')} is fitted where the runs reach a target score, and the "
+                         "reference trace has no eval rows: record it with evals (rlrun's --eval-every), or give "
+                         f"{name('bend_batch')} and {name('kappa')}")
+    raise RlsimError(f"{setting(rho_model='lr-aware')} needs its two constants: pass runs at other batch sizes or lrs "
+                     f"with {name('trace')} to fit them, or give {name('bend_batch')} and {name('kappa')} (they are "
+                     "the task's: one task's fit did not transfer to another, docs/results.md)")
 
 
 @functools.lru_cache(maxsize=32)
@@ -405,7 +431,8 @@ def same_setup(a: Trace, b: Trace) -> bool:
     """Same algorithm, model, device and engine limits: step costs may be fitted across the two."""
     def key(t: Trace):
         e, h, m = t.meta.get("engine") or {}, t.meta.get("hardware") or {}, t.meta.get("model") or {}
-        return (t.config.get("algo"), m.get("name"), h.get("device_name"), e.get("max_num_seqs"), e.get("kv_cache_tokens"))
+        return (t.config.get("algo"), m.get("name"), h.get("device_name"), e.get("max_num_seqs"),
+                e.get("kv_cache_tokens"))
     return key(a) == key(b)
 
 

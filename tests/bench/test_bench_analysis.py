@@ -22,7 +22,8 @@ def test_kendall_tau_hand_cases():
 def test_paired_sigma_table_states_the_targets():
     from rlsim.replay.evaluation import SigmaCase
 
-    out = table([SigmaCase("g8", 128, 2048, predicted=3.0, lo=2.9, hi=3.2, measured=3.3, measured_lo=3.2, measured_hi=3.4)])
+    out = table([SigmaCase("g8", 128, 2048, predicted=3.0, lo=2.9, hi=3.2, measured=3.3, measured_lo=3.2,
+                           measured_hi=3.4)])
     assert "| g8 | 128 -> 2048 (16x) | 3.000 (2.900..3.200) | 3.300 (3.200..3.400) | -9.1 % | no |" in out
     assert "1 cases: |error| median 9.1 % (target <= 3 %), max 9.1 % (target <= 8 %)" in out and "in 0 %" in out
 
@@ -84,7 +85,8 @@ def test_score_predictions_by_hand_and_a_bad_file(tmp_path):
             for P, T, rho, lo, hi in ((8, 0.9, 0.5, 0.4, 0.6), (32, 1.0, 1.0, 1.0, 1.0), (64, 1.3, 1.4, 1.2, 1.6))]
     rows.append(dict(P=64, rule="fixed", T=1.1, rho=1.0, rho_min=0.9, rho_max=1.1, censored=False))  # not ranked
     # predicted order 32 < 8 < 64 against measured 8 < 32 < 64: one discordant pair of three, tau 1/3; P = 8's rho out
-    pred = {f"{P}_sqrt": {"noise_scale": {"T": T, "rho": rho}} for P, T, rho in ((8, 1.2, 0.8), (32, 1.0, 1.0), (64, 1.5, 1.3))}
+    pred = {f"{P}_sqrt": {"noise_scale": {"T": T, "rho": rho}}
+            for P, T, rho in ((8, 1.2, 0.8), (32, 1.0, 1.0), (64, 1.5, 1.3))}
     f = tmp_path / "pred.json"
     f.write_text(json.dumps({"predictions": pred}))
     r = score_predictions(rows, f, log=lambda *a: None)
@@ -165,7 +167,8 @@ def test_batch_study_predict_from_the_references_alone(tmp_path):
 
     from bench.studies.batch_study import predict
 
-    with pytest.raises(SystemExit, match="no complete reference run \\(P = 32\\) in .*; record it first \\(--sizes 32\\)"):
+    with pytest.raises(SystemExit, match="no complete reference run \\(P = 32\\) in .*; "
+                                         "record it first \\(--sizes 32\\)"):
         predict(tmp_path, 1, "add2", sizes=(16, 32))
     study = Path(__file__).resolve().parents[2] / "traces" / "study"
     shutil.copy(study / "grpo_p32_s0.parquet", tmp_path / "grpo_p32_s0.parquet")

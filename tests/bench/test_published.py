@@ -36,10 +36,11 @@ def test_reference_row_becomes_a_console_log_with_the_published_phases(tmp_path)
 def test_modes_map_to_what_ifs():
     g = next(g for g in GROUPS if g.id == "verl-7b-h20-gpus")
     ref = g.rows[0]
-    w = what_if(g, ref, Row("x", "fully_async", 32, 1.0, {}, gen_gpus=16, train_gpus=16, staleness=0.5, partial_rollout=True,
-                            device="h20"))
+    w = what_if(g, ref, Row("x", "fully_async", 32, 1.0, {}, gen_gpus=16, train_gpus=16, staleness=0.5,
+                            partial_rollout=True, device="h20"))
     assert (w.gen_gpus, w.train_gpus, w.staleness, w.partial_rollout, w.device) == (16, 16, 0.5, True, None)
-    assert what_if(g, ref, Row("x", "one_step_off", 16, 1.0, {}, gen_gpus=4, train_gpus=12, device="h20")).staleness == 1
+    assert (what_if(g, ref, Row("x", "one_step_off", 16, 1.0, {}, gen_gpus=4, train_gpus=12, device="h20")).staleness
+            == 1)
     assert what_if(g, ref, Row("x", "colocate", 64, 1.0, {}, device="gb200")).device == "gb200"
     assert changes(ref, Row("x", "colocate", 64, 1.0, {}, device="h20")) == "32 -> 64 GPUs"
 

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TRACES = ROOT / "traces" / "study_addmix_lr1e-4"
 DOCS = ROOT / "docs" / "study"
 SEEDS, TASK, TARGET, LR_AWARE = 3, "addmix", 0.647, (53.82, 0.19)  # docs/results.md: the analysis of this study
-MEASURED = ("seeds", "reached", "censored", "n_star", "rho", "rho_min", "rho_max", "sigma", "sigma_min", "sigma_max", "rps", "T")
+MEASURED = ("seeds", "reached", "censored", "n_star", "rho", "rho_min", "rho_max", "sigma", "sigma_min", "sigma_max",
+            "rps", "T")
 quiet = dict(log=lambda *a: None)
 
 
@@ -50,13 +51,15 @@ def test_measured_table(study):
     ref = seed_runs(runs_[(REF_P, "sqrt")])
     n_ref, rps_ref = float(np.mean(ref.n_star)), float(np.mean(ref.rps))
     assert (n_ref, rps_ref) == pytest.approx((committed["n_star_ref"], committed["rps_ref"]), rel=1e-12)
-    rows = [dict(P=P, rule=rule, **measured_ratios(seed_runs(rs), n_ref, rps_ref)) for (P, rule), rs in sorted(runs_.items())]
+    rows = [dict(P=P, rule=rule, **measured_ratios(seed_runs(rs), n_ref, rps_ref))
+            for (P, rule), rs in sorted(runs_.items())]
     assert [(r["P"], r["rule"]) for r in rows] == [(r["P"], r["rule"]) for r in committed["rows"]]
     for mine, theirs in zip(rows, committed["rows"]):
         assert {k: mine[k] for k in MEASURED} == pytest.approx({k: theirs[k] for k in MEASURED}, rel=1e-12)
     sq = sorted((r for r in rows if r["rule"] == "sqrt"), key=lambda r: r["P"])
     assert list(critical_batches(sq)) == [committed["critical_gen_batch"], committed["critical_train_batch"]]
-    assert list(b_crit_allowed([dict(r, B=r["P"] * G) for r in sq], REF_P * G)) == pytest.approx(committed["b_crit_allowed"])
+    assert (list(b_crit_allowed([dict(r, B=r["P"] * G) for r in sq], REF_P * G))
+            == pytest.approx(committed["b_crit_allowed"]))
 
 
 def test_rankings_and_their_intervals_over_seeds(study):
@@ -67,7 +70,8 @@ def test_rankings_and_their_intervals_over_seeds(study):
         assert kendall_tau([r[col] for r in sq], meas) == pytest.approx(committed[key], abs=1e-12)
     draws = resample_T(seed_runs(runs_[(REF_P, "sqrt")]), [seed_runs(runs_[(r["P"], "sqrt")]) for r in sq],
                        np.random.default_rng(0))
-    assert list(tau_interval([r["pred_T"] for r in sq], draws)) == pytest.approx(committed["kendall_tau_interval"], abs=1e-12)
+    assert (list(tau_interval([r["pred_T"] for r in sq], draws))
+            == pytest.approx(committed["kendall_tau_interval"], abs=1e-12))
 
 
 def test_noise_scale_of_the_references(study):
@@ -90,7 +94,8 @@ def test_held_out_fit_and_its_intervals(study):
     fit_runs = [r for rs in runs_.values() for r in rs if r["seed"] == 0]
     ref0 = next(r for r in runs_[(REF_P, "sqrt")] if r["seed"] == 0)
     fit = fit_lr_aware(ref0["curve"], [r["curve"] for r in fit_runs], TARGET)
-    assert (fit.b_bend, fit.kappa, fit.loss) == pytest.approx((held["b_bend"], held["kappa"], held["fit_loss"]), rel=1e-12)
+    assert (fit.b_bend, fit.kappa, fit.loss) == pytest.approx((held["b_bend"], held["kappa"], held["fit_loss"]),
+                                                              rel=1e-12)
     seeds = held["seeds"]
     ref = seed_runs([r for r in runs_[(REF_P, "sqrt")] if r["seed"] in seeds])
     sq = [r for r in held["rows"] if r["rule"] == "sqrt"]
@@ -99,8 +104,8 @@ def test_held_out_fit_and_its_intervals(study):
     for name in ("noise-scale", "lr-aware", "kappa0"):
         pred = [r[f"{name}_T"] for r in sq]
         assert kendall_tau(pred, [r["T"] for r in sq]) == pytest.approx(held[name]["kendall_tau"], abs=1e-12)
-        assert list(tau_interval(pred, resample_T(ref, sizes, rng))) == pytest.approx(held[name]["kendall_tau_interval"],
-                                                                                   abs=1e-12)
+        assert (list(tau_interval(pred, resample_T(ref, sizes, rng)))
+                == pytest.approx(held[name]["kendall_tau_interval"], abs=1e-12))
 
 
 def test_in_process_predictions_equal_the_committed_cli_ones(study):
@@ -112,4 +117,5 @@ def test_in_process_predictions_equal_the_committed_cli_ones(study):
     got = dict(pred_rho=pr["noise_scale"]["rho"], sde_rho=pr["kappa0"]["rho"], lrd_rho=pr["lr_aware"]["rho"])
     assert got == pytest.approx({k: row[k] for k in got}, rel=1e-9)
     # sigma (and T = rho / sigma) moved with the cost model: the committed 1.176 came from a line through the levels
-    assert 0.5 < pr["noise_scale"]["sigma"] < 2 and all(np.isfinite(pr[m]["T"]) for m in ("noise_scale", "kappa0", "lr_aware"))
+    assert (0.5 < pr["noise_scale"]["sigma"] < 2
+            and all(np.isfinite(pr[m]["T"]) for m in ("noise_scale", "kappa0", "lr_aware")))

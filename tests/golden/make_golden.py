@@ -1,8 +1,8 @@
 """Save what the `rlsim` CLI prints on the shipped traces, to compare later versions against.
 
 The traces are copies of traces/*.parquet as shipped then (tests/golden/traces/), so re-recording the
-shipped traces does not move the comparison. Run with the `rlsim` on PATH (any version: only the CLI is used, so the same script served the code
-before the consolidation and after it):
+shipped traces does not move the comparison. Run with the `rlsim` on PATH (any version: only the CLI is used, so the
+same script served the code before the consolidation and after it):
 
     python tests/golden/make_golden.py tests/golden/outputs.json
 
@@ -25,8 +25,8 @@ T = "tests/golden/traces/"  # the shipped traces as they were when the outputs w
 # (name, argv after `rlsim`) of the commands that print JSON
 RUNS = [
     ("run_p128_b2048", ["run", "-t", T + "grpo_p128.parquet", "--batch", "2048", "--updates", "20", "--json"]),
-    ("run_p128_g16_fixed", ["run", "-t", T + "grpo_p128.parquet", "--batch", "512", "--group", "16", "--lr-rule", "fixed",
-                            "--updates", "20", "--json"]),
+    ("run_p128_g16_fixed", ["run", "-t", T + "grpo_p128.parquet", "--batch", "512", "--group", "16", "--lr-rule",
+                            "fixed", "--updates", "20", "--json"]),
     ("run_curves", ["run", "-t", T + "grpo_p128.parquet", "-t", T + "grpo_p64.parquet", "-t", T + "grpo_p32.parquet",
                     "--batch", "256", "--rho", "curves", "--updates", "20", "--json"]),
     ("run_ppo", ["run", "-t", T + "ppo_b256.parquet", "--batch", "1024", "--updates", "20", "--json"]),

@@ -35,19 +35,20 @@ def _app() -> typer.Typer:
 
 def test_import_verl_example_then_run(tmp_path):
     out = tmp_path / "verl_run.parquet"
-    r = runner.invoke(_app(), ["import", "verl", str(EXAMPLE / "verl_gsm8k_qwen.log"), "--config", str(EXAMPLE / "config.yaml"),
-                               "--device", "h100", "-o", str(out)])
+    r = runner.invoke(_app(), ["import", "verl", str(EXAMPLE / "verl_gsm8k_qwen.log"), "--config",
+                               str(EXAMPLE / "config.yaml"), "--device", "h100", "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "40 steps (1..40), 5 evals" in r.output and "P = 256 prompts x G = 5 = B = 1280" in r.output
-    assert f"next: rlsim run --trace {out} --batch 512" in r.output
+    assert f"next: rlsim run --trace {out} --prompts 512" in r.output
     res = run([read_trace(out)], WhatIf(prompts=512, updates=30))
-    assert res.candidate.batch == 2560 and res.candidate.sigma > 1
+    assert res.candidate.responses_per_update == 2560 and res.candidate.sigma > 1
     from rlsim.cli import app  # the real `rlsim run` on the imported trace
 
     r = runner.invoke(app, ["run", "--trace", str(out), "--batch", "512", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    assert d["batch"] == 2560 and d["sigma"] > 1 and any("step-level trace imported from verl" in w for w in d["warnings"])
+    assert d["responses_per_update"] == 2560 and d["sigma"] > 1
+    assert any("step-level trace imported from verl" in w for w in d["warnings"])
 
 
 @pytest.mark.parametrize("args,msg", [
@@ -55,8 +56,8 @@ def test_import_verl_example_then_run(tmp_path):
     (["--device", "tpu"], "unknown device 'tpu'; known devices: a100-40gb"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, msg):
-    r = runner.invoke(_app(), ["import", "verl", str(EXAMPLE / "verl_gsm8k_qwen.log"), "--config", str(EXAMPLE / "config.yaml"),
-                               "-o", str(tmp_path / "t.parquet"), *args])
+    r = runner.invoke(_app(), ["import", "verl", str(EXAMPLE / "verl_gsm8k_qwen.log"), "--config",
+                               str(EXAMPLE / "config.yaml"), "-o", str(tmp_path / "t.parquet"), *args])
     assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output
     assert len([line for line in r.output.splitlines() if line.strip()]) == 1
 
@@ -66,14 +67,16 @@ def test_truncated_and_empty_logs(tmp_path):
     last = max(i for i, line in enumerate(lines) if " step:" in line)
     cut = tmp_path / "cut.log"
     cut.write_text("\n".join(lines[:last] + [lines[last][: len(lines[last]) // 2]]) + "\n")
-    r = runner.invoke(_app(), ["import", "verl", str(cut), "--config", str(EXAMPLE / "config.yaml"), "-o", str(tmp_path / "t.parquet")])
+    r = runner.invoke(_app(), ["import", "verl", str(cut), "--config", str(EXAMPLE / "config.yaml"), "-o",
+                               str(tmp_path / "t.parquet")])
     assert r.exit_code == 2 and f"line {last + 1}: the line of step 40 is truncated" in r.output
     r = runner.invoke(_app(), ["import", "verl", str(cut), "--config", str(EXAMPLE / "config.yaml"), "--drop-truncated",
                                "-o", str(tmp_path / "t.parquet")])
     assert r.exit_code == 0 and "39 steps (1..39)" in r.output
     empty = tmp_path / "empty.log"
     empty.write_text("nothing here\n")
-    r = runner.invoke(_app(), ["import", "verl", str(empty), "--prompts", "8", "--group", "2", "-o", str(tmp_path / "e.parquet")])
+    r = runner.invoke(_app(), ["import", "verl", str(empty), "--prompts", "8", "--group", "2", "-o",
+                               str(tmp_path / "e.parquet")])
     assert r.exit_code == 2 and "no verl training steps found" in r.output
 
 

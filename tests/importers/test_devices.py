@@ -30,15 +30,16 @@ def hand_model(hardware=None) -> FittedModels:
         config={"algo": "grpo", "prompts": 64, "group": 4, "tp": 2,
                 **({"hardware": hardware} if hardware is not None else {})},
         recorded=Recorded(step=np.arange(2), step_time=np.array([20.0, 21.0]), gen_time=np.array([10.0, 11.0]),
-                          train_time=np.array([5.0, 5.0]), sync_time=np.zeros(2), num_responses=np.array([256.0, 256.0]),
-                          gen_steps=np.array([900.0, 950.0])))
+                          train_time=np.array([5.0, 5.0]), sync_time=np.zeros(2),
+                          num_responses=np.array([256.0, 256.0]), gen_steps=np.array([900.0, 950.0])))
 
 
 def test_profiles_have_datasheet_numbers_and_a_measured_cpu():
     need = {"a100-40gb", "a100-80gb", "h100-sxm", "h200", "b200", "mi300x", "l40s", "cpu-amd-epyc"}
     assert need <= set(PROFILES)
     h100 = get_profile("H100")
-    assert (h100.mem_bandwidth_gbs, h100.flops_tflops, h100.memory_gb, h100.interconnect_gbs) == (3350.0, 989.0, 80.0, 900.0)
+    assert (h100.mem_bandwidth_gbs, h100.flops_tflops, h100.memory_gb,
+            h100.interconnect_gbs) == (3350.0, 989.0, 80.0, 900.0)
     assert get_profile("a100 40GB").mem_bandwidth_gbs == 1555.0 and get_profile("MI300X").flops_tflops == 1307.4
     # the measured CPU is a bench output kept apart from the datasheets, and says which bench measured it
     assert "bench.device_profile" in PROFILES["cpu-amd-epyc"].source
@@ -52,8 +53,8 @@ def test_profiles_have_datasheet_numbers_and_a_measured_cpu():
 
 
 def test_unknown_device_lists_the_known_ones():
-    with pytest.raises(RlsimError, match=r"unknown device 'tpu-v5'; known devices: a100-40gb, a100-80gb, h100-sxm, h200, b200, "
-                                         r"mi300x, l40s, h20, h800, a800-80gb, l20, gb200, cpu-amd-epyc"):
+    with pytest.raises(RlsimError, match=r"unknown device 'tpu-v5'; known devices: a100-40gb, a100-80gb, h100-sxm, "
+                                         r"h200, b200, mi300x, l40s, h20, h800, a800-80gb, l20, gb200, cpu-amd-epyc"):
         rescale(hand_model({"profile": "h100-sxm", "device_count": 8}), "tpu-v5", 8)
 
 

@@ -27,7 +27,8 @@ def test_lognormal_stand_in_matches_the_logged_statistics():
     x = lognormal_lengths(1280, 285.0, 39.0, 800.0, 0.0, 1024)
     assert x.mean() == pytest.approx(285.0, rel=1e-12) and x.max() == 800.0 and x.min() >= 39.0
     assert np.all(np.diff(x) >= 0)
-    y = lognormal_lengths(1280, 684.393, 3.0, 1024.0, 0.521, 1024)  # verl issue #316's step 5: half the responses clipped
+    # verl issue #316's step 5: half the responses clipped
+    y = lognormal_lengths(1280, 684.393, 3.0, 1024.0, 0.521, 1024)
     assert y.mean() == pytest.approx(684.393, rel=1e-12) and np.mean(y >= 1024) == pytest.approx(0.521, abs=1 / 1280)
     z = lognormal_lengths(100, 50.0, cap=200)  # only the mean
     assert z.mean() == pytest.approx(50.0) and z.max() <= 200
@@ -56,7 +57,8 @@ def _log(path: Path, steps: list[tuple[float, float, float]], *, P: int, G: int,
         r = lognormal_lengths(P * G, mean, lo, hi, 0.0, 2048)
         K, S1, _, _ = round_features(r, np.full(P * G, 100.0), 1 << 20, 1.0 / G, np.random.default_rng(i))
         gen = c_step * K + c_tok * S1
-        line, _ = verl_line(i, gen=gen, reward=0.5, old_log_prob=1.0, ref=1.0, adv=0.05, update_actor=2e-5 * P * G * (mean + 100),
+        line, _ = verl_line(i, gen=gen, reward=0.5, old_log_prob=1.0, ref=1.0, adv=0.05,
+                            update_actor=2e-5 * P * G * (mean + 100),
                             resp_mean=mean, resp_min=lo, resp_max=hi, P=P, G=G)
         lines.append(line)
     path.write_text("\n".join(lines) + "\n")
@@ -123,7 +125,7 @@ def test_rlsim_run_on_an_imported_trace(example_trace):
     """What `rlsim run --trace verl_run.parquet --batch 512` computes (the library call under the CLI)."""
     res = run([example_trace], WhatIf(prompts=512))
     ref, cand = res.reference, res.candidate
-    assert (cand.prompts, cand.group, cand.batch) == (512, 5, 2560)
+    assert (cand.prompts, cand.group, cand.responses_per_update) == (512, 5, 2560)
     assert ref.step_time_s == pytest.approx(res.recorded_step_time_s, rel=0.05)  # the reference replays the log
     assert cand.sigma > 1.0 and cand.step_time_s > ref.step_time_s
     assert any("step-level trace imported from verl" in w for w in res.warnings)

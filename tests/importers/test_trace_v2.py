@@ -16,8 +16,8 @@ from rlsim.replay.schema import (COLUMN_SINCE, COLUMNS, PHASE, READABLE_VERSIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 NEW = ("phase", "phase_role", "response_len_mean", "response_len_min", "response_len_max", "response_clip_ratio",
-       "prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio", "score_mean", "score_min", "score_max",
-       "metrics")
+       "prompt_len_mean", "prompt_len_min", "prompt_len_max", "prompt_clip_ratio", "score_mean", "score_min",
+       "score_max", "metrics")
 
 
 def test_version_2_is_additive():

@@ -46,7 +46,8 @@ def test_trl_batch_arithmetic_and_rows(tmp_path):
     assert st["response_len_mean"].tolist() == [300.0 - s for s in range(1, 13)]
     assert st["prompt_len_mean"][0] == pytest.approx(399 - 299)  # tokens / B - completion mean
     ev = t.rows(EVAL)
-    assert ev["step"].tolist() == [6, 12] and ev["score"].tolist() == [0.5, 0.6] and ev["cum_responses"].tolist() == [384, 768]
+    assert (ev["step"].tolist() == [6, 12] and ev["score"].tolist() == [0.5, 0.6]
+            and ev["cum_responses"].tolist() == [384, 768])
     assert t.meta["model"]["parameters"] == 1.5e9 and t.meta["source"]["metric_names"]["eval_reward"] == "eval score"
 
 
@@ -69,8 +70,8 @@ def test_trl_bad_input(tmp_path):
     odd = tmp_path / "odd.yaml"
     odd.write_text(GRPO_YAML.replace("per_device_train_batch_size: 8", "per_device_train_batch_size: 6")
                    .replace("gradient_accumulation_steps: 4", "gradient_accumulation_steps: 1"))
-    with pytest.raises(RlsimError, match="6 x 1 processes x gradient_accumulation_steps 1 = 6 completions is not a multiple "
-                                         "of num_generations 8"):
+    with pytest.raises(RlsimError, match="6 x 1 processes x gradient_accumulation_steps 1 = 6 completions is not a "
+                                         "multiple of num_generations 8"):
         import_log("trl", p, config=odd, gpus=1, out=tmp_path / "t.parquet")
     with pytest.raises(RlsimError, match="cannot work out prompts per step"):
         import_log("trl", p, group=8, out=tmp_path / "t.parquet")
@@ -86,17 +87,20 @@ def test_trl_bad_input(tmp_path):
 
 def test_trl_whole_steps_use_priors_or_say_why_not(tmp_path):
     p, cfg, _ = _trl(tmp_path)
-    with_prior = fit_trace(read_trace(import_log("trl", p, config=cfg, gpus=2, device="a100-80gb", out=tmp_path / "a.parquet")))
+    with_prior = fit_trace(read_trace(import_log("trl", p, config=cfg, gpus=2, device="a100-80gb",
+                                                 out=tmp_path / "a.parquet")))
     assert with_prior.gen.prior and with_prior.gen.c_step == pytest.approx(3e9 / 2039e9)
     assert any("whole steps only" in w and "roofline priors" in w for w in with_prior.warnings)
     no_prior = fit_trace(read_trace(import_log("trl", p, config=cfg, gpus=2, out=tmp_path / "b.parquet")))
     assert no_prior.gen.c_step == 0 and any("no roofline prior is available" in w for w in no_prior.warnings)
     res = run([read_trace(tmp_path / "a.parquet")], WhatIf(prompts=16, updates=20))
-    assert res.candidate.batch == 128 and res.reference.step_time_s == pytest.approx(res.recorded_step_time_s, rel=0.1)
+    assert res.candidate.responses_per_update == 128
+    assert res.reference.step_time_s == pytest.approx(res.recorded_step_time_s, rel=0.1)
 
 
 def _orl(tmp_path, n=10):
-    steps = [dict(gen=30.0 + i, avrm=3.0, wait=0.5, train=12.0 + 0.1 * i, resp=400.0 + i, total=550.0 + i) for i in range(n)]
+    steps = [dict(gen=30.0 + i, avrm=3.0, wait=0.5, train=12.0 + 0.1 * i, resp=400.0 + i, total=550.0 + i)
+             for i in range(n)]
     c = tmp_path / "history.csv"
     walls = write_openrlhf_csv(c, steps)
     cfg = tmp_path / "wandb_config.yaml"

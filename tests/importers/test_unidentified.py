@@ -28,10 +28,12 @@ def _study(tmp_path, table):
 def test_one_batch_size_keeps_both_ends_and_predictions_span_them(tmp_path):
     study = _study(tmp_path, [ROW] * 8)
     m = study.models
-    assert m.alternative is not None and m.alternative.gen.c_step > 2 * m.gen.c_step > 0  # prior at one end, the longest response's cap at the other
+    # prior at one end, the longest response's cap at the other
+    assert m.alternative is not None and m.alternative.gen.c_step > 2 * m.gen.c_step > 0
     assert any("cannot tell the per-step generation cost" in w for w in m.warnings)
-    assert any(w.startswith("terms from the NVIDIA H100 SXM 80GB datasheet: the per-step generation cost (roofline), the "
-                            "prefill cost per prompt token; from the log: generation's per-token cost, training") for w in m.warnings)
+    assert any(w.startswith("terms from the NVIDIA H100 SXM 80GB datasheet: the per-step generation cost (roofline), "
+                            "the prefill cost per prompt token; from the log: generation's per-token cost, training")
+               for w in m.warnings)
     assert m.alternative.update is m.update  # only generation is unidentified
     ref = reference_outcome(study, updates=4)
     assert ref.responses_per_s_lo < ref.responses_per_s_hi  # the reference's own throughput is uncertain once simulated
@@ -49,12 +51,15 @@ def test_more_gpus_gain_less_at_the_per_step_end(tmp_path):
     o = evaluate(study, WhatIf(gpus=32, updates=4))
     ref = reference_outcome(study, updates=4)
     assert o.responses_per_s > ref.responses_per_s and o.responses_per_s_lo < 0.98 * o.responses_per_s
-    assert o.sigma == 1.0  # a change of hardware, not of batch: sigma leaves it out, the responses/s interval carries it
+    # a change of hardware, not of batch: sigma leaves it out, the responses/s interval carries it
+    assert o.sigma == 1.0
 
 
 def _whole_step_study(tmp_path):
-    write_step_lines(tmp_path / "w.log", "timing_s/step:100.0 - response_length/mean:500.0 - response_length/max:1024 - "
-                     "response_length/min:20 - response_length/clip_ratio:0.01 - prompt_length/mean:100.0 - actor/lr:1e-06",
+    write_step_lines(tmp_path / "w.log",
+                     "timing_s/step:100.0 - response_length/mean:500.0 - response_length/max:1024 - "
+                     "response_length/min:20 - response_length/clip_ratio:0.01 - prompt_length/mean:100.0 - "
+                     "actor/lr:1e-06",
                      steps=range(1, 9), tag="(TaskRunner pid=1) ")
     (tmp_path / "config.yaml").write_text(VERL_CONFIG)
     out = import_log("verl", tmp_path / "w.log", out=tmp_path / "w.parquet", config=str(tmp_path / "config.yaml"),

@@ -27,7 +27,8 @@ def test_numbers_as_frameworks_print_them():
     assert parse_number("np.int64(3)") == 3.0 and parse_number("1e-06") == 1e-06 and parse_number("-0.000") == 0.0
     assert parse_number("tensor(0.5, device='cuda:0')") == 0.5 and parse_number("True") == 1.0
     assert math.isnan(parse_number("nan")) and parse_number("np.float64(0.1") is None and parse_number("") is None
-    assert params_from_name("Qwen/Qwen2.5-0.5B-Instruct") == 0.5e9 and params_from_name("meta-llama/Llama-3.1-8B") == 8e9
+    assert (params_from_name("Qwen/Qwen2.5-0.5B-Instruct") == 0.5e9
+            and params_from_name("meta-llama/Llama-3.1-8B") == 8e9)
     assert params_from_name("Qwen/Qwen2.5-3B-Instruct") == 3e9 and params_from_name("gpt2") is None
     assert parse_params("7B") == 7e9 and parse_params("500M") == 5e8 and parse_params("1.5e9") == 1.5e9
 
@@ -81,7 +82,8 @@ def test_line_cut_at_a_field_boundary(tmp_path):
 
 def test_log_without_steps(tmp_path):
     log = tmp_path / "train.log"
-    log.write_text("(TaskRunner pid=1) Size of train dataloader: 29, Size of val dataloader: 1\n" + VERL_2060_STEP0 + "\n")
+    log.write_text("(TaskRunner pid=1) Size of train dataloader: 29, Size of val dataloader: 1\n"
+                   + VERL_2060_STEP0 + "\n")
     with pytest.raises(RlsimError, match="no verl training steps found"):
         import_log("verl", log, prompts=256, group=5, out=tmp_path / "t.parquet")
     (tmp_path / "empty.jsonl").write_text("")
@@ -110,7 +112,8 @@ def test_conflicting_and_missing_batch_flags(tmp_path):
 def test_unknown_device(tmp_path):
     log = tmp_path / "train.log"
     write_verl_log(log, verl_phase_table(2))
-    with pytest.raises(RlsimError, match=r"unknown device 'v100'; known devices: a100-40gb, a100-80gb, h100-sxm, h200, b200, mi300x, l40s"):
+    with pytest.raises(RlsimError, match=r"unknown device 'v100'; known devices: a100-40gb, a100-80gb, h100-sxm, h200, "
+                                         r"b200, mi300x, l40s"):
         import_log("verl", log, prompts=64, group=4, device="v100", out=tmp_path / "t.parquet")
 
 
@@ -122,7 +125,8 @@ def test_round_trip_every_phase_and_the_batch(tmp_path):
     cfg.write_text(VERL_CONFIG)
     t = read_trace(import_log("verl", log, config=cfg, device="h100", out=tmp_path / "t.parquet"))
     c = t.config
-    assert (c["prompts"], c["group"], c["batch"], c["gpus"], c["algo"], c["max_tokens"], c["task"]) == (64, 4, 256, 8, "grpo", 1024, "gsm8k")
+    assert (c["prompts"], c["group"], c["batch"], c["gpus"], c["algo"], c["max_tokens"],
+            c["task"]) == (64, 4, 256, 8, "grpo", 1024, "gsm8k")
     assert t.meta["hardware"]["profile"] == "h100-sxm" and t.meta["hardware"]["device_count"] == 8
     assert t.meta["model"]["parameters"] == 0.5e9 and t.meta["model"]["bytes"] == 1e9
     assert t.meta["engine"]["max_num_seqs"] == 1024 * 8 and t.meta["engine"]["prefill_ratio"] == 0.25
@@ -137,7 +141,8 @@ def test_round_trip_every_phase_and_the_batch(tmp_path):
         assert u["gen_time"][i] == r["gen"] and u["duration"][i] == r["update_actor"]
         assert u["reward_time"][i] == pytest.approx(r["reward"] + r["adv"], abs=1e-12)
         assert u["prep_time"][i] == pytest.approx(r["old_log_prob"] + r["ref"], abs=1e-12)
-        assert u["step_time"][i] == pytest.approx(walls[i] - (r["testing"] or 0.0), abs=1e-9)  # evals are outside the RL step
+        # evals are outside the RL step
+        assert u["step_time"][i] == pytest.approx(walls[i] - (r["testing"] or 0.0), abs=1e-9)
         assert u["num_responses"][i] == 64 * 4
         assert u["num_tokens"][i] == round(256 * (r["resp_mean"] + 100.0))
         assert u["lr"][i] == 1e-06
@@ -190,7 +195,8 @@ def test_gpus_from_throughput_and_fully_async_runs(tmp_path):
     table = verl_phase_table(4)
     log = tmp_path / "train.log"
     write_verl_log(log, table, extra_lines=[])
-    text = log.read_text().replace("training/epoch:0", "training/epoch:0 - trainer/idle_ratio:0.12 - rollouter/idle_ratio:0.05 - my/custom:1.5")
+    text = log.read_text().replace("training/epoch:0", "training/epoch:0 - trainer/idle_ratio:0.12 - "
+                                                       "rollouter/idle_ratio:0.05 - my/custom:1.5")
     log.write_text(text)
     t = read_trace(import_log("verl", log, prompts=64, group=4, out=tmp_path / "t.parquet"))
     assert t.meta["hardware"]["device_count"] == 8  # perf/throughput = tokens / (step time x GPUs)
@@ -217,12 +223,69 @@ def test_existing_output_needs_overwrite(tmp_path):
 def test_mismatches_the_import_proceeds_past_are_warnings(tmp_path):
     # phases 30 + 20 s in a 40 s step, and a throughput implying 4 GPUs where the config says 8
     write_step_lines(tmp_path / "x.log", "timing_s/gen:30.0 - timing_s/update_actor:20.0 - timing_s/step:40.0 - "
-                     "perf/total_num_tokens:100000 - perf/throughput:625.0 - response_length/mean:300 - response_length/max:900 - "
-                     "response_length/min:20 - actor/lr:1e-06")
+                     "perf/total_num_tokens:100000 - perf/throughput:625.0 - response_length/mean:300 - "
+                     "response_length/max:900 - response_length/min:20 - actor/lr:1e-06")
     (tmp_path / "c.yaml").write_text(VERL_CONFIG)
     out = import_log("verl", tmp_path / "x.log", out=tmp_path / "x.parquet", config=str(tmp_path / "c.yaml"), gpus=8)
     w = read_trace(out).meta["source"]["warnings"]
-    assert any("phases add up to more than the step time in 6 of 6 steps (step 6: 50 s of phases in a 40 s step)" in x for x in w)
+    assert any("phases add up to more than the step time in 6 of 6 steps (step 6: 50 s of phases in a 40 s step)" in x
+               for x in w)
     assert any("implies 4 GPUs, the config/flags say 8" in x for x in w)
     from rlsim.replay.importers import describe
     assert "warning: the phases add up to more" in describe(out)
+
+
+V1_SEPARATE = """
+trainer:
+  use_v1: true
+  n_gpus_per_node: 8
+  nnodes: 1
+  v1:
+    trainer_mode: separate_async
+    separate_async:
+      parameter_sync_step: 4
+      num_warmup_batches: 1
+      hybrid_rollout:
+        enable_switch: true
+        switch_threshold_ratio: 0.5
+    sampler:
+      max_off_policy_threshold: 2
+      max_off_policy_strategy: wait
+actor_rollout_ref:
+  rollout:
+    n: 4
+    nnodes: 1
+    n_gpus_per_node: 8
+data:
+  train_batch_size: 64
+"""
+
+FULLY_ASYNC = """
+trainer: {n_gpus_per_node: 16, nnodes: 1}
+rollout: {n_gpus_per_node: 16, nnodes: 1}
+actor_rollout_ref: {rollout: {n: 4}}
+data: {train_batch_size: 64}
+async_training: {staleness_threshold: 0.5, trigger_parameter_sync_step: 4, require_batches: 1, partial_rollout: true}
+"""
+
+
+@pytest.mark.parametrize("text, mode, settings", [
+    (V1_SEPARATE, "separate_async_switch",
+     {"num_warmup_batches": 1, "parameter_sync_step": 4, "max_off_policy_threshold": 2,
+      "max_off_policy_strategy": "wait", "switch_threshold_ratio": 0.5, "train_gpus": 8, "gen_gpus": 8}),
+    (V1_SEPARATE.replace("separate_async\n", "colocate_async\n", 1), "colocate_async",
+     {"max_off_policy_threshold": 2, "max_off_policy_strategy": "wait", "train_gpus": 8}),
+    (FULLY_ASYNC, "fully_async", {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 4, "require_batches": 1,
+                                  "partial_rollout": True, "train_gpus": 16, "gen_gpus": 16}),
+    (FULLY_ASYNC.replace("async_training", "other"), "one_step_off", {"train_gpus": 16, "gen_gpus": 16}),
+    (VERL_CONFIG, None, None),
+])
+def test_the_execution_mode_is_read_from_a_v1_or_fully_async_config(tmp_path, text, mode, settings):
+    log, cfg = tmp_path / "train.log", tmp_path / "config.yaml"
+    write_verl_log(log, verl_phase_table(3))
+    cfg.write_text(text)
+    t = read_trace(import_log("verl", log, config=cfg, out=tmp_path / "t.parquet", **({"gpus": 8} if text == VERL_CONFIG
+                                                                                      else {})))
+    assert t.config.get("execution_mode") == mode and t.config.get("mode_settings") == settings
+    if mode:
+        assert any(f"rlsim run TRACE --mode {mode}" in n for n in t.meta["source"]["notes"])

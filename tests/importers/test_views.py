@@ -29,7 +29,8 @@ def test_perfetto_and_report_show_the_phases(tmp_path):
     i = next(k for k, (n, s) in enumerate(zip(p["phase"], p["step"])) if n == "gen" and s == p["step"].min())
     assert abs(first["ts"] - p["t_start"][i] * 1e6) < 1 and abs(first["dur"] - p["duration"][i] * 1e6) < 1
     threads = {e["args"]["name"] for e in obj["traceEvents"] if e.get("name") == "thread_name"}
-    assert {"RL steps", "generation rounds", "batch prep", "updates", "rewards"} <= threads  # one track each: no overlap
+    # one track each: no overlap
+    assert {"RL steps", "generation rounds", "batch prep", "updates", "rewards"} <= threads
     res = CliRunner().invoke(app, ["report", "--trace", str(trace), "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 0, res.output
 

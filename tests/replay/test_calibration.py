@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _rows(spec: SynthSpec) -> dict[str, np.ndarray]:
     rows = [r for r in calibration_rows(spec) if r["kind"] == CALIB_GEN]
-    return {k: np.array([r[k] for r in rows], float) for k in ("duration", "num_running", "context_tokens", "prefill_tokens")}
+    return {k: np.array([r[k] for r in rows], float)
+            for k in ("duration", "num_running", "context_tokens", "prefill_tokens")}
 
 
 def test_calibration_kinds_are_schema_v2():
@@ -40,11 +41,14 @@ def test_fit_recovers_a_knee_and_its_coefficients():
     assert knee == pytest.approx(200, rel=0.08)
     assert c_step == pytest.approx(2e-3, rel=0.05) and c_seq == pytest.approx(1e-4, rel=0.05)
     assert c_knee == pytest.approx(2e-4, rel=0.05) and c_prefill == pytest.approx(1e-6, rel=0.25)
-    assert f.cv["knee"][0] < 0.05 and f.cv["linear"][0] > 2 * f.cv["knee"][0]  # the linear form misses held-out levels, the knee does not
+    # the linear form misses held-out levels, the knee does not
+    assert f.cv["knee"][0] < 0.05 and f.cv["linear"][0] > 2 * f.cv["knee"][0]
     # a concave curve (slope falls above the knee) is the same form with c_knee < 0
     g = fit_gen_calibrated(_rows(SynthSpec(prompts=16, group=4, max_num_seqs=1024, c_step=2e-3, c_seq=2e-4,
-                                           c_knee=-1.5e-4, knee=64, noise=0.005, calib_steps=12)), forms=("linear", "knee"))
-    assert g.form == "knee" and g.coef[4] == pytest.approx(-1.5e-4, rel=0.1) and g.coef[5] == pytest.approx(64, rel=0.15)
+                                           c_knee=-1.5e-4, knee=64, noise=0.005, calib_steps=12)),
+                           forms=("linear", "knee"))
+    assert (g.form == "knee" and g.coef[4] == pytest.approx(-1.5e-4, rel=0.1)
+            and g.coef[5] == pytest.approx(64, rel=0.15))
 
 
 def test_a_straight_line_keeps_the_linear_form():
@@ -98,7 +102,8 @@ def test_fit_trace_uses_calibration_rows(tmp_path):
 
 def test_a_v1_trace_reads_and_fits_as_before_with_a_warning():
     t = read_trace(ROOT / "tests" / "golden" / "traces" / "grpo_p32.parquet")  # as shipped before calibration
-    assert t.meta["schema_version"] == 1 and t.count(CALIB_GEN) == 0 and np.all(np.isnan(t.table["calib_level"].to_numpy(zero_copy_only=False).astype(float)))
+    assert (t.meta["schema_version"] == 1 and t.count(CALIB_GEN) == 0
+            and np.all(np.isnan(t.table["calib_level"].to_numpy(zero_copy_only=False).astype(float))))
     m = fit_trace(t)
     assert m.gen.form == "linear" and m.gen.hinges == () and not m.validation.calibrated
     assert any("rlrun calibrate" in w for w in m.warnings)
@@ -107,9 +112,10 @@ def test_a_v1_trace_reads_and_fits_as_before_with_a_warning():
 
 def test_a_calibration_at_other_threads_stands_for_its_device_unanchored(tmp_path):
     # the run at 2 threads; `rlrun calibrate --threads 1` measured steps and training passes twice as slow
-    fast = SynthSpec(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=2e-3, c_seq=1e-4, calibrate=True, noise=0.01)
-    slow = SynthSpec(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=4e-3, c_seq=2e-4, calibrate=True, noise=0.01,
-                     calib_train_a=0.008, update_b=2 * fast.update_b)
+    fast = SynthSpec(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=2e-3, c_seq=1e-4, calibrate=True,
+                     noise=0.01)
+    slow = SynthSpec(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=4e-3, c_seq=2e-4, calibrate=True,
+                     noise=0.01, calib_train_a=0.008, update_b=2 * fast.update_b)
     ref = read_trace(synthetic_trace(tmp_path / "run.parquet", fast, meta_overrides={"calibration": {"threads": 2}}))
     n = np.array([1.0, 64, 512])
     for threads, want in ((1, slow), (2, fast)):
@@ -148,7 +154,8 @@ def test_the_calibrated_fit_sums_to_the_runs_own_engine_time(tmp_path):
 
 
 # --------------------------------------------------------------------------------------------- interpolated form
-def _ladder(f, levels, steps: int = 12, c_ctx: float = 2e-7, c_prefill: float = 1e-6, noise: float = 0.0, seed: int = 0):
+def _ladder(f, levels, steps: int = 12, c_ctx: float = 2e-7, c_prefill: float = 1e-6, noise: float = 0.0,
+            seed: int = 0):
     """Calibration rows at each concurrency level: a prefill step then decode steps (context grows by n per step)."""
     rng = np.random.default_rng(seed)
     rows = {k: [] for k in ("duration", "num_running", "context_tokens", "prefill_tokens")}
@@ -210,7 +217,8 @@ def test_interpolation_knots_are_the_calibrations_rungs_not_the_runs_tail():
     run = _ladder(lambda n: 1.3 * _s_curve(n), [3, 6], steps=20)  # a run's tail levels, slower: not knots
     rows = {k: np.concatenate([cal[k], run[k]]) for k in cal}
     f = fit_gen_calibrated(rows, cal=np.arange(len(rows["duration"])) < len(cal["duration"]))
-    assert f.form == "interp" and f.knots == 8 and sorted(EngineStepCost.from_array(f.coef).knees) == [2, 4, 8, 16, 32, 64]
+    assert (f.form == "interp" and f.knots == 8
+            and sorted(EngineStepCost.from_array(f.coef).knees) == [2, 4, 8, 16, 32, 64])
     few = fit_gen_calibrated(_ladder(_s_curve, [1, 4, 16]))  # three rungs: too few to interpolate, the parametric forms
     assert few.form in ("linear", "knee") and "interp" not in few.cv
 

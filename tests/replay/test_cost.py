@@ -10,7 +10,8 @@ from rlsim.replay.fit import default_bandwidth_gbs
 
 KNEE = EngineStepCost(2e-3, 1e-4, 2e-7, 1e-6, hinges=((37.5, -4e-5),))
 # the interpolated form: a hinge per measured level, the slope rising then falling (convex, then concave)
-INTERP = EngineStepCost(2e-3, 1e-5, 2e-7, 1e-6, hinges=((2.0, 5e-6), (4.0, 2e-5), (16.0, 8e-5), (64.0, -5e-5), (256.0, -4e-5)))
+INTERP = EngineStepCost(2e-3, 1e-5, 2e-7, 1e-6,
+                        hinges=((2.0, 5e-6), (4.0, 2e-5), (16.0, 8e-5), (64.0, -5e-5), (256.0, -4e-5)))
 
 
 def by_hand(c: EngineStepCost, n, ctx, pre):
@@ -35,7 +36,8 @@ def test_a_step_with_nothing_running_costs_nothing():
 
 
 @pytest.mark.parametrize("cost", [KNEE, INTERP])
-@pytest.mark.parametrize("k,n,ctx0,pre", [(1, 5, 50.0, 50.0), (7, 40, 1234.0, 0.0), (12, 3, 9.0, 7.0), (4, 300, 9e3, 0.0)])
+@pytest.mark.parametrize("k,n,ctx0,pre", [(1, 5, 50.0, 50.0), (7, 40, 1234.0, 0.0), (12, 3, 9.0, 7.0),
+                                          (4, 300, 9e3, 0.0)])
 def test_a_stretch_in_closed_form_is_the_sum_of_its_steps(cost, k, n, ctx0, pre):
     d = cost.stretch_steps(k, n, ctx0, pre)
     assert d == pytest.approx(by_hand(cost, n, ctx0 + n * np.arange(k), np.r_[pre, np.zeros(k - 1)]), rel=1e-12)
@@ -82,7 +84,8 @@ def test_sums_add_and_take_rows():
     assert (StepSums.zero(hist=False) + a).hist is None
     both = StepSums(np.array([1.0, 2.0]), np.array([3.0, 4.0]), np.array([5.0, 6.0]), np.array([0.0, 1.0]))
     lin = EngineStepCost(1e-3, 1e-4, 1e-7, 1e-6)
-    assert lin.total(both.row(1)) == pytest.approx(lin.total(both)[1]) and StepSums.from_dict(both.to_dict()).steps is both.steps
+    assert (lin.total(both.row(1)) == pytest.approx(lin.total(both)[1])
+            and StepSums.from_dict(both.to_dict()).steps is both.steps)
     # a request of L tokens adds L to S1 and L p + L (L - 1) / 2 to S2 wherever it runs
     r = StepSums.of_requests(np.array([10, 10]), np.array([3, 1]), np.array([10.0, 10.0]), steps=3)
     assert (r.running, r.context, r.prefill) == (4.0, 33.0 + 10.0, 20.0)
@@ -118,5 +121,6 @@ def test_the_roofline_prior_takes_its_bandwidth_from_the_device_profiles():
     bw, src = default_bandwidth_gbs({"device": "cuda", "device_name": "NVIDIA H100 80GB HBM3"})
     assert bw == 3350.0 and "h100-sxm" in src
     assert default_bandwidth_gbs({"device": "cuda", "device_name": "NVIDIA A100-SXM4-40GB"})[0] == 1555.0
-    assert default_bandwidth_gbs({"device": "cuda", "device_name": "Tesla T4"}) == (2000.0, "default for device type cuda")
+    assert (default_bandwidth_gbs({"device": "cuda", "device_name": "Tesla T4"})
+            == (2000.0, "default for device type cuda"))
     assert default_bandwidth_gbs({"device": "cpu", "device_name": "synthetic"})[0] == 20.0

@@ -90,7 +90,8 @@ def test_the_pairs_own_ratios_when_the_recording_wrote_them(tmp_path):
 
 
 @pytest.mark.parametrize("device, what", [({"threads": 1, "t0": "soon"}, "t0"),
-                                          ({"threads": 1, "t0": 5.0, "gen_ratios": [1.2, -1], "train_ratios": [1.5]}, "gen_ratios"),
+                                          ({"threads": 1, "t0": 5.0, "gen_ratios": [1.2, -1], "train_ratios": [1.5]},
+                                           "gen_ratios"),
                                           ("broken", "calibration.device is")])
 def test_a_corrupt_device_section_is_one_line(tmp_path, device, what):
     t = _paired(tmp_path, gen=1.4, train=1.8)

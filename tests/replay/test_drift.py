@@ -14,8 +14,9 @@ def write_drift(path, slow=SLOW, version=4):
     with TraceWriter(path, meta) as w:
         for i, f in enumerate(slow):
             step, t = 4 * i, 10.0 * i
-            w.add("drift_gen", t_start=t, duration=0.05 * f, step=step, policy_version=step, num_running=8, num_waiting=0,
-                  prefill_tokens=40, decode_tokens=8, context_tokens=40, calib_level=8)  # the prefill step: not used
+            # the prefill step: not used
+            w.add("drift_gen", t_start=t, duration=0.05 * f, step=step, policy_version=step, num_running=8,
+                  num_waiting=0, prefill_tokens=40, decode_tokens=8, context_tokens=40, calib_level=8)
             for k in range(1, 7):
                 w.add("drift_gen", t_start=t + 0.01 * k, duration=0.01 * f * (1 + 0.01 * (k % 2)), step=step,
                       policy_version=step, num_running=8, num_waiting=0, prefill_tokens=0, decode_tokens=8,
@@ -32,7 +33,8 @@ def test_slowness_per_probe_relative_to_the_median(tmp_path):
     np.testing.assert_allclose(d.train, np.array(SLOW) / 1.0, rtol=1e-9)
     np.testing.assert_allclose(d.gen, np.array(SLOW), rtol=0.02)
     # between probes: linear in time; outside: the nearest probe's value
-    assert abs(d.factor("train", 15.0) - 1.1) < 1e-9 and d.factor("train", -5.0) == 1.0 and abs(d.factor("train", 99.0) - 0.9) < 1e-12
+    assert (abs(d.factor("train", 15.0) - 1.1) < 1e-9 and d.factor("train", -5.0) == 1.0
+            and abs(d.factor("train", 99.0) - 0.9) < 1e-12)
     assert np.allclose(d.spread("train"), (0.9, 1.2)) and moved(d) and "0.90x..1.20x" in d.describe()
 
 

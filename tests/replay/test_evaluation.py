@@ -119,7 +119,8 @@ def test_noise_split_parts_the_seed_noise():
     assert r["sd_log_rho"] == pytest.approx(math.log(2) / math.sqrt(2)) and r["sd_log_sigma"] == 0.0
     assert r["sd_log_t"] == pytest.approx(r["sd_log_rho"]) and r["spread_cover_all"] == r["spread_cover_one"] == 0.5
     assert pooled_sd(np.zeros((1, 3))) == 0.0
-    assert math.isnan(ranking_resolution(log_rho - log_sig, 0, draws=50)["seed_pair_tau"][0])  # a seed with all sizes tied
+    # a seed with all sizes tied
+    assert math.isnan(ranking_resolution(log_rho - log_sig, 0, draws=50)["seed_pair_tau"][0])
 
 
 def test_sigma_cases_error_and_coverage():

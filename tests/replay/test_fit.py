@@ -79,7 +79,8 @@ def test_roofline_prior_with_too_little_concurrency_range(tmp_path):
 
 
 def test_few_gen_steps_warned(tmp_path):
-    m = fit_trace(read_trace(synthetic_trace(tmp_path / "few.parquet", SynthSpec(prompts=2, group=2, steps=3, max_tokens=6))))
+    m = fit_trace(read_trace(synthetic_trace(tmp_path / "few.parquet",
+                                             SynthSpec(prompts=2, group=2, steps=3, max_tokens=6))))
     assert any("generation steps after warm-up" in w for w in m.warnings)
 
 
@@ -94,7 +95,8 @@ def test_nnls_trims_outliers():
 
 
 def test_fit_affine_narrow_range_is_proportional_through_hint():
-    m = fit_affine("update", "tokens", [1000, 1010, 990, 1005, 995], [1.2, 1.212, 1.188, 1.206, 1.194], intercept_hint=0.2)
+    m = fit_affine("update", "tokens", [1000, 1010, 990, 1005, 995], [1.2, 1.212, 1.188, 1.206, 1.194],
+                   intercept_hint=0.2)
     assert m.quality.method == "proportional"
     assert m.intercept == pytest.approx(0.2)
     assert m.predict(2000) == pytest.approx(0.2 + 2.0, rel=1e-3)

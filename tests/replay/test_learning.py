@@ -60,7 +60,7 @@ def test_rho_models_hand_computed():
 def test_curves_interpolate_in_log_batch():
     def curve(b, scale):
         n = np.arange(1, 41) * b
-        return LearningCurve(n.astype(float), 1 - np.exp(-n / scale), batch=b, lr_rule="sqrt")
+        return LearningCurve(n.astype(float), 1 - np.exp(-n / scale), responses_per_update=b, lr_rule="sqrt")
 
     # N* for target 0.5 = scale * ln 2
     cs = [curve(256, 1000.0), curve(1024, 1000.0), curve(4096, 1600.0)]
@@ -140,7 +140,7 @@ def test_lr_aware_limits():
 def _linear_curve(batch, n_star, lr, budget=None, target=0.5):
     """Score rising linearly in responses so that it crosses `target` exactly at n_star; stops at `budget`."""
     n = np.linspace(0, budget or 2 * n_star, 41)
-    return LearningCurve(n, target * n / n_star, batch=batch, lr_rule="sqrt", lr=lr)
+    return LearningCurve(n, target * n / n_star, responses_per_update=batch, lr_rule="sqrt", lr=lr)
 
 
 def test_fit_lr_aware_recovers_known_constants():

@@ -25,9 +25,10 @@ ORDER = [[16, 4, 64], [64, 16, 4], [4, 64, 16]]
 def write_probe(path, rps=RPS, order=ORDER, *, skip_last: int = 0) -> Path:
     """A probe trace whose step `k` (round k // 3, size order[round][k % 3]) takes B / rps seconds; the last
     `skip_last` steps left out (an interrupted probe)."""
-    meta = {"kind": "probe", "seed": 0, "config": {"algo": "grpo", "prompts": min(SIZES), "group": G, "batch": min(SIZES) * G,
-                                                   "lr": 3e-4, "lr_rule": "sqrt", "lr_ref_batch": 1024, "task": "add2",
-                                                   "steps": len(order) * len(SIZES)},
+    meta = {"kind": "probe", "seed": 0,
+            "config": {"algo": "grpo", "prompts": min(SIZES), "group": G, "batch": min(SIZES) * G,
+                       "lr": 3e-4, "lr_rule": "sqrt", "lr_ref_batch": 1024, "task": "add2",
+                       "steps": len(order) * len(SIZES)},
             "probe": {"sizes": list(SIZES), "group": G, "rounds": len(order), "order": order}}
     steps = [(r, p) for r, o in enumerate(order) for p in o]
     t = 0.0

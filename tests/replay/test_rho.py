@@ -16,7 +16,8 @@ from rlsim.replay.rho import (RHO_MODELS, RHO_REGISTRY, CurvesRho, InvariantRho,
 
 def test_registry_names_every_model_once_and_auto_last():
     assert RHO_MODELS == ("invariant", "noise-scale", "curves", "lr-aware", "auto")
-    assert RHO_REGISTRY == {"invariant": InvariantRho, "noise-scale": NoiseScaleRho, "curves": CurvesRho, "lr-aware": LrAwareRho}
+    assert (RHO_REGISTRY == {"invariant": InvariantRho, "noise-scale": NoiseScaleRho, "curves": CurvesRho,
+                             "lr-aware": LrAwareRho})
     for name, cls in RHO_REGISTRY.items():
         assert cls.kind == name and issubclass(cls, RhoModel) and get_rho_model(name) is cls
     with pytest.raises(RlsimError, match="unknown rho model 'magic'"):
@@ -39,7 +40,8 @@ def test_each_model_carries_the_parameters_named_for_what_they_are():
     assert names[NoiseScaleRho] == ["b_ref", "b_crit"]
     assert names[CurvesRho] == ["b_ref", "log_b", "n_star", "lr_rules"]
     assert names[LrAwareRho] == ["b_ref", "b_bend", "kappa", "lr_rule", "source"]  # the bend batch is not a B_crit
-    assert [cls.follows_lr_rule for cls in (InvariantRho, NoiseScaleRho, CurvesRho, LrAwareRho)] == [False, False, True, True]
+    assert ([cls.follows_lr_rule for cls in (InvariantRho, NoiseScaleRho, CurvesRho, LrAwareRho)]
+            == [False, False, True, True])
 
 
 def test_models_are_frozen_and_picklable():
@@ -54,7 +56,7 @@ def test_models_are_frozen_and_picklable():
 def test_every_model_answers_the_four_questions():
     def curve(b, n_star):
         n = np.linspace(0, 2 * n_star, 21)
-        return LearningCurve(n, 0.5 * n / n_star, batch=b, lr_rule="sqrt")
+        return LearningCurve(n, 0.5 * n / n_star, responses_per_update=b, lr_rule="sqrt")
 
     models = [invariant_rho(256), invariant_rho(256, assumed=True), noise_scale_rho(256, 1000.0),
               curves_rho(256, [curve(256, 1e4), curve(1024, 2e4)], 0.5), lr_aware_rho(256, 500.0, 0.1)]

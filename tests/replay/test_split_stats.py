@@ -44,7 +44,8 @@ def split_rows() -> list[tuple[str, dict]]:
         for t, d in steps:
             rows.append(("gen_step", _row(t_start=t, duration=d, step=0, engine_id=e, num_running=4, num_waiting=0,
                                           prefill_tokens=8, decode_tokens=4, context_tokens=40, finished=1)))
-    syncs = {0: [(1.8, 0.2), (1.8, 0.2)], 1: [(3.8, 0.2), (3.8, 0.2)], 2: [(7.6, 0.3), (7.7, 0.3)], 3: [(9.8, 0.2), (9.8, 0.2)]}
+    syncs = {0: [(1.8, 0.2), (1.8, 0.2)], 1: [(3.8, 0.2), (3.8, 0.2)], 2: [(7.6, 0.3), (7.7, 0.3)],
+             3: [(9.8, 0.2), (9.8, 0.2)]}
     for u, per_engine in syncs.items():
         for e, (t, d) in enumerate(per_engine):
             rows.append(("sync", _row(t_start=t, duration=d, step=u, policy_version=u + 1, bytes=1000, engine_id=e)))
@@ -54,19 +55,22 @@ def split_rows() -> list[tuple[str, dict]]:
         for m, (t, d) in enumerate(per_rank):
             rows.append(("train_rank", _row(t_start=t, duration=d, step=u, rank=m, num_responses=2, num_tokens=20,
                                             t_forward=d / 2, t_backward=d / 2)))
-            rows.append(("allreduce", _row(t_start=allreduce[u][0], duration=allreduce[u][1], step=u, rank=m, bytes=4000)))
+            rows.append(("allreduce", _row(t_start=allreduce[u][0], duration=allreduce[u][1], step=u, rank=m,
+                                           bytes=4000)))
     for u in range(4):
         host = {"reward_time": 0.1, "prep_time": 0.05 if u == 2 else None, "t_optimizer": 0.05}
-        rows.append(("update", _row(t_start=ENDS[u] - 1.0, duration=0.8, step=u, num_responses=4, num_tokens=40, lr=1e-3,
-                                    step_time=STEP_TIMES[u], gen_time=0.5, loss=0.1, reward=1.0, grad_norm=1.0,
+        rows.append(("update", _row(t_start=ENDS[u] - 1.0, duration=0.8, step=u, num_responses=4, num_tokens=40,
+                                    lr=1e-3, step_time=STEP_TIMES[u], gen_time=0.5, loss=0.1, reward=1.0, grad_norm=1.0,
                                     grad_norm_micro=1.0, micro_batch=2, **host)))
         for i, (v0, v1) in enumerate(VERSIONS[u]):
             rows.append(("response", _row(t_start=0.5, duration=1.0, step=u, policy_version=v0, finish_version=v1,
                                           engine_id=i % 2, prompt_id=2 * u + i // 2, group_index=i % 2, prompt_tokens=3,
                                           response_tokens=5, reward=1.0, consumed_step=u)))
+    # not consumed
     rows.append(("response", _row(t_start=9.0, duration=0.9, step=3, policy_version=3, finish_version=3, engine_id=1,
-                                  prompt_id=8, group_index=0, prompt_tokens=3, response_tokens=5, reward=0.0)))  # not consumed
-    rows.append(("eval", _row(t_start=9.0, duration=0.5, step=3, engine_id=0, cum_responses=12, score=0.5)))  # ran 8.5..9.0
+                                  prompt_id=8, group_index=0, prompt_tokens=3, response_tokens=5, reward=0.0)))
+    # ran 8.5..9.0
+    rows.append(("eval", _row(t_start=9.0, duration=0.5, step=3, engine_id=0, cum_responses=12, score=0.5)))
     rows.append(("idle", _row(t_start=7.0, duration=1.2, step=2, engine_id=1)))
     rows.append(("idle", _row(t_start=6.0, duration=0.5, step=2, rank=1)))
     return rows
@@ -89,7 +93,8 @@ def test_version_3_is_additive():
     new = ("engine_id", "rank", "finish_version")
     assert all(COLUMN_SINCE[c] == 3 for c in new)
     assert not set(new) & set(columns_for_version(2)) and set(new) <= set(columns_for_version(3))
-    assert {IDLE, TRAIN_RANK, ALLREDUCE} <= set(kinds_for_version(3)) and not {IDLE, TRAIN_RANK, ALLREDUCE} & set(kinds_for_version(2))
+    assert ({IDLE, TRAIN_RANK, ALLREDUCE} <= set(kinds_for_version(3))
+            and not {IDLE, TRAIN_RANK, ALLREDUCE} & set(kinds_for_version(2)))
     assert all(KIND_SINCE[k] == 3 for k in (IDLE, TRAIN_RANK, ALLREDUCE))
     assert REQUIRED[TRAIN_RANK] == ("t_start", "duration", "rank", "num_responses", "num_tokens")
     assert REQUIRED[ALLREDUCE] == ("t_start", "duration", "bytes", "rank")
@@ -99,13 +104,16 @@ def test_version_4_is_additive():
     from rlsim.replay.schema import DRIFT_GEN, DRIFT_TRAIN
 
     assert SCHEMA_VERSION >= 4 and READABLE_VERSIONS[:4] == (1, 2, 3, 4)
-    assert COLUMN_SINCE["threads"] == 4 and "threads" not in columns_for_version(3) and "threads" in columns_for_version(4)
-    assert KIND_SINCE[DRIFT_GEN] == KIND_SINCE[DRIFT_TRAIN] == 4 and not {DRIFT_GEN, DRIFT_TRAIN} & set(kinds_for_version(3))
+    assert (COLUMN_SINCE["threads"] == 4 and "threads" not in columns_for_version(3)
+            and "threads" in columns_for_version(4))
+    assert (KIND_SINCE[DRIFT_GEN] == KIND_SINCE[DRIFT_TRAIN] == 4
+            and not {DRIFT_GEN, DRIFT_TRAIN} & set(kinds_for_version(3)))
 
 
 def test_placement_defaults_for_older_configs():
-    assert placement(None) == CONFIG_DEFAULTS == {"mode": "colocated", "gen_devices": 1, "train_devices": 1, "max_staleness": 0,
-                                                  "partial_rollout": False, "off_policy": "none", "tis_cap": 2.0, "threads": 0}
+    assert placement(None) == CONFIG_DEFAULTS == {"mode": "colocated", "gen_devices": 1, "train_devices": 1,
+                                                  "max_staleness": 0, "partial_rollout": False, "off_policy": "none",
+                                                  "tis_cap": 2.0, "threads": 0}
     assert placement({"ranks": 2})["train_devices"] == 2 and placement({"mode": None})["mode"] == "colocated"
     assert placement(SPLIT_CONFIG) == {k: SPLIT_CONFIG[k] for k in CONFIG_DEFAULTS}
 
@@ -115,7 +123,8 @@ def test_split_trace_round_trips(split_path):
     assert t.meta["schema_version"] == SCHEMA_VERSION and t.dropped == {}
     assert t.count(IDLE) == 2 and t.count(TRAIN_RANK) == 6 and t.count(ALLREDUCE) == 6 and t.count("sync") == 8
     idle = t.rows(IDLE)
-    assert np.isnan(idle["rank"][0]) and idle["engine_id"][0] == 1 and idle["rank"][1] == 1 and np.isnan(idle["engine_id"][1])
+    assert (np.isnan(idle["rank"][0]) and idle["engine_id"][0] == 1 and idle["rank"][1] == 1
+            and np.isnan(idle["engine_id"][1]))
     assert sorted(t.rows(ALLREDUCE)["bytes"].tolist()) == [4000] * 6
     assert int(np.sum(t.rows("response")["finish_version"] > t.rows("response")["policy_version"])) == 3
 
@@ -162,14 +171,14 @@ def test_colocated_by_hand(tmp_path):
     for u, (gens, upd, syn) in enumerate([([(0.0, 1.0), (1.0, 1.0)], (2.5, 1.0), (3.5, 0.5)),
                                           ([(4.0, 1.5)], (6.0, 1.5), (7.5, 0.5))]):
         for t, d in gens:
-            rows.append(("gen_step", _row(t_start=t, duration=d, step=u, num_running=2, prefill_tokens=3, decode_tokens=2,
-                                          context_tokens=10)))
+            rows.append(("gen_step", _row(t_start=t, duration=d, step=u, num_running=2, prefill_tokens=3,
+                                          decode_tokens=2, context_tokens=10)))
         rows.append(("update", _row(t_start=upd[0], duration=upd[1], step=u, num_responses=2, num_tokens=20, lr=1e-3,
                                     step_time=4.0, gen_time=2.0, reward_time=0.5, t_optimizer=0.1, prep_time=0.0)))
         rows.append(("sync", _row(t_start=syn[0], duration=syn[1], step=u, policy_version=u + 1, bytes=100)))
         for g in range(2):
-            rows.append(("response", _row(t_start=0.0, duration=1.0, step=u, prompt_id=u, group_index=g, prompt_tokens=3,
-                                          response_tokens=2, reward=1.0, consumed_step=u)))
+            rows.append(("response", _row(t_start=0.0, duration=1.0, step=u, prompt_id=u, group_index=g,
+                                          prompt_tokens=3, response_tokens=2, reward=1.0, consumed_step=u)))
     s = split_stats(read_trace(write(tmp_path / "c.parquet", rows, {"prompts": 1, "group": 2})), skip=1)
     assert (s.mode, s.gen_devices, s.train_devices, s.max_staleness, s.partial_rollout) == ("colocated", 1, 1, 0, False)
     assert s.window == (4.0, 8.0) and s.responses_per_s == pytest.approx(0.5)
@@ -202,10 +211,12 @@ def _bad(tmp_path, edit) -> Path:
 
 @pytest.mark.parametrize("edit, kind, col, what", [
     (lambda rows: rows[0][1].update(engine_id=-1), "gen_step", "engine_id", "negative `engine_id`"),
-    (lambda rows: next(r for k, r in rows if k == IDLE).update(rank=0), IDLE, "engine_id", "both or neither of `engine_id` and `rank`"),
+    (lambda rows: next(r for k, r in rows if k == IDLE).update(rank=0), IDLE, "engine_id",
+     "both or neither of `engine_id` and `rank`"),
     (lambda rows: next(r for k, r in rows if k == IDLE).pop("engine_id"), IDLE, "engine_id", "both or neither"),
     (lambda rows: next(r for k, r in rows if k == TRAIN_RANK).update(rank=-2), TRAIN_RANK, "rank", "negative `rank`"),
-    (lambda rows: next(r for k, r in rows if k == ALLREDUCE).update(duration=-0.1), ALLREDUCE, "duration", "negative `duration`"),
+    (lambda rows: next(r for k, r in rows if k == ALLREDUCE).update(duration=-0.1), ALLREDUCE, "duration",
+     "negative `duration`"),
     (lambda rows: next(r for k, r in rows if k == "response" and r["policy_version"] == 1).update(finish_version=0),
      "response", "finish_version", "`finish_version` below their `policy_version`"),
 ])
@@ -220,16 +231,18 @@ def test_invalid_split_rows_fail_in_one_line_or_are_dropped(tmp_path, edit, kind
     assert t.count(kind) == sum(k == kind for k, _ in split_rows()) - 1
 
 
-@pytest.mark.parametrize("field, value, what", [("mode", "async", "colocated or split"), ("gen_devices", 0, "a positive integer"),
-                                                 ("partial_rollout", 1, "true or false"), ("max_staleness", -1, "non-negative")])
+@pytest.mark.parametrize("field, value, what", [("mode", "async", "colocated or split"),
+                                                 ("gen_devices", 0, "a positive integer"),
+                                                 ("partial_rollout", 1, "true or false"),
+                                                 ("max_staleness", -1, "non-negative")])
 def test_bad_placement_metadata_fails(tmp_path, field, value, what):
     with pytest.raises(TraceError, match=f"config.{field}.*{what}"):
         read_trace(write(tmp_path / "m.parquet", split_rows(), {**SPLIT_CONFIG, field: value}))
 
 
 def test_fit_and_replay_refuse_a_split_trace(split_path):
-    want = ("split was recorded in split mode; fit a colocated recording (rlrun record --mode colocated) and predict the "
-            "split with --gen-gpus/--train-gpus/--staleness")
+    want = ("split was recorded in split mode; fit a colocated recording (rlrun record --mode colocated) and predict "
+            "the split with --gen-gpus/--train-gpus/--staleness")
     t = read_trace(split_path)
     with pytest.raises(RlsimError) as err:
         fit_trace(t)

@@ -25,11 +25,13 @@ def test_calibration_rows_and_untouched_weights(tmp_path, tiny_model, small_conf
                     kv_cache_gib=cfg.kv_cache_gib, dtype="float32")
     prompts = [[1, 5 + i % 9, 14, 6 + i % 7, 15] for i in range(64)]
     outs = engine.generate([(None, p, 1) for p in prompts[:8]], engine.sampling(12, 1.0))
-    samples = [Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids), reward=float(i % 2), advantage=1.0 - 2 * (i % 2))
+    samples = [Sample(prompt_ids=c.prompt_ids, response_ids=list(c.token_ids), reward=float(i % 2),
+                      advantage=1.0 - 2 * (i % 2))
                for i, c in enumerate(outs)]
     trainer.update(samples, 1e-3)  # the optimizer has state (Adam moments) before the calibration
     before = {k: v.clone() for k, v in policy.state_dict().items()}
-    opt_before = {i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()} for i, s in trainer.opt.state_dict()["state"].items()}
+    opt_before = {i: {k: (v.clone() if torch.is_tensor(v) else v) for k, v in s.items()}
+                  for i, s in trainer.opt.state_dict()["state"].items()}
 
     rows, info = run_calibration(engine, trainer, cfg, prompts, [list(c.token_ids) for c in outs], budget_s=60.0)
 

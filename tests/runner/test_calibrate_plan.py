@@ -63,7 +63,8 @@ def test_training_ladder_buys_levels_before_range():
         now[0] += d
         return SimpleNamespace(t_forward=d / 3, t_backward=2 * d / 3, num_tokens=10 * len(samples))
 
-    cal = _Calibration(None, SimpleNamespace(profile=profile), SimpleNamespace(G=8, seed=0), [], [], None, random.Random(0))
+    cal = _Calibration(None, SimpleNamespace(profile=profile), SimpleNamespace(G=8, seed=0), [], [], None,
+                       random.Random(0))
     cal.clock = lambda: now[0]
     sample = SimpleNamespace(prompt_ids=[1] * 4, response_ids=[2] * 6)
     batches = {R: [sample] * R for R in (8, 16, 32, 64, 128, 256, 512)}
@@ -125,8 +126,8 @@ def _fake_run(monkeypatch, budget_s: float | None, device: bool, log=lambda m: N
             slow[0] = 1.0
 
     trainer = SimpleNamespace(profile=profile, micro_for=lambda R: max(1, R // 4), pad_id=0)
-    cfg = SimpleNamespace(G=8, seed=0, gen_responses=64, batch=64, temperature=1.0, max_tokens=8, steps=10, eval_every=0,
-                          eval_prompts=16, eval_k=1)
+    cfg = SimpleNamespace(G=8, seed=0, gen_responses=64, responses_per_update=64, temperature=1.0, max_tokens=8,
+                          steps=10, eval_every=0, eval_prompts=16, eval_k=1)
     monkeypatch.setattr(calib.time, "perf_counter", clock)
     return calib.run_calibration(Engine(), trainer, cfg, [[1] * 8] * 16, [[2] * 6] * 16, budget_s=budget_s,
                                  threads=2 if device else None, device_threads=one_core if device else None, log=log)

@@ -20,11 +20,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_derived_values_and_lr_rules():
     c = RunConfig(prompts=128, group=8, lr=3e-4, lr_ref_batch=256)
-    assert c.batch == 1024 and c.G == 8
+    assert c.responses_per_update == 1024 and c.G == 8
     assert c.lr_effective == pytest.approx(3e-4 * 2.0)  # sqrt(1024/256)
     assert dataclasses.replace(c, lr_rule="linear").lr_effective == pytest.approx(3e-4 * 4)
     assert dataclasses.replace(c, lr_rule="fixed").lr_effective == pytest.approx(3e-4)
-    assert RunConfig(algo="ppo", prompts=256).batch == 256  # PPO: G defaults to 1
+    assert RunConfig(algo="ppo", prompts=256).responses_per_update == 256  # PPO: G defaults to 1
     meta = RunConfig(prompts=16).to_meta()
     for key in ("algo", "prompts", "group", "lr", "lr_rule", "lr_ref_batch", "max_tokens", "temperature",
                 "eval_every", "task", "batch", "lr_effective", "micro_batch"):
@@ -36,7 +36,7 @@ def test_derived_values_and_lr_rules():
 def test_micro_batch_divides_batch():
     for P in (1, 3, 16, 128):
         c = RunConfig(prompts=P, group=8)
-        assert c.micro >= 1 and c.micro <= c.batch
+        assert c.micro >= 1 and c.micro <= c.responses_per_update
 
 
 def test_construction_does_no_io(tmp_path):
@@ -152,7 +152,8 @@ def test_cli_unreadable_dataset(tmp_path):
     (model / "config.json").write_text("{}")
     bad = tmp_path / "d.parquet"
     bad.write_bytes(b"not parquet at all")
-    res = runner.invoke(app, ["record", "--out", str(tmp_path / "t.parquet"), "--dataset", str(bad), "--model", str(model)])
+    res = runner.invoke(app, ["record", "--out", str(tmp_path / "t.parquet"), "--dataset", str(bad), "--model",
+                              str(model)])
     assert res.exit_code == 2 and "cannot read dataset" in res.stderr
 
 
@@ -177,8 +178,9 @@ def test_missing_engine_is_one_line(cmd, tmp_path, monkeypatch):
     out = tmp_path / "t.parquet"
     res = runner.invoke(app, [cmd, "--out", str(out), "--prompts", "4"])
     assert res.exit_code == 2, res.output
-    assert res.stderr.strip() == ('error: rlrun needs torch and vLLM (torch, vllm, transformers not installed): pip install torch==2.13.0 && '
-                                  'pip install -e ".[cpu]" (CPU) or pip install -e ".[gpu]" (CUDA)')
+    assert res.stderr.strip() == ('error: rlrun needs torch and vLLM (torch, vllm, transformers not installed): '
+                                  'pip install torch==2.13.0 && pip install -e ".[cpu]" (CPU) or '
+                                  'pip install -e ".[gpu]" (CUDA)')
     assert not list(tmp_path.iterdir())  # refused before anything was written
     res = runner.invoke(app, [cmd, "--out", str(out), "--prompts", "0"])  # bad input is still reported first
     assert res.exit_code == 2 and "--prompts (P) is 0" in res.stderr
@@ -261,10 +263,10 @@ def test_cli_values_reach_the_config(recorded, tmp_path):
             "--kv-cache-gib", "0.5", "--overwrite", "--mode", "split", "--staleness", "1", "--partial-rollout"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
-    assert recorded[-1][0] == RunConfig(out=out, prompts=16, group=4, steps=3, lr=1e-3, lr_rule="fixed", std_scale=False,
-                                        compile=True, progress=False, record_steps=False, calibrate=False, loss_agg="seq",
-                                        kv_cache_gib=0.5, overwrite=True, mode="split", max_staleness=1,
-                                        partial_rollout=True)
+    assert recorded[-1][0] == RunConfig(out=out, prompts=16, group=4, steps=3, lr=1e-3, lr_rule="fixed",
+                                        std_scale=False, compile=True, progress=False, record_steps=False,
+                                        calibrate=False, loss_agg="seq", kv_cache_gib=0.5, overwrite=True, mode="split",
+                                        max_staleness=1, partial_rollout=True)
     assert runner.invoke(app, ["calibrate", "-o", out, "--max-model-len", "512", "--group", "none"]).exit_code == 0
     assert recorded[-1][0].max_model_len == 512 and recorded[-1][0].group is None
 

@@ -46,7 +46,8 @@ def _samples(prompts, group, seed=0):
     for j in range(prompts):
         prompt = [1] + [rng.randint(3, VOCAB - 1) for _ in range(rng.randint(3, 7))]
         for g in range(group):
-            out.append(Sample(prompt_ids=prompt, response_ids=[rng.randint(3, VOCAB - 1) for _ in range(rng.randint(1, 15))],
+            out.append(Sample(prompt_ids=prompt,
+                              response_ids=[rng.randint(3, VOCAB - 1) for _ in range(rng.randint(1, 15))],
                               reward=float(rng.random() < 0.5), prompt_id=j, group_index=g))
     for s, a in zip(out, grpo_advantages([s.reward for s in out], group)):
         s.advantage = a if group > 1 else rng.gauss(0, 1)

@@ -1,4 +1,5 @@
-"""`rlrun probe`: bad input (no engine needed), the KV check, `rlrun inspect` of a probe trace, and one tiny real probe."""
+"""`rlrun probe`: bad input (no engine needed), the KV check, `rlrun inspect` of a probe trace, and one tiny real
+probe."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,10 @@ runner = CliRunner()
     (["--prompts", "16"], "error: give at least two sizes to compare, e.g. --prompts 16,64,256 (sigma is each size's "
                           "responses/s over the smallest's)"),
     (["--prompts", "16,64,16"], "error: --prompts lists 16 more than once (16,64,16); give each size once"),
-    (["--prompts", "16,64", "--rounds", "0"], "error: --rounds is 0; it must be at least 1 (2 or more give sigma a 90 % interval)"),
-    (["--prompts", "16,64", "--rounds", "-2"], "error: --rounds is -2; it must be at least 1 (2 or more give sigma a 90 % interval)"),
+    (["--prompts", "16,64", "--rounds", "0"],
+     "error: --rounds is 0; it must be at least 1 (2 or more give sigma a 90 % interval)"),
+    (["--prompts", "16,64", "--rounds", "-2"],
+     "error: --rounds is -2; it must be at least 1 (2 or more give sigma a 90 % interval)"),
     (["--prompts", "16,6x"], "error: --prompts: '6x' is not a valid value (expected int)"),
     (["--prompts", "16,1.5"], "error: --prompts: '1.5' is not a valid value (expected an integer)"),
     (["--prompts", "16,64", "--rounds", "two"], "error: --rounds: 'two' is not a valid value (expected int)"),
@@ -36,8 +39,10 @@ runner = CliRunner()
      "error: --prompts 5 is not divisible by --train-gpus 2: each rank trains whole groups; choose P as a multiple "
      "of 2"),
     (["--prompts", "4,12", "--minibatches", "3"],
-     "error: at --prompts 4: batch per rank 32 is not divisible by --minibatches 3; choose P or --minibatches so it divides"),
-    (["--prompts", "4,8", "--task", "sudoku"], "error: unknown --task 'sudoku'; choose one of add2, add3, addmix or pass --dataset FILE"),
+     "error: at --prompts 4: batch per rank 32 is not divisible by --minibatches 3; choose P or "
+     "--minibatches so it divides"),
+    (["--prompts", "4,8", "--task", "sudoku"],
+     "error: unknown --task 'sudoku'; choose one of add2, add3, addmix or pass --dataset FILE"),
     (["--prompts", "4,8", "--train-gpus", "2"],
      "error: rlrun probe with --train-gpus 2 needs --micro-batch N with N at most 16 (the smallest size's responses "
      "per rank and minibatch), so that every size trains in micro-batches of N on every rank"),
@@ -54,7 +59,8 @@ def test_bad_input_is_refused_before_torch_loads():
             "rs = [CliRunner().invoke(app, ['probe', '--out', '/tmp/x.parquet', *a]) for a in "
             "(['-P', '16'], ['-P', '16,16'], ['-P', '16,64', '--rounds', '0'])]; "
             "bad = [m for m in ('torch', 'vllm', 'transformers') if m in sys.modules]; "
-            "print([r.exit_code for r in rs], bad); sys.exit(0 if all(r.exit_code == 2 for r in rs) and not bad else 1)")
+            "print([r.exit_code for r in rs], bad); "
+            "sys.exit(0 if all(r.exit_code == 2 for r in rs) and not bad else 1)")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
 
@@ -78,14 +84,16 @@ def probed(monkeypatch):
 
 def test_cli_values_reach_the_config(probed, tmp_path):
     out = str(tmp_path / "p.parquet")
-    res = runner.invoke(app, ["probe", "-o", out, "-P", "64,16,256", "-G", "4", "--lr-rule", "linear", "--max-tokens", "16",
-                              "--seed", "3", "--max-num-seqs", "512", "--kv-cache-gib", "0.5"])
+    res = runner.invoke(app, ["probe", "-o", out, "-P", "64,16,256", "-G", "4", "--lr-rule", "linear", "--max-tokens",
+                              "16", "--seed", "3", "--max-num-seqs", "512", "--kv-cache-gib", "0.5"])
     assert res.exit_code == 0, res.output
     pc = probed[-1]
-    assert pc == ProbeConfig(prompts=(64, 16, 256), rounds=3, run=RunConfig(out=out, group=4, lr_rule="linear", max_tokens=16,
-                                                                            seed=3, max_num_seqs=512, kv_cache_gib=0.5))
+    assert pc == ProbeConfig(prompts=(64, 16, 256), rounds=3,
+                             run=RunConfig(out=out, group=4, lr_rule="linear", max_tokens=16, seed=3, max_num_seqs=512,
+                                           kv_cache_gib=0.5))
     ref = pc.reference
-    assert (ref.prompts, ref.steps, ref.eval_every, ref.calibrate, ref.drift_every) == (16, 18, 0, False, 0)  # 3 rounds x 3 sizes x 2 steps a visit
+    # 3 rounds x 3 sizes x 2 steps a visit
+    assert (ref.prompts, ref.steps, ref.eval_every, ref.calibrate, ref.drift_every) == (16, 18, 0, False, 0)
     assert pc.at(256).lr_effective == pytest.approx(3e-4 * 1024 / 1024)  # linear rule at B = 1024 = B_ref
     assert pc.to_meta()["batch"] == [256, 64, 1024]
 
@@ -110,7 +118,8 @@ def test_probe_options_keep_their_spellings():
     for p in shown:
         if p.name.startswith("rc_"):  # a RunConfig option: the field says probe takes it, its default is the field's
             f = run_fields[p.name.removeprefix("rc_")]
-            assert "probe" in f.metadata["cli"] and (p.required or f.default is None or str(p.default) == str(f.default))
+            assert ("probe" in f.metadata["cli"]
+                    and (p.required or f.default is None or str(p.default) == str(f.default)))
     assert [p.name for p in params if p.required] == ["pc_prompts", "rc_out"]
 
 
@@ -124,13 +133,14 @@ def test_orders_are_seeded_shuffles():
 
 
 def test_kv_check_names_the_size_and_the_fix(tmp_path):
-    pc = ProbeConfig(prompts=(16, 64, 256), run=RunConfig(group=8, max_tokens=48, kv_cache_gib=1.0, out=str(tmp_path / "p.parquet")))
+    pc = ProbeConfig(prompts=(16, 64, 256),
+                     run=RunConfig(group=8, max_tokens=48, kv_cache_gib=1.0, out=str(tmp_path / "p.parquet")))
     engine = SimpleNamespace(max_num_seqs=1024, kv_cache_tokens=40_000)
     with pytest.raises(RlsimError) as e:  # P=256: 1024 running (max_num_seqs) x (10 + 48) = 59392 > 40000
         check_kv(pc, engine, longest=10)
-    assert str(e.value) == ("--prompts 256 (B = 2048) needs 59392 KV tokens (1024 sequences at once x (10 prompt + 48 new "
-                            "tokens)), the engine's KV cache holds 40000: drop 256 from --prompts, or give the cache "
-                            "--kv-cache-gib 1.5 (vLLM's VLLM_CPU_KVCACHE_SPACE on CPU) or fewer --max-num-seqs")
+    assert str(e.value) == ("--prompts 256 (B = 2048) needs 59392 KV tokens (1024 sequences at once x (10 prompt + 48 "
+                            "new tokens)), the engine's KV cache holds 40000: drop 256 from --prompts, or give the "
+                            "cache --kv-cache-gib 1.5 (vLLM's VLLM_CPU_KVCACHE_SPACE on CPU) or fewer --max-num-seqs")
     check_kv(pc, SimpleNamespace(max_num_seqs=512, kv_cache_tokens=40_000), longest=10)  # 512 x 58 fits
 
 
@@ -145,11 +155,12 @@ def test_inspect_prints_the_sigma_table(tmp_path, monkeypatch):
     assert "probe      3 rounds, every size once per round in a shuffled order: 16,4,64; 64,16,4; 4,64,16" in out
     lines = out.splitlines()
     head = next(i for i, ln in enumerate(lines) if "round 1" in ln)
-    assert lines[head].split() == ["P", "G", "B", "round", "1", "round", "2", "round", "3", "median", "sigma", "(90", "%",
-                                   "interval)"]
+    assert lines[head].split() == ["P", "G", "B", "round", "1", "round", "2", "round", "3", "median", "sigma", "(90",
+                                   "%", "interval)"]
     assert lines[head + 1].split() == ["4", "2", "8", "100.0", "80.0", "120.0", "100.0", "1.000x", "(1.000..1.000)"]
     assert lines[head + 2].split()[:7] == ["16", "2", "32", "145.0", "124.0", "180.0", "145.0"]
-    assert lines[head + 2].split()[7] == "1.499x" and "90 % t interval on the log ratios over 3 rounds" in out  # (1.45 1.55 1.5)^(1/3)
+    # (1.45 1.55 1.5)^(1/3)
+    assert lines[head + 2].split()[7] == "1.499x" and "90 % t interval on the log ratios over 3 rounds" in out
 
 
 # ---- one tiny real probe --------------------------------------------------------------------------------------------
@@ -198,7 +209,7 @@ def test_tiny_probe_end_to_end(tmp_path, tiny_model):
     for head in ("trace ", "status ", "config ", "hardware ", "model ", "engine ", "packages ", "events "):
         assert any(line.startswith(head) for line in text.splitlines()), head
     # and the simulator refuses it as a run
-    from rlsim.cli.options import StudyOptions
+    from rlsim.cli.options import StudyOptions, read_traces
 
     with pytest.raises(RlsimError, match="is an `rlrun probe` trace"):
-        StudyOptions(trace=(path,)).traces()
+        read_traces(StudyOptions(trace=(path,)))

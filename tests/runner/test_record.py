@@ -191,13 +191,15 @@ def test_engine_samples_n_per_prompt_and_counts_every_finish(tiny_model):
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model))
     eng = Engine(str(tiny_model), max_num_seqs=8, max_model_len=128, kv_cache_gib=0.05)
-    prompts = [("a", tok("12+34=")["input_ids"], 3), ("b", tok("5+6=")["input_ids"], 1), ("c", tok("7+8=")["input_ids"], 6)]
+    prompts = [("a", tok("12+34=")["input_ids"], 3), ("b", tok("5+6=")["input_ids"], 1),
+               ("c", tok("7+8=")["input_ids"], 6)]
     steps = []
     outs = eng.generate(prompts, eng.sampling(8, 1.0), steps.append)
     by_tag = {}
     for c in outs:
         by_tag.setdefault(c.tag, []).append(c)
-    assert {t: sorted(c.index for c in cs) for t, cs in by_tag.items()} == {"a": [0, 1, 2], "b": [0], "c": list(range(6))}
+    assert ({t: sorted(c.index for c in cs) for t, cs in by_tag.items()}
+            == {"a": [0, 1, 2], "b": [0], "c": list(range(6))})
     for tag, ids, _ in prompts:
         assert all(c.prompt_ids == list(ids) and 1 <= len(c.token_ids) <= 8 for c in by_tag[tag])
     assert sum(s.finished for s in steps) == 10

@@ -27,7 +27,9 @@ def _split_run(tmp_path, small_config, **kw):
 
 
 def _intervals(rows):
-    return np.stack([rows["t_start"], rows["t_start"] + rows["duration"]], axis=1) if len(rows["t_start"]) else np.zeros((0, 2))
+    if not len(rows["t_start"]):
+        return np.zeros((0, 2))
+    return np.stack([rows["t_start"], rows["t_start"] + rows["duration"]], axis=1)
 
 
 @two_cores
@@ -47,7 +49,8 @@ def test_split_run_overlaps_generation_with_training_and_keeps_the_staleness_lim
     overlap = sum(max(0.0, min(g[1], u[1]) - max(g[0], u[0])) for u in upd for g in gen)
     assert overlap > 0
     sync = tr.rows("sync")
-    assert len(sync["t_start"]) == 4 and (np.asarray(sync["engine_id"]) == 0).all() and (np.asarray(sync["bytes"]) > 0).all()
+    assert (len(sync["t_start"]) == 4 and (np.asarray(sync["engine_id"]) == 0).all()
+            and (np.asarray(sync["bytes"]) > 0).all())
     assert list(sync["policy_version"]) == [1, 2, 3, 4]
     idle = tr.rows("idle")
     assert len(idle["t_start"]) > 0  # the replica waited for prompts or weights at least once

@@ -41,7 +41,8 @@ def test_staleness_gate_binds_with_eta_1():
     assert _spans(run, "gen.step") == pytest.approx(_flat([(0.0, 1.5), (1.5, 1.5),
                                                      # version 1 (t = 6.5): the gate admits a 3rd prompt; alone: 1.25 s
                                                      (6.5, 1.25), (7.75, 1.25)]))
-    # prompt 0 is batch 0 at t = 3: update [3, 6], sync [6, 6.5]; prompt 1 finished at 3 is batch 1: [6.5, 9.5], sync [9.5, 10]
+    # prompt 0 is batch 0 at t = 3: update [3, 6], sync [6, 6.5]; prompt 1 finished at 3 is batch 1: [6.5, 9.5],
+    # sync [9.5, 10]
     assert _spans(run, "train.update") == pytest.approx(_flat([(3.0, 3.0), (6.5, 3.0)]))
     assert _spans(run, "sync.weights") == pytest.approx(_flat([(6.0, 0.5), (9.5, 0.5)]))
     # the gate is what binds: from 3 to 6 the replica has free slots and nothing it may start (idle, waiting for
@@ -79,13 +80,15 @@ def test_eta_0_one_to_one_equals_colocated_on_a_richer_workload(max_num_seqs):
     wl = [([3, 3, 5, 5, 2, 2], [4, 1, 6, 2, 3, 5]), ([4, 4, 1, 1, 6, 6], [2, 7, 1, 1, 4, 3])]
     m = hand_models(wl, update=(0.5, 0.1), sync=0.2, reward=0.01, prep=0.02, overhead=(0.0, 0.003, 0.002),
                     max_num_seqs=max_num_seqs, prompts=3, group=2)
-    split = simulate(m, _cfg(m, prompts=3, group=2, updates=4, split=SplitConfig(1, 1), max_num_seqs=max_num_seqs), rng=RNG)
+    split = simulate(m, _cfg(m, prompts=3, group=2, updates=4, split=SplitConfig(1, 1), max_num_seqs=max_num_seqs),
+                     rng=RNG)
     colo = simulate(m, _cfg(m, prompts=3, group=2, updates=4, max_num_seqs=max_num_seqs), rng=RNG)
     for k in ("step_time", "gen_time", "train_time", "sync_time", "other_time", "responses", "tokens", "gen_steps"):
         assert getattr(split, k) == pytest.approx(getattr(colo, k)), k
     # with `other`, the next generation starts at the sync's end while the trainer finishes the step
     m2 = replace(m, other=replace(m.other, intercept=0.3))
-    split = simulate(m2, _cfg(m2, prompts=3, group=2, updates=4, split=SplitConfig(1, 1), max_num_seqs=max_num_seqs), rng=RNG)
+    split = simulate(m2, _cfg(m2, prompts=3, group=2, updates=4, split=SplitConfig(1, 1), max_num_seqs=max_num_seqs),
+                     rng=RNG)
     colo = simulate(m2, _cfg(m2, prompts=3, group=2, updates=4, max_num_seqs=max_num_seqs), rng=RNG)
     assert split.step_time[0] == pytest.approx(colo.step_time[0])
     assert split.step_time[1:] == pytest.approx(colo.step_time[1:] - 0.3)
@@ -99,8 +102,10 @@ def _partial_models():
 
 def test_partial_rollout_continues_a_response_across_a_sync():
     m = _partial_models()
-    run = simulate(m, _cfg(m, split=SplitConfig(1, 1, staleness=1, partial_rollout=True)), rng=RNG, record_timeline=True)
-    # step 0: prompts 0 and 1 (eta = 1 admits 2), prefill 2 tokens: 1.2 s; prompt 0 finishes -> batch 0, update [1.2, 3.7]
+    run = simulate(m, _cfg(m, split=SplitConfig(1, 1, staleness=1, partial_rollout=True)), rng=RNG,
+                   record_timeline=True)
+    # step 0: prompts 0 and 1 (eta = 1 admits 2), prefill 2 tokens: 1.2 s; prompt 0 finishes -> batch 0,
+    # update [1.2, 3.7]
     # prompt 1 runs alone from 1.2 (1 s steps); the sync request at 3.7 falls in the step [3.2, 4.2]: the engine
     # finishes it, joins, and the sync runs [4.2, 4.7] (the trainer waited 0.5 s)
     # at 4.7 (version 1): prompt 1 continues, its 1 + 4 tokens recomputed, with prompt 2 admitted (1 prompt token):
@@ -115,7 +120,8 @@ def test_partial_rollout_continues_a_response_across_a_sync():
     assert run.gen_time == pytest.approx([1.2 + 0.5, 2.6]) and run.total_time == pytest.approx(10.3)
     p1 = next(s for s in run.timeline if s.track == "response" and s.args["prompt_id"] == 1)
     assert (p1.start, p1.dur) == pytest.approx((0.0, 7.3))
-    assert (p1.args["start_version"], p1.args["finish_version"], p1.args["consumed_update"], p1.args["staleness"]) == (0, 1, 1, 1)
+    assert (p1.args["start_version"], p1.args["finish_version"], p1.args["consumed_update"],
+            p1.args["staleness"]) == (0, 1, 1, 1)
 
 
 def test_without_partial_rollout_the_sync_waits_for_in_flight_responses():
@@ -123,8 +129,8 @@ def test_without_partial_rollout_the_sync_waits_for_in_flight_responses():
     run = simulate(m, _cfg(m, split=SplitConfig(1, 1, staleness=1)), rng=RNG, record_timeline=True)
     # prompt 1 finishes on version 0's weights at 1.2 + 5 = 6.2; only then the engine joins: sync [6.2, 6.7]
     assert _spans(run, "sync.weights")[:2] == pytest.approx([6.2, 0.5])
-    assert _spans(run, "gen.step")[:12] == pytest.approx(_flat([(0.0, 1.2), (1.2, 1.0), (2.2, 1.0), (3.2, 1.0), (4.2, 1.0),
-                                                          (5.2, 1.0)]))  # not interrupted at 3.7
+    assert _spans(run, "gen.step")[:12] == pytest.approx(_flat([(0.0, 1.2), (1.2, 1.0), (2.2, 1.0), (3.2, 1.0),
+                                                                (4.2, 1.0), (5.2, 1.0)]))  # not interrupted at 3.7
     p1 = next(s for s in run.timeline if s.track == "response" and s.args["prompt_id"] == 1)
     assert (p1.args["start_version"], p1.args["finish_version"]) == (0, 0)
     # prompt 2 starts at 6.7 (1.1 s, then 1 s steps) and runs to 9.8: the second sync waits for it
@@ -136,8 +142,8 @@ def test_data_parallel_ranks_all_reduce_and_idle_ratios_by_hand():
     # P=2, G=1, eta = 0, one replica of 2 slots, 1 s steps: prompt 0 (1 token) ends at 1, prompt 1 (2 tokens) at 2.
     # Two ranks balanced by tokens, longest first: update = 0.5 + 0.5 x tokens -> rank 0 prompt 1 (1 + 2 tokens) 2.0 s,
     # rank 1 prompt 0 (1 + 1) 1.5 s; ring all-reduce of 1 GB at 1 GB/s over 2 ranks: 2 (2-1)/2 x 1 = 1.0 s; sync 0.2 s
-    m = replace(hand_models([([1, 1], [1, 2])], c=(1.0, 0.0, 0.0, 0.0), update=(0.5, 0.5), sync=0.2, prompts=2, group=1),
-                sync_bytes=1e9)
+    m = replace(hand_models([([1, 1], [1, 2])], c=(1.0, 0.0, 0.0, 0.0), update=(0.5, 0.5), sync=0.2, prompts=2,
+                            group=1), sync_bytes=1e9)
     sp = SplitConfig(1, 2, allreduce_gbs=1.0, bandwidth_source="test")
     run = simulate(m, _cfg(m, prompts=2, updates=1, split=sp, max_num_seqs=2), rng=RNG, record_timeline=True)
     assert _spans(run, "train.update", "train/trainer0") == pytest.approx(_flat([(2.0, 2.0)]))
@@ -155,8 +161,10 @@ def test_data_parallel_ranks_all_reduce_and_idle_ratios_by_hand():
 def test_replicas_share_one_queue_and_each_is_the_recorded_engine():
     # two replicas of 1 slot: prompts 0 and 1 run at once, one on each engine, each step priced as one engine's
     m = hand_models([([1, 1], [2, 2])] * 3, c=(1.0, 0.25, 0.0, 0.0), update=(1.0, 0.0), sync=0.5, prompts=2, group=1)
-    run = simulate(m, _cfg(m, prompts=2, updates=2, split=SplitConfig(2, 1), max_num_seqs=1), rng=RNG, record_timeline=True)
-    assert _spans(run, "gen.step", "gen/engine0") == pytest.approx(_flat([(0.0, 1.25), (1.25, 1.25), (4.0, 1.25), (5.25, 1.25)]))
+    run = simulate(m, _cfg(m, prompts=2, updates=2, split=SplitConfig(2, 1), max_num_seqs=1), rng=RNG,
+                   record_timeline=True)
+    assert (_spans(run, "gen.step", "gen/engine0")
+            == pytest.approx(_flat([(0.0, 1.25), (1.25, 1.25), (4.0, 1.25), (5.25, 1.25)])))
     assert _spans(run, "gen.step", "gen/engine1") == _spans(run, "gen.step", "gen/engine0")
     assert run.total_time == pytest.approx(2 * (2.5 + 1.0 + 0.5))
 
@@ -178,8 +186,10 @@ def test_split_configs_are_validated():
     with pytest.raises(RlsimError, match="does not divide"):
         m = hand_models([([1], [2])])
         simulate(m, _cfg(m, prompts=3, group=1, split=SplitConfig(1, 2, allreduce_gbs=1.0)), rng=RNG)
-    for kw, msg in [(dict(staleness=-1), "--staleness must be a non-negative"), (dict(partial_rollout=True), "--partial-rollout needs"),
-                    (dict(gen_gpus=0, train_gpus=1), "--gen-gpus must be a positive"), (dict(gen_gpus=2), "needs --train-gpus"),
+    for kw, msg in [(dict(staleness=-1), "--staleness must be a non-negative"),
+                    (dict(partial_rollout=True), "--partial-rollout needs"),
+                    (dict(gen_gpus=0, train_gpus=1), "--gen-gpus must be a positive"),
+                    (dict(gen_gpus=2), "needs --train-gpus"),
                     (dict(staleness=2), "needs split devices"), (dict(gen_gpus=1, train_gpus=1, gpus=2), "--gpus"),
                     (dict(gen_gpus=1, train_gpus=1, gen_batch=64), "--gen-batch")]:
         with pytest.raises(RlsimError, match=msg):
@@ -196,7 +206,8 @@ def traces(tmp_path_factory):
     batch recorded with staleness 2 whose learning is slower per response."""
     d = tmp_path_factory.mktemp("async")
     a = synthetic_trace(d / "sync.parquet", SynthSpec(prompts=8, group=4, steps=6, max_num_seqs=16))
-    b = synthetic_trace(d / "stale2.parquet", SynthSpec(prompts=8, group=4, steps=6, max_num_seqs=16, score_scale=3000.0),
+    b = synthetic_trace(d / "stale2.parquet",
+                        SynthSpec(prompts=8, group=4, steps=6, max_num_seqs=16, score_scale=3000.0),
                         meta_overrides={"config": {"staleness": 2}})
     return a, b
 
@@ -221,14 +232,17 @@ def test_sweep_over_the_split_equals_single_runs(traces):
     from rlsim.present.views import build_charts
 
     tr = [read_trace(traces[0])]
-    axes = {"prompts": [8, 16], "gen_gpus": [1, 2], "train_gpus": [1, 2], "staleness": [0, 2], "partial_rollout": [False, True]}
+    axes = {"prompts": [8, 16], "gen_gpus": [1, 2], "train_gpus": [1, 2], "staleness": [0, 2],
+            "partial_rollout": [False, True]}
     charts = build_charts(traces=tr, study=study, rows=rows, meta={"grid": {"axes": axes}})
     layers = charts["split"].to_dict()["layer"]
     pts = [p for layer in layers for p in layer.get("data", {}).get("values", []) if "split" in p]
-    assert {p["split"] for p in pts} == {"1:1", "1:2", "2:1", "2:2"} and {p["staleness"] for p in pts} == {"eta=0", "eta=2"}
+    assert ({p["split"] for p in pts} == {"1:1", "1:2", "2:1", "2:2"}
+            and {p["staleness"] for p in pts} == {"eta=0", "eta=2"})
     assert len(pts) == len(rows)
     plain = [r for r in rows if r["gen_gpus"] == 1 and r["train_gpus"] == 1]
-    assert "split" not in build_charts(traces=tr, study=study, rows=plain, meta={"grid": {"axes": {"prompts": [8, 16]}}})
+    assert "split" not in build_charts(traces=tr, study=study, rows=plain,
+                                       meta={"grid": {"axes": {"prompts": [8, 16]}}})
 
 
 def test_staleness_sample_cost_from_curves_and_the_default(traces):
@@ -269,8 +283,8 @@ def test_cli_run_and_perfetto_export_show_every_engine_and_rank(traces, tmp_path
 
     from rlsim.present import perfetto as pf
 
-    res = runner.invoke(app, ["run", "--trace", str(traces[0]), "--updates", "4", "--gen-gpus", "2", "--train-gpus", "2",
-                              "--staleness", "1", "--partial-rollout", "--json"])
+    res = runner.invoke(app, ["run", "--trace", str(traces[0]), "--updates", "4", "--gen-gpus", "2", "--train-gpus",
+                              "2", "--staleness", "1", "--partial-rollout", "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.output)
     assert d["mode"] == "split 2 gen : 2 train, staleness 1, partial rollout" and 0 <= d["gen_idle_ratio"] <= 1

@@ -87,10 +87,12 @@ def test_the_colocated_loop_refuses_a_split_and_simulate_picks_the_loop():
     m = hand_models([([1], [2])] * 3, c=(1.0, 0.25, 0.0, 0.0), update=(3.0, 0.0), sync=0.5, max_num_seqs=4)
     eng = EngineConfig(max_num_seqs=4, kv_cache_tokens=4096, block_size=16, max_model_len=256)
     colo = SimConfig(prompts=1, group=1, updates=2, engine=eng, lengths="recorded")
-    split = SimConfig(prompts=1, group=1, updates=2, engine=eng, lengths="recorded", split=SplitConfig(1, 1, staleness=1))
+    split = SimConfig(prompts=1, group=1, updates=2, engine=eng, lengths="recorded",
+                      split=SplitConfig(1, 1, staleness=1))
     with pytest.raises(RlsimError, match="colocated loop"):
         pipeline.simulate(m, split, rng=np.random.default_rng(0))
-    assert simulate(m, split, rng=np.random.default_rng(0)).total_time == simulate_split(m, split, rng=np.random.default_rng(0)).total_time == 10.0
+    assert (simulate(m, split, rng=np.random.default_rng(0)).total_time
+            == simulate_split(m, split, rng=np.random.default_rng(0)).total_time == 10.0)
     assert simulate(m, colo, rng=np.random.default_rng(0)).step_time == pytest.approx(
         pipeline.simulate(m, colo, rng=np.random.default_rng(0)).step_time)
 
@@ -107,11 +109,13 @@ def test_ranks_get_token_balanced_shares_in_id_order():
 def test_a_data_parallel_gpu_reference_holds_its_gradient_collective():
     from rlsim.modes.split import data_parallel
     assert data_parallel({"device": "cuda", "device_name": "NVIDIA H20", "device_count": 32})
-    assert not data_parallel({"device": "cuda", "device_count": 1}) and not data_parallel({"device": "cpu", "torch_threads": 2})
+    assert (not data_parallel({"device": "cuda", "device_count": 1})
+            and not data_parallel({"device": "cpu", "torch_threads": 2}))
     assert not data_parallel(None)
     sp = SplitConfig(1, 4, allreduce_fitted=True)
     sp.validate(8)  # no interconnect needed: the fitted update already holds the collective
-    m = hand_models([([1, 1, 1, 1, 1, 1, 1, 1], [1] * 8)], c=(1.0, 0.0, 0.0, 0.0), update=(0.5, 0.5), sync=0.2, prompts=8, group=1)
+    m = hand_models([([1, 1, 1, 1, 1, 1, 1, 1], [1] * 8)], c=(1.0, 0.0, 0.0, 0.0), update=(0.5, 0.5), sync=0.2,
+                    prompts=8, group=1)
     from rlsim.modes.trainer import TrainerCosts
     cfg = SimConfig(prompts=8, group=1, updates=1, split=sp)
     assert TrainerCosts.of(m, cfg).allreduce == 0.0

@@ -20,7 +20,8 @@ from rlsim.whatif.predict import evaluate
 from rlsim.whatif.study import prepare, sim_config
 
 runner = CliRunner()
-KNEE = dict(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=2e-3, c_seq=1e-4, c_knee=2e-4, knee=200, calibrate=True)
+KNEE = dict(prompts=16, group=4, steps=8, max_num_seqs=1024, c_step=2e-3, c_seq=1e-4, c_knee=2e-4, knee=200,
+            calibrate=True)
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,8 @@ def calibrated(tmp_path_factory):
     return synthetic_trace(tmp_path_factory.mktemp("cal") / "knee.parquet", SynthSpec(**KNEE, noise=0.03))
 
 
-@pytest.mark.parametrize("kw", [dict(prompts=64), dict(prompts=64, kv_cache_tokens=3000), dict(prompts=4096, updates=3)])
+@pytest.mark.parametrize("kw", [dict(prompts=64), dict(prompts=64, kv_cache_tokens=3000),
+                                dict(prompts=4096, updates=3)])
 @pytest.mark.parametrize("round_by_round", [False, True])
 def test_replicate_costs_equal_the_simulation(calibrated, kw, round_by_round):
     """Replicates equal to the point fit give back the simulated responses/s exactly: the interpolated form's
@@ -77,7 +79,8 @@ def test_run_json_has_interval_keys_and_fit_validation(calibrated):
         assert f"{k}_lo" in d["reference"] and f"{k}_hi" in d["reference"]
     assert "bootstrap" in d["interval"] and d["regime"] in ("time falls", "flat", "time rises", "undecided")
     v = d["fit_validation"]
-    assert v["calibrated"] and v["gen_cv"] == min(v[f"gen_cv_{f}"] for f in ("linear", "knee", "interp")) < v["gen_cv_linear"]
+    assert (v["calibrated"]
+            and v["gen_cv"] == min(v[f"gen_cv_{f}"] for f in ("linear", "knee", "interp")) < v["gen_cv_linear"])
     # sweep rows are Outcome.to_dict(): the same keys
     row = evaluate(prepare([read_trace(calibrated)]), WhatIf(prompts=32, updates=5)).to_dict()
     assert {"responses_per_s_lo", "responses_per_s_hi", "time_to_target_ratio_lo", "interval"} <= set(row)
@@ -96,7 +99,8 @@ def test_the_reference_config_is_not_undecided_against_itself(calibrated):
 def test_calibration_file_for_an_old_trace(tmp_path):
     old = synthetic_trace(tmp_path / "old.parquet", SynthSpec(**{**KNEE, "calibrate": False}, noise=0.02))
     cal = synthetic_trace(tmp_path / "cal.parquet", SynthSpec(**KNEE, noise=0.02))
-    r = runner.invoke(app, ["run", "--trace", str(old), "--calibration", str(cal), "--batch", "64", "--updates", "5", "--json"])
+    r = runner.invoke(app, ["run", "--trace", str(old), "--calibration", str(cal), "--batch", "64", "--updates", "5",
+                            "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["fit_validation"]["calibrated"] and not any("rlrun calibrate" in w for w in d["warnings"])
@@ -106,8 +110,10 @@ def test_calibration_file_for_an_old_trace(tmp_path):
 
 def test_calibration_from_another_model_is_one_line(tmp_path):
     old = synthetic_trace(tmp_path / "old.parquet", SynthSpec(prompts=16, group=4, steps=5))
-    other = synthetic_trace(tmp_path / "cal.parquet", SynthSpec(**KNEE), meta_overrides={"model": {"name": "other-llama"}})
+    other = synthetic_trace(tmp_path / "cal.parquet", SynthSpec(**KNEE),
+                            meta_overrides={"model": {"name": "other-llama"}})
     r = runner.invoke(app, ["run", "--trace", str(old), "--calibration", str(other), "--batch", "64"])
     assert r.exit_code == 2
     lines = [x for x in r.output.strip().splitlines() if x.strip()]
-    assert len(lines) == 1 and "other-llama" in lines[0] and "rlrun calibrate" in lines[0] and "Traceback" not in r.output
+    assert (len(lines) == 1 and "other-llama" in lines[0] and "rlrun calibrate" in lines[0]
+            and "Traceback" not in r.output)

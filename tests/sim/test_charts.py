@@ -20,8 +20,9 @@ def _rows():
             sigma = (min(b, 512) / 32) ** 0.5
             rho = 1.0 if b <= 256 else b / 256
             r = rho / sigma
-            rows.append({"prompts": p, "group": g, "lr_rule": "sqrt", "sigma": sigma, "rho": rho, "responses_per_s": 50 * sigma,
-                         "time_to_target_ratio": r, "regime": "time falls" if r < 0.95 else ("time rises" if r > 1.05 else "flat")})
+            rows.append({"prompts": p, "group": g, "lr_rule": "sqrt", "sigma": sigma, "rho": rho,
+                         "responses_per_s": 50 * sigma, "time_to_target_ratio": r,
+                         "regime": "time falls" if r < 0.95 else ("time rises" if r > 1.05 else "flat")})
     return rows
 
 
@@ -85,7 +86,8 @@ def test_sweep_charts_draw_every_config():
 
 def test_sweep_charts_save_valid_png_and_offline_html(tmp_path):
     rows = _rows()
-    for name, chart in [("ttt", ch.time_to_target_chart(rows, series=["group"], prefer={"group": 4}, reference_batch=32)),
+    for name, chart in [("ttt", ch.time_to_target_chart(rows, series=["group"], prefer={"group": 4},
+                                                        reference_batch=32)),
                         ("sigma_rho", ch.sigma_rho_chart(rows, series=["group"]))]:
         paths = ch.save_chart(chart, tmp_path, name)
         _check_png(paths["png"])
@@ -220,7 +222,8 @@ def test_time_to_target_and_sigma_rho_charts_draw_intervals_and_undecided():
     assert "undecided" in {d["regime"] for d in data if "x0" in d}  # the band of the undecided config
     marks, data = _content(ch.sigma_rho_chart(rows))
     assert "errorbar" in marks
-    sig = {(d["batch"], round(d["lo"], 9), round(d["hi"], 9)) for d in data if d.get("metric") == "sigma" and d.get("lo")}
+    sig = {(d["batch"], round(d["lo"], 9), round(d["hi"], 9))
+           for d in data if d.get("metric") == "sigma" and d.get("lo")}
     assert {(float(r["prompts"] * 4), round(r["sigma_lo"], 9), round(r["sigma_hi"], 9)) for r in rows} == sig
     assert _rings(ch.sigma_rho_chart(rows))
     plain = [dict(r, regime="time falls") for r in rows]
@@ -229,7 +232,8 @@ def test_time_to_target_and_sigma_rho_charts_draw_intervals_and_undecided():
 
 def _rings(chart) -> list:
     """The layers ringing undecided points: open points, filtered to the undecided regime, in the legend."""
-    return [d for d in _walk(chart.to_dict(), []) if isinstance(d.get("mark"), dict) and d["mark"].get("type") == "point"
+    return [d for d in _walk(chart.to_dict(), [])
+            if isinstance(d.get("mark"), dict) and d["mark"].get("type") == "point"
             and d["mark"].get("filled") is False and "undecided" in str(d.get("transform"))
             and ch.UNDECIDED_LABEL in str(d.get("transform"))]
 
@@ -242,13 +246,17 @@ def test_one_series_draws_no_legend_for_it():
         assert not [d for d in _walk(spec, []) if "strokeDash" in d and isinstance(d["strokeDash"], dict)
                     and d["strokeDash"].get("field") == "series"]
         assert '"title": "series"' not in chart.to_json()
-    for chart in (ch.time_to_target_chart(_rows(), series=["group"], prefer={"group": 4}), ch.sigma_rho_chart(_rows(), series=["group"])):
-        assert [d for d in _walk(chart.to_dict(), []) if isinstance(d.get("strokeDash"), dict) and d["strokeDash"].get("field") == "series"]
+    for chart in (ch.time_to_target_chart(_rows(), series=["group"], prefer={"group": 4}),
+                  ch.sigma_rho_chart(_rows(), series=["group"])):
+        assert [d for d in _walk(chart.to_dict(), [])
+                if isinstance(d.get("strokeDash"), dict) and d["strokeDash"].get("field") == "series"]
     lc = ch.learning_chart({"only (P=8, G=4)": [(1.0, 0.1), (2.0, 0.3)]})
-    assert not [d for d in _walk(lc.to_dict(), []) if isinstance(d.get("color"), dict) and d["color"].get("field") == "trace"]
+    assert not [d for d in _walk(lc.to_dict(), [])
+                if isinstance(d.get("color"), dict) and d["color"].get("field") == "trace"]
     assert "only (P=8, G=4)" in lc.to_json()  # named in the title instead
     lc2 = ch.learning_chart({"a": [(1.0, 0.1)], "b": [(1.0, 0.2)]})
-    assert [d for d in _walk(lc2.to_dict(), []) if isinstance(d.get("color"), dict) and d["color"].get("field") == "trace"]
+    assert [d for d in _walk(lc2.to_dict(), [])
+            if isinstance(d.get("color"), dict) and d["color"].get("field") == "trace"]
 
 
 def test_critical_batch_labels_do_not_overlap_and_the_generation_rule_has_its_own_colour():
@@ -262,13 +270,15 @@ def test_critical_batch_labels_do_not_overlap_and_the_generation_rule_has_its_ow
     assert len(texts) == 3
     ys = [lay["encoding"]["y"]["value"] for lay in texts]
     assert len(set(ys)) == 3 and min(abs(a - b) for i, a in enumerate(ys) for b in ys[i + 1:]) >= 10  # one line each
-    rules = [lay for lay in layers if isinstance(lay["mark"], dict) and lay["mark"]["type"] == "rule" and "x" in lay["encoding"]]
+    rules = [lay for lay in layers
+             if isinstance(lay["mark"], dict) and lay["mark"]["type"] == "rule" and "x" in lay["encoding"]]
     colours = [lay["mark"]["color"] for lay in rules]
     assert len(set(colours)) == 3 and ch.LINE_COLOR not in colours
     line = next(lay for lay in layers if isinstance(lay["mark"], dict) and lay["mark"]["type"] == "line")
     assert line["mark"]["color"] == ch.LINE_COLOR
     _, data = _content(chart)
-    assert {d["label"] for d in data if "label" in d} == {"critical generation batch B\u2248256", "critical training batch B\u2248240",
+    assert {d["label"] for d in data if "label" in d} == {"critical generation batch B\u2248256",
+                                                          "critical training batch B\u2248240",
                                                           "reference (trace) B=256"}
 
 

@@ -62,7 +62,8 @@ def test_split_and_gpus_compare_with_the_reference_on_as_many_devices(study):
     g = evaluate(study, WhatIf(prompts=512, gpus=8, updates=5))
     host = host_name(read_trace(P128).meta["hardware"].get("cpu_name"))  # the recording's own processor
     assert host and any("--gpus 8 without --device" in n and host in n for n in g.notes)
-    assert g.sigma == pytest.approx(g.responses_per_s / evaluate(study, WhatIf(prompts=128, gpus=8, updates=5)).responses_per_s)
+    same_gpus = evaluate(study, WhatIf(prompts=128, gpus=8, updates=5))
+    assert g.sigma == pytest.approx(g.responses_per_s / same_gpus.responses_per_s)
 
 
 def test_rescale_stops_fixed_update_cost_at_the_profile_floor(study):
@@ -91,8 +92,10 @@ def test_curves_beyond_the_data_are_bounded_not_clamped():
     assert (c.rho_lo, c.rho_hi) == pytest.approx((1.0, 4.0))
     assert c.time_to_target_ratio_lo <= 1.0 / c.sigma_hi + 1e-9 and c.time_to_target_ratio_hi >= 4.0 / c.sigma_lo - 1e-9
     assert not any("clamped" in w for w in c.warnings)
-    if c.time_to_target_ratio_lo < 1.0:  # the bounds straddle 1: only the sample cost can decide, and the warning says how
-        assert c.regime == "undecided" and any("sample cost decides it" in w and "--prompts 512" in w for w in c.warnings)
+    # the bounds straddle 1: only the sample cost can decide, and the warning says how
+    if c.time_to_target_ratio_lo < 1.0:
+        assert (c.regime == "undecided"
+                and any("sample cost decides it" in w and "--prompts 512" in w for w in c.warnings))
     else:  # slower even at rho = 1
         assert c.regime == "time rises"
     # inside the curves rho is measured: no bounds
@@ -112,21 +115,23 @@ def test_pooled_fit_reproduces_the_reference_recording():
 
 def test_imported_log_says_rho_is_assumed_and_is_undecided(tmp_path):
     out = tmp_path / "verl.parquet"
-    r = runner.invoke(app, ["import", "verl", str(EXAMPLE / "verl_gsm8k_qwen.log"), "--config", str(EXAMPLE / "config.yaml"),
-                            "--device", "h100", "-o", str(out)])
+    r = runner.invoke(app, ["import", "verl", str(EXAMPLE / "verl_gsm8k_qwen.log"), "--config",
+                            str(EXAMPLE / "config.yaml"), "--device", "h100", "-o", str(out)])
     assert r.exit_code == 0, r.output
     r = runner.invoke(app, ["run", "--trace", str(out), "--batch", "512", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
-    b_ratio = d["batch"] / d["reference"]["batch"]
+    b_ratio = d["responses_per_update"] / d["reference"]["responses_per_update"]
     assert d["rho"] == 1.0 and (d["rho_lo"], d["rho_hi"]) == pytest.approx((1.0, b_ratio))
     assert any("rho = 1 is assumed" in w for w in d["warnings"])
     # hand-computed: T / T_ref spans 1 / sigma .. (B / B_ref) / sigma, which holds 1 here
     assert d["time_to_target_ratio_hi"] == pytest.approx(b_ratio / d["sigma"], rel=1e-9)
     assert d["regime"] == "undecided"
-    assert any("rlsim import verl" in w for w in d["warnings"])  # the measurement that decides it, in the user's framework
+    # the measurement that decides it, in the user's framework
+    assert any("rlsim import verl" in w for w in d["warnings"])
     # asked for explicitly, rho = 1 is the user's assumption: no bounds
-    e = json.loads(runner.invoke(app, ["run", "--trace", str(out), "--batch", "512", "--rho", "invariant", "--json"]).output)
+    e = json.loads(runner.invoke(app, ["run", "--trace", str(out), "--batch", "512", "--rho", "invariant",
+                                       "--json"]).output)
     assert e["rho_lo"] in (None, 1.0) and e["regime"] != "undecided"
 
 
@@ -135,8 +140,8 @@ def test_cli_prints_the_verdict_and_separates_notes(tmp_path):
                             "--updates", "10"], env={"COLUMNS": "200"})
     assert r.exit_code == 0, r.output
     out = r.output
-    d = json.loads(runner.invoke(app, ["run", "--trace", str(P128), "--batch", "1024", "--device", "h200", "--gpus", "8",
-                                      "--updates", "10", "--json"]).output)
+    d = json.loads(runner.invoke(app, ["run", "--trace", str(P128), "--batch", "1024", "--device", "h200", "--gpus",
+                                       "8", "--updates", "10", "--json"]).output)
     assert "reference (same hardware)" in out and f"verdict: {d['regime']}" in out
     assert "hardware: 8 x h200" in out
     warnings = [ln for ln in out.splitlines() if ln.startswith("warning:")]
@@ -150,7 +155,8 @@ def test_rescale_moves_the_knee_slopes_with_the_sequence_slope(study):
     # the interpolated fit: above each knee the per-sequence slope changes by its hinge's slope change; all are
     # per-token compute like c_seq, and the knees (measured concurrencies) stay
     gen = study.models.gen
-    assert gen.form in ("linear", "knee", "interp") and len(gen.hinges) == {"linear": 0, "knee": 1}.get(gen.form, len(gen.hinges))
+    assert (gen.form in ("linear", "knee", "interp")
+            and len(gen.hinges) == {"linear": 0, "knee": 1}.get(gen.form, len(gen.hinges)))
     moved, _ = rescale(study.models, "h200", 8, source_profile=study.hardware)
     slopes, moved_slopes = (gen.c_seq, *gen.dslopes), (moved.gen.c_seq, *moved.gen.dslopes)
     a, b = next((a, b) for a, b in zip(slopes, moved_slopes) if a != 0)  # a fitted slope may be 0
@@ -159,7 +165,8 @@ def test_rescale_moves_the_knee_slopes_with_the_sequence_slope(study):
 
 def test_prompts_is_the_same_option_as_batch():
     a = json.loads(runner.invoke(app, ["run", str(P128), "--prompts", "256", "--updates", "5", "--json"]).output)
-    b = json.loads(runner.invoke(app, ["run", "--trace", str(P128), "--batch", "256", "--updates", "5", "--json"]).output)
+    b = json.loads(runner.invoke(app, ["run", "--trace", str(P128), "--batch", "256", "--updates", "5",
+                                       "--json"]).output)
     assert a["prompts"] == b["prompts"] == 256 and a["responses_per_s"] == b["responses_per_s"]
 
 

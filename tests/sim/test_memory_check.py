@@ -16,7 +16,7 @@ from rlsim.sweeps.plan import Scored, _feasible, pick, scores
 from rlsim.replay.io import read_trace
 from rlsim.replay.memory import usable_memory_gb
 from rlsim.present.results import rank_rows
-from rlsim.present.tables import ranking_table, sweep_verdict
+from rlsim.present.tables import items, ranking_table, sweep_verdict
 from rlsim.whatif.predict import evaluate
 from rlsim.whatif.study import memory_of, models_for, prepare, sim_config
 
@@ -62,8 +62,15 @@ def test_verl_example_fits_on_8_h100_and_not_on_1_a100_40gb(verl):
     line = next(x for x in out.splitlines() if x.startswith("memory:"))
     assert "does not fit" in line and "of 39.6 GiB" in line
     warning = next(x for x in out.splitlines() if x.startswith("warning: does not fit in memory"))
-    assert "its largest term" in warning and "it would fit with" in warning and "GPUs (from 1)" in warning
+    # training overflows most: the example's log-prob passes (log_prob_micro_batch_size_per_gpu 32, twice the update's
+    # 16) add their no-grad forward to the actor's unsharded states
+    assert "training needs" in warning and "its largest term: actor params, grads, Adam" in warning
+    assert "the smallest change that fits:" in warning
     assert "does not fit in memory" in next(x for x in out.splitlines() if x.startswith("verdict:"))
+    # what the warning says would fit does: the fewest GPUs it names
+    gpus = int(warning.split(" GPUs (from 1)")[0].rsplit(" ", 1)[-1])
+    out = _ok(["run", "--trace", str(verl), "--device", "a100-40gb", "--gpus", str(gpus), "--updates", "3"])
+    assert next(x for x in out.splitlines() if x.startswith("memory:")).endswith(": fits")
 
 
 def test_json_and_api_carry_the_memory_object(verl):
@@ -96,6 +103,61 @@ def test_unknown_model_is_reported_unknown_never_guessed(mystery):
     assert r.exit_code == 2 and "--model-params" in r.output and "Traceback" not in r.output
 
 
+def test_unknown_model_says_so_once_in_every_command(mystery, tmp_path):
+    out = _ok(["run", "--trace", str(mystery), "--updates", "3"])
+    line = next(x for x in out.splitlines() if x.startswith("memory:"))
+    assert "--model-params" in line and "--model-config" in line and out.count("--model-params") == 1  # no note too
+    # the import says what the memory estimate will lack
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text((EXAMPLE / "config.yaml").read_text().replace("Qwen/Qwen2.5-3B-Instruct", "acme/mystery-model"))
+    out = _ok(["import", "verl", str(EXAMPLE / "verl_gsm8k_qwen.log"), "--config", str(cfg), "-o",
+               str(tmp_path / "m.parquet")])
+    assert "note: memory unknown" in out and "--model-params" in out and "--model-config" in out
+    # sweep: the reason is one note, not cut at its punctuation
+    _ok(["sweep", "--trace", str(mystery), "--batch", "128,512", "--updates", "3", "--out", str(tmp_path / "s"),
+         "--workers", "1"])
+    import pyarrow.parquet as pq
+    row = pq.read_table(tmp_path / "s" / "results.parquet").to_pylist()[0]
+    assert any(n.startswith("memory unknown") and "--model-params" in n for n in items(row["notes"]))
+    import rlsim
+    df = rlsim.predict(str(mystery), batch=512, updates=3, model_params=3e9)
+    assert df.loc["candidate", "memory_limit_gb"] == pytest.approx(79.12) and df.loc["candidate", "fits"] is None
+    df = rlsim.sweep(str(mystery), {"batch": [128], "model_params": [3e9], "updates": [3]})
+    assert df["memory_limit_gb"].iloc[0] == pytest.approx(79.12)
+
+
+def test_plan_takes_model_params(mystery):
+    d = json.loads(_ok(["plan", str(mystery), "--batch", "128,512", "--json"]))
+    assert any(n.startswith("memory unknown") and "--model-params" in n for n in d["notes"])
+    d = json.loads(_ok(["plan", str(mystery), "--batch", "128,512", "--model-params", "3e9", "--json"]))
+    assert not any(n.startswith("memory unknown") for n in d["notes"])
+    assert any(n.startswith("memory undecided") and "--model-config" in n for n in d["notes"])
+    r = runner.invoke(app, ["plan", str(mystery), "--batch", "128,512", "--model-params", "-1"])
+    assert r.exit_code == 2 and "--model-params" in r.output and "Traceback" not in r.output
+    r = runner.invoke(app, ["plan", str(mystery), "--batch", "128,512", "--gpus", "4"])
+    assert r.exit_code == 2 and "not --gpus" in r.output
+
+
+def test_model_config_at_import_gives_the_full_estimate(tmp_path, verl):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text((EXAMPLE / "config.yaml").read_text().replace("Qwen/Qwen2.5-3B-Instruct", "acme/mystery-model"))
+    hf = tmp_path / "config.json"  # Qwen2.5-3B's config.json under another name
+    hf.write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 36, "hidden_size": 2048,
+                              "num_attention_heads": 16, "num_key_value_heads": 2, "intermediate_size": 11008,
+                              "vocab_size": 151936, "tie_word_embeddings": True}))
+    out = tmp_path / "c.parquet"
+    text = _ok(["import", "verl", str(EXAMPLE / "verl_gsm8k_qwen.log"), "--config", str(cfg), "--device", "h100",
+                "--model-config", str(hf), "-o", str(out)])
+    assert "memory" not in text
+    got = json.loads(_ok(["run", str(out), "--updates", "3", "--json"]))["memory"]
+    want = json.loads(_ok(["run", str(verl), "--updates", "3", "--json"]))["memory"]
+    assert got["fits"] is True and got["per_device_gb"] == want["per_device_gb"]
+    hf.write_text("{not json")
+    r = runner.invoke(app, ["import", "verl", str(EXAMPLE / "verl_gsm8k_qwen.log"), "--config", str(cfg),
+                            "--model-config", str(hf), "-o", str(tmp_path / "d.parquet")])
+    assert r.exit_code == 2 and "--model-config" in r.output and "Traceback" not in r.output
+
+
 def test_rlrun_trace_reproduces_its_recorded_kv_capacity():
     tr = read_trace(P128)
     tm = trace_memory(tr.meta)
@@ -124,7 +186,7 @@ def test_simulated_kv_cache_is_the_memory_models_on_the_target_device():
 def test_candidate_memory_follows_the_devices():
     tm = trace_memory(read_trace(P128).meta)
     tm = replace(tm, cpu=False, device_memory_gb=None)
-    load = Load(batch=1024, gen_requests=1024, seq_len=256, recorded_devices=1)
+    load = Load(responses_per_update=1024, gen_requests=1024, seq_len=256, recorded_devices=1)
     est, _, why = candidate_memory(tm, WhatIf(), load)
     assert est is None and "--device" in why and memory_object(est, why)["fits"] is None
     est, _, _ = candidate_memory(tm, WhatIf(device="a100-40gb", gpus=4), load)
@@ -136,7 +198,7 @@ def test_candidate_memory_follows_the_devices():
 def _row(t, fits, step=1.0):
     return {"time_to_target_ratio": t, "time_to_target_ratio_lo": t * 0.99, "time_to_target_ratio_hi": t * 1.01,
             "step_time_s": step, "fits": fits, "regime": "time falls", "prompts": int(t * 100), "group": 8,
-            "batch": int(t * 800)}
+            "responses_per_update": int(t * 800)}
 
 
 def test_sweep_ranks_an_infeasible_config_last_and_never_names_it():

@@ -1,4 +1,5 @@
-"""Perfetto / Chrome trace export: valid JSON by the format's rules, slices nest on every track, counts match the trace."""
+"""Perfetto / Chrome trace export: valid JSON by the format's rules, slices nest on every track, counts match the
+trace."""
 import json
 from collections import Counter
 
@@ -17,7 +18,8 @@ def trace_path(tmp_path_factory):
 
 
 def _threads(obj):
-    return {(e["pid"], e["tid"]): e["args"]["name"] for e in obj["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    return {(e["pid"], e["tid"]): e["args"]["name"]
+            for e in obj["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
 
 
 def _processes(obj):
@@ -90,7 +92,8 @@ def test_checker_rejects_overlap_that_does_not_nest():
 def test_simulated_responses_rebuilt_from_running_and_finished_counts():
     S = Slice
     steps = [S("gen/engine0", "gen_step", "gen.step", 0.0, 1.0, {"update": 0, "num_running": 3, "finished": 1}),
-             S("gen/engine0", "gen_step", "gen.step", 1.0, 1.0, {"update": 0, "num_running": 3, "finished": 0}),  # 1 admitted
+             # 1 admitted
+             S("gen/engine0", "gen_step", "gen.step", 1.0, 1.0, {"update": 0, "num_running": 3, "finished": 0}),
              S("gen/engine0", "gen_step", "gen.step", 2.0, 1.0, {"update": 0, "num_running": 3, "finished": 3})]
     rs = _responses_from_steps(steps, {})
     assert sorted((r.start, r.start + r.dur) for r in rs) == [(0.0, 1.0), (0.0, 3.0), (0.0, 3.0), (1.0, 3.0)]

@@ -134,7 +134,9 @@ def test_the_shipped_error_curves_are_what_the_studies_measure():
     (["--batch", "64"], "two or more candidate sizes"),
     (["--batch", "64,64"], "two or more candidate sizes"),  # a repeated size counts once
     (["--batch", "16,64", "--budget", "10"], "below one update"),
-    (["--batch", "16,64", "--gen-gpus", "2"], "takes candidate sizes"),
+    (["--batch", "16,64", "--device", "h100"], "takes candidate sizes"),
+    (["--batch", "16,64", "--gen-gpus", "2"], "needs --train-gpus too"),  # a mode's devices: checked before the fit
+    (["--batch", "16,64", "--mode", "one_step_off"], "add --gen-gpus N --train-gpus M"),
     (["--batch", "16,64", "-t", str(ROOT / "traces" / "study_addmix" / "grpo_addmix_p64_s0.parquet")], "task"),
     (["--batch", "16,64", "-t", str(ROOT / "traces" / "ppo_b256.parquet")], "algo 'ppo'"),  # another algorithm
 ])
@@ -310,7 +312,7 @@ def test_span_note_names_the_candidates_beyond_the_data():
 
 def test_cli_table_fits_80_columns_and_says_why(tmp_path):
     pilot = STUDY / "grpo_p64_s0.parquet"
-    r = runner.invoke(app, ["plan", str(REF), "--batch", "8,16,64,128,256,512", "--target", "0.566", "-t", str(pilot)],
+    r = runner.invoke(app, ["plan", str(REF), "--prompts", "8,16,64,128,256,512", "--target", "0.566", "-t", str(pilot)],
                       env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
@@ -320,7 +322,7 @@ def test_cli_table_fits_80_columns_and_says_why(tmp_path):
     assert any(x.startswith("warning: P=512 lies beyond") for x in lines), r.output
     assert ("why: " in r.output) or ("pilots (expected regret now" in r.output)
     short = _cut(pilot, tmp_path / "short_p64.parquet", 12)  # a pilot short of the target is accepted
-    r = runner.invoke(app, ["plan", str(REF), "--batch", "16,64", "--target", "0.566", "-t", str(short), "--json"])
+    r = runner.invoke(app, ["plan", str(REF), "--prompts", "16,64", "--target", "0.566", "-t", str(short), "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert [c["source"] for c in d["candidates"]] == ["prediction", "reference", "pilot prefix"] and d["why"]

@@ -47,10 +47,12 @@ def test_report_is_self_contained_with_every_chart_and_the_ranking(swept, tmp_pa
     assert html.count("window.vegaEmbed=") == 1  # the bundle is inlined once for all charts
     for name, title in CHARTS:
         assert f"id='chart-{name}'" in html and title in html, name
-        spec = json.loads(re.search(rf"<script type='application/json' id='spec-{name}'>(.*?)</script>", html, re.S).group(1))
+        spec = json.loads(re.search(rf"<script type='application/json' id='spec-{name}'>(.*?)</script>", html,
+                                    re.S).group(1))
         svg = vlc.vegalite_to_svg(spec)  # the embedded spec renders
         assert svg.startswith("<svg") and len(svg) > 2000, name
-    for section in ("id='summary'", "id='traces'", "id='models'", "id='ranking'", "id='charts'", "Fit quality", "gen_step", "R²"):
+    for section in ("id='summary'", "id='traces'", "id='models'", "id='ranking'", "id='charts'", "Fit quality",
+                    "gen_step", "R²"):
         assert section in html, section
     assert html.count("<tr>") >= 10 + 1  # the 10 configs of the ranking, and more
     res = runner.invoke(app, ["report", "--trace", str(trace), "--sweep", str(out), "-o", str(page)])
@@ -66,7 +68,8 @@ def test_report_rejects_a_sweep_of_another_trace(swept, tmp_path):
 
 def test_report_without_sweep_results_is_one_line(swept, tmp_path):
     trace, _ = swept
-    res = runner.invoke(app, ["report", "--trace", str(trace), "--sweep", str(tmp_path), "-o", str(tmp_path / "r.html")])
+    res = runner.invoke(app, ["report", "--trace", str(trace), "--sweep", str(tmp_path), "-o",
+                              str(tmp_path / "r.html")])
     assert res.exit_code == 2 and "no results.parquet" in res.output and len(res.output.strip().splitlines()) == 1
 
 
@@ -82,11 +85,13 @@ def test_report_without_a_sweep_has_the_trace_charts(swept, tmp_path):
 
 
 def _row(p, t, lo, hi, regime, **kw):
-    return {"rank": 0, "prompts": p, "group": 4, "lr_rule": "sqrt", "batch": 4 * p, "responses_per_s": 100.0 * t,
+    return {"rank": 0, "prompts": p, "group": 4, "lr_rule": "sqrt", "responses_per_update": 4 * p,
+            "responses_per_s": 100.0 * t,
             "responses_per_s_lo": 95.0 * t, "responses_per_s_hi": 105.0 * t, "step_time_s": 1.0, "sigma": 1 / t,
-            "sigma_lo": 0.95 / t, "sigma_hi": 1.05 / t, "rho": 1.0, "rho_lo": 1.0, "rho_hi": 1.0, "rho_model": "noise-scale",
-            "time_to_target_ratio": t, "time_to_target_ratio_lo": lo, "time_to_target_ratio_hi": hi, "regime": regime,
-            "interval": "90% bootstrap (test)", "warnings": "", "notes": "", **kw}
+            "sigma_lo": 0.95 / t, "sigma_hi": 1.05 / t, "rho": 1.0, "rho_lo": 1.0, "rho_hi": 1.0,
+            "rho_model": "noise-scale", "time_to_target_ratio": t, "time_to_target_ratio_lo": lo,
+            "time_to_target_ratio_hi": hi, "regime": regime, "interval": "90% bootstrap (test)", "warnings": "",
+            "notes": "", **kw}
 
 
 def _meta(**kw):
@@ -101,9 +106,11 @@ def _ranked(rows):
 def test_verdict_is_undecided_when_the_best_interval_spans_one():
     from rlsim.present.tables import sweep_verdict
 
-    rows = _ranked([_row(4, 0.9, 0.8, 1.1, "undecided"), _row(8, 1.0, 1.0, 1.0, "flat"), _row(16, 1.4, 1.3, 1.5, "time rises")])
+    rows = _ranked([_row(4, 0.9, 0.8, 1.1, "undecided"), _row(8, 1.0, 1.0, 1.0, "flat"),
+                    _row(16, 1.4, 1.3, 1.5, "time rises")])
     v = sweep_verdict(rows, _meta())
-    assert v["kind"] == "undecided" and "may not beat the reference" in v["title"] and "0.900 (0.800..1.100)" in v["text"]
+    assert (v["kind"] == "undecided" and "may not beat the reference" in v["title"]
+            and "0.900 (0.800..1.100)" in v["text"])
     # the regime field alone is not trusted: an interval spanning 1 is undecided whatever the label says
     rows[0]["regime"] = "time falls"
     assert sweep_verdict(rows, _meta())["kind"] == "undecided"
@@ -140,7 +147,8 @@ def test_verdict_keeps_warnings_apart_from_notes():
     assert v["warnings"] == ["rho is a guess"]
     assert v["config_warnings"] == [{"configs": ["prompts 4 group 4 lr_rule sqrt"], "warnings": ["extrapolated 8x",
                                                                                                  "KV cache full"]}]
-    assert v["notes"] == ["rho model: noise-scale", "generation rescaled x2.0 (bandwidth)", "intervals: 90% bootstrap (test)"]
+    assert v["notes"] == ["rho model: noise-scale", "generation rescaled x2.0 (bandwidth)",
+                          "intervals: 90% bootstrap (test)"]
 
 
 def test_verdict_names_each_config_once_and_a_shared_warning_once():
@@ -178,8 +186,10 @@ def test_report_headline_says_undecided_and_shows_intervals_and_caveats(swept, t
 
     trace, _ = swept
     rows = _ranked([_row(4, 0.9, 0.8, 1.1, "undecided", warnings="T / T_ref interval 0.8..1.1 spans 1"),
-                    _row(8, 1.0, 1.0, 1.0, "flat"), _row(16, 1.4, 1.3, 1.5, "time rises", notes="step cost extrapolated 2x")])
-    write_results(tmp_path / "sw", rows, _meta(warnings=["rho from one trace is a guess"], notes=["rho model: noise-scale"]))
+                    _row(8, 1.0, 1.0, 1.0, "flat"),
+                    _row(16, 1.4, 1.3, 1.5, "time rises", notes="step cost extrapolated 2x")])
+    write_results(tmp_path / "sw", rows,
+                  _meta(warnings=["rho from one trace is a guess"], notes=["rho model: noise-scale"]))
     page = tmp_path / "r.html"
     res = runner.invoke(app, ["report", "--trace", str(trace), "--sweep", str(tmp_path / "sw"), "-o", str(page)])
     assert res.exit_code == 0, res.output
@@ -196,7 +206,8 @@ def test_report_headline_says_undecided_and_shows_intervals_and_caveats(swept, t
     assert "<span class='iv'>0.800..1.100</span>" in table and "<span class='iv'>1.300..1.500</span>" in table
     assert "<span class='undecided'>undecided</span>" in table
     assert "step cost extrapolated 2x" in table[table.index("<details"):]  # a config's note, folded
-    spec = json.loads(re.search(r"<script type='application/json' id='spec-time_to_target'>(.*?)</script>", html, re.S).group(1))
+    spec = json.loads(re.search(r"<script type='application/json' id='spec-time_to_target'>(.*?)</script>", html,
+                                re.S).group(1))
     assert '"errorbar"' in json.dumps(spec) and '"hi": 1.1' in json.dumps(spec)
 
 

@@ -32,7 +32,7 @@ def test_absurd_batch_is_refused_in_one_line():
     assert r.exit_code == 2, r.output
     lines = r.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "Traceback" not in r.output
-    assert "GB" in lines[0] and "--batch" in lines[0]
+    assert "GB" in lines[0] and "--prompts" in lines[0]
 
 
 def test_memory_check_raises_before_drawing(study):
@@ -73,9 +73,10 @@ def test_per_update_arrays_have_length_U(study):
     for name in ("step_time", "gen_time", "train_time", "sync_time", "other_time", "responses", "tokens", "gen_steps",
                  "preemptions", "peak_kv_tokens", "peak_running"):
         assert len(getattr(run, name)) == U, name
-    assert (run.responses == cfg.batch).all() and (run.step_time > 0).all()
+    assert (run.responses == cfg.responses_per_update).all() and (run.step_time > 0).all()
     assert run.gen_time[S:2 * S] == pytest.approx(run.gen_time[:S], rel=1e-12)  # update u reuses round u mod S
-    assert np.array_equal(run.tokens[S:2 * S], run.tokens[:S]) and np.array_equal(run.gen_steps[S:2 * S], run.gen_steps[:S])
+    assert (np.array_equal(run.tokens[S:2 * S], run.tokens[:S])
+            and np.array_equal(run.gen_steps[S:2 * S], run.gen_steps[:S]))
     assert run.total_time == pytest.approx(run.step_time.sum())
 
 
@@ -94,7 +95,8 @@ def test_round_by_round_is_exact_with_recorded_lengths():
         ta = simulate(m, cfg, rng=np.random.default_rng(0), round_by_round=False, record_timeline=True)
         tb = simulate(m, cfg, rng=np.random.default_rng(0), round_by_round=True, record_timeline=True)
         assert [s.name for s in tb.timeline] == [s.name for s in ta.timeline]
-        assert [v for s in tb.timeline for v in (s.start, s.dur)] == pytest.approx([v for s in ta.timeline for v in (s.start, s.dur)])
+        assert ([v for s in tb.timeline for v in (s.start, s.dur)]
+                == pytest.approx([v for s in ta.timeline for v in (s.start, s.dur)]))
 
 
 def test_one_round_schedule_equals_the_all_rounds_one():
@@ -125,7 +127,7 @@ def test_over_generation_round_by_round(study):
     cfg = sim_config(study, WhatIf(prompts=4096, group=8, updates=100, gen_batch=40000))
     new = simulate(study.models, cfg, rng=np.random.default_rng(0))
     old = simulate(study.models, cfg, rng=np.random.default_rng(0), round_by_round=False)
-    assert new.rounds_simulated < 100 and (new.responses == cfg.batch).all()
+    assert new.rounds_simulated < 100 and (new.responses == cfg.responses_per_update).all()
     assert new.responses_per_s == pytest.approx(old.responses_per_s, rel=SAMPLING_ERROR)
     assert new.tokens.mean() == pytest.approx(old.tokens.mean(), rel=SAMPLING_ERROR)
 

@@ -1,5 +1,5 @@
-"""The sigma interval carries the fits' held-out error: the leave-one-level-out RMS of the engine-step and training fits,
-weighted by the candidate's generation and training time (the bootstrap over levels alone was too narrow)."""
+"""The sigma interval carries the fits' held-out error: the leave-one-level-out RMS of the engine-step and training
+fits, weighted by the candidate's generation and training time (the bootstrap over levels alone was too narrow)."""
 from __future__ import annotations
 
 import math
@@ -24,7 +24,8 @@ def test_sigma_interval_is_widened_by_the_held_out_error():
     cfg = WhatIf(prompts=128, updates=10)
     run = timeline(study, cfg)
     gen, train = float(np.sum(run.gen_time)), float(np.sum(run.train_time))
-    expect = math.sqrt((gen * v.gen_cv ** 2 + train * (v.train_cv if math.isfinite(v.train_cv) else 0.0) ** 2) / (gen + train))
+    train_cv = v.train_cv if math.isfinite(v.train_cv) else 0.0
+    expect = math.sqrt((gen * v.gen_cv ** 2 + train * train_cv ** 2) / (gen + train))
     assert held_out_error(fit_check(study), run) == pytest.approx(expect) and expect > 0
     o = evaluate(study, cfg)
     assert o.sigma_lo < o.sigma < o.sigma_hi and "held-out error" in o.interval
@@ -44,7 +45,8 @@ def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
                             models=fits)
     iv = {"rho_lo": 0.99, "rho_hi": 1.01, "sigma_lo": 0.7, "sigma_hi": 1.4}  # sigma the less sure
     probe = decider(iv, 32, 8, study, WhatIf(prompts=32))
-    assert "throughput decides it" in probe and "rlrun probe --algo grpo --prompts 32,128 --group 8 --task addmix" in probe
+    assert ("throughput decides it" in probe
+            and "rlrun probe --algo grpo --prompts 32,128 --group 8 --task addmix" in probe)
     # another group, a split, other hardware or engine limits: not the recorded setup a probe varies P in
     for cfg, G in ((WhatIf(prompts=512, group=16), 16), (WhatIf(prompts=512, gen_gpus=1, train_gpus=1), 8),
                    (WhatIf(prompts=512, device="h200"), 8), (WhatIf(prompts=512, max_num_seqs=64), 8)):

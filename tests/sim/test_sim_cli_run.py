@@ -53,7 +53,8 @@ def test_run_is_deterministic_with_seed(trace):
 
 
 def test_run_table_names_the_rho_model(trace):
-    out = _ok(["run", "--trace", str(trace), "--batch", "64", "--group", "8", "--lr-rule", "fixed", "--rho", "invariant"])
+    out = _ok(["run", "--trace", str(trace), "--batch", "64", "--group", "8", "--lr-rule", "fixed", "--rho",
+               "invariant"])
     assert "rho model: invariant" in out and "T / T_ref" in out
     assert "--lr-rule fixed" in out  # the warning
 
@@ -77,10 +78,12 @@ def test_run_lr_aware_rho(trace, tmp_path):
     assert r.exit_code == 2 and "needs its two constants" in r.output and len(r.output.strip().splitlines()) == 1
     # another batch size's run: m and kappa fitted on it
     other = synthetic_trace(tmp_path / "p64.parquet", SynthSpec(prompts=64, group=4, steps=5, seed=1))
-    d = json.loads(_ok(["run", "--trace", str(trace), "--trace", str(other), "--batch", "32", "--rho", "lr-aware", "--json"]))
+    d = json.loads(_ok(["run", "--trace", str(trace), "--trace", str(other), "--batch", "32", "--rho", "lr-aware",
+                        "--json"]))
     assert any("fitted on 1 runs" in w and "not identified" in w for w in d["warnings"])
     # nothing to fit on when the reference has no evals: one line, exit 2
-    a_, b_ = (synthetic_trace(tmp_path / f"noeval{p}.parquet", SynthSpec(prompts=p, group=4, steps=3, eval_every=99)) for p in (16, 64))
+    a_, b_ = (synthetic_trace(tmp_path / f"noeval{p}.parquet", SynthSpec(prompts=p, group=4, steps=3, eval_every=99))
+              for p in (16, 64))
     r = runner.invoke(app, ["run", "--trace", str(a_), "--trace", str(b_), "--batch", "32", "--rho", "lr-aware"])
     assert r.exit_code == 2 and "no eval rows" in r.output and len(r.output.strip().splitlines()) == 1
 
@@ -123,8 +126,8 @@ def test_bad_trace_files(tmp_path, case, msg):
         assert len(r.output.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("args,msg", [(["--batch", "0"], "--batch must be a positive integer"),
-                                      (["--batch", "-4"], "--batch must be a positive integer"),
+@pytest.mark.parametrize("args,msg", [(["--batch", "0"], "--prompts must be a positive integer"),
+                                      (["--batch", "-4"], "--prompts must be a positive integer"),
                                       (["--group", "1"], "GRPO needs a group of at least 2"),
                                       (["--lr-rule", "cubic"], "--lr-rule must be one of"),
                                       (["--rho", "magic"], "--rho must be one of"),
@@ -149,7 +152,7 @@ def _refused(args) -> str:
 def test_a_group_on_a_ppo_trace_is_refused(tmp_path):
     ppo = synthetic_trace(tmp_path / "ppo.parquet", SynthSpec(algo="ppo", prompts=32, group=1, steps=3))
     msg = _refused(["run", "--trace", str(ppo), "--batch", "32", "--group", "8"])
-    assert "PPO trains one response per prompt (G = 1" in msg and "got --group 8" in msg and "--batch 256" in msg
+    assert "PPO trains one response per prompt (G = 1" in msg and "got --group 8" in msg and "--prompts 256" in msg
     msg = _refused(["sweep", "--trace", str(ppo), "--batch", "32,64", "--group", "1,4", "--out", str(tmp_path / "sw")])
     assert "--group 4" in msg and "PPO trains one response per prompt" in msg
     assert json.loads(_ok(["run", "--trace", str(ppo), "--batch", "64", "--group", "1", "--json"]))["group"] == 1
@@ -185,7 +188,8 @@ def test_traces_as_arguments(trace, tmp_path):
     assert d["reference"]["prompts"] == 64
     d = json.loads(_ok(["run", "--trace", str(trace), str(other), *flags]))
     assert d["reference"]["prompts"] == 64
-    _ok(["sweep", str(trace), "--batch", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out", str(tmp_path / "s")])
+    _ok(["sweep", str(trace), "--batch", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out",
+         str(tmp_path / "s")])
     assert (tmp_path / "s" / "results.csv").exists()
     r = runner.invoke(app, ["run", "--batch", "32"])
     assert r.exit_code == 2 and r.output.strip() == ("error: give a trace with --trace or as an argument "
@@ -205,13 +209,19 @@ def test_a_framework_log_is_pointed_to_rlsim_import(tmp_path, name):
 
 
 def test_prompts_is_batch(trace, tmp_path):
-    """`--prompts` (rlrun's spelling of P) and `-b` are `--batch`, in run and in sweep; messages keep --batch."""
+    """`--batch`, `-P` and `-b` are `--prompts` (P, as rlrun spells it), in run and in sweep; messages say --prompts,
+    whichever spelling was typed."""
     flags = ["--updates", "5", "--json"]
-    same = _ok(["run", str(trace), "--batch", "32", *flags])
-    assert _ok(["run", str(trace), "--prompts", "32", *flags]) == same == _ok(["run", str(trace), "-b", "32", *flags])
-    _ok(["sweep", str(trace), "--prompts", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out", str(tmp_path / "s")])
+    same = _ok(["run", str(trace), "--prompts", "32", *flags])
+    assert _ok(["run", str(trace), "--batch", "32", *flags]) == same == _ok(["run", str(trace), "-b", "32", *flags])
+    assert _ok(["run", str(trace), "-P", "32", "-G", "4", *flags]) == same
+    assert _ok(["run", str(trace), "-g", "4", "-P", "32", *flags]) == same
+    _ok(["sweep", str(trace), "--prompts", "16,32", "--updates", "5", "--workers", "1", "--no-charts", "--out",
+         str(tmp_path / "s")])
     assert (tmp_path / "s" / "results.csv").exists()
     r = runner.invoke(app, ["run", str(trace), "--prompts", "0"])
-    assert r.exit_code == 2 and r.output.strip() == "error: --batch must be a positive integer, got 0"
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"
     r = runner.invoke(app, ["run", str(trace), "--prompts", "x"])
-    assert r.exit_code == 2 and r.output.strip() == "error: --batch: 'x' is not a valid value (expected int)"
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts: 'x' is not a valid value (expected int)"
+    r = runner.invoke(app, ["run", str(trace), "--batch", "0"])
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"

@@ -14,7 +14,8 @@ def _cfg(models, updates=1, exact=False, **eng):
     e = dict(max_num_seqs=models.engine["max_num_seqs"], kv_cache_tokens=models.engine["kv_cache_tokens"],
              block_size=models.engine["block_size"], max_model_len=256)
     e.update(eng)
-    return SimConfig(prompts=1, group=2, updates=updates, engine=EngineConfig(**e), lengths="recorded", exact_engine=exact)
+    return SimConfig(prompts=1, group=2, updates=updates, engine=EngineConfig(**e), lengths="recorded",
+                     exact_engine=exact)
 
 
 @pytest.mark.parametrize("exact", [False, True])
@@ -106,7 +107,8 @@ def test_fewer_requests_than_slots_take_the_longest_response():
 
 def test_simulation_deterministic_and_seed_sensitive():
     m = hand_models([([2, 3, 4, 5], [5, 9, 2, 30])], max_num_seqs=2)
-    cfg = SimConfig(prompts=8, group=4, updates=5, engine=EngineConfig(max_num_seqs=4, kv_cache_tokens=4096), lengths="sampled")
+    cfg = SimConfig(prompts=8, group=4, updates=5, engine=EngineConfig(max_num_seqs=4, kv_cache_tokens=4096),
+                    lengths="sampled")
     a = simulate(m, cfg, rng=np.random.default_rng(1))
     b = simulate(m, cfg, rng=np.random.default_rng(1))
     c = simulate(m, cfg, rng=np.random.default_rng(2))

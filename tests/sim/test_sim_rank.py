@@ -49,7 +49,8 @@ def test_grpo_generation_gains(tmp_path):
     f = tmp_path / "gen.csv"
     f.write_text("config,sigma,rho\np128,1,1\np256,1.31,1\np512,1.36,1\n")
     ranked, _ = rank_file(f, "p128")
-    assert [(r.config, round(r.time_to_target_ratio, 3)) for r in ranked] == [("p512", 0.735), ("p256", 0.763), ("p128", 1.0)]
+    assert ([(r.config, round(r.time_to_target_ratio, 3)) for r in ranked]
+            == [("p512", 0.735), ("p256", 0.763), ("p128", 1.0)])
 
 
 @pytest.mark.parametrize("text,msg", [

@@ -24,8 +24,10 @@ def test_shipped_trace_runs_and_replays(path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["responses_per_s"] > 0 and d["reference"]["sigma"] == 1.0 and d["rho"] >= 1.0
-    v = d["fit_validation"]  # calibrated: training interpolated over its levels, the engine by the form that cross-validates best
-    assert v["train_form"] in ("interp", "") and v["gen_form"] in ("linear", "knee", "interp") and v["gen_cv"] <= v["gen_cv_linear"]
+    # calibrated: training interpolated over its levels, the engine by the form that cross-validates best
+    v = d["fit_validation"]
+    assert (v["train_form"] in ("interp", "") and v["gen_form"] in ("linear", "knee", "interp")
+            and v["gen_cv"] <= v["gen_cv_linear"])
     res = replay_trace(read_trace(path))
     e = res.errors()
     for k in ("step_time", "gen_time", "responses_per_s"):

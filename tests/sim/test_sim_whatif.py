@@ -19,7 +19,8 @@ def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("whatif")
     ref = read_trace(synthetic_trace(d / "p16.parquet", SPEC))
     # the same setup at 4x the batch, learning slower per response
-    big = read_trace(synthetic_trace(d / "p64.parquet", SynthSpec(prompts=64, group=4, steps=3, max_num_seqs=32, score_scale=3000.0)))
+    big = read_trace(synthetic_trace(d / "p64.parquet",
+                                     SynthSpec(prompts=64, group=4, steps=3, max_num_seqs=32, score_scale=3000.0)))
     return ref, big
 
 
@@ -30,7 +31,7 @@ def study(traces):
 
 def test_reference_config_gives_unit_ratios(traces, study):
     out = evaluate(study, WhatIf())
-    assert (out.prompts, out.group, out.batch) == (16, 4, 64)
+    assert (out.prompts, out.group, out.responses_per_update) == (16, 4, 64)
     assert out.sigma == pytest.approx(1.0) and out.rho == pytest.approx(1.0)
     assert out.time_to_target_ratio == pytest.approx(1.0) and out.regime == "reference"  # as rank and the JSON say
     other = evaluate(study, WhatIf(max_num_seqs=16))  # the reference's P and G on another engine: not the reference
@@ -45,7 +46,8 @@ def test_noise_scale_rho_and_t_ratio(study):
     assert out.sigma > 1  # the fixed step cost amortises over more concurrent sequences
     same = evaluate(study, WhatIf())  # the reference's own configuration, simulated as a candidate
     assert (same.sigma, same.rho, same.time_to_target_ratio, same.regime) == (1.0, 1.0, 1.0, "reference")
-    assert out.idle_s == pytest.approx(out.other_s)  # colocated: the device idles exactly while rewards and the rest run
+    # colocated: the device idles exactly while rewards and the rest run
+    assert out.idle_s == pytest.approx(out.other_s)
 
 
 def test_invariant_and_curves_models(traces):
@@ -108,7 +110,8 @@ def test_deterministic_picklable_and_run_matches_evaluate(traces, study):
     r = run([traces[0]], WhatIf(prompts=48))
     assert r.candidate.to_dict() == evaluate(study, WhatIf(prompts=48)).to_dict()
     d = r.to_dict()
-    for k in ("prompts", "group", "responses_per_s", "step_time_s", "sigma", "rho", "time_to_target_ratio", "reference"):
+    for k in ("prompts", "group", "responses_per_s", "step_time_s", "sigma", "rho", "time_to_target_ratio",
+              "reference"):
         assert k in d
     assert all(not isinstance(v, (list, dict)) for k, v in evaluate(study, cfg).to_dict().items())
 
@@ -134,7 +137,7 @@ def test_replay_of_a_synthetic_trace_is_exact(traces):
 def test_over_generation_option(study):
     base = evaluate(study, WhatIf(prompts=16, updates=20))
     over = evaluate(study, WhatIf(prompts=16, gen_batch=96, updates=20))
-    assert over.batch == 64 and over.gen_s > base.gen_s  # more requests generated, the same trained
+    assert over.responses_per_update == 64 and over.gen_s > base.gen_s  # more requests generated, the same trained
     with pytest.raises(RlsimError, match="smaller than the train batch"):
         evaluate(study, WhatIf(prompts=16, gen_batch=32))
 

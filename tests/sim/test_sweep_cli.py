@@ -39,8 +39,9 @@ def test_sweep_cli_writes_ranked_results_equal_to_single_evaluate(trace_path, tm
     table = pq.read_table(out / "results.parquet")
     assert table.num_rows == 16
     meta = json.loads(table.schema.metadata[results.SWEEP_META_KEY])
-    assert meta["grid"]["axes"] == {"prompts": [4, 8, 16, 64], "group": [4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [8]}
-    assert meta["grid"]["options"]["prompts"] == "--batch"
+    assert (meta["grid"]["axes"]
+            == {"prompts": [4, 8, 16, 64], "group": [4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [8]})
+    assert meta["grid"]["options"]["prompts"] == "--prompts"
     ident = meta["traces"][0]
     assert ident["sha256"] == results.sha256_file(trace_path) and ident["config"]["prompts"] == 8
     assert json.loads((out / "sweep.json").read_text()) == meta
@@ -70,10 +71,10 @@ def test_sweep_local_pool_equals_in_process_and_single_evaluate(trace_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--batch", "64,,x"], "--batch: empty element in the list"),
-    (["--batch", "64,x"], "--batch: 'x' is not a valid value"),
-    (["--batch", ""], "--batch: empty list"),
-    (["--batch", "0,64"], "--batch must be a positive integer"),
+    (["--batch", "64,,x"], "--prompts: empty element in the list"),
+    (["--batch", "64,x"], "--prompts: 'x' is not a valid value"),
+    (["--batch", ""], "--prompts: empty list"),
+    (["--batch", "0,64"], "--prompts must be a positive integer"),
     (["--lr-rule", "sqrt,cubic"], "--lr-rule must be one of"),
     ([], "nothing to sweep"),
 ])
@@ -88,7 +89,7 @@ def test_sweep_bad_input_is_one_line_exit_2(trace_path, tmp_path, args, message)
 def test_sweep_rejects_a_grpo_group_of_one_before_running(trace_path, tmp_path):
     res = _invoke(["sweep", "--trace", trace_path, "--batch", "8,16", "--group", "1,4", "--out", tmp_path / "o"])
     assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
-    assert "config [--batch 8 --group 1" in res.output and "GRPO needs a group of at least 2" in res.output
+    assert "config [--prompts 8 --group 1" in res.output and "GRPO needs a group of at least 2" in res.output
 
 
 def test_sweep_refuses_existing_output_unless_overwrite(trace_path, tmp_path):
@@ -129,7 +130,8 @@ def test_export_perfetto_recorded_cli(trace_path, tmp_path):
 def test_export_perfetto_simulated_has_the_recorded_lanes(trace_path, tmp_path):
     rec = pf.recorded_chrome_trace(read_trace(trace_path))
     out = tmp_path / "simulated.json"
-    res = _invoke(["export", "perfetto", "--simulate", "--trace", trace_path, "--batch", "16", "--updates", "3", "-o", out])
+    res = _invoke(["export", "perfetto", "--simulate", "--trace", trace_path, "--batch", "16", "--updates", "3", "-o",
+                   out])
     assert res.exit_code == 0, res.output
     obj = json.loads(out.read_text())
     counts = pf.check_chrome_trace(obj)
@@ -138,7 +140,8 @@ def test_export_perfetto_simulated_has_the_recorded_lanes(trace_path, tmp_path):
     assert counts["gen_step"] > 0
 
     def lanes(o):
-        procs = {e["pid"]: e["args"]["name"] for e in o["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
+        procs = {e["pid"]: e["args"]["name"]
+                 for e in o["traceEvents"] if e["ph"] == "M" and e["name"] == "process_name"}
         return {(procs[e["pid"]], e["args"]["name"].rstrip("0123456789 ")) for e in o["traceEvents"]
                 if e["ph"] == "M" and e["name"] == "thread_name"}
 
@@ -164,12 +167,14 @@ def test_a_sweep_into_a_folder_another_sweep_is_writing_is_refused(trace_path, t
     from rlsim.replay.util import exclusive
 
     out = tmp_path / "o"
-    args = ["sweep", "--trace", trace_path, "--batch", "4,8", "--updates", "3", "--workers", "1", "--no-charts", "--out", out]
+    args = ["sweep", "--trace", trace_path, "--batch", "4,8", "--updates", "3", "--workers", "1", "--no-charts",
+            "--out", out]
     assert _invoke(args).exit_code == 0
     before = (out / "results.csv").read_text()
     with exclusive(out):  # another sweep holds the folder (the lock is per open file: this process counts as another)
         res = _invoke(args[:-2] + ["--batch", "4,8,16", "--overwrite", "--out", out])
-    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and "in use by another rlsim process" in res.output
+    assert (res.exit_code == 2 and len(res.output.strip().splitlines()) == 1
+            and "in use by another rlsim process" in res.output)
     assert (out / "results.csv").read_text() == before  # nothing of the first lost
     assert _invoke(args[:-2] + ["--batch", "4,8,16", "--overwrite", "--out", out]).exit_code == 0  # free again
 
@@ -201,10 +206,10 @@ def test_sweep_table_prints_intervals_and_undecided():
     from rlsim.present.tables import ranking_table
 
     def row(rank, p, t, lo, hi, regime, warnings=""):
-        return {"rank": rank, "prompts": p, "group": 8, "batch": 8 * p, "responses_per_s": 204.0, "responses_per_s_lo": 192.8,
-                "responses_per_s_hi": 214.6, "sigma": 0.907, "sigma_lo": 0.863, "sigma_hi": 0.920, "rho": 0.739,
-                "rho_lo": 0.694, "rho_hi": 0.807, "time_to_target_ratio": t, "time_to_target_ratio_lo": lo,
-                "time_to_target_ratio_hi": hi, "regime": regime, "warnings": warnings}
+        return {"rank": rank, "prompts": p, "group": 8, "responses_per_update": 8 * p, "responses_per_s": 204.0,
+                "responses_per_s_lo": 192.8, "responses_per_s_hi": 214.6, "sigma": 0.907, "sigma_lo": 0.863,
+                "sigma_hi": 0.920, "rho": 0.739, "rho_lo": 0.694, "rho_hi": 0.807, "time_to_target_ratio": t,
+                "time_to_target_ratio_lo": lo, "time_to_target_ratio_hi": hi, "regime": regime, "warnings": warnings}
 
     rows = [row(1, 64, 0.816, 0.759, 0.892, "time falls"), row(2, 96, 0.95, 0.85, 1.07, "undecided", "spans 1"),
             row(3, 1024, 4.3, float("nan"), None, "time rises")]
@@ -212,7 +217,8 @@ def test_sweep_table_prints_intervals_and_undecided():
     for s in ("0.76..0.89", "0.86..0.92", "0.69..0.81", "193..215", "undecided", "0.85..1.07"):
         assert s in text, s
     assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80  # fits a terminal, nothing cut
-    assert [ln.split()[0] for ln in text.splitlines() if ln.lstrip()[:1].isdigit() and len(ln.split()) > 5] == ["1", "2!", "3"]
+    assert ([ln.split()[0] for ln in text.splitlines() if ln.lstrip()[:1].isdigit() and len(ln.split()) > 5]
+            == ["1", "2!", "3"])
 
 
 @pytest.fixture(scope="module")
@@ -249,16 +255,19 @@ def test_sweep_verdict_without_intervals_says_so():
     from rlsim.cli.study import print_verdict
     from rlsim.present.tables import NO_INTERVAL
 
-    rows = [{"rank": 1, "prompts": 64, "batch": 512, "time_to_target_ratio": 0.80, "regime": "time falls",
-             "warnings": "study warning; with a; inside", "notes": "generation x2.1 (bandwidth)"},
-            {"rank": 2, "prompts": 96, "batch": 768, "time_to_target_ratio": 0.83, "regime": "time falls",
-             "warnings": "study warning; with a; inside; extrapolated 8x"},
-            {"rank": 3, "prompts": 256, "batch": 2048, "time_to_target_ratio": 1.5, "regime": "time rises"}]
+    rows = [{"rank": 1, "prompts": 64, "responses_per_update": 512, "time_to_target_ratio": 0.80,
+             "regime": "time falls", "warnings": "study warning; with a; inside",
+             "notes": "generation x2.1 (bandwidth)"},
+            {"rank": 2, "prompts": 96, "responses_per_update": 768, "time_to_target_ratio": 0.83,
+             "regime": "time falls", "warnings": "study warning; with a; inside; extrapolated 8x"},
+            {"rank": 3, "prompts": 256, "responses_per_update": 2048, "time_to_target_ratio": 1.5,
+             "regime": "time rises"}]
     meta = {"warnings": ["study warning; with a; inside"], "notes": ["rho model: noise-scale"]}
     con = Console(width=400, record=True, highlight=False)
     print_verdict(con, rows, meta, ["prompts"], {"prompts": "--batch"})
     lines = con.export_text().splitlines()
-    assert lines[0].startswith("Undecided between --batch 64 and --batch 96: T / T_ref 0.800, 0.830: they lie within 5%")
+    assert lines[0].startswith("Undecided between --batch 64 and --batch 96: T / T_ref 0.800, 0.830: they lie "
+                               "within 5%")
     assert lines[1:4] == ["warning: study warning; with a; inside", "warning: " + NO_INTERVAL,
                           "warning (--batch 96): extrapolated 8x"]  # a config's own warning, under its name
     assert lines[4:] == ["note: rho model: noise-scale", "note: generation x2.1 (bandwidth)"]
@@ -286,3 +295,13 @@ def test_sweep_labels_the_reference_and_names_each_config_once(calibrated_path, 
     assert len(named) == len(set(named))  # each set of configs once
     for w in meta.get("warnings", []):
         assert out.count(" ".join(w.split())) == 1
+
+
+def test_a_sweep_folder_with_the_older_column_name_reads(tmp_path):
+    """results.parquet written when B's column was `batch` reads with it as responses_per_update (report, plan)."""
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"rank": [2, 1], "prompts": [64, 32], "batch": [512, 256]}), tmp_path / "results.parquet")
+    rows, _ = results.read_results(tmp_path)
+    assert rows == [{"rank": 1, "prompts": 32, "responses_per_update": 256},
+                    {"rank": 2, "prompts": 64, "responses_per_update": 512}]

@@ -43,14 +43,15 @@ def test_grid_is_the_cartesian_product_in_order():
 def test_grid_rejects_empty_and_invalid_configs():
     with pytest.raises(RlsimError, match="empty"):
         grids.build_grid(WhatIf, {"prompts": []})
-    with pytest.raises(RlsimError, match=r"config \[--batch 0\] is invalid: --batch must be a positive integer"):
-        grids.build_grid(WhatIf, {"prompts": [64, 0]}, labels={"prompts": "--batch"})
+    with pytest.raises(RlsimError, match=r"config \[--prompts 0\] is invalid: --prompts must be a positive integer"):
+        grids.build_grid(WhatIf, {"prompts": [64, 0]}, labels={"prompts": "--prompts"})
     with pytest.raises(RlsimError, match="lr-rule"):
         grids.build_grid(WhatIf, {"lr_rule": ["sqrt", "cubic"]})
 
 
 def _grid():
-    return grids.build_grid(WhatIf, {"prompts": [4, 8, 16, 32, 64, 128, 256], "group": [4, 8], "lr_rule": ["sqrt", "fixed"]})
+    return grids.build_grid(WhatIf, {"prompts": [4, 8, 16, 32, 64, 128, 256], "group": [4, 8],
+                                     "lr_rule": ["sqrt", "fixed"]})
 
 
 def test_pool_equals_serial_equals_single_evaluate():
@@ -71,7 +72,8 @@ def test_ranking_best_first_with_grid_ids():
     assert ratios == sorted(ratios)
     assert [r["rank"] for r in ranked] == list(range(1, len(grid) + 1))
     assert sorted(r["config_id"] for r in ranked) == list(range(len(grid)))
-    nan_last = results.rank_rows([{"time_to_target_ratio": float("nan")}, {"time_to_target_ratio": 2.0}, {"time_to_target_ratio": None}])
+    nan_last = results.rank_rows([{"time_to_target_ratio": float("nan")}, {"time_to_target_ratio": 2.0},
+                                  {"time_to_target_ratio": None}])
     assert [r["config_id"] for r in nan_last] == [1, 0, 2]
 
 
@@ -92,7 +94,8 @@ def test_results_files_carry_grid_and_trace_identity(tmp_path):
     paths = results.write_results(out, ranked, meta)
     table = pq.read_table(paths["parquet"])
     kv = json.loads(table.schema.metadata[results.SWEEP_META_KEY])
-    assert kv["grid"]["axes"] == axes and kv["grid"]["n_configs"] == 28 and kv["grid"]["options"]["prompts"] == "--batch"
+    assert (kv["grid"]["axes"] == axes and kv["grid"]["n_configs"] == 28
+            and kv["grid"]["options"]["prompts"] == "--batch")
     assert kv["traces"][0]["sha256"] == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert kv["traces"][0]["config"] == {"prompts": 8, "group": 4}
     assert json.loads(paths["json"].read_text()) == kv

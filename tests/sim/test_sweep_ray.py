@@ -2,16 +2,17 @@
 
 import pytest
 
-ray = pytest.importorskip("ray")
-pytestmark = pytest.mark.ray
-
 from tests.sim.study_synth import make_trace
 
-from rlsim.replay.io import read_trace  # noqa: E402
+from rlsim.replay.io import read_trace
 from rlsim.sweeps import backends
 from rlsim.core import grid as grids
 from rlsim.core.config import WhatIf
 from rlsim.whatif.study import prepare
+
+# rlsim imports ray only where a sweep runs on it: the module imports above need no ray
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +24,8 @@ def local_ray():
 
 def test_ray_results_identical_to_local(tmp_path, local_ray):
     traces = [read_trace(make_trace(tmp_path / "t.parquet", prompts=8, group=4, updates=5))]
-    grid = grids.build_grid(WhatIf, {"prompts": [4, 8, 16, 32], "group": [2, 4, 8], "lr_rule": ["sqrt", "fixed"], "updates": [5]})
+    grid = grids.build_grid(WhatIf, {"prompts": [4, 8, 16, 32], "group": [2, 4, 8], "lr_rule": ["sqrt", "fixed"],
+                                     "updates": [5]})
     study = prepare(traces)
     local = backends.run_sweep(study, grid, workers=2)
     seen = []

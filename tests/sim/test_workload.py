@@ -47,7 +47,8 @@ def test_sampled_rounds_draw_all_prompts_then_all_responses_then_the_extras():
     rng = np.random.default_rng(4)
     p, L = m.lengths.sample(rng, 2, 2, rounds=3)
     ex = rng.choice(m.lengths.response_tokens, size=(3, 1))
-    assert np.array_equal(np.stack(ps)[:, :4], p) and np.array_equal(np.stack(ls)[:, 4:], np.minimum(ex, 256 - p[:, :1]))
+    assert (np.array_equal(np.stack(ps)[:, :4], p)
+            and np.array_equal(np.stack(ls)[:, 4:], np.minimum(ex, 256 - p[:, :1])))
 
 
 def test_the_split_loop_takes_blocks_of_whole_batches_from_the_same_sampler():

@@ -53,8 +53,8 @@ def main() -> None:
     noise = lambda s=0.03: float(np.exp(rng.normal(0, s)))  # noqa: E731
     # validation before training (verl logs it as step 0)
     val = [0.692, 0.771, 0.812, 0.838, 0.851]
-    lines.append(f"{TAG}step:0 - val-aux/openai/gsm8k/reward/mean@1:{val[0]!r} - val-aux/openai/gsm8k/score/mean@1:{val[0]!r} "
-                 f"- val-core/openai/gsm8k/acc/mean@1:{val[0]!r}")
+    lines.append(f"{TAG}step:0 - val-aux/openai/gsm8k/reward/mean@1:{val[0]!r} - "
+                 f"val-aux/openai/gsm8k/score/mean@1:{val[0]!r} - val-core/openai/gsm8k/acc/mean@1:{val[0]!r}")
     for g in range(1, STEPS + 1):
         frac = (g - 1) / (STEPS - 1)
         mean_target = 215 + 75 * np.exp(-3.0 * frac)
@@ -130,8 +130,8 @@ def main() -> None:
         body = " - ".join(f"{k}:{v!r}" if isinstance(v, float) else f"{k}:{v}" for k, v in kv)
         lines.append(f"{TAG}step:{g} - {body}")
         if g < STEPS:
-            lines.append(f"{TAG}Training Progress:  {int(100 * g / STEPS)}%|          | {g}/{STEPS} [{int(step * g // 60):02d}:"
-                         f"{int(step * g) % 60:02d}<?, {step:.2f}s/it]")
+            lines.append(f"{TAG}Training Progress:  {int(100 * g / STEPS)}%|          | {g}/{STEPS} "
+                         f"[{int(step * g // 60):02d}:{int(step * g) % 60:02d}<?, {step:.2f}s/it]")
     lines.append(f"{TAG}Final validation metrics: {{'val-core/openai/gsm8k/acc/mean@1': {val[-1]!r}}}")
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT} ({STEPS} steps)")
