@@ -312,7 +312,8 @@ def test_span_note_names_the_candidates_beyond_the_data():
 
 def test_cli_table_fits_80_columns_and_says_why(tmp_path):
     pilot = STUDY / "grpo_p64_s0.parquet"
-    r = runner.invoke(app, ["plan", str(REF), "--prompts", "8,16,64,128,256,512", "--target", "0.566", "-t", str(pilot)],
+    r = runner.invoke(app, ["plan", str(REF), "--prompts", "8,16,64,128,256,512", "--target", "0.566",
+                            "-t", str(pilot)],
                       env={"COLUMNS": "80"})
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
