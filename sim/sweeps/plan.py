@@ -292,9 +292,9 @@ class Scored:
     e: np.ndarray = field(metadata={"help": "(K, n) their log-rho errors"})
     w: np.ndarray = field(metadata={"help": "(K,) weights (pilots observed)"})
     measured: set = field(metadata={"help": "indices whose rho was measured"})
-    observed: dict = field(metadata={"help": "index -> the pilots' Observation there"})
     notes: list = field(metadata={"help": "how it was made"})
     warnings: list = field(default_factory=list, metadata={"help": "what may be wrong with it"})
+    observed: dict = field(default_factory=dict, metadata={"help": "index -> the pilots' Observation there"})
 
 
 def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErrors, rng: np.random.Generator,
@@ -324,7 +324,7 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     if not w.sum() > 0:
         raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from "
                          "the same task, model and lr rule as the reference")
-    return Scored(sizes, ref, preds, T, e, w, measured, observed, notes, warnings)
+    return Scored(sizes, ref, preds, T, e, w, measured, notes, warnings, observed)
 
 
 def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
