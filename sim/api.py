@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from rlsim.core.config import StudyOptions, WhatIf
-from rlsim.modes.registry import check as check_mode
+from rlsim.modes.registry import as_recorded, check as check_mode
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.replay.errors import RlsimError, did_you_mean, keyword_names
 from rlsim.replay.io import Trace, read_trace
@@ -274,12 +274,18 @@ def _frame(study_or_traces: Any, candidates: Sequence[dict[str, Any]], roles: Se
 
     cfgs = [WhatIf(**c) for c in candidates]
     for cfg in cfgs:
-        cfg.validate()
-        check_mode(cfg)  # the execution mode and its settings (rlsim.modes.registry), before anything is fitted
-    study = _study(study_or_traces)
+        if cfg.mode is not None:  # a named mode and its settings (rlsim.modes.registry), before any trace is read
+            cfg.validate()
+            check_mode(cfg)
+    given = study_or_traces if isinstance(study_or_traces, Study) else _traces(study_or_traces)
+    recorded = given.recorded_mode if isinstance(given, Study) else given[0].config if given else {}
+    # the mode the reference trace records where a config names none, checked before anything is fitted
+    cfgs, lines = zip(*(as_recorded(c, recorded) for c in cfgs))
+    study = _study(given)
     outs = [reference_outcome(study, cfgs[0].updates, cfgs[0].seed, like=cfgs[0])] + [evaluate(study, c) for c in cfgs]
-    # each row carries the study's warnings beside its own, as `rlsim run` prints them
-    rows = [{**o.to_dict(), "warnings": "; ".join(list(study.warnings) + list(o.warnings))} for o in outs]
+    # each row carries the study's warnings beside its own, as `rlsim run` prints them, and the mode line in its notes
+    rows = [{**o.to_dict(), "warnings": "; ".join(list(study.warnings) + list(o.warnings)),
+             "notes": "; ".join([line, *o.notes] if line else o.notes)} for o, line in zip(outs, ("",) + lines)]
     return pd.DataFrame(rows, index=pd.Index(["reference", *roles], name="role"))
 
 

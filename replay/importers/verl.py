@@ -278,14 +278,14 @@ def _mode_of(spec: RunSpec, cfg: dict[str, Any]) -> None:
     if mode is None:
         return
     spec.execution_mode, spec.mode_settings = mode, {**settings, **devices}
-    if mode == "colocated":
+    if mode == "sync":
         spec.notes.append("verl V1 trainer_mode sync: the colocated loop")
         return
     opts = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in spec.mode_settings.items()
                     if v is not False)
-    spec.notes.append(f"execution mode {mode} (from the config); ask for it with: rlsim run TRACE --mode {mode} {opts}"
-                      + ("" if "train_gpus" in devices else " (add the devices: --train-gpus N"
-                         + ("" if mode == "colocate_async" else " --gen-gpus M") + ")"))
+    spec.notes.append(f"execution mode {mode} (from the config): `rlsim run TRACE` asks about it, as --mode {mode} "
+                      f"{opts}" + ("" if "train_gpus" in devices else " (add the devices: --train-gpus N"
+                                   + ("" if mode == "colocate_async" else " --gen-gpus M") + ")"))
 
 
 # verl settings -> rlsim's mode settings (rlsim.modes.registry), per execution mode
@@ -320,7 +320,7 @@ def execution_mode(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any], dic
     if mode is not None and dig(cfg, "trainer.use_v1") is False:
         mode = None
     if mode == "sync":
-        return "colocated", {}, {}
+        return "sync", {}, {}  # rlsim's name of it too: the colocated loop (rlsim.modes.registry.ALIASES)
     if mode == "separate_async" and dig(cfg, V1 + "separate_async.hybrid_rollout.enable_switch") \
             and dig(cfg, "actor_rollout_ref.hybrid_engine") is not False:
         mode = "separate_async_switch"

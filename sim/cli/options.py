@@ -29,7 +29,7 @@ from rlsim.cli import opts as cliopts
 from rlsim.cli.opts import Group, Spec, generated
 from rlsim.core.config import StudyOptions, WhatIf
 from rlsim.core.grid import parse_list
-from rlsim.modes.registry import MODES
+from rlsim.modes.registry import ALIASES, MODES
 from rlsim.replay.errors import RlsimError, cli_errors
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import refuse_probe
@@ -52,9 +52,10 @@ def read_calibrations(so: StudyOptions) -> list:
 
 def whatif_specs() -> list[Spec]:
     """The WhatIf fields that are options (numbers, text, flags, choices); --mode lists the registered modes."""
-    modes = " | ".join(MODES)
-    text = {"mode": f"execution mode, as the frameworks name them: {modes} (docs/simulator.md states each; None: split "
-                    "when --gen-gpus/--train-gpus are given, else colocated)"}
+    modes = " | ".join([*MODES, *(f"{a} (= {b})" for a, b in ALIASES.items())])
+    text = {"mode": f"execution mode, as the frameworks name them: {modes} (docs/simulator.md states each; None: the "
+                    "mode the trace records (an imported framework log), else split when --gen-gpus/--train-gpus are "
+                    "given, else colocated)"}
     return [s for s in cliopts.specs(WhatIf, spelling=SPELLING, help=text)
             if s.base in (int, float, str, bool) or typing.get_origin(s.base) is typing.Literal]
 

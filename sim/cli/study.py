@@ -49,6 +49,19 @@ def print_verdict(console: Any, rows: list, meta: dict, axes: list, names: dict)
                            "`notes` of results.csv, or `rlsim report`", style="dim"))
 
 
+def _print_sweep(res: Any, axes: list, names: dict, top: int) -> None:
+    """The mode line (where the trace's recorded mode was asked), the ranking, the verdict and where it was written."""
+    console = Console(highlight=False)
+    for line in res.meta.get("mode_from_trace", ()):
+        console.print(line, markup=False)
+    console.print(ranking_table(res.rows, axes, top=top, labels=names, meta=res.meta, width=console.width))
+    print_verdict(console, res.rows, res.meta, axes, names)
+    console.print(f"{len(res.rows)} configs in {res.seconds:.1f} s ({res.meta['backend']['kind']})")
+    p = res.paths
+    console.print(f"results: {p['parquet']}, {p['csv']}, {p['json']}"
+                  + (f", charts in {p['charts']}" if "charts" in p else ""))
+
+
 def register(app: typer.Typer) -> None:
     @command(app, "sweep", whatif="grid",
              help="Evaluate the cartesian grid of comma-listed run options and rank it by time-to-target.")
@@ -94,13 +107,7 @@ def register(app: typer.Typer) -> None:
         finally:
             if bar:
                 bar[0].stop()
-        console = Console(highlight=False)
-        console.print(ranking_table(res.rows, list(axes), top=top, labels=names, meta=res.meta, width=console.width))
-        print_verdict(console, res.rows, res.meta, list(axes), names)
-        console.print(f"{len(res.rows)} configs in {res.seconds:.1f} s ({res.meta['backend']['kind']})")
-        p = res.paths
-        console.print(f"results: {p['parquet']}, {p['csv']}, {p['json']}"
-                      + (f", charts in {p['charts']}" if "charts" in p else ""))
+        _print_sweep(res, list(axes), names, top)
 
     @command(app, "report", whatif=None,
              help="One self-contained HTML page: trace summary, fitted models, charts, the sweep's ranking.")

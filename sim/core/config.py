@@ -68,7 +68,8 @@ class WhatIf:
     model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace "
                                           "names a model rlsim cannot size (None: the trace's model)")
     mode: str | None = _f(
-        None, "execution mode, as the frameworks name them (rlsim.modes.registry lists them; None: split when "
+        None, "execution mode, as the frameworks name them (rlsim.modes.registry lists them; None: the mode the "
+           "reference trace records, with its settings and devices (an imported framework log), else split when "
            "--gen-gpus/--train-gpus are given, else colocated)")
     staleness_threshold: float | None = _f(
         None, "fully_async (verl async_training.staleness_threshold): samples generated ahead per weight sync, "
@@ -263,9 +264,11 @@ class EngineConfig:
     def kv_blocks(self) -> int:
         return self.kv_cache_tokens // self.block_size
 
-    def kv_can_bind(self, max_context: int) -> bool:
-        """Whether max_num_seqs sequences of `max_context` tokens could exceed the KV cache."""
-        return self.max_num_seqs * math.ceil(max_context / self.block_size) > self.kv_blocks
+    def kv_can_bind(self, max_context: int, sequences: int | None = None) -> bool:
+        """Whether max_num_seqs sequences of `max_context` tokens could exceed the KV cache (no more than
+        `sequences` of them where a round holds fewer requests: they cannot all run at once otherwise)."""
+        n = self.max_num_seqs if sequences is None else min(self.max_num_seqs, sequences)
+        return n * math.ceil(max_context / self.block_size) > self.kv_blocks
 
     def validate(self) -> None:
         for f_ in fields(self):

@@ -19,14 +19,14 @@ expected to remove (preposterior) per response spent. The method in full: docs/u
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from statistics import NormalDist
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from rlsim.core.config import WhatIf
-from rlsim.modes.registry import check as check_mode
+from rlsim.modes.registry import as_recorded, check as check_mode
 from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
@@ -81,7 +81,8 @@ class PlanConfig:
         if self.fixed:
             cfg = WhatIf(**dict(self.fixed))
             cfg.validate()
-            check_mode(cfg)
+            if cfg.mode is not None:  # else the mode the trace records may take them (`plan`)
+                check_mode(cfg)
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
@@ -173,6 +174,9 @@ class Plan:
     no_move: str = field(default="", metadata={
         "help": "why the plan makes no move, neither a decision nor a pilot (the trace's cost fits cannot be used, "
                 "rlsim.replay.fit_quality), and the recording that would fix it; '' when it makes one"})
+    mode_line: str = field(default="", metadata={
+        "help": "the line saying the candidates ask about the execution mode the trace records ('' where the plan "
+                "names its mode or the trace records none; rlsim.modes.registry.as_recorded)"})
 
     def to_dict(self) -> dict:
         out = {"reference_prompts": self.reference_prompts, "expected_regret": self.expected_regret, "why": self.why,
@@ -180,6 +184,8 @@ class Plan:
                "warnings": list(self.warnings)}
         if self.no_move:
             out["no_move"] = self.no_move
+        if self.mode_line:
+            out["mode_from_trace"] = self.mode_line
         if self.decision is not None:
             d = self.decision
             out["decision"] = {"prompts": d.prompts, "group": d.group, "p_within_5pct": d.p_within_5pct,
@@ -334,6 +340,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     target whose prefix cannot be read counts at its budget (a lower bound) instead of being refused."""
     cfg.validate()
     _once(reference, pilots)
+    cfg, line = _as_recorded(cfg, reference)
     study = prepare([reference], rho_model="noise-scale" if _has_noise_scale(reference) else "invariant", target=target)
     errors = (errors or {}).get(study.rho_requested) or measured_errors(study.rho_requested)
     G = cfg.group or study.reference.group
@@ -352,7 +359,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     d = np.log2(np.array(s.sizes, float) * G / study.b_ref)
     warnings = [w for w in [errors.span_note(d, [f"P={P}" for P in s.sizes])] if w] + s.warnings + fit_warnings
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, _why(cands, best, s.ref, cfg),
-                   tuple(s.notes), tuple(warnings))
+                   tuple(s.notes), tuple(warnings), mode_line=line)
     unusable = fit_check(study).warning(reference.name, reference.config)
     if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them, nor a regret
         blank = tuple(replace(c, p_within_5pct=math.nan, expected_regret=math.nan, p_beats_reference=math.nan)
@@ -408,6 +415,16 @@ def _why(cands: Sequence[Candidate], best: int, ref: int, cfg: PlanConfig) -> st
            f"predicted to beat the reference with probability {c.p_beats_reference:.2f} >= {cfg.confidence:.2f}")
     return (f"run P={c.prompts}: expected regret {c.expected_regret:.1%} ({how}), against {r.expected_regret:.1%} for "
             "keeping the reference")
+
+
+def _as_recorded(cfg: PlanConfig, reference: Trace) -> tuple[PlanConfig, str]:
+    """The plan with its shared settings `fixed` asking about the execution mode the reference records where they
+    name none (`rlsim.modes.registry.as_recorded`), and the line that says so."""
+    like, line = as_recorded(WhatIf(**dict(cfg.fixed)), reference.config)
+    if not line:
+        return cfg, ""
+    return replace(cfg, fixed=tuple((f.name, getattr(like, f.name)) for f in fields(WhatIf)
+                                    if getattr(like, f.name) != f.default)), line
 
 
 def same_recording(a: Trace, b: Trace) -> str:

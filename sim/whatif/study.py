@@ -72,6 +72,9 @@ class Study:
     memory: TraceMemory | None = field(default=None, metadata={
         "help": "the reference trace's memory inputs: model shape, framework settings, device memory "
                 "(rlsim.whatif.memory)"})
+    recorded_mode: dict = field(default_factory=dict, metadata={
+        "help": "the execution mode the reference trace records, its config's execution_mode and mode_settings ({}: "
+                "none), asked where a config names no mode (rlsim.modes.registry.as_recorded)"})
 
     @property
     def b_ref(self) -> int:
@@ -366,7 +369,8 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  trace_names=tuple(t.name for t in traces),
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
                  framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models,
-                 task=str(ref.config.get("task") or ""), memory=trace_memory(ref.meta))
+                 task=str(ref.config.get("task") or ""), memory=trace_memory(ref.meta),
+                 recorded_mode={k: ref.config[k] for k in ("execution_mode", "mode_settings") if k in ref.config})
 
 
 def _check_target(target: float, curves: Sequence[LearningCurve]) -> None:
