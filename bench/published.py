@@ -15,7 +15,7 @@ generation into per-step and per-token cost are what a phase-level log cannot id
 spans the second, the table states the first, and each row names the terms its interval spans when it is
 wider than 2x. `--fit` sets the one constant no log identifies, the engine's per-step overhead
 (rlsim.replay.fit_steps.ENGINE_STEP_OVERHEAD_S), leave-one-source-out: verl's rows choose it for NeMo RL's and
-AReaL's and the other way round, so every row is scored out of sample (docs/results.md section 12).
+AReaL's and the other way round, so every row is scored out of sample (docs/results.md section 14).
 """
 from __future__ import annotations
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.optimize import nnls
 
 from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.device_speed import device_phase
@@ -35,13 +34,14 @@ from rlsim.replay.io import Trace
 from rlsim.replay.learning import isotonic
 from rlsim.replay.models import INTERVAL, FittedModels, GenStepModel, LevelError, Replicates, Validation
 from rlsim.replay.robust import (AffineModel, FitQuality, PiecewiseLinear, fit_affine, fit_quality, hinge_predict,
-                                 robust_location)
+                                 nnls_gram, nnls_gram_many, robust_location)
 from rlsim.replay.schema import CALIB_GEN, CALIB_TRAIN, GEN_STEP
 
 KNEE_GRID = 12          # knee candidates, geometric between the second-lowest and second-highest level, at least (and
                         # two per level, so that the grid is finer than a dense ladder's levels)
 KNEE_GAIN = 0.8         # the knee form is used when its CV error is below this fraction of the linear form's
 REPLICATES = 64         # bootstrap refits for the intervals
+MIN_CAL_GEN_ROWS = 8    # calibration engine steps needed to refit the engine-step model on them
 TRIM_SIGMAS = 5.0       # rows further than this many robust sigmas from their level's median are dropped
 TRIM_MIN = 0.15         # ... but never closer than this relative distance
 LEVEL_FULL_ROWS = 8     # a level with fewer rows gets rows/8 of the full weight (fit and CV summary): a step or two
@@ -66,14 +66,12 @@ def level_key(n) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------- engine fit
 def _nnls_gram(G: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """argmin_{x >= 0} x'Gx - 2g'x (least squares given its normal equations), columns rescaled."""
-    d = np.sqrt(np.diag(G)).copy()
+    """argmin_{x >= 0} x'Gx - 2g'x (least squares given its normal equations), columns rescaled; G (..., p, p) and
+    g (..., p): one problem or a stack of them."""
+    d = np.sqrt(np.diagonal(G, axis1=-2, axis2=-1)).copy()
     d[~(d > 0)] = 1.0
-    Gs = G / np.outer(d, d)
-    p = len(g)
-    L = np.linalg.cholesky(Gs + 1e-10 * np.eye(p))
-    b = np.linalg.solve(L, g / d)
-    return nnls(L.T, b)[0] / d
+    Gs = G / (d[..., :, None] * d[..., None, :]) + 1e-10 * np.eye(g.shape[-1])
+    return (nnls_gram_many(Gs, g / d) if g.ndim > 1 else nnls_gram(Gs, g / d)) / d
 
 
 class _GenProblem:
@@ -134,8 +132,10 @@ class _GenProblem:
         """The knee sets `form` may use with data on these levels (`design`'s knees)."""
         if form == "linear":
             return [()]
-        if form == "knee":
-            return [(k,) for k in self.knee_grid if self._knee_ok(k, m_level)]
+        if form == "knee":  # `_knee_ok` of every knee of the grid at once
+            c, k = self.level_center[m_level > 0], np.asarray(self.knee_grid)[:, None]
+            ok = (np.sum(c < k, axis=1) >= 2) & (np.sum(c > k, axis=1) >= 2)
+            return [(knee,) for knee, good in zip(self.knee_grid, ok) if good]
         if form == "interp":
             c = self.knots(m_level)
             return [tuple(float(v) for v in c[1:-1])] if len(c) >= 2 else []
@@ -147,17 +147,18 @@ class _GenProblem:
         m_level = np.bincount(self.grp_level, weights=m_grp, minlength=len(self.level_ids))
         m = m_grp[self._grp]
         yw = np.where(self.grp_cal, cal_factor, 1.0)[self._grp] * self._yw
+        cands = self._candidates(form, m_level)  # knee sets of one size: one stack of problems
+        if not cands:
+            return None
+        designs = [self._design(knees) for knees in cands]
+        my = m * yw
+        G = np.stack([Xw.T @ (Xw * m[:, None]) for Xw in designs])
+        g = np.stack([Xw.T @ my for Xw in designs])
         best, best_ss, best_k = None, math.inf, ()
-        for knees in self._candidates(form, m_level):
-            Xw = self._design(knees)
-            G = Xw.T @ (Xw * m[:, None])
-            g = Xw.T @ (m * yw)
-            x = _nnls_gram(G, g)
-            ss = float(m @ yw ** 2 - 2 * x @ g + x @ G @ x)
+        for knees, x, Gk, gk in zip(cands, _nnls_gram(G, g), G, g):
+            ss = float(m @ yw ** 2 - 2 * x @ gk + x @ Gk @ x)
             if ss < best_ss:
                 best, best_ss, best_k = x, ss, knees
-        if best is None:
-            return None
         if self.fixed_c0 is not None:
             best = np.concatenate([[self.fixed_c0], best])
         return EngineStepCost.from_design(best, best_k).array
@@ -535,7 +536,8 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
     rng = np.random.default_rng(seed)
     warnings, notes = list(models.warnings), []
     src = _Sources.of(ref, calibration, gen_rows, sel & np.isfinite(upd_proper) & np.isfinite(n_tok), notes)
-    if len(src.cal_gen["duration"]) >= 8:
+    calibrated = len(src.cal_gen["duration"]) >= MIN_CAL_GEN_ROWS
+    if calibrated:
         gen = _gen_calibrated(ref, src, reps, rng, warnings, notes)
     else:
         gen = _gen_run_only(ref, models.gen, src, reps, rng, warnings)
@@ -552,10 +554,26 @@ def calibrate(models: FittedModels, traces: Sequence[Trace], gen_rows: dict[str,
                       dict(train_r2=models.update.quality.r2,
                            train_source=f"{len(run_upd.tokens)} run updates only (no calibration)"),
                       f"{len(run_upd.tokens)} updates")
-    out = _with_validation(models, gen, train, calibrated=len(src.cal_gen["duration"]) >= 8, warnings=warnings,
-                           notes=notes)
+    out = _with_validation(models, gen, train, calibrated=calibrated, warnings=warnings, notes=notes)
     unusable = check_fits(out.validation, len(out.recorded.step)).warning(ref.name, ref.config)  # the one rule
     return replace(out, warnings=out.warnings + (unusable,)) if unusable else out
+
+
+def _foreign(ref: Trace, calibration: Sequence[Trace]) -> list[Trace]:
+    """The calibrations at another thread count than the run's (`rlrun calibrate --threads`, for a split side's
+    cores): each stands for that device as measured, its rows alone, not anchored to the run's clock (the run ran
+    on more threads); when there are any, the fits use only theirs."""
+    return [c for c in calibration if threads_of(c) and threads_of(ref) and threads_of(c) != threads_of(ref)]
+
+
+def _cal_sources(ref: Trace, calibration: Sequence[Trace]) -> list[Trace]:
+    """The traces whose calibration rows the fits use: the foreign calibrations when there are any, else all."""
+    return _foreign(ref, calibration) or [ref] + list(calibration)
+
+
+def calibrates_gen(ref: Trace, calibration: Sequence[Trace] = ()) -> bool:
+    """Whether `calibrate` refits the engine-step model on calibration rows (then it replaces the run-only fit)."""
+    return len(_rows(_cal_sources(ref, calibration), CALIB_GEN, ("duration",))["duration"]) >= MIN_CAL_GEN_ROWS
 
 
 @dataclass(frozen=True, eq=False)
@@ -573,12 +591,7 @@ class _Sources:
     @classmethod
     def of(cls, ref: Trace, calibration: Sequence[Trace], gen_rows: dict[str, np.ndarray], upd_ok: np.ndarray,
            notes: list[str]) -> _Sources:
-        sources = [ref] + list(calibration)
-        # a calibration at another thread count (`rlrun calibrate --threads`, for a split side's cores) stands for
-        # that device as measured: its rows alone, not anchored to the run's clock (the run ran on more threads)
-        foreign = [c for c in calibration if threads_of(c) and threads_of(ref) and threads_of(c) != threads_of(ref)]
-        if foreign:
-            sources = foreign
+        foreign, sources = _foreign(ref, calibration), _cal_sources(ref, calibration)
         run_keep = (gen_rows["step"] != 0) if np.any(gen_rows["step"] != 0) else np.ones(len(gen_rows["step"]), bool)
         run_keep &= np.isfinite(gen_rows["duration"]) & (gen_rows["num_running"] > 0)
         run = {k: np.asarray(gen_rows[k], float)[run_keep] for k in GEN_COLUMNS}

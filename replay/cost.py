@@ -54,10 +54,14 @@ class StepSums:
         """Requests of (..., B) prompt and response lengths, summed over the last axis: a request of L tokens runs
         L consecutive steps with context prompt + k at its k-th step (k = 1..L), so it adds L to S1 and
         L p + L (L - 1) / 2 to S2 wherever it is scheduled. `steps`: the schedule's engine steps (..., )."""
-        L = np.asarray(length).astype(float)
-        p = np.asarray(prompt).astype(float)
-        return cls(steps, L.sum(axis=-1), (L * p + L * (L - 1) / 2).sum(axis=-1),
-                   np.asarray(prefill, float).sum(axis=-1), hist)
+        L, p = np.asarray(length), np.asarray(prompt)
+        S3 = np.asarray(prefill, float).sum(axis=-1)
+        if L.dtype.kind in "iu" and p.dtype.kind in "iu":
+            # integer lengths: the sums in int64 (L (L - 1) is even); they are exact, as the float sums are below 2^53
+            S2 = (L * p).sum(axis=-1) + (L * (L - 1)).sum(axis=-1) // 2
+            return cls(steps, L.sum(axis=-1).astype(float), S2.astype(float), S3, hist)
+        L, p = L.astype(float), p.astype(float)
+        return cls(steps, L.sum(axis=-1), (L * p + L * (L - 1) / 2).sum(axis=-1), S3, hist)
 
     @classmethod
     def of_stretch(cls, k: int, n: int, context0: float, prefill: float, hist: bool = False) -> StepSums:

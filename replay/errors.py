@@ -51,11 +51,12 @@ def name(field_name: str) -> str:
 
 
 def setting(**values) -> str:
-    """`--gen-gpus 6 --train-gpus 2` in the CLI, `gen_gpus=6, train_gpus=2` in the notebook API."""
+    """`--gen-gpus 6 --train-gpus 2 --partial-rollout` in the CLI, `gen_gpus=6, train_gpus=2, partial_rollout=True`
+    in the notebook API (a true flag is its option alone)."""
     shown = {k: f"{v:g}" if isinstance(v, float) else v for k, v in values.items()}  # 2.0 as the user typed it: 2
     if _KEYWORDS.get():
         return ", ".join(f"{KEYWORD_NAMES.get(k, k)}={v}" for k, v in shown.items())
-    return " ".join(f"{name(k)} {v}" for k, v in shown.items())
+    return " ".join(name(k) if v is True else f"{name(k)} {v}" for k, v in shown.items())
 
 
 @contextmanager

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rlsim.replay.calibration import calibrate
+from rlsim.replay.calibration import calibrate, calibrates_gen
 from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.device_speed import device_ratios
 from rlsim.replay.devices import per_device, profile_by_name
@@ -62,9 +62,11 @@ def default_bandwidth_gbs(hardware: dict[str, Any]) -> tuple[float, str]:
 
 def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
                   model_bytes: float | None = None, hardware: dict[str, Any] | None = None,
-                  invalid_dropped: int = 0) -> tuple[GenStepModel, list[str]]:
+                  invalid_dropped: int = 0, fit: bool = True) -> tuple[GenStepModel, list[str]]:
     """Fit the step-cost model on gen_step rows; returns (model, warnings). `invalid_dropped`: gen_step
-    rows the reader already removed as invalid (`read_trace(drop_invalid=True)`), counted in `dropped`."""
+    rows the reader already removed as invalid (`read_trace(drop_invalid=True)`), counted in `dropped`.
+    `fit` False: the rows' checks and warnings only, the model's coefficients NaN (a calibration refits and
+    replaces it: `calibration.calibrates_gen`), which saves the robust fit's ~1,000 NNLS solves."""
     warnings: list[str] = []
     n_all = len(rows["duration"])
     steps = rows["step"].astype(float)
@@ -89,10 +91,15 @@ def fit_gen_steps(rows: dict[str, np.ndarray], *, warmup_step: int | None = 0,
         bw, src = default_bandwidth_gbs(hardware or {})
         c0 = float(model_bytes or 0.0) / (bw * 1e9)
         c0 = min(c0, float(np.percentile(y, 5)))
-        coef_rest, k2 = nnls_fit(X[:, 1:], y - c0, groups=groups)
-        coef = np.concatenate([[c0], coef_rest])
         warnings.append(f"generation steps span only {lo}..{hi} concurrent sequences: the fixed step cost uses a "
                         f"roofline prior (model bytes {model_bytes or 0:.3g} / {bw:g} GB/s, {src}) = {c0 * 1e3:.3g} ms")
+    if not fit:
+        nan = math.nan
+        q = FitQuality(len(y), nan, nan, nan, nan, dropped, "none (calibrated)")
+        return GenStepModel(nan, nan, nan, nan, quality=q, prior=prior, concurrency_range=(lo, hi)), warnings
+    if prior:
+        coef_rest, k2 = nnls_fit(X[:, 1:], y - c0, groups=groups)
+        coef = np.concatenate([[c0], coef_rest])
         q = fit_quality(X[k2], y[k2], coef, dropped + int((~k2).sum()), "prior+nnls")
     else:
         coef, k2 = nnls_fit(X, y, groups=groups)
@@ -127,8 +134,10 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     _check_rows(traces)
     drift = drift_of(ref)
     gen_rows = _gen_rows(ref, drift)
+    # with calibration rows `calibrate` refits the engine-step model and replaces this one: only its checks run here
     gen, warnings = fit_gen_steps(gen_rows, warmup_step=0, model_bytes=(ref.meta.get("model") or {}).get("bytes"),
-                                  hardware=ref.meta.get("hardware", {}), invalid_dropped=ref.dropped_rows(GEN_STEP))
+                                  hardware=ref.meta.get("hardware", {}), invalid_dropped=ref.dropped_rows(GEN_STEP),
+                                  fit=not calibrates_gen(ref, calibration))
     st = _Steps.of(traces, drift)
     costs = _fit_step_costs(st, float((ref.meta.get("model") or {}).get("bytes") or 0.0), _sync_rows(traces))
     engine = _engine_limits(ref, gen, warnings)

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.special import ndtr, ndtri  # normal cdf and its inverse (scipy.stats costs seconds to import)
 
 from rlsim.replay.cost import StepSums
 from rlsim.replay.devices import profile_for_hardware
@@ -67,6 +65,12 @@ def lognormal_lengths(n: int, mean: float, lo: float = math.nan, hi: float = mat
     lo + LogNormal(mu, sigma), capped at `cap`, matched to the logged mean; sigma from the maximum (the
     largest of the n quantiles, kept exact) or, when clip > 0, from the clip ratio at the cap. Only the mean known:
     shift 0 and sigma DEFAULT_SIGMA. The sample mean is then set to `mean` exactly."""
+    # why here: scipy.optimize and scipy.special take longer to import than an `rlsim run` of a recorded trace
+    # spends fitting; only a log's lengths need them (ndtr, ndtri: the normal cdf and its inverse; scipy.stats
+    # costs seconds to import)
+    from scipy.optimize import brentq
+    from scipy.special import ndtr, ndtri
+
     if n <= 0:
         return np.zeros(0)
     if not math.isfinite(mean) or mean <= 0:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from rlsim.replay.columns import Columns, as_float
 from rlsim.replay.errors import TraceError
 from rlsim.replay.schema import COLUMN_NAMES, COLUMNS, EVENT_KINDS, META_KEY, SCHEMA_VERSION, arrow_schema
 from rlsim.replay.util import exclusive
@@ -179,6 +180,7 @@ class Trace:
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # one line per group of dropped rows
     _cache: dict[str, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+    _columns: Columns | None = field(default=None, repr=False, compare=False)
 
     @property
     def config(self) -> dict[str, Any]:
@@ -188,21 +190,35 @@ class Trace:
     def name(self) -> str:
         return self.path.name.removesuffix(".partial.arrow").removesuffix(".parquet")
 
+    @property
+    def columns(self) -> Columns:
+        """Numpy views of the table's columns (rlsim.replay.columns), made on first use."""
+        if self._columns is None:
+            self._columns = Columns(self.table)
+        return self._columns
+
     def rows(self, kind: str) -> dict[str, np.ndarray]:
-        """Columns of one event kind as numpy arrays (int columns with nulls become float with NaN)."""
+        """Columns of one event kind as numpy arrays: int64 for an integer column, float64 for an integer column
+        with nulls in these rows and for a float column (NaN where null), object (str or None) for text."""
         if kind not in self._cache:
-            sub = self.table.filter(pa.compute.equal(self.table["kind"], kind))
-            cols = {}
-            for name in _KIND_COLUMNS[kind]:
-                col = sub[name]
-                if col.null_count and pa.types.is_integer(col.type):
-                    col = col.cast(pa.float64())
-                cols[name] = col.to_numpy(zero_copy_only=False)
-            self._cache[kind] = cols
+            pos, out = self.columns.positions(kind), {}
+            for name, dtype, _, _ in COLUMNS:
+                if name not in _KIND_COLUMNS[kind]:
+                    continue
+                if name == "kind":
+                    out[name] = np.full(len(pos), kind, object)
+                elif pa.types.is_string(dtype):
+                    out[name] = self.columns.text(name)[pos]
+                else:
+                    values, null = self.columns.numbers(name)
+                    values, null = values[pos], null[pos]
+                    whole = pa.types.is_integer(dtype) and not null.any()
+                    out[name] = values.astype(np.int64) if whole else as_float(values, null)
+            self._cache[kind] = out
         return self._cache[kind]
 
     def count(self, kind: str) -> int:
-        return len(self.rows(kind)["kind"])
+        return len(self.columns.positions(kind))
 
     def dropped_rows(self, kind: str) -> int:
         """Rows of `kind` that read_trace(drop_invalid=True) removed (each row is counted once)."""
@@ -250,4 +266,5 @@ def read_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
                              "`rlrun record`") from None
         meta = _parse_meta((pf.schema_arrow.metadata or {}).get(META_KEY), path)
     res = validate(table, meta, path, drop_invalid=drop_invalid)
-    return Trace(path=path, meta=meta, table=res.table, recovered=recovered, dropped=res.dropped, warnings=res.warnings)
+    return Trace(path=path, meta=meta, table=res.table, recovered=recovered, dropped=res.dropped, warnings=res.warnings,
+                 _columns=res.columns)

@@ -1,6 +1,7 @@
 """Learning models: the eval curve against cumulative responses, and the gradient noise scale of a run.
 
-- `LearningCurve`: held-out score against responses trained, isotonic-smoothed; samples-to-target N*.
+- `LearningCurve`: held-out score against responses trained, isotonic-smoothed; samples-to-target N*; a run's
+  sample cost against a reference's from a prefix of its curve (`prefix_log_rho`, at equal responses).
 - `noise_scale`: B_noise = tr(Sigma) / |G|^2 from the two-batch estimators of McCandlish et al. (2018) on the
   trace's micro-batch and full-batch gradient norms, EMA-smoothed (`b_noise_estimate`), with bootstrap replicates
   over the updates (`b_noise_replicates`). The one estimator of the project: rlsim's rho and the studies use it.
@@ -190,3 +191,19 @@ def noise_scale(trace: Trace, *, alpha: float = 0.2) -> NoiseScale:
     b, series, g2, tr, n = est("grad_norm", "grad_norm_micro")
     cb = est("critic_grad_norm", "critic_grad_norm_micro")[0]
     return NoiseScale(b_crit=b, series=series, g2=g2, trace_sigma=tr, updates_used=n, critic_b_crit=cb)
+
+
+def prefix_log_rho(reference: LearningCurve, run: LearningCurve, k: float, points: int = 6) -> float:
+    """log rho of `run` against `reference` from the run's first k responses, learning curves set side by side at equal
+    responses: at each k' in [k/2, k] (`points` of them) the run's smoothed score s(k') is the reference's at n_ref(s),
+    so log(k' / n_ref) is its sample cost at that score; the median over the k'. nan when no k' gives one (the run
+    never beat the reference's first eval, or scored beyond the reference's best, or trained fewer than k/2)."""
+    vals = []
+    for q in np.linspace(0.5 * k, k, points):
+        if q > run.cum_responses[-1] + 1e-9 or q <= 0:
+            continue
+        s = float(np.interp(q, run.cum_responses, run.smoothed))
+        n = reference.samples_to_target(s)
+        if n is not None and n > 0 and s > reference.smoothed[0] + 1e-12:
+            vals.append(math.log(q / n))
+    return float(np.median(vals)) if vals else math.nan

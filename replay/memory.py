@@ -285,7 +285,23 @@ class TrainSetup:
         "help": "the trainer's states leave the GPU while vLLM generates (verl's fsdp_config param_offload and "
                 "optimizer_offload): colocated only"})
     micro_batch: int = field(default=1, metadata={"help": "sequences per device in one forward/backward"})
+    log_prob_micro_batch: int = field(default=0, metadata={
+        "help": "sequences per device in one forward of the log-prob passes before the update (verl's old and "
+                "reference log-probs, log_prob_micro_batch_size_per_gpu), without gradients; 0: none larger than "
+                "the update's"})
     seq_len: int = field(default=2048, metadata={"help": "prompt + response tokens of one sequence at most"})
+    remove_padding: bool = field(default=False, metadata={
+        "help": "a micro-batch packs only its sequences' real tokens (verl's use_remove_padding); False: each "
+                "sequence is padded to seq_len"})
+    mean_seq_len: float = field(default=0.0, metadata={
+        "help": "mean prompt + response tokens of a sequence, where the trace or log records them (packed "
+                "micro-batches are sized from it); 0: unknown, every sequence counts seq_len (an upper bound)"})
+    token_budget: int = field(default=0, metadata={
+        "help": "the update's tokens per micro-batch per device with dynamic batching (verl's use_dynamic_bsz, "
+                "ppo_max_token_len_per_gpu); 0: micro_batch sequences"})
+    log_prob_token_budget: int = field(default=0, metadata={
+        "help": "the log-prob passes' tokens per micro-batch per device with dynamic batching (verl's "
+                "log_prob_use_dynamic_bsz, log_prob_max_token_len_per_gpu); 0: log_prob_micro_batch sequences"})
     gradient_checkpointing: bool = field(default=True, metadata={
         "help": "recompute each layer in the backward pass (keeps only each layer's input)"})
     reference: bool = field(default=False, metadata={"help": "a frozen reference model for a KL term (GRPO, PPO)"})
@@ -347,11 +363,40 @@ def activation_bytes_per_token_layer(model: ModelShape) -> float:
     return 12.0 * model.hidden + 4.0 * kv_dim + 6.0 * model.intermediate
 
 
+def micro_batch_tokens(train: TrainSetup, sequences: int, budget: int = 0) -> float:
+    """Tokens one micro-batch of `sequences` sequences (or, with dynamic batching, of `budget` tokens) puts through
+    the model on one device, as verl's dp_actor `_forward_micro_batch` builds it (docs/simulator.md, "Memory").
+    Padded: sequences x seq_len (every sequence padded to the longest prompt + response). Packed (use_remove_padding:
+    `unpad_input` keeps the real tokens): a worst micro-batch of one full-length sequence and the others at the mean,
+    (sequences - 1) x mean + seq_len, at most the padded count; without a recorded mean the padded count, an upper
+    bound. Dynamic batching packed: the budget (verl's `rearrange_micro_batches` splits the real tokens into
+    ceil(total / budget) balanced micro-batches); padded: budget / mean sequences (budget / seq_len without a mean)
+    of seq_len each."""
+    s, mean = train.seq_len, min(train.mean_seq_len, train.seq_len)
+    if budget and train.remove_padding:
+        return float(budget)
+    if budget:
+        return max(1, budget // max(mean or s, 1)) * float(s)
+    if train.remove_padding and mean > 0:
+        return min(sequences * float(s), (sequences - 1) * mean + s)
+    return sequences * float(s)
+
+
+def update_tokens(train: TrainSetup) -> float:
+    """Tokens of one micro-batch of the update (forward and backward)."""
+    return micro_batch_tokens(train, train.micro_batch, train.token_budget)
+
+
+def log_prob_tokens(train: TrainSetup) -> float:
+    """Tokens of one micro-batch of the log-prob passes (no-grad forward)."""
+    return micro_batch_tokens(train, train.log_prob_micro_batch, train.log_prob_token_budget)
+
+
 def training_activation_bytes(model: ModelShape, train: TrainSetup) -> float:
-    """Activations of one micro-batch on one device, tokens = micro_batch x seq_len. Without checkpointing every
-    layer's (activation_bytes_per_token_layer x layers); with full recomputation each layer keeps only its bf16
-    input (2 x hidden) and one layer is recomputed at a time (Korthikanti et al. 2022, section 5)."""
-    tokens = train.micro_batch * train.seq_len
+    """Activations of one micro-batch on one device, tokens = update_tokens. Without checkpointing every layer's
+    (activation_bytes_per_token_layer x layers); with full recomputation each layer keeps only its bf16 input
+    (2 x hidden) and one layer is recomputed at a time (Korthikanti et al. 2022, section 5)."""
+    tokens = update_tokens(train)
     per_layer = activation_bytes_per_token_layer(model)
     if train.gradient_checkpointing:
         return tokens * (2.0 * model.hidden * model.layers + per_layer)
@@ -359,9 +404,27 @@ def training_activation_bytes(model: ModelShape, train: TrainSetup) -> float:
 
 
 def logits_bytes(model: ModelShape, train: TrainSetup) -> float:
-    """The output layer's fp32 logits for the loss: 4 x tokens x vocab (Korthikanti et al. 2022, section 4.3,
-    4sbv). For RL the log-probabilities of every response token need them."""
-    return 4.0 * train.micro_batch * train.seq_len * model.vocab
+    """The output layer's logits for the loss: 4 x tokens x vocab (Korthikanti et al. 2022, section 4.3, 4sbv; in
+    verl the lm_head's bf16 logits and the bf16 softmax its entropy takes of them, 2 + 2 bytes, docs/simulator.md
+    "Memory"). For RL the log-probabilities of every response token need them."""
+    return 4.0 * update_tokens(train) * model.vocab
+
+
+def log_prob_pass_bytes(model: ModelShape, train: TrainSetup) -> float:
+    """The peak of one micro-batch of a log-prob pass, tokens = log_prob_tokens (verl's `compute_log_prob` and
+    `compute_ref_log_prob`, verl/workers/fsdp_workers.py, run the actor's and the reference's forward under no_grad
+    in micro-batches of rollout.log_prob_micro_batch_size_per_gpu and ref.log_prob_micro_batch_size_per_gpu, or of
+    log_prob_max_token_len_per_gpu tokens). Without a backward no layer keeps its activations: one layer's working
+    set is alive at a time, at most what it keeps for a backward (activation_bytes_per_token_layer), plus the
+    logits the log-probabilities are taken from (4 x tokens x vocab, as logits_bytes)."""
+    return log_prob_tokens(train) * (activation_bytes_per_token_layer(model) + 4.0 * model.vocab)
+
+
+def log_prob_excess_bytes(model: ModelShape, train: TrainSetup) -> float:
+    """What the log-prob pass needs beyond the update's activations and logits (the passes run one after the other
+    on the same resident states, so the training phase peaks at the larger): max(0, pass - update)."""
+    return max(0.0, log_prob_pass_bytes(model, train) - training_activation_bytes(model, train)
+               - logits_bytes(model, train))
 
 
 def reference_bytes(model: ModelShape, train: TrainSetup) -> float:
@@ -473,6 +536,10 @@ def _training_terms(model: ModelShape, train: TrainSetup) -> list[MemoryTerm]:
              MemoryTerm("actor activations", t, _gib(training_activation_bytes(model, train)) if full else None,
                         "Korthikanti et al. 2022"),
              MemoryTerm("logits (fp32)", t, _gib(logits_bytes(model, train)) if full else None, "4 x tokens x vocab"),
+             MemoryTerm("log-prob pass beyond the update (no grad)", t,
+                        (_gib(log_prob_excess_bytes(model, train)) if full else None)
+                        if log_prob_tokens(train) > update_tokens(train) else 0.0,
+                        "max(0, log-prob tokens x (per-layer + 4 V) - the update's activations and logits)"),
              MemoryTerm("reference params", t, _gib(reference_bytes(model, train)), "2 x params / gpus")]
     if train.critic:
         terms.append(MemoryTerm(f"critic params, grads, Adam ({stage})", t, _gib(_states(model, train)),
@@ -516,14 +583,26 @@ def _core(model: ModelShape, gen: GenSetup, train: TrainSetup, limit: float) -> 
 
 
 def _candidates(model: ModelShape, gen: GenSetup, train: TrainSetup) -> list[tuple[str, GenSetup, TrainSetup]]:
-    """Single changes to try, the least disruptive first: a smaller micro-batch, checkpointing, more tensor
-    parallelism for vLLM, full sharding, idle offload, a smaller vLLM share, optimizer then parameter offload,
-    more GPUs."""
+    """Single changes to try, the least disruptive first: a smaller micro-batch (the update's, the log-prob passes'),
+    checkpointing, more tensor parallelism for vLLM, full sharding, idle offload, a smaller vLLM share, optimizer
+    then parameter offload, more GPUs."""
     out = []
     m = train.micro_batch // 2
     while m >= 1:
         out.append((f"micro-batch {m} per device (from {train.micro_batch})", gen, replace(train, micro_batch=m)))
         m //= 2
+    m = train.log_prob_micro_batch // 2
+    while m >= max(train.micro_batch, 1):  # at the update's micro-batch the pass needs nothing beyond it
+        out.append((f"log-prob micro-batch {m} per device (from {train.log_prob_micro_batch})", gen,
+                    replace(train, log_prob_micro_batch=m)))
+        m //= 2
+    for key, label in (("token_budget", "ppo_max_token_len_per_gpu"),
+                       ("log_prob_token_budget", "log_prob_max_token_len_per_gpu")):
+        budget = getattr(train, key)
+        b = budget // 2
+        while b >= train.seq_len:  # verl requires a budget of at least the longest sequence
+            out.append((f"{label} {b} (from {budget})", gen, replace(train, **{key: b})))
+            b //= 2
     if not train.gradient_checkpointing:
         out.append(("gradient checkpointing on", gen, replace(train, gradient_checkpointing=True)))
     tp = gen.tp * 2
@@ -583,20 +662,53 @@ def _first_per_kind(fixes: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _dig(cfg: dict[str, Any], dotted: str, default: Any = None) -> Any:
+def _dig(cfg: dict[str, Any], dotted: str, default: Any = None, _seen: tuple[str, ...] = ()) -> Any:
+    """The value at a dotted path; a Hydra interpolation `${a.b}` (a saved .hydra/config.yaml keeps them
+    unresolved) is read at the path it names."""
     node: Any = cfg
     for part in dotted.split("."):
         if not isinstance(node, dict) or node.get(part) is None:
             return default
         node = node[part]
+    ref = re.fullmatch(r"\$\{([\w.]+)\}", node) if isinstance(node, str) else None
+    if ref and ref.group(1) not in _seen:
+        return _dig(cfg, ref.group(1), default, _seen + (dotted,))
     return node
 
 
-def setups_from_verl(cfg: dict[str, Any], gpus: int | None = None) -> tuple[GenSetup, TrainSetup]:
+def _verl_micro(cfg: dict[str, Any], section: str, key: str, dynamic: tuple[str, str], dp: int, seq: int) -> int:
+    """Sequences per device in one micro-batch of a verl pass: `key`_per_gpu, else verl 0.1's global `key` divided
+    over the data-parallel ranks (devices / Ulysses sequence parallel size, as verl's workers normalize it), else
+    with dynamic batching the token budget over the longest sequence; 0 when none is set."""
+    budget = _verl_budget(cfg, section, dynamic)
+    if budget:
+        return max(1, budget // max(seq, 1))
+    per_gpu = _dig(cfg, f"{section}.{key}_per_gpu")
+    if per_gpu is not None:
+        return int(per_gpu)
+    whole = _dig(cfg, f"{section}.{key}")
+    return max(1, int(whole) // max(dp, 1)) if whole is not None else 0
+
+
+def _verl_budget(cfg: dict[str, Any], section: str, dynamic: tuple[str, str]) -> int:
+    """Tokens per micro-batch per device of a verl pass with dynamic batching (its max_token_len_per_gpu; verl
+    scales it by the Ulysses size and splits each sequence over those ranks, so per device it stays; unset or an
+    unresolved `${oc.select:...}`: verl's default 16384, verl/trainer/config/actor/actor.yaml); 0 without."""
+    if not _dig(cfg, f"{section}.{dynamic[0]}", False):
+        return 0
+    value = _dig(cfg, f"{section}.{dynamic[1]}", 16384)
+    return int(value) if str(value).isdigit() else 16384
+
+
+def setups_from_verl(cfg: dict[str, Any], gpus: int | None = None,
+                     mean_len: float = 0.0) -> tuple[GenSetup, TrainSetup]:
     """The setups a verl run's saved Hydra config (.hydra/config.yaml, as a dict) describes: its rollout engine
     arguments (actor_rollout_ref.rollout.*), the batch one engine holds (data.train_batch_size x rollout.n over the
-    gpus / TP engines), the FSDP actor (strategy, fsdp_config offload, ppo_micro_batch_size_per_gpu, gradient
-    checkpointing), the reference model (use_kl_loss or use_kl_in_reward) and the critic (adv_estimator gae)."""
+    gpus / TP engines), the FSDP actor (strategy, fsdp_config offload, ppo_micro_batch_size_per_gpu or verl 0.1's
+    global ppo_micro_batch_size, gradient checkpointing), the log-prob passes' micro-batch (rollout's and, with a
+    reference, ref's log_prob_micro_batch_size[_per_gpu]: the larger), the reference model (use_kl_loss or
+    use_kl_in_reward), the critic (adv_estimator gae), and how micro-batches are sized (model.use_remove_padding;
+    use_dynamic_bsz and the token budgets; `mean_len`, the recorded mean prompt + response tokens, 0 if none)."""
     a, r = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     n = gpus or int(_dig(cfg, "trainer.n_gpus_per_node", 1)) * int(_dig(cfg, "trainer.nnodes", 1))
     tp = min(int(_dig(cfg, f"{r}.tensor_model_parallel_size", 1)), n)  # an engine spans at most the devices there are
@@ -608,17 +720,26 @@ def setups_from_verl(cfg: dict[str, Any], gpus: int | None = None) -> tuple[GenS
     gen = GenSetup(tp=tp, gpu_memory_utilization=float(_dig(cfg, f"{r}.gpu_memory_utilization", 0.5)),
                    max_num_batched_tokens=int(_dig(cfg, f"{r}.max_num_batched_tokens", 8192)), max_num_seqs=max_seqs,
                    concurrency=min(max_seqs, math.ceil(batch / engines)) if batch else 0, seq_len=seq)
-    micro = _dig(cfg, f"{a}.ppo_micro_batch_size_per_gpu")
-    if micro is None or _dig(cfg, f"{a}.use_dynamic_bsz", False):
+    dp = max(1, n // int(_dig(cfg, f"{a}.ulysses_sequence_parallel_size", 1)))
+    micro = _verl_micro(cfg, a, "ppo_micro_batch_size", ("use_dynamic_bsz", "ppo_max_token_len_per_gpu"), dp, seq)
+    if not micro:  # neither set: the token budget's default over the longest sequence
         micro = max(1, int(_dig(cfg, f"{a}.ppo_max_token_len_per_gpu", seq or 1)) // max(seq, 1))
+    reference = bool(_dig(cfg, f"{a}.use_kl_loss", False) or _dig(cfg, "algorithm.use_kl_in_reward", False))
+    lp = ("log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu")
+    roles = (r, "actor_rollout_ref.ref")[:2 if reference else 1]
+    log_prob = max(_verl_micro(cfg, s, "log_prob_micro_batch_size", lp, dp, seq) for s in roles)
+    log_prob_budget = max(_verl_budget(cfg, s, lp) for s in roles)
     off = f"{a}.fsdp_config"
     train = TrainSetup(
         gpus=n, gpus_per_node=int(_dig(cfg, "trainer.n_gpus_per_node", n)),
         zero_stage=1 if str(_dig(cfg, f"{a}.strategy", "fsdp")).startswith("megatron") else 3,
         idle_offload=bool(_dig(cfg, f"{off}.param_offload", False) and _dig(cfg, f"{off}.optimizer_offload", False)),
-        micro_batch=int(micro), seq_len=seq or 2048,
+        micro_batch=int(micro), log_prob_micro_batch=log_prob, seq_len=seq or 2048,
+        remove_padding=bool(_dig(cfg, "actor_rollout_ref.model.use_remove_padding", False)), mean_seq_len=mean_len,
+        token_budget=_verl_budget(cfg, a, ("use_dynamic_bsz", "ppo_max_token_len_per_gpu")),
+        log_prob_token_budget=log_prob_budget,
         gradient_checkpointing=bool(_dig(cfg, "actor_rollout_ref.model.enable_gradient_checkpointing", False)),
-        reference=bool(_dig(cfg, f"{a}.use_kl_loss", False) or _dig(cfg, "algorithm.use_kl_in_reward", False)),
+        reference=reference,
         reference_offload=bool(_dig(cfg, "actor_rollout_ref.ref.fsdp_config.param_offload", False)),
         critic=str(_dig(cfg, "algorithm.adv_estimator", "")) == "gae",
         colocated=bool(_dig(cfg, "actor_rollout_ref.hybrid_engine", True)))

@@ -182,7 +182,7 @@ class LengthModel:
         """(prompt lengths, response lengths), each shaped (rounds, prompts*group), prompt-major order."""
         p = rng.choice(self.prompt_tokens, size=(rounds, prompts))
         r = rng.choice(self.response_tokens, size=(rounds, prompts * group))
-        return np.repeat(p, group, axis=1).astype(np.int64), r.astype(np.int64)
+        return np.repeat(p, group, axis=1).astype(np.int64, copy=False), r.astype(np.int64, copy=False)
 
 
 @dataclass(frozen=True, eq=False)

@@ -229,8 +229,8 @@ def noise_scale_rho(b_ref: float, b_crit: float) -> NoiseScaleRho:
 def lr_aware_rho(b_ref: float, b_bend: float, kappa: float, lr_rule: str = "sqrt", *,
                  source: str = "given") -> LrAwareRho:
     if not (b_bend > 0 and math.isfinite(b_bend)) or not (0 <= kappa < 1):
-        raise RlsimError(f"lr-aware constants out of range: --bend-batch must be > 0 responses (got {b_bend:g}) and "
-                         f"--kappa in [0, 1) (got {kappa:g})")
+        raise RlsimError(f"lr-aware constants out of range: {name('bend_batch')} must be > 0 responses (got "
+                         f"{b_bend:g}) and {name('kappa')} in [0, 1) (got {kappa:g})")
     return LrAwareRho(float(b_ref), b_bend=float(b_bend), kappa=float(kappa), lr_rule=lr_rule, source=source)
 
 

@@ -16,7 +16,9 @@ under traces/ (docs/results.md, "Decisions"); nothing here is set by hand. Pure 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 import numpy as np
 
@@ -40,6 +42,17 @@ class RhoErrors:
     mirrored: bool = field(default=True, metadata={
         "help": "draw each curve mirrored too: the noise-scale model's bend was misplaced in both directions, on "
                 "different tasks (an invariant rho's errors have a known sign: rho rises with the batch)"})
+    pilot_sigma_sd: float = field(default=0.0, metadata={
+        "help": "sd of one run's log sigma (responses/s over the reference's, both one seed) around its seed mean: a "
+                "one-seed pilot's sigma noise"})
+    prefix_f: tuple[float, ...] = field(default=(), metadata={
+        "help": "(f,) prefix lengths where a prefix's error was measured, as fractions of the reference's "
+                "samples-to-target"})
+    prefix_bias: tuple[float, ...] = field(default=(), metadata={
+        "help": "(f,) mean of log(rho from a prefix / rho of the other seeds' means) at each prefix length "
+                "(`rlsim.replay.learning.prefix_log_rho`); () when not measured"})
+    prefix_sd: tuple[float, ...] = field(default=(), metadata={
+        "help": "(f,) its sd around that mean: a prefix pilot's noise"})
 
     def at(self, d) -> np.ndarray:
         """(K, n) each curve at the n points d (linear between measured points, held at the ends beyond them); (2K, n)
@@ -49,13 +62,16 @@ class RhoErrors:
         at = np.stack([np.interp(d, self.d, c) for c in self.curves])
         return np.concatenate([at, -at]) if self.mirrored else at
 
-    def span_note(self, d) -> str:
-        """A warning when a candidate lies beyond the measured range of d ('' when none does)."""
+    def span_note(self, d, names: Sequence[str] = ()) -> str:
+        """A warning naming the candidates (`names`, one per d; else their count) that lie beyond the measured range
+        of d ('' when none does)."""
         d = np.asarray(d, float)
-        out = d[(d < self.d[0] - 1e-9) | (d > self.d[-1] + 1e-9)]
-        if not len(out):
+        beyond = (d < self.d[0] - 1e-9) | (d > self.d[-1] + 1e-9)
+        if not beyond.any():
             return ""
-        return (f"{len(out)} candidate(s) lie beyond the batch ratios where rho's error was measured "
+        which = (", ".join(n for n, b in zip(names, beyond) if b) if len(names) == len(d) else
+                 f"{beyond.sum()} candidate(s)")
+        return (f"{which} lie{'s' if beyond.sum() == 1 else ''} beyond the batch ratios where rho's error was measured "
                 f"({2 ** self.d[0]:.3g}x..{2 ** self.d[-1]:.3g}x the reference): their error is held at the nearest "
                 "measured one, which understates the uncertainty there")
 
@@ -69,18 +85,29 @@ class RhoErrors:
         keep = np.array([not s.startswith(study + " seed") for s in self.sources])
         if not keep.any():
             raise RlsimError(f"no error curves left without study {study!r}")
-        return RhoErrors(self.d, self.curves[keep], tuple(s for s, k in zip(self.sources, keep) if k), self.seed_sd,
-                         self.truth_sd, self.sigma_sd, self.model, self.mirrored)
+        return replace(self, curves=self.curves[keep], sources=tuple(s for s, k in zip(self.sources, keep) if k))
+
+    def prefix_noise(self, f: float) -> tuple[float, float]:
+        """(bias, sd) in log rho of a prefix of length f (a fraction of the reference's samples-to-target), linear
+        between the measured lengths and held at the ends; (nan, nan) when no prefix was measured."""
+        if not self.prefix_f:
+            return math.nan, math.nan
+        return (float(np.interp(f, self.prefix_f, self.prefix_bias)),
+                float(np.interp(f, self.prefix_f, self.prefix_sd)))
 
     def to_dict(self) -> dict:
         return {"d": [float(x) for x in self.d], "curves": [[float(x) for x in c] for c in self.curves],
                 "sources": list(self.sources), "seed_sd": self.seed_sd, "truth_sd": self.truth_sd,
-                "sigma_sd": self.sigma_sd, "model": self.model, "mirrored": self.mirrored}
+                "sigma_sd": self.sigma_sd, "model": self.model, "mirrored": self.mirrored,
+                "pilot_sigma_sd": self.pilot_sigma_sd, "prefix_f": list(self.prefix_f),
+                "prefix_bias": list(self.prefix_bias), "prefix_sd": list(self.prefix_sd)}
 
     @classmethod
     def from_dict(cls, d: dict) -> RhoErrors:
         return cls(np.asarray(d["d"], float), np.asarray(d["curves"], float), tuple(d["sources"]), float(d["seed_sd"]),
-                   float(d["truth_sd"]), float(d["sigma_sd"]), str(d["model"]), bool(d["mirrored"]))
+                   float(d["truth_sd"]), float(d["sigma_sd"]), str(d["model"]), bool(d["mirrored"]),
+                   float(d.get("pilot_sigma_sd", 0.0)), tuple(d.get("prefix_f", ())), tuple(d.get("prefix_bias", ())),
+                   tuple(d.get("prefix_sd", ())))
 
 
 def measured_errors(model: str = "noise-scale") -> RhoErrors:
@@ -93,10 +120,30 @@ def measured_errors(model: str = "noise-scale") -> RhoErrors:
 # Written by `python -m bench.studies.plan_eval --write-errors`; do not edit by hand.
 DATA: dict[str, dict] = {
     "noise-scale": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0],
-                    'sources': ['add2 seed0', 'add2 seed1', 'add2 seed2', 'add2 seed3', 'add2 seed4', 'add2 seed5',
-                                'addmix seed0', 'addmix seed1', 'addmix seed2', 'addmix seed3', 'addmix seed4',
-                                'addmix seed5', 'addmix lr 1e-4 seed0', 'addmix lr 1e-4 seed1', 'addmix lr 1e-4 seed2'],
-                    'seed_sd': 0.3786, 'truth_sd': 0.1893, 'sigma_sd': 0.1107, 'model': 'noise-scale', 'mirrored': True,
+     'sources': ['add2 seed0',
+                 'add2 seed1',
+                 'add2 seed2',
+                 'add2 seed3',
+                 'add2 seed4',
+                 'add2 seed5',
+                 'addmix seed0',
+                 'addmix seed1',
+                 'addmix seed2',
+                 'addmix seed3',
+                 'addmix seed4',
+                 'addmix seed5',
+                 'addmix lr 1e-4 seed0',
+                 'addmix lr 1e-4 seed1',
+                 'addmix lr 1e-4 seed2'],
+     'seed_sd': 0.3786,
+     'truth_sd': 0.1893,
+     'sigma_sd': 0.1321,
+     'model': 'noise-scale',
+     'mirrored': True,
+     'pilot_sigma_sd': 0.146,
+     'prefix_f': [0.25, 0.5, 0.75, 1.0],
+     'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402],
+     'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
      "curves": [
         [0.0887, 0.1048, 0.0, -0.4485, -0.4873, -0.6196],
         [-0.1922, -0.0374, 0.0, -0.2347, -0.1408, -0.1015],
@@ -114,10 +161,30 @@ DATA: dict[str, dict] = {
         [-0.4267, -0.1735, 0.0, 0.1277, 0.272, 0.3743],
         [-0.3146, -0.2287, 0.0, 0.0073, 0.0898, 0.5352]]},
     "invariant": {'d': [-2.0, -1.0, 0.0, 1.0, 2.0, 3.0],
-                  'sources': ['add2 seed0', 'add2 seed1', 'add2 seed2', 'add2 seed3', 'add2 seed4', 'add2 seed5',
-                              'addmix seed0', 'addmix seed1', 'addmix seed2', 'addmix seed3', 'addmix seed4',
-                              'addmix seed5', 'addmix lr 1e-4 seed0', 'addmix lr 1e-4 seed1', 'addmix lr 1e-4 seed2'],
-                  'seed_sd': 0.3786, 'truth_sd': 0.1893, 'sigma_sd': 0.1107, 'model': 'invariant', 'mirrored': False,
+     'sources': ['add2 seed0',
+                 'add2 seed1',
+                 'add2 seed2',
+                 'add2 seed3',
+                 'add2 seed4',
+                 'add2 seed5',
+                 'addmix seed0',
+                 'addmix seed1',
+                 'addmix seed2',
+                 'addmix seed3',
+                 'addmix seed4',
+                 'addmix seed5',
+                 'addmix lr 1e-4 seed0',
+                 'addmix lr 1e-4 seed1',
+                 'addmix lr 1e-4 seed2'],
+     'seed_sd': 0.3786,
+     'truth_sd': 0.1893,
+     'sigma_sd': 0.1321,
+     'model': 'invariant',
+     'mirrored': False,
+     'pilot_sigma_sd': 0.146,
+     'prefix_f': [0.25, 0.5, 0.75, 1.0],
+     'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402],
+     'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
      "curves": [
         [-0.2837, -0.1275, 0.0, -0.1017, 0.3209, 0.742],
         [-0.3612, -0.1468, 0.0, -0.0463, 0.343, 0.7953],

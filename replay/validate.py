@@ -22,8 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from rlsim.replay.columns import Columns, as_float
 from rlsim.replay.errors import TraceError
 from rlsim.replay.schema import (CALIB_KINDS, COLUMN_NAMES, COLUMNS, EVENT_KINDS, EVAL, IDLE, INT_RANGES, MODES,
                                  READABLE_VERSIONS, REQUIRED, RESPONSE, SCHEMA_VERSION, UPDATE, arrow_schema,
@@ -208,9 +208,9 @@ def check_columns(table: pa.Table, path: Path, version: int = SCHEMA_VERSION) ->
     return pa.table(cols, names=list(COLUMN_NAMES))
 
 
-def check_kinds(table: pa.Table, path: Path, version: int = SCHEMA_VERSION) -> None:
+def check_kinds(columns: Columns, path: Path, version: int = SCHEMA_VERSION) -> None:
     known = kinds_for_version(version)
-    kinds = table["kind"].unique().to_pylist()
+    kinds = [k for k in EVENT_KINDS if len(columns.positions(k))] + columns.other_kinds()
     unknown = sorted(str(k) for k in kinds if k not in known)
     if unknown:
         raise TraceError(f"{path} has unknown event kinds {unknown}; expected {', '.join(known)}")
@@ -236,30 +236,28 @@ class Result:
     table: pa.Table
     dropped: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    columns: Columns | None = None  # numpy views of `table`'s rows (None: rows were dropped, views of the rest unmade)
 
 
 class _Checker:
-    def __init__(self, table: pa.Table, path: Path, drop_invalid: bool):
+    def __init__(self, table: pa.Table, columns: Columns, path: Path, drop_invalid: bool):
         self.table, self.path, self.drop = table, path, drop_invalid
         self.result = Result(table)
-        n = table.num_rows
-        full: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # column -> (float64 values, null mask), whole table
-        for name, dtype, _, _ in COLUMNS:
-            if name == "kind":
-                continue
-            col = table[name]
-            if not (pa.types.is_integer(dtype) or pa.types.is_floating(dtype)):  # text: only null-checked
-                full[name] = (np.zeros(n),
-                              col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool))
-                continue
-            null = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(n, bool)
-            vals = pc.cast(col, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
-            full[name] = (vals.astype(float, copy=False), null)
+        self.columns = columns  # the table's numpy views (rlsim.replay.columns), kept for the Trace
         self.rows: dict[str, _Rows] = {}
         for k in EVENT_KINDS:
-            pos = np.nonzero(pc.equal(table["kind"], k).fill_null(False).to_numpy(zero_copy_only=False))[0]
-            cols = [name for name, _, kinds, _ in COLUMNS if k in kinds and name != "kind"]
-            self.rows[k] = _Rows(k, pos, {c: full[c][0][pos] for c in cols}, {c: full[c][1][pos] for c in cols})
+            pos = self.columns.positions(k)
+            values, null = {}, {}
+            for name, dtype, kinds, _ in COLUMNS:
+                if k not in kinds or name == "kind":
+                    continue
+                if not (pa.types.is_integer(dtype) or pa.types.is_floating(dtype)):  # text: only null-checked
+                    values[name], null[name] = np.zeros(len(pos)), self.columns.nulls(name)[pos]
+                    continue
+                v, nul = self.columns.numbers(name)
+                null[name] = nul[pos]
+                values[name] = as_float(v[pos], null[name])  # float64, NaN where null
+            self.rows[k] = _Rows(k, pos, values, null)
 
     def flag(self, r: _Rows, col: str, bad: np.ndarray, what: str, detail: Callable[[int], str] | None = None) -> None:
         """`bad`: mask over r's rows (only live rows count). Raise, or drop them."""
@@ -291,8 +289,13 @@ class _Checker:
         for r in self.rows.values():
             keep[r.pos[~r.alive]] = False
         table = self.table if keep.all() else self.table.filter(pa.array(keep))
+        self.result.columns = self.columns if keep.all() else None
+        schema = arrow_schema()
+        if all(f.type == s.type for f, s in zip(table.schema, schema)):  # (cast, equal here, imports pyarrow.compute)
+            self.result.table = pa.Table.from_arrays(table.columns, schema=schema)
+            return self.result
         try:
-            self.result.table = table.cast(arrow_schema())
+            self.result.table = table.cast(schema)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:  # pragma: no cover - the checks above prevent it
             raise TraceError(f"{self.path}: values do not fit the trace schema ({str(e).splitlines()[0][:120]}); "
                              f"{FIX}") from None
@@ -412,5 +415,6 @@ def validate(table: pa.Table, meta: Any, path: str | Path, *, drop_invalid: bool
     validate_meta(meta, path)
     version = meta["schema_version"]
     table = check_columns(table, path, version)
-    check_kinds(table, path, version)
-    return _Checker(table, path, drop_invalid).run()
+    columns = Columns(table)
+    check_kinds(columns, path, version)
+    return _Checker(table, columns, path, drop_invalid).run()

@@ -14,24 +14,25 @@
     rlsim.check_fidelity(tr)                             # recorded vs simulated, per update (rlsim replay)
     rlsim.example_trace("grpo_p128")                     # the path of a trace shipped under traces/
 
-Keywords are the CLI's option names (`--rho` is `rho=`, `rlsim replay --sampled` is `sampled=`); config keywords
-are the fields of `rlsim.core.config.WhatIf`, and `batch` is accepted for `prompts` (the CLI's `--batch` is P too).
-Errors name those keywords. A deprecated keyword (`DEPRECATED`) still works, with a DeprecationWarning.
+Keywords are the CLI's option names (`--rho` is `rho=`, `--sampled` `sampled=`): the fit's are the fields of
+`rlsim.core.config.StudyOptions`, the config's those of `WhatIf`, which the CLI's options are made from (`batch` is
+`prompts`, as the CLI's --batch). Errors name keywords; a deprecated one (`DEPRECATED`) works, with a warning.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
 import inspect
+import math
 import os
 import warnings
 from collections.abc import Iterable, Iterator
-from numbers import Integral
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from rlsim.core.config import WhatIf
-from rlsim.modes.registry import check as check_mode
+from rlsim.core.config import StudyOptions, WhatIf
+from rlsim.modes.registry import as_recorded, check as check_mode
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.replay.errors import RlsimError, did_you_mean, keyword_names
 from rlsim.replay.io import Trace, read_trace
@@ -66,10 +67,15 @@ def _count(v: Any, least: int) -> bool:
     return isinstance(v, Integral) and not isinstance(v, bool) and v >= least
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
 _TRACE = "a path (str or pathlib.Path) or a Trace from rlsim.load_trace"
 _TRACES = f"{_TRACE}, or a list of them (the first is the reference)"
 # Every parameter of a public function -> (whether a value is acceptable, what is expected), checked before any work;
-# None: the library checks it where it is used (rho: parse_rho, target: prepare, prompts: WhatIf.validate).
+# None: the library checks it where it is used (rho: parse_rho, target: prepare, prompts: WhatIf.validate; the ranges
+# of bend_batch and kappa: lr_aware_rho).
 CHECKS: dict[str, tuple[Callable[[Any], bool], str] | None] = {
     "path": (_path_like, "a path (str or pathlib.Path)"),
     "trace": (lambda v: isinstance(v, Trace) or _path_like(v), _TRACE),
@@ -87,8 +93,10 @@ CHECKS: dict[str, tuple[Callable[[Any], bool], str] | None] = {
     "chunk_size": (lambda v: v is None or _count(v, 1), "None or a positive integer"),
     "ray_address": (lambda v: v is None or isinstance(v, str), "None or a Ray address (text)"),
     "name": (lambda v: isinstance(v, str), "a trace's name, e.g. 'grpo_p128' (rlsim.example_traces() lists them)"),
+    "bend_batch": (lambda v: v is None or _number(v), "None or a number (responses; with kappa and rho='lr-aware')"),
+    "kappa": (lambda v: v is None or _number(v), "None or a number in [0, 1) (with bend_batch and rho='lr-aware')"),
+    "progress": (lambda v: v is None or callable(v), "None or a function of the configs just finished, progress(k)"),
     "rho": None, "target": None, "prompts": None,
-    "progress": None,  # sweep's callback, called as it is
 }
 
 
@@ -100,7 +108,10 @@ def _check(call: str, key: str, value: Any) -> None:
 
 
 def _unknown(call: str, key: str, choices: Sequence[str], listed: str = "") -> RlsimError:
-    """The one error for a keyword a function does not take: the closest it does take, then what it takes."""
+    """The one error for a keyword a function does not take: the closest it does take, then what it takes; a config
+    field given to a function of grid axes belongs in the axes."""
+    if "axes" in choices and (key in ALIASES or key in {f.name for f in dataclasses.fields(WhatIf)}):
+        return RlsimError(f"{call}: {key} is a config field: put it in the axes, e.g. {{{key!r}: [value]}}")
     return RlsimError(f"{call}: unknown keyword {key!r}{did_you_mean(key, choices)}; "
                       f"{listed or 'the keywords are ' + (', '.join(choices) or '(none)')}")
 
@@ -145,7 +156,7 @@ def _public(fn: Callable) -> Callable:
     if unchecked:
         raise TypeError(f"{fn.__name__}: add the parameters {unchecked} to rlsim.api.CHECKS")
 
-    names = [*sig.parameters, *(["rho"] if fn.__name__ == "sweep" else [])]  # sweep passes rho in **options
+    names = list(sig.parameters)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -158,6 +169,27 @@ def _public(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+def _fit_options(fn: Callable) -> Callable:
+    """`fn(..., **options)` takes `rlsim.core.config.StudyOptions`' fields (but the trace: the traces are its first
+    argument) as keyword-only parameters with their defaults, named as the CLI's options: a field added there is a
+    keyword here (and `_public` asks for its check in CHECKS)."""
+    sig = inspect.signature(fn)
+    own = [p for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    study = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type)
+             for f in dataclasses.fields(StudyOptions) if f.name != "trace"]
+    fn.__signature__ = sig.replace(parameters=own + study)
+    return fn
+
+
+def _fitted(call: str, traces: Any, options: Mapping[str, Any]) -> tuple[list[Trace], StudyOptions, list[Trace]]:
+    """The traces, the StudyOptions of the call's fit keywords, and the calibration traces, read as the options say."""
+    so = StudyOptions(**{k: v for k, v in options.items() if k != "calibration"})
+    read = _traces(traces, so.drop_invalid)
+    if not read:
+        raise RlsimError(f"{call}: give at least one trace (a path or a loaded Trace; the first is the reference)")
+    return read, so, _traces(options.get("calibration", ()), so.drop_invalid)
 
 
 def _fields(given: Mapping[str, Any], call: str) -> dict[str, Any]:
@@ -181,10 +213,10 @@ def load_trace(path: str | os.PathLike, *, drop_invalid: bool = False) -> Trace:
     return read_trace(path, drop_invalid=drop_invalid)
 
 
-def _trace(t: Any) -> Trace:
+def _trace(t: Any, drop_invalid: bool = False) -> Trace:
     if not (isinstance(t, Trace) or _path_like(t)):
         raise RlsimError(f"expected {_TRACE}, got {type(t).__name__} {t!r:.60}")
-    return t if isinstance(t, Trace) else load_trace(t)
+    return t if isinstance(t, Trace) else read_trace(t, drop_invalid=drop_invalid)
 
 
 def _listed(v: Any) -> list:
@@ -192,11 +224,11 @@ def _listed(v: Any) -> list:
     return [v] if isinstance(v, str) or not isinstance(v, Iterable) else list(v)
 
 
-def _traces(traces: Any) -> list[Trace]:
+def _traces(traces: Any, drop_invalid: bool = False) -> list[Trace]:
     """A trace, a path, or a sequence of them (the first is the reference), read to be fitted: a probe trace is
     refused (it measures sigma, it is not a run)."""
     one = isinstance(traces, (Trace, str, os.PathLike))
-    return [refuse_probe(_trace(t)) for t in ([traces] if one else traces)]
+    return [refuse_probe(_trace(t, drop_invalid)) for t in ([traces] if one else traces)]
 
 
 @_public
@@ -221,14 +253,14 @@ def split_stats(trace: Trace | str | os.PathLike, *, skip: int = 2) -> dict[str,
 
 
 @_public
-def fit(traces: Any, *, rho: str = "auto", target: float | None = None, calibration: Any = ()):
+@_fit_options
+def fit(traces: Any, **options: Any):
     """Fit the traces (a trace or path, or a list of them; the first is the reference): a `rlsim.whatif.study.Study`.
-    `rho`: the sample-cost model (the CLI's --rho); `calibration`: traces of `rlrun calibrate` for a reference
-    recorded without calibration."""
-    read = _traces(traces)
-    if not read:
-        raise RlsimError("fit: give at least one trace (a path or a loaded Trace; the first is the reference)")
-    return prepare(read, rho_model=rho, target=target, calibration=_traces(calibration))
+    Keywords: `rlsim.core.config.StudyOptions`' fields, the options of `rlsim run`'s fit: `rho` (the sample-cost
+    model; None: auto), `bend_batch` and `kappa` (lr-aware rho's constants), `target`, `calibration` (traces of
+    `rlrun calibrate` for a reference recorded without calibration), `drop_invalid` (as `load_trace`'s)."""
+    read, so, calibration = _fitted("fit", traces, options)
+    return prepare(read, rho_model=so.rho_model, target=so.target, calibration=calibration)
 
 
 def _study(study_or_traces: Any):
@@ -242,12 +274,18 @@ def _frame(study_or_traces: Any, candidates: Sequence[dict[str, Any]], roles: Se
 
     cfgs = [WhatIf(**c) for c in candidates]
     for cfg in cfgs:
-        cfg.validate()
-        check_mode(cfg)  # the execution mode and its settings (rlsim.modes.registry), before anything is fitted
-    study = _study(study_or_traces)
+        if cfg.mode is not None:  # a named mode and its settings (rlsim.modes.registry), before any trace is read
+            cfg.validate()
+            check_mode(cfg)
+    given = study_or_traces if isinstance(study_or_traces, Study) else _traces(study_or_traces)
+    recorded = given.recorded_mode if isinstance(given, Study) else given[0].config if given else {}
+    # the mode the reference trace records where a config names none, checked before anything is fitted
+    cfgs, lines = zip(*(as_recorded(c, recorded) for c in cfgs))
+    study = _study(given)
     outs = [reference_outcome(study, cfgs[0].updates, cfgs[0].seed, like=cfgs[0])] + [evaluate(study, c) for c in cfgs]
-    # each row carries the study's warnings beside its own, as `rlsim run` prints them
-    rows = [{**o.to_dict(), "warnings": "; ".join(list(study.warnings) + list(o.warnings))} for o in outs]
+    # each row carries the study's warnings beside its own, as `rlsim run` prints them, and the mode line in its notes
+    rows = [{**o.to_dict(), "warnings": "; ".join(list(study.warnings) + list(o.warnings)),
+             "notes": "; ".join([line, *o.notes] if line else o.notes)} for o, line in zip(outs, ("",) + lines)]
     return pd.DataFrame(rows, index=pd.Index(["reference", *roles], name="role"))
 
 
@@ -278,37 +316,33 @@ def _axes(axes: Mapping[str, Any]) -> dict[str, list]:
 
 
 @_public
+@_fit_options
 def sweep(traces: Any, axes: Mapping[str, Sequence[Any]], *, out: str | os.PathLike | None = None,
-          workers: int | None = 1, **options: Any):
+          workers: int | None = 1, overwrite: bool = False, ray_address: str | None = None,
+          chunk_size: int | None = None, progress: Callable[[int], None] | None = None, **options: Any):
     """Every config of the grid `axes` (WhatIf field -> values; `batch` is an alias of `prompts`), ranked best
-    first (smallest T / T_ref). `out` also writes results.parquet/csv and sweep.json there; other options as
-    `rlsim sweep` takes them: rho, target, overwrite, ray_address, chunk_size, calibration."""
+    first (smallest T / T_ref). `out` also writes results.parquet/csv and sweep.json there (`overwrite`: into an
+    existing folder); `ray_address`, `chunk_size`: as `rlsim sweep`'s; `progress(k)` is called as k configs finish;
+    the fit's keywords as `fit`'s (rho, bend_batch, kappa, target, calibration, drop_invalid)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
-    allowed = sorted((set(inspect.signature(sweep_study).parameters)  # rho: the CLI's name of sweep_study's rho_model
-                      - {"traces", "axes", "out", "workers", "charts", "labels", "rho_model"}) | {"rho"})
-    for key, value in options.items():
-        if key in ALIASES or key in {f.name for f in dataclasses.fields(WhatIf)}:
-            raise RlsimError(f"sweep: {key} is a config field: put it in the axes, e.g. {{{key!r}: [value]}}")
-        if key not in allowed:
-            raise _unknown("sweep", key, ["traces", "axes", "out", "workers", *allowed],
-                           f"the options are out, workers, {', '.join(allowed)}")
-        _check("sweep", key, value)
-    if "calibration" in options:
-        options["calibration"] = _traces(options["calibration"])
-    if "rho" in options:
-        options["rho_model"] = options.pop("rho")
-    res = sweep_study(_traces(traces), _axes(axes), out=out, workers=workers, charts=False, **options)
+    read, so, calibration = _fitted("sweep", traces, options)
+    res = sweep_study(read, _axes(axes), out=out, overwrite=overwrite, rho_model=so.rho_model, target=so.target,
+                      workers=workers, ray_address=ray_address, chunk_size=chunk_size, progress=progress,
+                      charts=False, calibration=calibration)
     return pd.DataFrame(res.rows).set_index("rank")
 
 
 @_public
-def check_fidelity(trace: Trace | str | os.PathLike, *, seed: int = 0, sampled: bool = False):
+def check_fidelity(trace: Trace | str | os.PathLike, *, seed: int = 0, sampled: bool = False,
+                   drop_invalid: bool = False):
     """Recorded vs simulated step time, generation time and responses/s per update (rlsim replay; `sampled`: draw
-    response lengths from the fitted distribution instead of replaying the recorded ones, as --sampled)."""
+    response lengths from the fitted distribution instead of replaying the recorded ones, as --sampled;
+    `drop_invalid`: as `load_trace`'s)."""
     import pandas as pd  # why here: pandas loads only for the calls that return DataFrames
 
-    res = replay_trace(refuse_probe(_trace(trace)), seed=seed, lengths="sampled" if sampled else "recorded")
+    res = replay_trace(refuse_probe(_trace(trace, drop_invalid)), seed=seed,
+                       lengths="sampled" if sampled else "recorded")
     return pd.DataFrame(res.to_dict()["per_update"]).set_index("step")
 
 

@@ -51,11 +51,18 @@ def test_api_raises_the_cli_errors(tmp_path):
     (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, updates=5),
      r"^sweep: updates is a config field: put it in the axes"),
     (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, workerz=2),
-     r"^sweep: unknown keyword 'workerz' \(did you mean workers\?\); the options are out, workers"),
+     r"^sweep: unknown keyword 'workerz' \(did you mean workers\?\); the keywords are traces, axes, out, workers"),
     (lambda: rlsim.sweep(TRACE, {"prompts": [16]}, rhoo="curves"),
      r"^sweep: unknown keyword 'rhoo' \(did you mean rho\?\)"),
     (lambda: rlsim.fit([TRACE], rhoo="magic"),
-     r"^fit: unknown keyword 'rhoo' \(did you mean rho\?\); the keywords are traces, rho, target, calibration$"),
+     r"^fit: unknown keyword 'rhoo' \(did you mean rho\?\); the keywords are traces, rho, bend_batch, kappa, target, "
+     r"calibration, drop_invalid$"),
+    (lambda: rlsim.fit(TRACE, bend_batch=3000), r"^bend_batch and kappa set the lr-aware rho model: add rho=lr-aware$"),
+    (lambda: rlsim.fit(TRACE, rho="lr-aware", kappa=0.5), r"^give both bend_batch and kappa \(or neither"),
+    (lambda: rlsim.fit(TRACE, rho="lr-aware", bend_batch=3000, kappa=1.5),
+     r"^lr-aware constants out of range: bend_batch must be > 0 responses \(got 3000\) and kappa in \[0, 1\)"),
+    (lambda: rlsim.fit(TRACE, rho="lr-aware"), r"^rho=lr-aware needs its two constants: .* give bend_batch and kappa"),
+    (lambda: rlsim.fit(TRACE, kappa="0.5"), r"^fit: kappa must be None or a number in \[0, 1\)"),
     (lambda: rlsim.fit([TRACE], rho="magic"),
      "^rho must be one of invariant, noise-scale, curves, lr-aware, auto, got 'magic'$"),
     (lambda: rlsim.fit([TRACE], rho="noise_scale"), r"got 'noise_scale' \(did you mean noise-scale\?\)$"),
@@ -86,33 +93,109 @@ def test_cli_keeps_its_option_names(tmp_path):
     assert {s.field: s.label for s in study_specs()} == {s.field: name(s.field) for s in study_specs()}
 
 
-# API keyword -> the CLI command that takes it as --keyword-name; keywords with no option: the traces (arguments or
-# --trace), sweep's grid (the options themselves), its progress callback, split_stats' skip, example_trace's name
-API_COMMANDS = {"load_trace": "run", "fit": "run", "sweep": "sweep", "check_fidelity": "replay"}
+# command -> the API functions that together take its options (`run` is fit, then predict); `rlsim replay` is
+# check_fidelity; load_trace's drop_invalid is every command's --drop-invalid
+API_COMMANDS = {"run": ("fit", "predict"), "sweep": ("sweep",), "replay": ("check_fidelity",)}
+# API keywords with no option: the traces (arguments or --trace), sweep's grid (the options themselves), its progress
+# callback, split_stats' skip, example_trace's name
 NO_OPTION = {"path", "trace", "traces", "study_or_traces", "axes", "progress", "skip", "name"}
+# options with no keyword, each with its reason: what they change is how the answer is shown, not the answer
+CLI_ONLY = {"--json": "the API returns the result as data, not text",
+            "--help": "the docstrings",
+            "--top": "rows of the ranking printed; the API returns every row",
+            "--no-charts": "the API writes no charts",
+            "--per-update": "check_fidelity returns every update",
+            "--trace": "the traces are the first argument"}
 
 
-def test_api_keywords_are_the_cli_option_names():
-    """Every keyword of fit, sweep, check_fidelity and load_trace is an option of the command doing the same, spelt
-    alike (rho= is --rho, sampled= is --sampled); predict's are WhatIf's fields, as `rlsim run` takes them."""
+def _keywords(fname: str) -> set[str]:
+    """A function's keywords as options (--name-with-dashes); predict's and sweep's axes are WhatIf's fields, as
+    `rlsim run` and `rlsim sweep` take them."""
     import dataclasses
     import inspect
 
+    from rlsim.core.config import WhatIf
+
+    params = set(inspect.signature(getattr(rlsim, fname)).parameters)
+    config = {f.name for f in dataclasses.fields(WhatIf)} if {"config", "axes"} & params else set()
+    return {"--" + k.replace("_", "-") for k in (params - NO_OPTION - {"config"}) | config}
+
+
+def test_api_keywords_are_the_cli_option_names():
+    """Each command's options are the keywords of its API functions, spelt alike (rho= is --rho, sampled= is
+    --sampled, bend_batch= is --bend-batch), but the ones in CLI_ONLY, which only change how the answer is shown;
+    and every keyword of those functions is an option of the command."""
     import typer
 
     from rlsim.api import DEPRECATED
-    from rlsim.core.config import WhatIf
 
     commands = typer.main.get_command(app).commands
-    for fname, cmd in API_COMMANDS.items():
-        opts = {o for p in commands[cmd].params for o in (*p.opts, *p.secondary_opts)}
-        keywords = set(inspect.signature(getattr(rlsim, fname)).parameters) - NO_OPTION - {"options"}
-        if fname == "sweep":
-            keywords |= {"rho", "target", "overwrite", "ray_address", "chunk_size", "calibration"}
-        assert keywords and {k for k in keywords if "--" + k.replace("_", "-") not in opts} == set(), (fname, opts)
-        assert not keywords & set(DEPRECATED), fname
-    run = {o for p in commands["run"].params for o in p.opts}
-    assert {"--" + f.name.replace("_", "-") for f in dataclasses.fields(WhatIf)} <= run
+    for cmd, fnames in API_COMMANDS.items():
+        opts = {p.opts[0] for p in commands[cmd].params if p.opts[0].startswith("--")} | {"--help"}
+        keywords = set().union(*map(_keywords, fnames))
+        assert opts - keywords - set(CLI_ONLY) == set(), (cmd, "options without a keyword")
+        assert keywords - opts == set(), (cmd, "keywords without an option")
+        assert not {k[2:].replace("-", "_") for k in keywords} & set(DEPRECATED), cmd
+    assert _keywords("load_trace") == {"--drop-invalid"}
+
+
+P128 = TRACE.parent / "grpo_p128.parquet"
+SHOWN = ("responses_per_s", "sigma", "rho", "rho_lo", "rho_hi", "time_to_target_ratio", "time_to_target_s", "rho_model")
+
+
+def _cli_json(*args: str) -> dict:
+    r = CliRunner().invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.output)
+
+
+def _nan_step(tmp_path) -> Path:
+    """grpo_p128 with one engine step's duration NaN: refused unless invalid rows are dropped."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(P128)
+    dur = t["duration"].to_numpy(zero_copy_only=False).astype(float)
+    dur[np.nonzero(t["kind"].to_numpy(zero_copy_only=False) == "gen_step")[0][5]] = np.nan
+    pq.write_table(t.set_column(t.schema.get_field_index("duration"), "duration", pa.array(dur)),
+                   tmp_path / "bad.parquet")
+    return tmp_path / "bad.parquet"
+
+
+def test_lr_aware_constants_as_the_cli_takes_them():
+    """fit(rho="lr-aware", bend_batch=, kappa=) then predict is `rlsim run --rho lr-aware --bend-batch --kappa`;
+    sweep takes them alike."""
+    cli = _cli_json("run", "-t", str(P128), "--batch", "256", "--updates", "5", "--rho", "lr-aware",
+                    "--bend-batch", "3000", "--kappa", "0.5")
+    study = rlsim.fit(P128, rho="lr-aware", bend_batch=3000, kappa=0.5)
+    got = rlsim.predict(study, prompts=256, updates=5).loc["candidate"]
+    assert {k: got[k] for k in SHOWN} == {k: cli[k] for k in SHOWN}
+    assert cli["rho_model"] == "lr-aware" and any("B_bend = 3000, kappa = 0.5 as given" in n for n in cli["notes"])
+    other = rlsim.predict(rlsim.fit(P128, rho="lr-aware", bend_batch=3000, kappa=0.2), prompts=256, updates=5)
+    assert other.loc["candidate", "rho"] != got["rho"]  # kappa reaches the answer
+    swept = rlsim.sweep(P128, {"prompts": [256], "updates": [5]}, rho="lr-aware", bend_batch=3000, kappa=0.5)
+    assert swept.loc[1, "time_to_target_ratio"] == cli["time_to_target_ratio"]
+
+
+def test_drop_invalid_as_the_cli_takes_it(tmp_path):
+    """A trace with an invalid row: refused by fit and `rlsim run` alike, and with drop_invalid=True /
+    --drop-invalid both give the same answer; check_fidelity(drop_invalid=True) is `rlsim replay --drop-invalid`."""
+    bad = _nan_step(tmp_path)
+    r = CliRunner().invoke(app, ["run", "-t", str(bad), "--batch", "256", "--updates", "5", "--json"])
+    assert r.exit_code == 2 and "non-finite `duration`" in r.output
+    msg = _refused(lambda: rlsim.fit(bad))
+    assert "non-finite `duration`" in msg
+    cli = _cli_json("run", "-t", str(bad), "--batch", "256", "--updates", "5", "--drop-invalid")
+    got = rlsim.predict(rlsim.fit(bad, drop_invalid=True), prompts=256, updates=5).loc["candidate"]
+    assert {k: got[k] for k in SHOWN} == {k: cli[k] for k in SHOWN}
+    assert any("dropped" in w for w in got["warnings"].split("; "))
+    swept = rlsim.sweep(bad, {"prompts": [256], "updates": [5]}, drop_invalid=True)
+    assert swept.loc[1, "time_to_target_ratio"] == cli["time_to_target_ratio"]
+    _refused(lambda: rlsim.check_fidelity(bad))
+    replay = _cli_json("replay", str(bad), "--drop-invalid")
+    fid = rlsim.check_fidelity(bad, drop_invalid=True)
+    assert fid.reset_index().to_dict("records") == replay["per_update"] and len(fid) > 0
 
 
 def test_deprecated_keywords_still_work_with_a_warning():

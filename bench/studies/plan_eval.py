@@ -3,34 +3,42 @@
 For every study (traces/study, traces/study_addmix, traces/study_addmix_lr1e-4) and every reference seed s:
 1. `rlsim plan` from seed s's reference run alone (P = 32), its rho uncertainty the error curves of the *other*
    studies (leave-one-study-out);
-2. each pilot it asks for is seed s's own recorded run at that size (a pilot is a run to the target: its cost is
-   the responses it took to get there, or its whole budget where it never did), and the plan is made again with it,
-   until it decides or its budget (one reference run) is spent;
+2. each pilot it asks for is seed s's own recorded run at that size (a run to the target costs the responses it took
+   to get there, or its whole budget where it never did; a prefix is the run cut after its length, and costs that),
+   and the plan is made again with it, until it decides or its budget (one reference run) is spent;
 3. the pick is scored against the truth, the seed means of the *other* seeds: regret = T(pick) / T(best) - 1, with
    a bootstrap interval over those seeds (`rlsim.replay.evaluation.regret_interval`).
 Baselines in the same terms: keep the reference, the largest batch, and rlsim's reference-alone pick (least
 predicted T). Nothing is recorded; the error curves are measured here too (`--write-errors` stores them in
 `rlsim/replay/rho_errors.py`, where `rlsim plan` reads them).
 
-    python -m bench.studies.plan_eval --json docs/study/plan_eval.json --write-errors    # ~10 min on 2 cores
+    python -m bench.studies.plan_eval --fresh --json docs/study/plan_eval.json --write-errors    # ~5 min on 2 cores
+
+Also measured there (`prefix_table`, `--json` key `prefix_noise`): how well a prefix of a run (its first f x the
+reference's samples-to-target responses, its learning curve set against the reference's at equal responses) predicts
+rho. Any other recorded study is scored with the error curves rlsim plan ships: `--folder DIR --prefix grpo_x
+--seeds 3 --ref-p 32 --sizes 8,16,32,64,128,256 [--target S]`. The rule's knobs (`--confidence`,
+`--measured-confidence`, `--slack`) are chosen on the three studies, never on the fresh one.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import pprint
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 
 from bench.studies.recording import ROOT
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.evaluation import SeedRuns, regret, regret_interval, resample_T, samples_to_target
 from rlsim.replay.io import read_trace
-from rlsim.replay.learning import fit_learning_curve
-from rlsim.replay.rho_errors import RhoErrors
+from rlsim.replay.learning import fit_learning_curve, prefix_log_rho
+from rlsim.replay.rho_errors import RhoErrors, measured_errors
 from rlsim.replay.split_stats import split_stats
 from rlsim.core.config import WhatIf
 from rlsim.sweeps.plan import PlanConfig, plan
@@ -38,15 +46,24 @@ from rlsim.whatif.predict import evaluate
 from rlsim.whatif.study import prepare
 
 SIZES, REF_P, G = (8, 16, 32, 64, 128, 256), 32, 8
+PREFIX_F = (0.25, 0.5, 0.75, 1.0)  # prefix lengths measured, as fractions of the reference's samples-to-target
 
 
 @dataclass(frozen=True)
 class StudySpec:
+    """A recorded batch-size study: runs `{folder}/{prefix}_p{P}_s{seed}.parquet` for every P in `sizes` and seed."""
+
     name: str
-    folder: str
+    folder: str  # relative to the repository root, or absolute
     prefix: str
     seeds: int
-    target: float
+    target: float  # nan: 90 % of the worst reference's best score (`target_of`)
+    sizes: tuple[int, ...] = SIZES
+    ref_p: int = REF_P
+    group: int = G
+
+    def path(self, P: int, seed: int) -> Path:
+        return ROOT / self.folder / f"{self.prefix}_p{P}_s{seed}.parquet"
 
 
 STUDIES = (StudySpec("add2", "traces/study", "grpo", 6, 0.566),
@@ -63,8 +80,8 @@ def preregister(spec: StudySpec, path: Path) -> dict:
     score, the studies' rule) and the plan `rlsim plan` makes from each reference, written to `path` (never over it)."""
     if path.exists():
         raise SystemExit(f"error: {path} exists; a pre-registration is written once")
-    refs = [read_trace(ROOT / spec.folder / f"{spec.prefix}_p{REF_P}_s{s}.parquet") for s in range(spec.seeds)]
-    target = round(0.9 * min(fit_learning_curve(t).best for t in refs), 3)
+    refs = [read_trace(spec.path(spec.ref_p, s)) for s in range(spec.seeds)]
+    target = target_of(refs)
     plans = [plan(t, PlanConfig(prompts=SIZES, group=G), target=target).to_dict() for t in refs]
     out = dict(study=spec.name, target=target, sizes=SIZES, references=[t.name for t in refs], plans=plans,
                method="rlsim plan at commit ff4f5ac, error curves of rlsim.replay.rho_errors "
@@ -73,54 +90,78 @@ def preregister(spec: StudySpec, path: Path) -> dict:
     return out
 
 
+def target_of(refs) -> float:
+    """The studies' target rule: 90 % of the worst reference's best (smoothed) score."""
+    return round(0.9 * min(fit_learning_curve(t).best for t in refs), 3)
+
+
 def runs_of(spec: StudySpec) -> dict[int, list[dict]]:
     """Per size, per seed: the trace path, samples-to-target (censored: the budget) and steady responses/s."""
+    missing = [spec.path(P, s) for P in spec.sizes for s in range(spec.seeds) if not spec.path(P, s).exists()]
+    if missing:
+        raise RlsimError(f"study {spec.name}: {len(missing)} run(s) missing, e.g. {missing[0]}; give the folder, file "
+                         "prefix, seeds and sizes it was recorded with")
+    if not math.isfinite(spec.target):
+        spec = replace(spec, target=target_of([read_trace(spec.path(spec.ref_p, s)) for s in range(spec.seeds)]))
     out: dict[int, list[dict]] = {}
-    for P in SIZES:
+    for P in spec.sizes:
         for s in range(spec.seeds):
-            path = ROOT / spec.folder / f"{spec.prefix}_p{P}_s{s}.parquet"
+            path = spec.path(P, s)
             t = read_trace(path)
-            r = samples_to_target(fit_learning_curve(t), spec.target)
+            curve = fit_learning_curve(t)
+            r = samples_to_target(curve, spec.target)
             out.setdefault(P, []).append(dict(path=path, n=r.n, censored=r.censored, rps=split_stats(t).responses_per_s,
-                                              trained=float(np.sum(t.rows("update")["num_responses"]))))
+                                              trained=float(np.sum(t.rows("update")["num_responses"])),
+                                              target=spec.target, evals=curve.cum_responses))
     return out
 
 
-def truth(runs: dict[int, list[dict]], seeds: list[int]) -> np.ndarray:
-    """(sizes,) T of each size over the reference from the seed means of `seeds`."""
-    mean = {P: (np.mean([runs[P][s]["n"] for s in seeds]), np.mean([runs[P][s]["rps"] for s in seeds])) for P in SIZES}
-    n_ref, q_ref = mean[REF_P]
-    return np.array([(mean[P][0] / n_ref) / (mean[P][1] / q_ref) for P in SIZES])
+def truth(runs: dict[int, list[dict]], seeds: list[int], ref_p: int = REF_P) -> np.ndarray:
+    """(sizes,) T of each size (the keys of `runs`, in order) over the reference from the seed means of `seeds`."""
+    mean = {P: (np.mean([r[s]["n"] for s in seeds]), np.mean([r[s]["rps"] for s in seeds])) for P, r in runs.items()}
+    n_ref, q_ref = mean[ref_p]
+    return np.array([(n / n_ref) / (q / q_ref) for n, q in mean.values()])
 
 
 def seed_runs(runs: dict[int, list[dict]], seeds: list[int]) -> list[SeedRuns]:
-    return [SeedRuns(np.array([runs[P][s]["n"] for s in seeds]), np.array([runs[P][s]["censored"] for s in seeds]),
-                     np.array([runs[P][s]["rps"] for s in seeds])) for P in SIZES]
+    return [SeedRuns(np.array([r[s]["n"] for s in seeds]), np.array([r[s]["censored"] for s in seeds]),
+                     np.array([r[s]["rps"] for s in seeds])) for r in runs.values()]
 
 
 def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
     """Per reference seed s: log(rho of the other seeds' means / rho predicted from s alone) per size (noise-scale and
-    invariant), one pilot-noise sample per (seed, size), and the sigma errors."""
+    invariant); per (seed, size) one pilot-noise sample of log rho and of log sigma (seed s's run over seed s's
+    reference, against the other seeds' means), one prefix sample per prefix length (`prefix_samples`), and the
+    sigma errors."""
     curves: dict[str, list] = {"noise-scale": [], "invariant": []}
-    pilot, sig = [], []
+    pilot, pilot_sig, sig, prefix = [], [], [], {f: [] for f in PREFIX_F}
+    R = spec.ref_p
+    lc = {P: [fit_learning_curve(read_trace(r[s]["path"])) for s in range(spec.seeds)] for P, r in runs.items()}
     for s in range(spec.seeds):
         others = [k for k in range(spec.seeds) if k != s]
-        n_ref = np.mean([runs[REF_P][k]["n"] for k in others])
-        rho_true = {P: np.mean([runs[P][k]["n"] for k in others]) / n_ref for P in SIZES}
-        sig_true = {P: np.mean([runs[P][k]["rps"] for k in others]) / np.mean([runs[REF_P][k]["rps"] for k in others])
-                    for P in SIZES}
-        curves["invariant"].append([math.log(rho_true[P]) for P in SIZES])
+        n_ref = np.mean([runs[R][k]["n"] for k in others])
+        rho_true = {P: np.mean([runs[P][k]["n"] for k in others]) / n_ref for P in spec.sizes}
+        sig_true = {P: np.mean([runs[P][k]["rps"] for k in others]) / np.mean([runs[R][k]["rps"] for k in others])
+                    for P in spec.sizes}
+        curves["invariant"].append([math.log(rho_true[P]) for P in spec.sizes])
+        for P in spec.sizes:
+            if P != R:
+                pilot_sig.append(math.log(runs[P][s]["rps"] / runs[R][s]["rps"] / sig_true[P]))
+                for f in PREFIX_F:
+                    e = prefix_log_rho(lc[R][s], lc[P][s], f * runs[R][s]["n"]) - math.log(rho_true[P])
+                    if math.isfinite(e):
+                        prefix[f].append(e)
         try:
-            study = prepare([read_trace(runs[REF_P][s]["path"])], rho_model="noise-scale", target=spec.target)
+            study = prepare([read_trace(runs[R][s]["path"])], rho_model="noise-scale", target=spec.target)
         except RlsimError:  # no noise scale in this reference: rlsim plan would use the invariant model's curves
             continue
-        preds = {P: evaluate(study, WhatIf(prompts=P, group=G, updates=40)) for P in SIZES if P != REF_P}
-        curves["noise-scale"].append([0.0 if P == REF_P else math.log(rho_true[P] / preds[P].rho) for P in SIZES])
-        for P in SIZES:
-            if P != REF_P:
-                pilot.append(math.log(runs[P][s]["n"] / runs[REF_P][s]["n"]) - math.log(rho_true[P]))
+        preds = {P: evaluate(study, WhatIf(prompts=P, group=spec.group, updates=40)) for P in spec.sizes if P != R}
+        curves["noise-scale"].append([0.0 if P == R else math.log(rho_true[P] / preds[P].rho) for P in spec.sizes])
+        for P in spec.sizes:
+            if P != R:
+                pilot.append(math.log(runs[P][s]["n"] / runs[R][s]["n"]) - math.log(rho_true[P]))
                 sig.append(math.log(sig_true[P] / preds[P].sigma))
-    return dict(curves=curves, pilot=pilot, sigma=sig)
+    return dict(curves=curves, pilot=pilot, pilot_sigma=pilot_sig, sigma=sig, prefix=prefix)
 
 
 def all_errors(per_study: dict[str, dict], model: str) -> RhoErrors:
@@ -130,67 +171,115 @@ def all_errors(per_study: dict[str, dict], model: str) -> RhoErrors:
         for k, c in enumerate(e["curves"][model]):
             curves.append(c)
             sources.append(f"{name} seed{k}")
-    pilot = np.concatenate([e["pilot"] for e in per_study.values()])
-    sigma = np.concatenate([e["sigma"] for e in per_study.values()])
+    pool = lambda key: np.concatenate([e[key] for e in per_study.values()])  # noqa: E731
+    pilot, sigma, pilot_sig = pool("pilot"), pool("sigma"), pool("pilot_sigma")
     seed_sd = float(np.sqrt(np.mean(pilot ** 2)))
     n_seeds = np.mean([len(e["curves"][model]) for e in per_study.values()])
+    pre = {f: np.concatenate([e["prefix"][f] for e in per_study.values()]) for f in PREFIX_F}
     return RhoErrors(np.log2(np.array(SIZES, float) / REF_P), np.array(curves), tuple(sources), seed_sd,
                      seed_sd / math.sqrt(max(n_seeds - 1, 1)), float(np.sqrt(np.mean(sigma ** 2))), model,
-                     mirrored=model == "noise-scale")
+                     mirrored=model == "noise-scale", pilot_sigma_sd=float(np.sqrt(np.mean(pilot_sig ** 2))),
+                     prefix_f=PREFIX_F, prefix_bias=tuple(float(np.mean(pre[f])) for f in PREFIX_F),
+                     prefix_sd=tuple(float(np.std(pre[f])) for f in PREFIX_F))
 
 
-def plan_seed(spec: StudySpec, runs: dict[int, list[dict]], s: int, errors: dict[str, RhoErrors]) -> dict:
-    """Plan from seed s's reference, feed it s's own runs as the pilots it asks for, until it decides."""
-    ref = read_trace(runs[REF_P][s]["path"])
-    budget = runs[REF_P][s]["trained"]
-    cfg = PlanConfig(prompts=SIZES, group=G, budget=budget)
-    pilots, spent = [], 0.0
-    first = p = plan(ref, cfg, errors=errors, target=spec.target, bounds_ok=True)
+def prefix_table(per_study: dict[str, dict]) -> dict:
+    """How well a prefix predicts rho, per study and pooled: at each prefix length f (a fraction of the reference's
+    samples-to-target), the mean and sd of log(rho from the prefix / rho of the other seeds' means) over (seed, size),
+    the number of pairs it could be read on, and a run to the target's sd for comparison (`pilot`)."""
+    def row(es: dict, full) -> dict:
+        out = {str(f): dict(bias=float(np.mean(es[f])), sd=float(np.std(es[f])), n=len(es[f])) for f in PREFIX_F}
+        out["to the target"] = dict(bias=float(np.mean(full)), sd=float(np.std(full)), n=len(full))
+        return out
+
+    table = {name: row(e["prefix"], e["pilot"]) for name, e in per_study.items()}
+    table["pooled"] = row({f: np.concatenate([e["prefix"][f] for e in per_study.values()]) for f in PREFIX_F},
+                          np.concatenate([e["pilot"] for e in per_study.values()]))
+    return table
+
+
+def cut(path: Path, responses: float):
+    """The trace at `path` as if stopped after `responses` training responses: a prefix pilot (rows of later steps
+    dropped; rows with no step, the calibration's, kept)."""
+    t = read_trace(path)
+    u = t.rows("update")
+    last = int(np.searchsorted(np.cumsum(u["num_responses"]), responses, side="right"))  # updates within it
+    step, is_eval = t.table["step"], pc.equal(t.table["kind"], "eval")
+    keep = pc.if_else(is_eval, pc.less_equal(t.table["cum_responses"], responses),
+                      pc.or_(pc.is_null(step), pc.less(step, last)))
+    return replace(t, table=t.table.filter(keep), _cache={})
+
+
+def plan_seed(spec: StudySpec, runs: dict[int, list[dict]], s: int, errors: dict[str, RhoErrors],
+              rule: dict | None = None) -> dict:
+    """Plan from seed s's reference, feed it s's own runs as the pilots it asks for (a run to the target costs the
+    responses it took to get there, or its budget where it never did; a prefix costs its length), until it decides."""
+    ref = read_trace(runs[spec.ref_p][s]["path"])
+    budget = runs[spec.ref_p][s]["trained"]
+    given: dict[int, tuple] = {}  # P -> (trace, prefix?)
+    spent = 0.0
+
+    def again(left: float):
+        least = min(spec.sizes) * spec.group  # the budget spent: no pilot costs this little, and it is valid
+        cfg = PlanConfig(prompts=spec.sizes, group=spec.group, budget=max(left, least), **(rule or {}))
+        return plan(ref, cfg, pilots=[t for t, _ in given.values()], errors=errors, target=spec.target, bounds_ok=True)
+
+    first = p = again(budget)
     while p.decision is None:
-        nxt = next((x for x in p.pilots if x.prompts not in [int(t.config["prompts"]) for t in pilots]), None)
-        run = runs[nxt.prompts][s] if nxt else None
-        if run is None or spent + run["n"] > budget:
+        nxt = next((x for x in p.pilots if x.prompts not in given or (given[x.prompts][1] and not x.prefix)), None)
+        if nxt is None:
             break
-        pilots.append(read_trace(run["path"]))
-        spent += run["n"]
-        p = plan(ref, PlanConfig(prompts=SIZES, group=G, budget=budget - spent), pilots=pilots, errors=errors,
-                 target=spec.target, bounds_ok=True)
-    chosen = p.decision or min(p.candidates, key=lambda c: c.expected_regret)
+        run = runs[nxt.prompts][s]
+        length = max(nxt.responses, run["evals"][min(2, len(run["evals"]) - 1)])  # its recording's evals: two past 0
+        cost = min(length, run["trained"]) if nxt.prefix else run["n"]
+        if spent + cost > budget:
+            break
+        given[nxt.prompts] = (cut(run["path"], length) if nxt.prefix else read_trace(run["path"]), nxt.prefix)
+        spent += cost
+        p = again(budget - spent)
+    if p.decision is None:  # a pilot it asked for costs more than is left: plan once more with none affordable
+        p = again(0.0)
+    chosen = p.decision or next(c for c in p.candidates if c.prompts == spec.ref_p)  # no move: the reference runs on
     ref_alone = min(first.candidates, key=lambda c: c.time_to_target_ratio)
     return dict(seed=s, pick=chosen.prompts, decided=p.decision is not None, p_within_5pct=chosen.p_within_5pct,
-                expected_regret=chosen.expected_regret, pilots=[int(t.config["prompts"]) for t in pilots],
+                expected_regret=chosen.expected_regret, why=p.why,
+                pilots=[f"{P}{' prefix' if pre else ''}" for P, (_, pre) in given.items()],
                 pilot_cost=spent / budget, ref_alone_pick=ref_alone.prompts)
 
 
 def one_pilot_bound(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
     """What one one-seed pilot can buy at best: pilot size j on seed s, keep it if its measured T beats the reference's
     (both seed s), score against the other seeds' means; the median regret per j, and the best j in hindsight."""
-    per = {}
-    for j in SIZES:
-        if j == REF_P:
+    per, R, sizes = {}, spec.ref_p, list(spec.sizes)
+    for j in sizes:
+        if j == R:
             continue
         regrets = []
         for s in range(spec.seeds):
             others = [k for k in range(spec.seeds) if k != s]
-            T_obs = (runs[j][s]["n"] / runs[REF_P][s]["n"]) / (runs[j][s]["rps"] / runs[REF_P][s]["rps"])
-            regrets.append(regret(truth(runs, others), SIZES.index(j if T_obs < 1 else REF_P)))
+            T_obs = (runs[j][s]["n"] / runs[R][s]["n"]) / (runs[j][s]["rps"] / runs[R][s]["rps"])
+            regrets.append(regret(truth(runs, others, R), sizes.index(j if T_obs < 1 else R)))
         per[j] = float(np.median(regrets))
     best = min(per, key=per.get)
     return dict(median_regret_by_pilot=per, best_pilot_in_hindsight=best, best_median_regret=per[best])
 
 
-def evaluate_study(spec: StudySpec, runs: dict[int, list[dict]], errors: dict[str, RhoErrors],
-                   rng: np.random.Generator) -> dict:
-    rows = []
+def evaluate_study(spec: StudySpec, runs: dict[int, list[dict]], errors: dict[str, RhoErrors], rng: np.random.Generator,
+                   rule: dict | None = None) -> dict:
+    """Every seed's plan scored against the other seeds' means (module doc), with the baselines; `rule`: PlanConfig
+    fields of the decision rule (confidence, slack), default theirs."""
+    if not math.isfinite(spec.target):
+        spec = replace(spec, target=runs[spec.ref_p][0]["target"])
+    rows, sizes, R = [], list(spec.sizes), spec.ref_p
     for s in range(spec.seeds):
-        r = plan_seed(spec, runs, s, errors)
+        r = plan_seed(spec, runs, s, errors, rule)
         others = [k for k in range(spec.seeds) if k != s]
-        T = truth(runs, others)
-        draws = resample_T(seed_runs(runs, others)[SIZES.index(REF_P)], seed_runs(runs, others), rng, draws=500)
-        i = SIZES.index(r["pick"])
-        r.update(regret=regret(T, i), regret_interval=regret_interval(draws, i), best=SIZES[int(np.argmin(T))],
-                 keep_reference_regret=regret(T, SIZES.index(REF_P)), largest_batch_regret=regret(T, len(SIZES) - 1),
-                 ref_alone_regret=regret(T, SIZES.index(r["ref_alone_pick"])))
+        T = truth(runs, others, R)
+        draws = resample_T(seed_runs(runs, others)[sizes.index(R)], seed_runs(runs, others), rng, draws=500)
+        i = sizes.index(r["pick"])
+        r.update(regret=regret(T, i), regret_interval=regret_interval(draws, i), best=sizes[int(np.argmin(T))],
+                 keep_reference_regret=regret(T, sizes.index(R)), largest_batch_regret=regret(T, len(sizes) - 1),
+                 ref_alone_regret=regret(T, sizes.index(r["ref_alone_pick"])))
         rows.append(r)
     med = lambda k: float(np.median([r[k] for r in rows]))  # noqa: E731
     return dict(name=spec.name, seeds=spec.seeds, target=spec.target, median_regret=med("regret"),
@@ -212,11 +301,11 @@ def write_errors(errors: dict[str, RhoErrors]) -> None:
     """Store the measured curves in rlsim/replay/rho_errors.py's DATA (the line after its marker)."""
     path = ROOT / "replay" / "rho_errors.py"
     text = path.read_text()
-    def block(e: RhoErrors) -> str:  # one curve a line, rounded to what the studies resolve
-        d = e.to_dict()
-        rows = ",\n".join("        " + json.dumps([round(x, 4) for x in c]) for c in d.pop("curves"))
-        # Python literals
-        head = ", ".join(f"{k!r}: {round(v, 4) if isinstance(v, float) else v!r}" for k, v in d.items())
+    def block(e: RhoErrors) -> str:  # one curve a line, rounded to what the studies resolve, within 120 columns
+        rnd = lambda v: round(v, 4) if isinstance(v, float) else [rnd(x) for x in v] if isinstance(v, list) else v  # noqa: E731
+        d = {k: rnd(v) for k, v in e.to_dict().items()}
+        rows = ",\n".join("        " + json.dumps(c) for c in d.pop("curves"))
+        head = pprint.pformat(d, width=112, sort_dicts=False).replace("\n", "\n    ")[1:-1]  # Python literals
         return "{" + head + ',\n     "curves": [\n' + rows + "]}"
 
     data = "{\n" + ",\n".join(f"    {json.dumps(m)}: {block(e)}" for m, e in errors.items()) + "}"
@@ -224,7 +313,15 @@ def write_errors(errors: dict[str, RhoErrors]) -> None:
     path.write_text(new)
 
 
-def main(argv=None) -> int:
+def folder_spec(a: argparse.Namespace) -> StudySpec:
+    """The study a command line names (--folder, --prefix, --seeds, --ref-p, --sizes, --group, --target)."""
+    sizes = tuple(int(x) for x in a.sizes.split(","))
+    if a.ref_p not in sizes:
+        raise SystemExit(f"error: --ref-p {a.ref_p} is not one of --sizes {a.sizes}")
+    return StudySpec(a.name or Path(a.folder).name, a.folder, a.prefix, a.seeds, a.target, sizes, a.ref_p, a.group)
+
+
+def _args(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="write the evaluation here (docs/study/plan_eval.json)")
     ap.add_argument("--write-errors", action="store_true", help="store every study's error curves for rlsim plan")
@@ -232,33 +329,67 @@ def main(argv=None) -> int:
     ap.add_argument("--preregister", help="write the fresh study's target and plans from its references here, and stop")
     ap.add_argument("--fresh", action="store_true",
                     help="also score the fresh study (FRESH) with the shipped error curves")
-    a = ap.parse_args(argv)
+    ap.add_argument("--confidence", type=float, default=PlanConfig.confidence,
+                    help="PlanConfig.confidence: the guard on moves made on predictions alone")
+    ap.add_argument("--measured-confidence", type=float, default=PlanConfig.measured_confidence,
+                    help="PlanConfig.measured_confidence: the guard on moves to a measured candidate")
+    ap.add_argument("--slack", type=float, default=PlanConfig.slack,
+                    help="PlanConfig.slack: how far a truth may lie off the recorded error curves (sd, log T)")
+    g = ap.add_argument_group("any recorded study (scored with the shipped error curves, as the fresh one)")
+    g.add_argument("--folder", help="the study's folder (its runs: PREFIX_p{P}_s{seed}.parquet)")
+    g.add_argument("--prefix", default="grpo", help="file prefix of its runs")
+    g.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
+    g.add_argument("--ref-p", type=int, default=REF_P, help="the reference's P")
+    g.add_argument("--sizes", default=",".join(map(str, SIZES)), help="the sizes recorded, comma list")
+    g.add_argument("--group", type=int, default=G, help="G of every run")
+    g.add_argument("--target", type=float, default=math.nan, help="target score (default: 90 %% of the worst "
+                                                                  "reference's best)")
+    g.add_argument("--name", help="the study's name in the output (default: the folder's)")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = _args(argv)
     if a.preregister:
         preregister(FRESH[0], Path(a.preregister))
         return 0
-    want = a.studies.split(",")
-    specs = [s for s in STUDIES if s.name in want]
-    runs = {s.name: runs_of(s) for s in specs}
-    per = {s.name: error_curves(s, runs[s.name]) for s in specs}
-    errors = {m: all_errors(per, m) for m in ("noise-scale", "invariant")}
-    rng = np.random.default_rng(0)
-    out = {"studies": [evaluate_study(s, runs[s.name], {m: e.without(s.name) for m, e in errors.items()}, rng)
-                       for s in specs],
-           "fresh": ([evaluate_study(_with_target(f), runs_of(_with_target(f)), errors, rng) for f in FRESH]
-                     if a.fresh else []),
-           "method": __doc__.split("\n\n")[0]}
-    print(f"{'study':16s} {'median regret':>14s} {'max':>6s} {'keep ref':>9s} {'largest':>8s} {'ref-alone':>9s} "
-          f"{'pilot cost':>10s} {'confident':>9s} {'1 pilot, best in hindsight':>27s}")
-    for r in out["studies"] + out["fresh"]:
-        print(f"{r['name']:16s} {r['median_regret']:14.1%} {r['max_regret']:6.1%} {r['keep_reference_regret']:9.1%} "
-              f"{r['largest_batch_regret']:8.1%} {r['ref_alone_regret']:9.1%} {r['pilot_cost']:10.2f} "
-              f"{r['confident']:>6d}/{r['seeds']} {r['one_pilot']['best_median_regret']:>20.1%} "
-              f"(P={r['one_pilot']['best_pilot_in_hindsight']})")
+    rng, rule = np.random.default_rng(0), dict(confidence=a.confidence, slack=a.slack,
+                                                  measured_confidence=a.measured_confidence)
+    if a.folder:  # one study from the command line, scored with the error curves rlsim plan ships
+        spec = folder_spec(a)
+        try:
+            runs = runs_of(spec)
+        except RlsimError as e:
+            raise SystemExit(f"error: {e}")
+        shipped = {m: measured_errors(m) for m in ("noise-scale", "invariant")}
+        out = {"studies": [], "fresh": [evaluate_study(spec, runs, shipped, rng, rule)]}
+    else:
+        specs = [s for s in STUDIES if s.name in a.studies.split(",")]
+        runs = {s.name: runs_of(s) for s in specs}
+        per = {s.name: error_curves(s, runs[s.name]) for s in specs}
+        errors = {m: all_errors(per, m) for m in ("noise-scale", "invariant")}
+        out = {"studies": [evaluate_study(s, runs[s.name], {m: e.without(s.name) for m, e in errors.items()}, rng,
+                                          rule) for s in specs],
+               "fresh": [evaluate_study(_with_target(f), runs_of(_with_target(f)), errors, rng, rule)
+                         for f in FRESH] if a.fresh else [], "prefix_noise": prefix_table(per)}
+    out.update(method=__doc__.split("\n\n")[0], rule=rule)
+    _table(out["studies"] + out["fresh"])
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1, default=float) + "\n")
-    if a.write_errors:
+    if a.write_errors and not a.folder:
         write_errors(errors)
     return 0
+
+
+def _table(rows: list[dict]) -> None:
+    print(f"{'study':16s} {'median regret':>14s} {'max':>6s} {'keep ref':>9s} {'largest':>8s} {'ref-alone':>9s} "
+          f"{'pilot cost':>10s} {'confident':>9s} {'1 pilot, best in hindsight':>27s}")
+    for r in rows:
+        one = r["one_pilot"]
+        print(f"{r['name']:16s} {r['median_regret']:14.1%} {r['max_regret']:6.1%} {r['keep_reference_regret']:9.1%} "
+              f"{r['largest_batch_regret']:8.1%} {r['ref_alone_regret']:9.1%} {r['pilot_cost']:10.2f} "
+              f"{r['confident']:>6d}/{r['seeds']} {one['best_median_regret']:>20.1%} "
+              f"(P={one['best_pilot_in_hindsight']})")
 
 
 if __name__ == "__main__":

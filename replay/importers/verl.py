@@ -181,7 +181,13 @@ CONFIG_KEYS = ("data.train_batch_size", "actor_rollout_ref.rollout.n", "trainer.
     "actor_rollout_ref.actor.use_dynamic_bsz", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
     "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
     "actor_rollout_ref.model.enable_gradient_checkpointing", "actor_rollout_ref.actor.use_kl_loss",
-    "algorithm.use_kl_in_reward", "actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.hybrid_engine")
+    "algorithm.use_kl_in_reward", "actor_rollout_ref.ref.fsdp_config.param_offload", "actor_rollout_ref.hybrid_engine",
+    # verl 0.1's global micro-batches (divided over the devices) and the log-prob passes' micro-batches
+    "actor_rollout_ref.actor.ppo_micro_batch_size", "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.model.use_remove_padding") + tuple(
+    f"actor_rollout_ref.{role}.{key}" for role in ("rollout", "ref")
+    for key in ("log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", "log_prob_use_dynamic_bsz",
+                "log_prob_max_token_len_per_gpu"))
 
 
 def load(path: str | Path, *, config: str | Path | None = None, prompts: int | None = None, group: int | None = None,
@@ -273,14 +279,14 @@ def _mode_of(spec: RunSpec, cfg: dict[str, Any]) -> None:
     if mode is None:
         return
     spec.execution_mode, spec.mode_settings = mode, {**settings, **devices}
-    if mode == "colocated":
+    if mode == "sync":
         spec.notes.append("verl V1 trainer_mode sync: the colocated loop")
         return
     opts = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in spec.mode_settings.items()
                     if v is not False)
-    spec.notes.append(f"execution mode {mode} (from the config); ask for it with: rlsim run TRACE --mode {mode} {opts}"
-                      + ("" if "train_gpus" in devices else " (add the devices: --train-gpus N"
-                         + ("" if mode == "colocate_async" else " --gen-gpus M") + ")"))
+    spec.notes.append(f"execution mode {mode} (from the config): `rlsim run TRACE` asks about it, as --mode {mode} "
+                      f"{opts}" + ("" if "train_gpus" in devices else " (add the devices: --train-gpus N"
+                                   + ("" if mode == "colocate_async" else " --gen-gpus M") + ")"))
 
 
 # verl settings -> rlsim's mode settings (rlsim.modes.registry), per execution mode
@@ -315,7 +321,7 @@ def execution_mode(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any], dic
     if mode is not None and dig(cfg, "trainer.use_v1") is False:
         mode = None
     if mode == "sync":
-        return "colocated", {}, {}
+        return "sync", {}, {}  # rlsim's name of it too: the colocated loop (rlsim.modes.registry.ALIASES)
     if mode == "separate_async" and dig(cfg, V1 + "separate_async.hybrid_rollout.enable_switch") \
             and dig(cfg, "actor_rollout_ref.hybrid_engine") is not False:
         mode = "separate_async_switch"

@@ -6,9 +6,10 @@ and `report`.
   `rlsim sweep` takes each as a comma list (the grid's axes); `run` and `export perfetto --simulate` take one
   value. Both are parsed by `rlsim.core.grid` with the field's type, so a new field (device split, staleness)
   appears in every command at once.
-- One option per `StudyOptions` field: the traces and how they are fitted. The traces may also be given
-  as arguments (`rlsim run TRACE`, as `replay` and `export` take them): they come first, then the --trace
-  ones, so the first argument is the reference. A command with its own argument (`export perfetto`) keeps it.
+- One option per `rlsim.core.config.StudyOptions` field: the traces and how they are fitted (`rlsim.fit`'s
+  keywords). The traces may also be given as arguments (`rlsim run TRACE`, as `replay` and `export` take them):
+  they come first, then the --trace ones, so the first argument is the reference. A command with its own argument
+  (`export perfetto`) keeps it.
 
 `command(app, name, whatif=...)` wraps a function `fn(configs, study, **own)`: typer sees the function's
 own parameters plus the generated ones; `fn` receives a `WhatIf` (or the grid's axes) and a
@@ -19,17 +20,16 @@ from __future__ import annotations
 
 import inspect
 import typing
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import typer
 
 from rlsim.cli import opts as cliopts
 from rlsim.cli.opts import Group, Spec, generated
-from rlsim.core.config import WhatIf
+from rlsim.core.config import StudyOptions, WhatIf
 from rlsim.core.grid import parse_list
-from rlsim.modes.registry import MODES
+from rlsim.modes.registry import ALIASES, MODES
 from rlsim.replay.errors import RlsimError, cli_errors
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import refuse_probe
@@ -38,62 +38,24 @@ from rlsim.replay.probe import refuse_probe
 SPELLING = {"prompts": ["--prompts", "--batch", "-P", "-b"], "group": ["--group", "-G", "-g"]}
 
 
-@dataclass(frozen=True)
-class StudyOptions:
-    """Which traces are fitted and how: shared by every command that fits."""
+def read_traces(so: StudyOptions) -> list:
+    """The traces, read and validated; a probe trace is refused (it measures sigma, it is not a run to fit)."""
+    if not so.trace:
+        raise RlsimError("give a trace with --trace or as an argument (e.g. --trace traces/grpo_p128.parquet)")
+    return [refuse_probe(read_trace(p, drop_invalid=so.drop_invalid)) for p in so.trace]
 
-    trace: tuple[Path, ...] = field(default=(), metadata={
-        "help": "Recorded trace (first = reference); repeat for learning curves at other batch sizes.",
-        "flags": ["--trace", "-t"]})
-    rho_model: Optional[str] = field(default=None, metadata={
-        "help": "Sample-cost model: invariant | noise-scale | curves | lr-aware | auto "
-                "(None: auto; `report`: the sweep's)",
-        "flags": ["--rho", "--rho-model"]})
-    bend_batch: Optional[float] = field(default=None, metadata={
-        "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they "
-                "are fitted on the other --trace runs).", "flags": ["--bend-batch"]})
-    kappa: Optional[float] = field(default=None, metadata={
-        "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with "
-                "--bend-batch).",
-        "flags": ["--kappa"]})
-    target: Optional[float] = field(default=None, metadata={
-        "help": "Eval score that defines time-to-target (None: the best the reference reached; with several "
-                "traces, the best all reached)", "flags": ["--target"]})
-    calibration: tuple[Path, ...] = field(default=(), metadata={
-        "help": "Calibration trace from `rlrun calibrate` (same model and device) for a trace recorded without one; "
-                "its engine-step and training profiles refit the step costs over the calibrated range. Repeatable.",
-        "flags": ["--calibration"]})
-    drop_invalid: bool = field(default=False, metadata={
-        "help": "Drop trace rows with invalid values (NaN, negative durations...) with a warning instead of refusing "
-                "the trace.", "flags": ["--drop-invalid"]})
 
-    @property
-    def rho(self) -> str:
-        """The rho model, with the lr-aware parameters when given ('lr-aware:B_BEND,KAPPA', parsed by `parse_rho`)."""
-        if self.bend_batch is None and self.kappa is None:
-            return self.rho_model or "auto"
-        if (self.rho_model or "auto") != "lr-aware":
-            raise RlsimError("--bend-batch and --kappa set the lr-aware rho model: add --rho lr-aware")
-        if self.bend_batch is None or self.kappa is None:
-            raise RlsimError("give both --bend-batch and --kappa (or neither, to fit them on the --trace runs)")
-        return f"lr-aware:{self.bend_batch:g},{self.kappa:g}"
-
-    def traces(self) -> list:
-        """The traces, read and validated; a probe trace is refused (it measures sigma, it is not a run to fit)."""
-        if not self.trace:
-            raise RlsimError("give a trace with --trace or as an argument (e.g. --trace traces/grpo_p128.parquet)")
-        return [refuse_probe(read_trace(p, drop_invalid=self.drop_invalid)) for p in self.trace]
-
-    def calibrations(self) -> list:
-        """The --calibration traces, read and validated."""
-        return [read_trace(p, drop_invalid=self.drop_invalid) for p in self.calibration]
+def read_calibrations(so: StudyOptions) -> list:
+    """The --calibration traces, read and validated."""
+    return [read_trace(p, drop_invalid=so.drop_invalid) for p in so.calibration]
 
 
 def whatif_specs() -> list[Spec]:
     """The WhatIf fields that are options (numbers, text, flags, choices); --mode lists the registered modes."""
-    modes = " | ".join(MODES)
-    text = {"mode": f"execution mode, as the frameworks name them: {modes} (docs/simulator.md states each; None: split "
-                    "when --gen-gpus/--train-gpus are given, else colocated)"}
+    modes = " | ".join([*MODES, *(f"{a} (= {b})" for a, b in ALIASES.items())])
+    text = {"mode": f"execution mode, as the frameworks name them: {modes} (docs/simulator.md states each; None: the "
+                    "mode the trace records (an imported framework log), else split when --gen-gpus/--train-gpus are "
+                    "given, else colocated)"}
     return [s for s in cliopts.specs(WhatIf, spelling=SPELLING, help=text)
             if s.base in (int, float, str, bool) or typing.get_origin(s.base) is typing.Literal]
 

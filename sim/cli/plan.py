@@ -1,17 +1,17 @@
 """`rlsim plan`: parse options, build a PlanConfig, call `rlsim.sweeps.plan.plan`, print the decision or the pilots."""
 from __future__ import annotations
 
+import math
 from dataclasses import fields
 from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from rlsim.cli.opts import default_text
 from rlsim.core.config import WhatIf
 from rlsim.modes.registry import GENERAL
-from rlsim.cli.options import StudyOptions, command, labels
+from rlsim.cli.options import StudyOptions, command, labels, read_traces
 from rlsim.sweeps.plan import Plan, PlanConfig, plan
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import dumps, fmt
@@ -21,31 +21,56 @@ from rlsim.replay.util import dumps, fmt
 SHARED = ("mode", "gen_gpus", "train_gpus", *sorted(set(f.name for f in fields(WhatIf)) - GENERAL))
 
 
+SOURCE = {"reference": "ref", "pilot": "pilot", "pilot prefix": "prefix", "prediction": "model"}
+
+
+def _cell(x: float, noise: float) -> str:
+    """A value, with its seed noise (sd in log, as a factor) where a pilot measured it."""
+    return f"{x:.3f}" if not math.isfinite(noise) or noise == 0 else f"{x:.2f}x/{math.exp(noise):.2f}"
+
+
+WIDTHS = (4, 3, 10, 10, 6, 11, 5, 5, 8, 6)  # one row in 78 columns: a terminal's 80 with room to spare
+
+
+def table_lines(p: Plan) -> list[str]:
+    """The candidates as fixed-width lines (header, rule, one a candidate), each within 80 columns."""
+    rows = [("P", "G", "sigma", "rho", "T/Tref", "5..95 %", "p<=5%", "p<ref", "E regret", "from")]
+    for c in p.candidates:
+        rows.append((str(c.prompts), str(c.group), _cell(c.sigma, c.sigma_noise), _cell(c.rho, c.rho_noise),
+                     f"{c.time_to_target_ratio:.3f}",
+                     f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}",
+                     fmt(c.p_within_5pct, ".2f"), fmt(c.p_beats_reference, ".2f"),
+                     fmt(c.expected_regret, ".1%") if c.fits is not False else "no fit", SOURCE[c.source]))
+    lines = [" ".join(x.rjust(w) for x, w in zip(r, WIDTHS)) for r in rows]
+    return [lines[0], "-" * len(lines[0]), *lines[1:]]
+
+
 def _print(p: Plan) -> None:
     con = Console(highlight=False)
-    t = Table(title=f"rlsim plan: reference P={p.reference_prompts}; T / T_ref over the measured rho uncertainty")
-    for c in ("P", "G", "sigma", "rho", "T / T_ref", "5..95 %", "p within 5 % of best", "p beats ref",
-              "expected regret", "measured"):
-        t.add_column(c, justify="right")
-    for c in p.candidates:
-        t.add_row(str(c.prompts), str(c.group), f"{c.sigma:.3f}", f"{c.rho:.3f}", f"{c.time_to_target_ratio:.3f}",
-                  f"{c.time_to_target_ratio_lo:.2f}..{c.time_to_target_ratio_hi:.2f}", fmt(c.p_within_5pct, ".2f"),
-                  fmt(c.p_beats_reference, ".2f"),
-                  fmt(c.expected_regret, ".1%") if c.fits is not False else "does not fit", "yes" if c.measured else "")
-    con.print(t)
+    if p.mode_line:
+        con.print(p.mode_line, markup=False)
+    con.print(f"rlsim plan: reference P={p.reference_prompts}; T / T_ref over the measured uncertainty")
+    for line in table_lines(p):
+        con.print(line, markup=False)
+    con.print("[dim]p<=5%: within 5 % of the best; p<ref: beats the reference; a pilot's value x/f: its seed noise "
+              "(one sd, a factor); from: ref(erence), pilot (to the target), prefix (a pilot short of it), model "
+              "(predicted)[/dim]")
     if p.decision is not None:
         d = p.decision
         what = "keep the reference" if d.prompts == p.reference_prompts else f"run P={d.prompts}, G={d.group}"
         sure = "" if d.p_within_5pct >= 0.8 else "; not a confident decision: see the warning"
         con.print(f"decision: {what} (within 5 % of the best with probability {d.p_within_5pct:.2f}, expected regret "
                   f"{d.expected_regret:.1%}{sure})")
+        con.print(f"why: {p.why}")
     elif p.no_move:
         con.print("no move: the reference's cost fits cannot be used, so neither a decision nor a pilot rests on them "
                   "(see the first warning for the recording that fixes it)")
     else:
-        con.print(f"pilots (expected regret now {p.expected_regret:.1%}; each a run to the target, best value first):")
+        con.print(f"pilots (expected regret now {p.expected_regret:.1%}: {p.why}; best value first):")
         for x in p.pilots:
-            con.print(f"  P={x.prompts}: {x.steps} updates, {x.responses} responses -> expected regret "
+            what = (f"a prefix, {x.responses:,} responses, set against the reference at equal responses"
+                    if x.prefix else f"to the target, about {x.responses:,} responses")
+            con.print(f"  P={x.prompts} for {x.steps} updates ({what}) -> expected regret "
                       f"{x.expected_regret_after:.1%}\n    {x.command}")
         con.print("then plan again with the pilots' traces added: rlsim plan --trace REF --trace pilot_pN.parquet ...")
     for w in p.warnings:
@@ -81,7 +106,7 @@ def register(app: typer.Typer) -> None:
         cfg = PlanConfig(prompts=tuple(axes.get("prompts", ())), group=groups[0], budget=budget,
                          model_params=params[0], fixed=fixed)
         cfg.validate()  # before the traces are read and fitted
-        traces = so.traces()
+        traces = read_traces(so)
         res = plan(traces[0], cfg, pilots=traces[1:], target=so.target)
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))

@@ -12,7 +12,7 @@ from rich.table import Table
 from rlsim.core.config import WhatIf, help_text
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.whatif.memory import memory_line
-from rlsim.cli.options import StudyOptions, command
+from rlsim.cli.options import StudyOptions, command, read_calibrations, read_traces
 from rlsim.sweeps.rank import rank_file
 from rlsim.replay.errors import cli_errors
 from rlsim.replay.io import read_trace
@@ -60,6 +60,8 @@ def _print_run(res) -> None:
     for label, key, kind in rows:
         t.add_row(label, cell(ref, key, kind), cell(cand, key, kind))
     con = _console()
+    if res.mode_line:
+        con.print(res.mode_line, markup=False)
     con.print(t)
     if cand.interval:
         con.print(f"intervals: {cand.interval}")
@@ -117,9 +119,8 @@ def register(app: typer.Typer) -> None:
              help="Predict throughput, sample cost and time-to-target of a batch size from a recorded trace.")
     def run_cmd(fields: dict, so: StudyOptions,
                 as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
-        cfg = WhatIf(**fields)
-        cfg.validate()
-        res = run(so.traces(), cfg, rho_model=so.rho, target=so.target, calibration=so.calibrations())
+        cfg = WhatIf(**fields)  # validated by `run`, in the mode the trace records where no --mode is given
+        res = run(read_traces(so), cfg, rho_model=so.rho_model, target=so.target, calibration=read_calibrations(so))
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))
         else:

@@ -14,7 +14,7 @@ from rlsim.present import perfetto as pf
 from rlsim.core.config import WhatIf
 from rlsim.core.grid import build_grid
 from rlsim.cli.opts import App, default_text
-from rlsim.cli.options import StudyOptions, command, labels
+from rlsim.cli.options import StudyOptions, command, labels, read_calibrations, read_traces
 from rlsim.replay.errors import RlsimError
 from rlsim.present.report import build_report
 from rlsim.sweeps.study import export_simulated, sweep_study
@@ -47,6 +47,19 @@ def print_verdict(console: Any, rows: list, meta: dict, axes: list, names: dict)
     if len(v["notes"]) > MAX_NOTES:
         console.print(Text(f"note: {len(v['notes']) - MAX_NOTES} more notes on how the numbers were made: column "
                            "`notes` of results.csv, or `rlsim report`", style="dim"))
+
+
+def _print_sweep(res: Any, axes: list, names: dict, top: int) -> None:
+    """The mode line (where the trace's recorded mode was asked), the ranking, the verdict and where it was written."""
+    console = Console(highlight=False)
+    for line in res.meta.get("mode_from_trace", ()):
+        console.print(line, markup=False)
+    console.print(ranking_table(res.rows, axes, top=top, labels=names, meta=res.meta, width=console.width))
+    print_verdict(console, res.rows, res.meta, axes, names)
+    console.print(f"{len(res.rows)} configs in {res.seconds:.1f} s ({res.meta['backend']['kind']})")
+    p = res.paths
+    console.print(f"results: {p['parquet']}, {p['csv']}, {p['json']}"
+                  + (f", charts in {p['charts']}" if "charts" in p else ""))
 
 
 def register(app: typer.Typer) -> None:
@@ -88,19 +101,13 @@ def register(app: typer.Typer) -> None:
             bar[0].refresh()
 
         try:
-            res = sweep_study(so.traces(), axes, out=out, overwrite=overwrite, rho_model=so.rho, target=so.target,
-                              workers=workers, ray_address=ray_address, chunk_size=chunk_size, progress=advance,
-                              charts=not no_charts, labels=names, calibration=so.calibrations())
+            res = sweep_study(read_traces(so), axes, out=out, overwrite=overwrite, rho_model=so.rho_model,
+                              target=so.target, workers=workers, ray_address=ray_address, chunk_size=chunk_size,
+                              progress=advance, charts=not no_charts, labels=names, calibration=read_calibrations(so))
         finally:
             if bar:
                 bar[0].stop()
-        console = Console(highlight=False)
-        console.print(ranking_table(res.rows, list(axes), top=top, labels=names, meta=res.meta, width=console.width))
-        print_verdict(console, res.rows, res.meta, list(axes), names)
-        console.print(f"{len(res.rows)} configs in {res.seconds:.1f} s ({res.meta['backend']['kind']})")
-        p = res.paths
-        console.print(f"results: {p['parquet']}, {p['csv']}, {p['json']}"
-                      + (f", charts in {p['charts']}" if "charts" in p else ""))
+        _print_sweep(res, list(axes), names, top)
 
     @command(app, "report", whatif=None,
              help="One self-contained HTML page: trace summary, fitted models, charts, the sweep's ranking.")
@@ -110,8 +117,8 @@ def register(app: typer.Typer) -> None:
                overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing report file.")) -> None:
         if out.exists() and not overwrite:
             raise RlsimError(f"{out} already exists; pass --overwrite to replace it or choose another -o")
-        path = build_report(so.traces(), sweep_dir, out, rho_model=so.rho if so.rho_model else None, target=so.target,
-                            calibration=so.calibrations())
+        path = build_report(read_traces(so), sweep_dir, out, rho_model=so.rho_model if so.rho else None,
+                            target=so.target, calibration=read_calibrations(so))
         typer.echo(f"report: {path} ({path.stat().st_size / 1e6:.1f} MB, opens offline)")
 
     export = App(no_args_is_help=True, help="Export timelines.")
@@ -139,12 +146,12 @@ def register(app: typer.Typer) -> None:
                 raise RlsimError("config options (" + ", ".join(labels()[f] for f in fixed) + ") need --simulate")
             counts = pf.export_recorded(src, out, overwrite=overwrite, drop_invalid=so.drop_invalid)
         else:
-            traces = StudyOptions(trace=((trace_arg,) if trace_arg else ()) + so.trace,
-                                  drop_invalid=so.drop_invalid).traces()
+            traces = read_traces(StudyOptions(trace=((trace_arg,) if trace_arg else ()) + so.trace,
+                                              drop_invalid=so.drop_invalid))
             if "updates" not in fixed:
                 fixed["updates"] = EXPORT_UPDATES
                 typer.echo(f"simulating {EXPORT_UPDATES} updates (pass --updates N for more)")
-            counts = export_simulated(traces, fixed, out, rho_model=so.rho, overwrite=overwrite,
-                                      calibration=so.calibrations())
+            counts = export_simulated(traces, fixed, out, rho_model=so.rho_model, overwrite=overwrite,
+                                      calibration=read_calibrations(so))
         typer.echo(f"wrote {out}: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
                    + " slices (open in https://ui.perfetto.dev)")

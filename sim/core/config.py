@@ -2,6 +2,7 @@
 
 - `WhatIf`: what a user asks `rlsim run` (and, as lists, `rlsim sweep`) for: every option one field.
   None means "as in the reference trace".
+- `StudyOptions`: which traces are fitted and how (--trace, --rho, ...; `rlsim.fit`'s keywords).
 - `EngineConfig`: the generation engine (continuous batching limits).
 - `SimConfig`: one fully resolved simulation (what `rlsim.modes.registry.simulate` takes).
 - `SplitConfig`: generation and training on separate devices, asynchronous within a staleness limit
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.util import ENGINE_DEFAULTS
@@ -66,7 +68,8 @@ class WhatIf:
     model_params: float | None = _f(None, "the model's parameter count, e.g. 7e9, for its memory when the trace "
                                           "names a model rlsim cannot size (None: the trace's model)")
     mode: str | None = _f(
-        None, "execution mode, as the frameworks name them (rlsim.modes.registry lists them; None: split when "
+        None, "execution mode, as the frameworks name them (rlsim.modes.registry lists them; None: the mode the "
+           "reference trace records, with its settings and devices (an imported framework log), else split when "
            "--gen-gpus/--train-gpus are given, else colocated)")
     staleness_threshold: float | None = _f(
         None, "fully_async (verl async_training.staleness_threshold): samples generated ahead per weight sync, "
@@ -215,6 +218,51 @@ class WhatIf:
 
 
 @dataclass(frozen=True)
+class StudyOptions:
+    """Which traces are fitted and how: the options of every command that fits (`rlsim.cli.options`) and the keywords
+    of `rlsim.fit` and `rlsim.sweep`, so a field here is both. Each field is named as its option (`--rho` is `rho`)."""
+
+    trace: tuple[Path, ...] = field(default=(), metadata={
+        "help": "Recorded trace (first = reference); repeat for learning curves at other batch sizes.",
+        "flags": ["--trace", "-t"]})
+    rho: str | None = field(default=None, metadata={
+        "help": "Sample-cost model: invariant | noise-scale | curves | lr-aware | auto "
+                "(None: auto; `report`: the sweep's)",
+        "flags": ["--rho", "--rho-model"]})
+    bend_batch: float | None = field(default=None, metadata={
+        "help": "lr-aware rho: the batch (responses) where rho bends upward, B_bend (with --kappa; without both, they "
+                "are fitted on the other --trace runs).", "flags": ["--bend-batch"]})
+    kappa: float | None = field(default=None, metadata={
+        "help": "lr-aware rho: share of the reference update's gain that curvature takes back, in [0, 1) (with "
+                "--bend-batch).",
+        "flags": ["--kappa"]})
+    target: float | None = field(default=None, metadata={
+        "help": "Eval score that defines time-to-target (None: the best the reference reached; with several "
+                "traces, the best all reached)", "flags": ["--target"]})
+    calibration: tuple[Path, ...] = field(default=(), metadata={
+        "help": "Calibration trace from `rlrun calibrate` (same model and device) for a trace recorded without one; "
+                "its engine-step and training profiles refit the step costs over the calibrated range. Repeatable.",
+        "flags": ["--calibration"]})
+    drop_invalid: bool = field(default=False, metadata={
+        "help": "Drop trace rows with invalid values (NaN, negative durations...) with a warning instead of refusing "
+                "the trace.", "flags": ["--drop-invalid"]})
+
+    @property
+    def rho_model(self) -> str:
+        """The rho model the fit takes, with the lr-aware parameters when given ('lr-aware:B_BEND,KAPPA', parsed by
+        `rlsim.replay.rho.parse_rho`)."""
+        if self.bend_batch is None and self.kappa is None:
+            return self.rho or "auto"
+        if (self.rho or "auto") != "lr-aware":
+            raise RlsimError(f"{name('bend_batch')} and {name('kappa')} set the lr-aware rho model: add "
+                             f"{setting(rho='lr-aware')}")
+        if self.bend_batch is None or self.kappa is None:
+            raise RlsimError(f"give both {name('bend_batch')} and {name('kappa')} (or neither, to fit them on the "
+                             f"other traces' runs)")
+        return f"lr-aware:{self.bend_batch:g},{self.kappa:g}"
+
+
+@dataclass(frozen=True)
 class EngineConfig:
     """The generation engine's continuous-batching limits (vLLM-like)."""
 
@@ -227,9 +275,11 @@ class EngineConfig:
     def kv_blocks(self) -> int:
         return self.kv_cache_tokens // self.block_size
 
-    def kv_can_bind(self, max_context: int) -> bool:
-        """Whether max_num_seqs sequences of `max_context` tokens could exceed the KV cache."""
-        return self.max_num_seqs * math.ceil(max_context / self.block_size) > self.kv_blocks
+    def kv_can_bind(self, max_context: int, sequences: int | None = None) -> bool:
+        """Whether max_num_seqs sequences of `max_context` tokens could exceed the KV cache (no more than
+        `sequences` of them where a round holds fewer requests: they cannot all run at once otherwise)."""
+        n = self.max_num_seqs if sequences is None else min(self.max_num_seqs, sequences)
+        return n * math.ceil(max_context / self.block_size) > self.kv_blocks
 
     def validate(self) -> None:
         for f_ in fields(self):

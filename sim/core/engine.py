@@ -71,6 +71,8 @@ class KvCache:
 
     def horizon(self, context: np.ndarray, k: int) -> int:
         """Steps (1..k) the running set of (n,) `context` tokens, one more each step, runs before it overflows."""
+        if int((-(-(np.asarray(context, np.int64) + (k - 1)) // self.block_size)).sum()) <= self.blocks:
+            return k  # blocks only grow step by step: when the last step fits, every one before it does
         chunk = max(KV_CHECK_ELEMENTS // max(len(context), 1), 1)
         for j0 in range(0, k, chunk):
             j = np.arange(j0, min(j0 + chunk, k))

@@ -267,7 +267,7 @@ class _AllRounds:
         eng = cfg.engine
         self.prompts, self.lengths = Workload.of(models, cfg).draw(rng, cfg.updates)
         max_ctx = min(max(int((p + L).max()) for p, L in zip(self.prompts, self.lengths)), eng.max_model_len)
-        self.exact = cfg.exact_engine or eng.kv_can_bind(max_ctx)
+        self.exact = cfg.exact_engine or eng.kv_can_bind(max_ctx, max(len(L) for L in self.lengths))
         # per update: its plan, its row there, the plan's (rounds,) summed features and their seconds
         self._plans: list[tuple[RoundPlan, int, StepSums, np.ndarray]] = []
         if self.exact:
@@ -319,7 +319,7 @@ class _RoundByRound:
             self.sampled = self.period < U
         self.rounds = min(U, self.period)
         self.exact = cfg.exact_engine or cfg.engine.kv_can_bind(min(self.workload.context_bound(),
-                                                                    cfg.engine.max_model_len))
+                                                                    cfg.engine.max_model_len), cfg.gen_requests)
         self._kept: dict[int, _Round] = {}
 
     def _simulate(self, key: int) -> _Round:

@@ -14,8 +14,8 @@ states each).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Callable
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -64,9 +64,15 @@ def register_mode(name: str, *, devices: str = "colocated", settings: tuple[str,
     return deco
 
 
+# a framework's own name for a registered mode, as its users say it -> that mode
+ALIASES = {"sync": "colocated"}  # verl V1 trainer.v1.trainer_mode=sync: the synchronous colocated loop
+
+
 def resolved(cfg: WhatIf) -> str:
-    """The mode a WhatIf asks for: its `mode`, else split with split devices, else colocated."""
-    return cfg.mode or ("split" if cfg.split else "colocated")
+    """The registered mode a WhatIf asks for: its `mode` (an alias read as its mode), else split with split devices,
+    else colocated."""
+    m = cfg.mode or ("split" if cfg.split else "colocated")
+    return ALIASES.get(m, m)
 
 
 def check(cfg: WhatIf) -> None:
@@ -74,7 +80,8 @@ def check(cfg: WhatIf) -> None:
     mode does not read; one line with the fix."""
     m = resolved(cfg)
     if m not in MODES:
-        raise RlsimError(f"{name('mode')} {m!r} is not an execution mode; registered: {', '.join(MODES)}")
+        raise RlsimError(f"{name('mode')} {m!r} is not an execution mode; registered: {', '.join(MODES)} (and "
+                         f"{', '.join(f'{a} = {b}' for a, b in ALIASES.items())})")
     spec = MODES[m]
     for f in fields(WhatIf):
         v = getattr(cfg, f.name)
@@ -102,6 +109,45 @@ def check(cfg: WhatIf) -> None:
         bad = "gpus" if cfg.gpus is not None else "gen_batch"
         raise RlsimError(f"{name(bad)} does not apply to {setting(mode=m)}: it places its devices by "
                          f"{name('gen_gpus')}/{name('train_gpus')} and generates B per step; drop {name(bad)}")
+
+
+def recorded_mode(config: Mapping[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """(the execution mode, its settings and devices as WhatIf fields) that a trace's `config` records: an imported
+    framework log's `execution_mode` and `mode_settings` (rlsim.replay.importers); (None, {}) where none is."""
+    m = config.get("execution_mode")
+    return (str(m), dict(config.get("mode_settings") or {})) if m else (None, {})
+
+
+def as_recorded(cfg: WhatIf, config: Mapping[str, Any]) -> tuple[WhatIf, str]:
+    """`cfg`, validated and checked, asking about the execution mode the reference trace's `config` records where it
+    names no mode itself, as if named: the recorded settings and devices fill the fields `cfg` leaves unset (so one
+    device count given alone overrides its own). Returns it with the one output line that says so ('' where `cfg`
+    names a mode or the trace records none: `cfg` as given)."""
+    m, recorded = recorded_mode(config)
+    spec = MODES.get(ALIASES.get(m, m)) if m else None
+    if cfg.mode is not None or spec is None or (spec.devices == "colocated" and cfg.split):  # split devices: split
+        cfg.validate()
+        check(cfg)
+        return cfg, ""
+    own = set(spec.settings) | ({"gen_gpus", "train_gpus"} if spec.devices != "colocated" else set())
+    fill = {k: v for k, v in recorded.items() if k in own and getattr(cfg, k) in (None, False)}
+    out = replace(cfg, mode=m, **fill)
+    if spec.devices != "colocated" and not cfg.split and (out.train_gpus is None or (
+            spec.devices == "split" and out.gen_gpus is None)):
+        need = setting(train_gpus="N", **({} if spec.devices == "hybrid" else {"gen_gpus": "M"}))
+        cfg.validate()
+        check(cfg)
+        return cfg, f"mode: {resolved(cfg)}; the trace records {m} but not its devices: add {need} to ask it"
+    given = setting(mode=m, **fill)
+    try:
+        out.validate()
+        check(out)
+    except RlsimError as e:
+        raise RlsimError(f"{e} (the trace records {given}, asked where no {name('mode')} is given; "
+                         f"{setting(mode='colocated')} asks the colocated loop)") from None
+    if spec.devices == "colocated":
+        return out, f"mode: {m} (from the trace{'; the colocated loop' if m != 'colocated' else ''})"
+    return out, f"mode: {m} (from the trace: {given}; {setting(mode='colocated')} to compare)"
 
 
 def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None) -> SplitConfig | None:

@@ -9,29 +9,32 @@ about sigma is each candidate's sigma interval as `rlsim run` gives it, read as 
 cost fits cannot be used (`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
 
 Over the draws (weights w), for each candidate i: expected regret E_w[T_i / min_j T_j - 1] and p_within_5pct
-P_w[T_i <= 1.05 min_j T_j]. The pick is the least expected regret (ties: the reference), a **decision** when
-p_within_5pct reaches `PlanConfig.confidence`; otherwise the plan lists **pilots** (a run at candidate j to the
-target), ranked by the regret they are expected to remove (preposterior) per response spent. A pilot trace given
-back (`--trace`) reweights the draws. The method in full: docs/usage.md, "Planning".
+P_w[T_i <= 1.05 min_j T_j]. Keeping the reference is a choice with its own expected regret: the pick is the least
+expected regret among the reference and the candidates that beat it with probability `PlanConfig.confidence` on
+predictions alone, or `measured_confidence` once a pilot (a run at candidate j, to the target or a prefix of one)
+measured them; `Plan.why` says why in one line. It is a **decision** when its p_within_5pct reaches the confidence or
+no pilot would lower the expected regret; otherwise the plan lists **pilots**, ranked by the regret they are
+expected to remove (preposterior) per response spent. The method in full: docs/usage.md, "Planning".
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from statistics import NormalDist
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from rlsim.core.config import WhatIf
-from rlsim.modes.registry import check as check_mode
+from rlsim.modes.registry import as_recorded, check as check_mode
 from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
-from rlsim.replay.learning import fit_learning_curve, noise_scale
+from rlsim.replay.learning import fit_learning_curve, noise_scale, prefix_log_rho
 from rlsim.replay.models import INTERVAL
 from rlsim.replay.util import json_safe
 from rlsim.replay.rho_errors import RhoErrors, measured_errors
+from rlsim.replay.split_stats import split_stats
 from rlsim.whatif.outcome import Outcome
 from rlsim.whatif.predict import evaluate, reference_outcome
 from rlsim.whatif.study import Study, fit_check, prepare
@@ -53,6 +56,13 @@ class PlanConfig:
                        metadata={"help": "draws of the truth (error curves plus the studies' seed noise)"})
     seed: int = field(default=0, metadata={"help": "seed of the draws"})
     updates: int = field(default=40, metadata={"help": "updates simulated per candidate for sigma"})
+    measured_confidence: float = field(default=0.8, metadata={
+        "help": "probability with which a measured candidate must beat the reference to be picked (0: the least "
+                "expected regret wins outright); chosen on the recorded studies (docs/results.md, section 13)"})
+    slack: float = field(default=0.3, metadata={
+        "help": "sd in log T by which a task's truth may lie off every recorded error curve: a pilot's measurement is "
+                "weighed against the curves with it (0: the curves only; large: the measurement only); chosen on the "
+                "recorded studies (docs/results.md, section 13)"})
     model_params: float | None = field(default=None, metadata={
         "help": "the model's parameter count, e.g. 7e9, for the candidates' memory when the trace names a model rlsim "
                 "cannot size (None: the trace's model; WhatIf.model_params)"})
@@ -71,11 +81,14 @@ class PlanConfig:
         if self.fixed:
             cfg = WhatIf(**dict(self.fixed))
             cfg.validate()
-            check_mode(cfg)
+            if cfg.mode is not None:  # else the mode the trace records may take them (`plan`)
+                check_mode(cfg)
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
             raise RlsimError(f"--confidence must be in [0.5, 1), got {self.confidence}")
+        if not self.slack >= 0:
+            raise RlsimError(f"slack must be 0 or more (sd in log T), got {self.slack}")
         WhatIf(model_params=self.model_params).validate()
 
 
@@ -94,6 +107,15 @@ class Candidate:
     expected_regret: float = field(metadata={"help": "E[T / T_best - 1] over the draws"})
     p_beats_reference: float = field(metadata={"help": "probability that its T is below the reference's"})
     measured: bool = field(default=False, metadata={"help": "its rho was measured (the reference, or a pilot)"})
+    source: str = field(default="prediction", metadata={
+        "help": "where its rho, sigma and T come from: 'reference', 'pilot' (a run to the target), 'pilot prefix' "
+                "(a run short of the target, read at equal responses) or 'prediction'"})
+    rho_noise: float = field(default=math.nan, metadata={
+        "help": "a pilot's seed noise: sd of its measured log rho (one seed each of it and the reference; a "
+                "prefix's is the measured prefix noise); nan for a prediction, 0 for the reference"})
+    sigma_noise: float = field(default=math.nan, metadata={
+        "help": "a pilot's seed noise: sd of its measured log sigma (responses/s over the reference's); nan for a "
+                "prediction, 0 for the reference"})
     fits: bool | None = field(default=None, metadata={
         "help": "fits its devices' memory (None: unknown); one that does not is never picked nor piloted"})
 
@@ -107,13 +129,31 @@ class Pilot:
 
     prompts: int = field(metadata={"help": "P"})
     group: int = field(metadata={"help": "G"})
-    steps: int = field(metadata={"help": "updates: enough to reach the target at the 90 % quantile of its rho"})
-    responses: int = field(metadata={"help": "responses it trains on (steps x P x G)"})
+    steps: int = field(metadata={
+        "help": "updates: a run to the target, the reference's samples-to-target times the candidate's predicted rho; "
+                "or a prefix, `responses` long"})
+    responses: int = field(metadata={"help": "responses it trains on (steps x P x G): its price"})
     expected_regret_after: float = field(metadata={"help": "expected regret of the pick once it is measured"})
     command: str = field(metadata={"help": "the rlrun record command line"})
+    prefix: bool = field(default=False, metadata={
+        "help": "a prefix: a run stopped before the target, set against the reference's learning curve at equal "
+                "responses (noisier than a run to the target; measured in `RhoErrors.prefix_sd`)"})
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one pilot trace (or several at one size, pooled) measured, against the reference (one seed each)."""
+
+    index: int = field(metadata={"help": "the candidate it measures"})
+    log_rho: float = field(metadata={
+        "help": "log rho measured: its samples-to-target over the reference's (or a prefix's)"})
+    rho_sd: float = field(metadata={"help": "seed noise of log_rho (a pilot's, or a prefix's)"})
+    sigma: float = field(metadata={"help": "sigma measured: its steady responses/s over the reference's"})
+    sigma_sd: float = field(metadata={"help": "seed noise of log sigma"})
+    prefix: bool = field(default=False, metadata={"help": "it stopped short of the target: read from its prefix"})
 
 
 @dataclass(frozen=True)
@@ -127,18 +167,25 @@ class Plan:
                                                         "decided)"})
     expected_regret: float = field(metadata={"help": "expected regret of the best pick now"})
     reference_prompts: int = field(metadata={"help": "the reference's P"})
+    why: str = field(default="", metadata={
+        "help": "one line: why the pick, by expected regret (keeping the reference is a choice with its own)"})
     notes: tuple[str, ...] = field(default=(), metadata={"help": "how the plan was made"})
     warnings: tuple[str, ...] = field(default=(), metadata={"help": "what may be wrong"})
     no_move: str = field(default="", metadata={
         "help": "why the plan makes no move, neither a decision nor a pilot (the trace's cost fits cannot be used, "
                 "rlsim.replay.fit_quality), and the recording that would fix it; '' when it makes one"})
+    mode_line: str = field(default="", metadata={
+        "help": "the line saying the candidates ask about the execution mode the trace records ('' where the plan "
+                "names its mode or the trace records none; rlsim.modes.registry.as_recorded)"})
 
     def to_dict(self) -> dict:
-        out = {"reference_prompts": self.reference_prompts, "expected_regret": self.expected_regret,
+        out = {"reference_prompts": self.reference_prompts, "expected_regret": self.expected_regret, "why": self.why,
                "candidates": [c.to_dict() for c in self.candidates], "notes": list(self.notes),
                "warnings": list(self.warnings)}
         if self.no_move:
             out["no_move"] = self.no_move
+        if self.mode_line:
+            out["mode_from_trace"] = self.mode_line
         if self.decision is not None:
             d = self.decision
             out["decision"] = {"prompts": d.prompts, "group": d.group, "p_within_5pct": d.p_within_5pct,
@@ -180,10 +227,15 @@ def sigma_spread(preds: Sequence[Outcome]) -> tuple[np.ndarray, list[int]]:
     return sd, bare
 
 
-def pilot_weights(draw_e: np.ndarray, observed: float, sd: float) -> np.ndarray:
-    """(draws,) likelihood of a pilot's observed log-rho error under each draw's error at its size (one seed's
-    noise)."""
-    return np.exp(-0.5 * ((draw_e - observed) / sd) ** 2)
+def measured_column(log_T: np.ndarray, y, s: float, slack: float, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(weights, T): a pilot's measured log T `y` ((M, 1) or scalar; noise sd `s`) against the draws' log T of its
+    candidate `log_T` (K,), when the truth may lie `slack` off each draw: each draw weighed by the likelihood of y
+    (variance s^2 + slack^2), and the candidate's T in it the normal posterior of prior N(log_T, slack^2) and the
+    measurement (gain g = slack^2 / (slack^2 + s^2)), drawn with `z` (K,). slack 0: the draws' own T, reweighted."""
+    v = s ** 2 + slack ** 2
+    g = slack ** 2 / v if v > 0 else 0.0
+    w = np.exp(-0.5 * (y - log_T) ** 2 / v) if v > 0 else np.ones_like(log_T)
+    return w, np.exp(log_T + g * (y - log_T) + math.sqrt(g) * s * z)
 
 
 def scores(T: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,26 +245,44 @@ def scores(T: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return p @ (T / best - 1.0), p @ (T <= (1 + WITHIN) * best).astype(float)
 
 
-def pick(T: np.ndarray, w: np.ndarray, ref: int, confidence: float = 0.8) -> int:
-    """The candidate of least expected regret, if it beats the reference with probability `confidence`; else the
-    reference (a measured run), since the draws come from other tasks' errors and may not cover this one's."""
+def pick(T: np.ndarray, w: np.ndarray, ref: int, confidence: float = 0.8, measured: Sequence[int] = (),
+         measured_confidence: float = 0.0) -> int:
+    """The least expected regret among the reference, the `measured` candidates, and the candidates predicted to beat
+    the reference with probability `confidence` (the guard on moves made on predictions alone: their draws come from
+    other tasks' errors and may not cover this one's); a measured one needs `measured_confidence`. Ties: the
+    reference."""
     er, _ = scores(T, w)
-    i = int(np.argmin(er))
-    beats = float((w / w.sum()) @ (T[:, i] < T[:, ref]))
-    return i if i != ref and beats >= confidence else ref
+    beats = (w / w.sum()) @ (T < T[:, [ref]])
+    ok = [i for i in range(T.shape[1])
+          if i == ref or beats[i] >= (measured_confidence if i in measured else confidence)]
+    return min(ok, key=lambda i: (er[i], i != ref))
 
 
-def regret_after_pilot(T: np.ndarray, e: np.ndarray, w: np.ndarray, j: int, ref: int, sd: float,
-                       rng: np.random.Generator, truths: int = 400, confidence: float = 0.8) -> float:
-    """Expected regret of the pick once candidate j is measured (preposterior over `truths` draws taken as the truth):
-    T (K, n) draws of T, e (K, n) their rho errors, w (K,) the current weights, sd a pilot's noise in log rho."""
+def regret_after_pilot(T: np.ndarray, w: np.ndarray, j: int, ref: int, sd: float, rng: np.random.Generator,
+                       truths: int = 400, confidence: float = 0.8, measured: Sequence[int] = (),
+                       slack: float = 0.3, measured_confidence: float = 0.0) -> float:
+    """Expected regret of the pick once candidate j (not the reference) is measured (preposterior over `truths` draws
+    taken as the truth): T (K, n) draws of T, w (K,) the current weights, sd a pilot's noise in log T. As `score`
+    does with a pilot given back (`measured_column`), then `pick`. All truths at once: (M, K) arrays."""
     idx = rng.choice(len(w), size=min(truths, len(w)), p=w / w.sum())
-    out = np.empty(len(idx))
-    for m, t in enumerate(idx):
-        w2 = w * pilot_weights(e[:, j], e[t, j] + rng.standard_normal() * sd, sd)
-        c = pick(T, w2 if w2.sum() > 0 else w, ref, confidence)
-        out[m] = T[t, c] / T[t].min() - 1.0
-    return float(out.mean())
+    y = (np.log(T[idx, j]) + rng.standard_normal(len(idx)) * sd)[:, None]  # (M, 1) what the pilot would measure
+    W, col = measured_column(np.log(T[:, j])[None, :], y, sd, slack, rng.standard_normal(len(w)))
+    W = w[None, :] * W
+    W = np.where(W.sum(axis=1, keepdims=True) > 0, W, w[None, :])
+    P = W / W.sum(axis=1, keepdims=True)
+    best = np.minimum(np.delete(T, j, axis=1).min(axis=1)[None, :], col)  # (M, K) the best T of each draw
+    er = (P / best) @ T - 1.0  # (M, n); column j is the measured one
+    er[:, j] = (P * col / best).sum(axis=1) - 1.0
+    beats = P @ (T < T[:, [ref]]).astype(float)
+    beats[:, j] = (P * (col < T[None, :, ref])).sum(axis=1)
+    need = np.full(T.shape[1], confidence)
+    need[[j, *measured]] = measured_confidence
+    ok = beats >= need
+    ok[:, ref] = True
+    key = np.where(ok, er, np.inf)
+    key[:, ref] = np.nextafter(key[:, ref], -np.inf)  # ties: the reference
+    c = key.argmin(axis=1)
+    return float(np.mean(T[idx, c] / T[idx].min(axis=1) - 1.0))
 
 
 # ------------------------------------------------------------------------------------------------ the plan
@@ -230,10 +300,11 @@ class Scored:
     measured: set = field(metadata={"help": "indices whose rho was measured"})
     notes: list = field(metadata={"help": "how it was made"})
     warnings: list = field(default_factory=list, metadata={"help": "what may be wrong with it"})
+    observed: dict = field(default_factory=dict, metadata={"help": "index -> the pilots' Observation there"})
 
 
 def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErrors, rng: np.random.Generator,
-          model_name: str | None = None, bounds_ok: bool = False) -> Scored:
+          model_name: str | None = None, bounds_ok: bool = False, ref_rps: float = math.nan) -> Scored:
     """Predict every candidate, draw its truth from the measured errors, weigh the draws by the pilots' measurements."""
     G = cfg.group or study.reference.group
     sizes = sorted(set(cfg.prompts) | {study.reference.prompts})
@@ -249,25 +320,27 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     notes = [n for n in notes if n] + _memory_notes(preds)
     warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing "
                 "resamples its fits): taken as exact, which understates the uncertainty"] if bare else []
-    w, measured = np.ones(cfg.draws), {ref}
-    for tr in pilots:
-        j, obs = pilot_observation(study, tr, sizes, G, [p.rho for p in preds], model_name, bounds_ok)
-        w = w * pilot_weights(e[:, j], obs, errors.seed_sd)
-        measured.add(j)
-        notes.append(f"pilot {tr.name}: P={sizes[j]}, log rho {obs:+.3f} from the prediction (one seed)")
+    w, T = np.ones(cfg.draws), np.exp(T_log)
+    observed = observe(study, pilots, sizes, G, preds, errors, model_name, bounds_ok, notes, ref_rps)
+    for j, o in observed.items():  # it reweights the draws (their errors move together) and sets its own column
+        wj, T[:, j] = measured_column(np.log(T[:, j]), o.log_rho - math.log(o.sigma), math.hypot(o.rho_sd, o.sigma_sd),
+                                      cfg.slack, rng.standard_normal(cfg.draws))
+        w = w * wj
+    measured = {ref, *observed}
     if not w.sum() > 0:
         raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from "
                          "the same task, model and lr rule as the reference")
-    return Scored(sizes, ref, preds, np.exp(T_log), e, w, measured, notes, warnings)
+    return Scored(sizes, ref, preds, T, e, w, measured, notes, warnings, observed)
 
 
 def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
          errors: Mapping[str, RhoErrors] | None = None, target: float | None = None, bounds_ok: bool = False) -> Plan:
     """Candidates scored over the measured uncertainty, then a decision or the pilots worth running (module doc).
-    `errors`: measured error curves by rho model (default: `rlsim.replay.rho_errors`); `bounds_ok`: a pilot that never
-    reached the target counts at its budget (a lower bound) instead of being refused."""
+    `errors`: measured error curves by rho model (default: `rlsim.replay.rho_errors`); `bounds_ok`: a pilot short of the
+    target whose prefix cannot be read counts at its budget (a lower bound) instead of being refused."""
     cfg.validate()
     _once(reference, pilots)
+    cfg, line = _as_recorded(cfg, reference)
     study = prepare([reference], rho_model="noise-scale" if _has_noise_scale(reference) else "invariant", target=target)
     errors = (errors or {}).get(study.rho_requested) or measured_errors(study.rho_requested)
     G = cfg.group or study.reference.group
@@ -278,38 +351,80 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
         raise RlsimError(f"{reference.name} never reaches its target, so no samples-to-target to plan from; pass a "
                          "lower --target")
     s = score(study, cfg, pilots, errors, np.random.default_rng(cfg.seed),
-              (reference.meta.get("model") or {}).get("name"), bounds_ok)
+              (reference.meta.get("model") or {}).get("name"),
+              bounds_ok, split_stats(reference).responses_per_s if pilots else math.nan)
     s, fit_warnings = _feasible(s)
-    er, p5 = scores(s.T, s.w)
-    er[[i for i, p in enumerate(s.preds) if p.fits is False and i != s.ref]] = np.inf  # shown as "does not fit"
-    beats = (s.w / s.w.sum()) @ (s.T < s.T[:, [s.ref]])
-    cands = tuple(Candidate(prompts=P, group=p.group, sigma=p.sigma, rho=p.rho,
-                            time_to_target_ratio=p.time_to_target_ratio,
-                            time_to_target_ratio_lo=lo, time_to_target_ratio_hi=hi, p_within_5pct=float(p5[i]),
-                            expected_regret=float(er[i]), p_beats_reference=float(beats[i]), measured=i in s.measured,
-                            fits=p.fits)
-                  for i, (P, p) in enumerate(zip(s.sizes, s.preds))
-                  for lo, hi in [_weighted_quantiles(s.T[:, i], s.w, (0.05, 0.95))])
-    best = pick(s.T, s.w, s.ref, cfg.confidence)
-    d = np.log2(np.array(s.sizes, float) * cands[0].group / study.b_ref)
-    warnings = [w for w in [errors.span_note(d)] if w] + s.warnings + fit_warnings
-    decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, tuple(s.notes), tuple(warnings))
+    cands, er, p5 = _rows(s)
+    best = pick(s.T, s.w, s.ref, cfg.confidence, sorted(s.measured), cfg.measured_confidence)
+    d = np.log2(np.array(s.sizes, float) * G / study.b_ref)
+    warnings = [w for w in [errors.span_note(d, [f"P={P}" for P in s.sizes])] if w] + s.warnings + fit_warnings
+    decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, _why(cands, best, s.ref, cfg),
+                   tuple(s.notes), tuple(warnings), mode_line=line)
     unusable = fit_check(study).warning(reference.name, reference.config)
     if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them, nor a regret
         blank = tuple(replace(c, p_within_5pct=math.nan, expected_regret=math.nan, p_beats_reference=math.nan)
                       for c in cands)
-        return replace(decided, candidates=blank, decision=None, expected_regret=math.nan,
-                       warnings=(unusable, *warnings),
-                       no_move=unusable)
+        return replace(decided, candidates=blank, decision=None, expected_regret=math.nan, why="",
+                       warnings=(unusable, *warnings), no_move=unusable)
     if p5[best] >= cfg.confidence:
         return decided
     budget = cfg.budget if cfg.budget is not None else _reference_responses(study)
-    options = _pilots(study, s, errors.seed_sd, np.random.default_rng(cfg.seed + 1), cfg.confidence)
+    options = _pilots(study, s, errors, np.random.default_rng(cfg.seed + 1), cfg)
     useful = [p for p in options if p.responses <= budget and p.expected_regret_after < er[best] - 0.005]
     if useful:
         return replace(decided, decision=None, pilots=tuple(useful))
-    warnings.append(_undecided(cands, best, s.ref, cfg.confidence, budget, options))
+    warnings.append(_undecided(cands, best, budget, options))
     return replace(decided, warnings=tuple(warnings))
+
+
+def _rows(s: Scored) -> tuple[tuple[Candidate, ...], np.ndarray, np.ndarray]:
+    """(the candidates' rows, expected regret (n,), p_within_5pct (n,)): a pilot's row shows what it measured."""
+    er, p5 = scores(s.T, s.w)
+    er[[i for i, p in enumerate(s.preds) if p.fits is False and i != s.ref]] = np.inf  # shown as "does not fit"
+    beats = (s.w / s.w.sum()) @ (s.T < s.T[:, [s.ref]])
+    rows = []
+    for i, (P, p) in enumerate(zip(s.sizes, s.preds)):
+        lo, hi = _weighted_quantiles(s.T[:, i], s.w, (0.05, 0.95))
+        o = s.observed.get(i)
+        rho, sigma = (math.exp(o.log_rho), o.sigma) if o else (p.rho, p.sigma)
+        source = "reference" if i == s.ref else ("pilot prefix" if o.prefix else "pilot") if o else "prediction"
+        noise = (o.rho_sd, o.sigma_sd) if o else (0.0, 0.0) if i == s.ref else (math.nan, math.nan)
+        rows.append(Candidate(prompts=P, group=p.group, sigma=sigma, rho=rho, time_to_target_ratio=rho / sigma,
+                              time_to_target_ratio_lo=lo, time_to_target_ratio_hi=hi, p_within_5pct=float(p5[i]),
+                              expected_regret=float(er[i]), p_beats_reference=float(beats[i]), measured=i in s.measured,
+                              source=source, rho_noise=noise[0], sigma_noise=noise[1], fits=p.fits))
+    return tuple(rows), er, p5
+
+
+def _why(cands: Sequence[Candidate], best: int, ref: int, cfg: PlanConfig) -> str:
+    """One line: the pick by expected regret, against keeping the reference (or the runner-up when it is kept)."""
+    c, r = cands[best], cands[ref]
+    if best == ref:
+        o = min((x for i, x in enumerate(cands) if i != ref and x.fits is not False), key=lambda x: x.expected_regret,
+                default=None)
+        if o is None:
+            return "keep the reference: no other candidate fits"
+        if o.expected_regret < r.expected_regret:
+            what, need = ("measured", cfg.measured_confidence) if o.measured else ("predicted", cfg.confidence)
+            return (f"keep the reference: expected regret {r.expected_regret:.1%}; P={o.prompts} ({what}) would have "
+                    f"{o.expected_regret:.1%}, but a {what} move needs it to beat the reference with probability "
+                    f"{need:.2f} (it does with {o.p_beats_reference:.2f})")
+        return (f"keep the reference: expected regret {r.expected_regret:.1%}, the least (next: P={o.prompts}, "
+                f"{o.source}, {o.expected_regret:.1%})")
+    how = (f"measured by a {c.source}" if c.measured else
+           f"predicted to beat the reference with probability {c.p_beats_reference:.2f} >= {cfg.confidence:.2f}")
+    return (f"run P={c.prompts}: expected regret {c.expected_regret:.1%} ({how}), against {r.expected_regret:.1%} for "
+            "keeping the reference")
+
+
+def _as_recorded(cfg: PlanConfig, reference: Trace) -> tuple[PlanConfig, str]:
+    """The plan with its shared settings `fixed` asking about the execution mode the reference records where they
+    name none (`rlsim.modes.registry.as_recorded`), and the line that says so."""
+    like, line = as_recorded(WhatIf(**dict(cfg.fixed)), reference.config)
+    if not line:
+        return cfg, ""
+    return replace(cfg, fixed=tuple((f.name, getattr(like, f.name)) for f in fields(WhatIf)
+                                    if getattr(like, f.name) != f.default)), line
 
 
 def same_recording(a: Trace, b: Trace) -> str:
@@ -335,20 +450,14 @@ def _once(reference: Trace, pilots: Sequence[Trace]) -> None:
                                  f"{name('trace')} PILOT ...)")
 
 
-def _undecided(cands: Sequence[Candidate], best: int, ref: int, confidence: float, budget: float,
-               options: Sequence[Pilot]) -> str:
+def _undecided(cands: Sequence[Candidate], best: int, budget: float, options: Sequence[Pilot]) -> str:
     """Why the pick is not a confident decision, and what would make one."""
     c = cands[best]
     out = f"undecided: P={c.prompts} is within 5 % of the best with probability {c.p_within_5pct:.2f}"
-    if best == ref:
-        other = min((x for i, x in enumerate(cands) if i != ref), key=lambda x: x.expected_regret)
-        out += (f"; no candidate beats the reference with probability {confidence:.2f} (the least expected regret, P="
-                f"{other.prompts}, beats it with {other.p_beats_reference:.2f}), and the predictions' errors, measured "
-                "on other tasks, can go either way, so the measured configuration is kept")
     cheap = min(options, key=lambda p: p.responses, default=None)
     if cheap is not None and cheap.responses > budget:
-        out += (f"; no pilot fits the budget of {budget:.0f} responses (the cheapest, P={cheap.prompts} to the target, "
-                f"takes about {cheap.responses}: allow it with --budget {cheap.responses})")
+        out += (f"; no pilot fits the budget of {budget:.0f} responses (the cheapest, P={cheap.prompts}, takes about "
+                f"{cheap.responses}: allow it with --budget {cheap.responses})")
     else:
         out += "; no pilot within the budget would lower the expected regret"
     return out
@@ -372,10 +481,69 @@ def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:
     return evaluate(study, replace(like, prompts=P, group=G))
 
 
-def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, rho_pred: Sequence[float],
-                      model_name: str | None, bounds_ok: bool = False) -> tuple[int, float]:
-    """(candidate index, observed log(rho / rho predicted)) of a pilot trace: its samples-to-target over the
-    reference's."""
+def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, preds: Sequence[Outcome],
+            errors: RhoErrors, model_name: str | None, bounds_ok: bool, notes: list[str],
+            ref_rps: float) -> dict[int, Observation]:
+    """The pilots' observations by candidate index: at one size, runs to the target supersede prefixes, and what is
+    left is pooled (inverse-variance mean of log rho, mean of log sigma); one note per pilot says what it measured."""
+    by: dict[int, list[Observation]] = {}
+    for tr in pilots:
+        o = pilot_observation(study, tr, sizes, G, preds, errors, model_name, bounds_ok, ref_rps)
+        by.setdefault(o.index, []).append(o)
+        how = "a prefix short of the target, read at equal responses" if o.prefix else "to the target"
+        notes.append(f"pilot {tr.name}: P={sizes[o.index]}, {how}: rho {math.exp(o.log_rho):.3f} (seed noise "
+                     f"{o.rho_sd:.2f} in log), sigma {o.sigma:.3f} ({o.sigma_sd:.2f}), "
+                     f"T {math.exp(o.log_rho) / o.sigma:.3f}")
+    out = {}
+    for j, obs in by.items():
+        full = [o for o in obs if not o.prefix] or obs
+        iv = np.array([1 / o.rho_sd ** 2 for o in full])
+        out[j] = Observation(j, float(iv @ [o.log_rho for o in full] / iv.sum()), float(iv.sum() ** -0.5),
+                             float(np.exp(np.mean([math.log(o.sigma) for o in full]))),
+                             float(np.mean([o.sigma_sd for o in full]) / math.sqrt(len(full))), full[0].prefix)
+    return out
+
+
+def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: Sequence[Outcome], errors: RhoErrors,
+                      model_name: str | None, bounds_ok: bool = False, ref_rps: float = math.nan) -> Observation:
+    """What a pilot trace measured: its samples-to-target over the reference's (one seed each: noise
+    `errors.seed_sd`), or, short of the target, the rho its prefix gives against the reference's curve at equal
+    responses (`prefix_log_rho`, its measured bias removed, noise `errors.prefix_sd`); its responses/s over the
+    reference's (noise `errors.pilot_sigma_sd`; the prediction's sigma where either has none)."""
+    _same_setup(study, tr, model_name)
+    c = tr.config
+    P, g = int(c.get("prompts") or 0), int(c.get("group") or 1)
+    if P not in sizes or g != G:
+        raise RlsimError(f"pilot {tr.name} is P={P}, G={g}, not one of the candidates (P in {sizes}, G={G}); "
+                         "pass the candidates it was recorded for")
+    j = sizes.index(P)
+    curve = fit_learning_curve(tr)
+    if not len(curve.score):
+        raise RlsimError(f"pilot {tr.name} has no eval rows, so it cannot measure samples-to-target; record it with "
+                         "evals (rlrun record --eval-every N)")
+    reached = samples_to_target(curve, study.target)
+    if reached.n <= 0:
+        raise RlsimError(f"pilot {tr.name} has no eval after training started, so it measures nothing; run it longer "
+                         "(more --steps than --eval-every)")
+    log_rho, sd, prefix = math.log(reached.n / study.n_star_ref), errors.seed_sd, reached.censored
+    if prefix:
+        bias, p_sd = errors.prefix_noise(reached.n / study.n_star_ref)
+        est = prefix_log_rho(study.curves[0], curve, reached.n)
+        if math.isfinite(est) and math.isfinite(p_sd):
+            log_rho, sd = est - bias, p_sd
+        elif not bounds_ok:
+            raise RlsimError(f"pilot {tr.name} never reached the target {study.target:.4g} (trained {reached.n:.0f} "
+                             "responses) and its learning curve cannot be set against the reference's (it never passed "
+                             "the reference's first eval score): run it longer (more --steps)")
+    rps = split_stats(tr).responses_per_s
+    sigma, s_sd = rps / ref_rps, errors.pilot_sigma_sd
+    if not (math.isfinite(sigma) and sigma > 0):
+        sigma, s_sd = preds[j].sigma, float(sigma_spread([preds[j]])[0][0])
+    return Observation(j, float(log_rho), float(sd), float(sigma), float(s_sd), bool(prefix))
+
+
+def _same_setup(study: Study, tr: Trace, model_name: str | None) -> None:
+    """Refuse a pilot of another algorithm, task, lr rule or model than the reference's."""
     c = tr.config
     for key in ("algo", "task", "lr_rule"):
         if str(c.get(key)) != str(study.models.config.get(key)):
@@ -384,35 +552,33 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, rho_pre
     if model_name is not None and (tr.meta.get("model") or {}).get("name") != model_name:
         raise RlsimError(f"pilot {tr.name} trains another model than the reference; record it with the reference's "
                          "--model")
-    P, g = int(c.get("prompts") or 0), int(c.get("group") or 1)
-    if P not in sizes or g != G:
-        raise RlsimError(f"pilot {tr.name} is P={P}, G={g}, not one of the candidates (P in {sizes}, G={G}); "
-                         "pass the candidates it was recorded for")
-    curve = fit_learning_curve(tr)
-    if not len(curve.score):
-        raise RlsimError(f"pilot {tr.name} has no eval rows, so it cannot measure samples-to-target; record it with "
-                         "evals (rlrun record --eval-every N)")
-    reached = samples_to_target(curve, study.target)
-    if reached.censored and not bounds_ok:
-        raise RlsimError(f"pilot {tr.name} never reached the target {study.target:.4g} (trained {reached.n:.0f} "
-                         "responses): run it longer (more --steps) so that it measures its samples-to-target")
-    j = sizes.index(P)
-    return j, float(math.log(reached.n / study.n_star_ref) - math.log(rho_pred[j]))
 
 
-def _pilots(study: Study, s: Scored, sd: float, rng: np.random.Generator, confidence: float) -> list[Pilot]:
-    """Each unmeasured candidate's pilot, by expected regret removed per response, best first."""
-    er_now = float(scores(s.T, s.w)[0][pick(s.T, s.w, s.ref, confidence)])
+def _pilots(study: Study, s: Scored, errors: RhoErrors, rng: np.random.Generator, cfg: PlanConfig) -> list[Pilot]:
+    """The pilots worth pricing, by expected regret removed per response, best first: at each candidate not yet run to
+    the target, a run to the target (priced at the reference's samples-to-target times its predicted rho) and the
+    prefixes shorter than that whose noise was measured (`RhoErrors.prefix_sd`), as successive halving would spend
+    little on a candidate before running it to the end."""
+    measured = sorted(s.measured)
+    er_now = float(scores(s.T, s.w)[0][pick(s.T, s.w, s.ref, cfg.confidence, measured, cfg.measured_confidence)])
     out = []
     for j, P in enumerate(s.sizes):
-        if j in s.measured or s.preds[j].fits is False:  # no pilot at a size that does not fit
+        o = s.observed.get(j)
+        if j == s.ref or (o is not None and not o.prefix) or s.preds[j].fits is False:  # none where it does not fit
             continue
         G = s.preds[j].group
-        rho_hi = s.preds[j].rho * _weighted_quantiles(np.exp(s.e[:, j]), s.w, (0.9,))[0]
-        steps = max(int(math.ceil(1.2 * rho_hi * study.n_star_ref / (P * G))), 1)
-        after = regret_after_pilot(s.T, s.e, s.w, j, s.ref, sd, rng, confidence=confidence)
-        out.append(((er_now - after) / (steps * P * G),
-                    Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps))))
+        full = max(int(math.ceil(s.preds[j].rho * study.n_star_ref / (P * G))), 1)
+        lengths = [(full, errors.seed_sd, False)]
+        if o is None:  # prefixes: at least two evals past the start
+            least = 2 * int(study.models.config.get("eval_every") or 1)
+            lengths += [(steps, sd, True) for f, sd in zip(errors.prefix_f, errors.prefix_sd)
+                        for steps in [max(int(math.ceil(f * study.n_star_ref / (P * G))), least)] if steps < full]
+        for steps, sd, prefix in lengths:
+            after = regret_after_pilot(s.T, s.w, j, s.ref, math.hypot(sd, errors.pilot_sigma_sd), rng,
+                                       confidence=cfg.confidence, measured=[m for m in measured if m != j],
+                                       slack=cfg.slack, measured_confidence=cfg.measured_confidence)
+            out.append(((er_now - after) / (steps * P * G),
+                        Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps), prefix)))
     return [p for _, p in sorted(out, key=lambda x: -x[0])]
 
 

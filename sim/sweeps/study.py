@@ -12,7 +12,7 @@ from rlsim.sweeps import backends
 from rlsim.present import results
 from rlsim.present import perfetto as pf
 from rlsim.core.config import WhatIf
-from rlsim.modes.registry import check as check_mode
+from rlsim.modes.registry import as_recorded
 from rlsim.core.grid import build_grid, config_dict
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import exclusive
@@ -50,8 +50,9 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
     if ray_address:
         backends.import_ray()  # fail fast, before fitting, when the extra is missing
     grid = build_grid(WhatIf, axes, {}, labels=labels)
-    for cfg in grid:  # a mode and settings that do not go together: one line before anything is fitted
-        check_mode(cfg)
+    # the mode the reference trace records where a config names none; a mode and settings that do not go together:
+    # one line before anything is fitted
+    grid, lines = _as_recorded(grid, traces)
     if out is not None:
         results.prepare_out_dir(out, overwrite, clear=False)  # refuse early; old results go only once new ones exist
     study = prepare(traces, rho_model=rho_model, target=target, calibration=calibration)
@@ -69,6 +70,8 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
                                       backend=backend, seconds=round(seconds, 3))
         meta["reference"] = results.reference_row(study, grid[0].updates, grid[0].seed)
         meta["warnings"], meta["notes"] = list(study.warnings), list(study.notes)
+        if lines:
+            meta["mode_from_trace"] = lines
         if any(k in axes for k in HARDWARE_FIELDS):
             meta["notes"].append("each configuration is compared with the reference configuration on its own hardware "
                                  "(T / T_ref, the ranking); time_to_target_vs_recorded compares across hardware")
@@ -86,6 +89,14 @@ def sweep_study(traces: Sequence[Any], axes: Mapping[str, Sequence[Any]], *, out
                 sweep_charts(Path(out) / "charts", traces=traces, study=study, rows=ranked, meta=meta)
                 paths["charts"] = Path(out) / "charts"
     return SweepResult(rows=ranked, meta=meta, paths=paths, seconds=seconds)
+
+
+def _as_recorded(grid: Sequence[WhatIf], traces: Sequence[Any]) -> tuple[list[WhatIf], list[str]]:
+    """The grid's configs asking about the execution mode the reference trace records where they name none
+    (`rlsim.modes.registry.as_recorded`), and its lines, each once."""
+    config = traces[0].config if traces else {}
+    pairs = [as_recorded(cfg, config) for cfg in grid]
+    return [c for c, _ in pairs], list(dict.fromkeys(line for _, line in pairs if line))
 
 
 HARDWARE_FIELDS = ("device", "gpus", "gen_gpus", "train_gpus")  # the WhatIf fields that change the devices
@@ -130,7 +141,7 @@ def export_simulated(traces: Sequence[Any], fixed: Mapping[str, Any], out: str |
                      overwrite: bool = False, calibration: Sequence[Any] = ()) -> dict[str, int]:
     """Simulate one config (fields not given: the reference trace's) with its timeline and write it as
     Chrome trace JSON. Returns the slice counts per track."""
-    cfg = build_grid(WhatIf, {k: [v] for k, v in fixed.items()}, {})[0]
+    cfg = _as_recorded(build_grid(WhatIf, {k: [v] for k, v in fixed.items()}, {}), traces)[0][0]
     run = timeline(prepare(traces, rho_model=rho_model, calibration=calibration), cfg)
     obj = pf.simulated_chrome_trace(run, other={"config": config_dict(cfg), "traces": [str(t.path) for t in traces]})
     counts = pf.check_chrome_trace(obj)

@@ -12,6 +12,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from rlsim.core.config import WhatIf
 from rlsim.replay.devices import get_profile, profile_for_hardware
 from rlsim.replay.errors import RlsimError, name
@@ -41,6 +43,9 @@ class TraceMemory:
         "help": "memory of one recorded device, GB (a CPU trace: its host's; None: the device is not named)"})
     cpu: bool = field(default=False, metadata={"help": "recorded on a CPU host (one memory for every core)"})
     assumed: str = field(default="", metadata={"help": "settings the trace does not record, assumed (a note)"})
+    mean_seq_len: float = field(default=0.0, metadata={
+        "help": "the largest per-update mean prompt + response tokens the log records (0: none; packed "
+                "micro-batches are then sized at the padded bound)"})
 
 
 def _nested(flat: dict[str, Any]) -> dict[str, Any]:
@@ -71,8 +76,18 @@ def _shape(model: dict[str, Any]) -> tuple[ModelShape | None, str]:
                       "for all of it")
 
 
-def trace_memory(meta: dict[str, Any]) -> TraceMemory:
-    """The reference trace's memory inputs (its metadata: model, config, engine, trainer, hardware)."""
+def recorded_mean_seq_len(step_stats: dict[str, np.ndarray]) -> float:
+    """The largest per-update mean prompt + response tokens in a trace's step_stats rows (verl's prompt_length/mean
+    + response_length/mean); 0 when either is not recorded."""
+    if not len(step_stats.get("prompt_len_mean", ())):
+        return 0.0
+    total = np.asarray(step_stats["prompt_len_mean"], float) + np.asarray(step_stats["response_len_mean"], float)
+    return float(np.nanmax(total)) if np.isfinite(total).any() else 0.0
+
+
+def trace_memory(meta: dict[str, Any], mean_seq_len: float = 0.0) -> TraceMemory:
+    """The reference trace's memory inputs (its metadata: model, config, engine, trainer, hardware; `mean_seq_len`
+    from recorded_mean_seq_len)."""
     cfg, eng, hw = meta.get("config") or {}, meta.get("engine") or {}, meta.get("hardware") or {}
     shape, unknown = _shape(meta.get("model") or {})
     framework = str((meta.get("source") or {}).get("framework") or "rlrun")
@@ -81,7 +96,7 @@ def trace_memory(meta: dict[str, Any]) -> TraceMemory:
     if not isinstance(mem, (int, float)) or mem <= 0:
         prof = profile_for_hardware(hw) if hw else None
         mem = prof.memory_gb if prof is not None and prof.key != "recorded" else None
-    base = TraceMemory(shape, unknown, framework, device_memory_gb=mem, cpu=cpu)
+    base = TraceMemory(shape, unknown, framework, device_memory_gb=mem, cpu=cpu, mean_seq_len=mean_seq_len)
     if framework == "verl":
         return replace(base, verl=_nested(cfg.get("framework_config") or {}))
     if framework != "rlrun":  # the log's framework settings are not in the trace: stated defaults
@@ -123,7 +138,7 @@ def candidate_setups(tm: TraceMemory, cfg: WhatIf, load: Load) -> tuple[GenSetup
     n_gen, n_train = (int(cfg.gen_gpus or cfg.train_gpus), int(cfg.train_gpus)) if split else (n, n)  # hybrid: the same
     if tm.verl:  # its engine and FSDP settings; the batch enters below, as each engine's concurrency
         gen, _ = setups_from_verl(tm.verl, gpus=n_gen)
-        _, train = setups_from_verl(tm.verl, gpus=n_train)
+        _, train = setups_from_verl(tm.verl, gpus=n_train, mean_len=tm.mean_seq_len)
     else:
         gen = replace(tm.gen, tp=min(tm.gen.tp, n_gen))
         train = replace(tm.train, gpus=n_train, seq_len=tm.train.seq_len if tm.train.seq_len else load.seq_len)

@@ -119,6 +119,9 @@ class RunResult:
         "help": "median step time over the trace's updates, as recorded (rlsim.replay.steps: the one definition)"})
     validation: Validation | None = field(default=None, metadata={"help": "fit validation (replay.models.Validation): "
                                                                           "form, R2, CV error"})
+    mode_line: str = field(default="", metadata={
+        "help": "the line saying the candidate asks about the execution mode the trace records ('' where the config "
+                "names its mode or the trace records none; rlsim.modes.registry.as_recorded)"})
 
     def to_dict(self) -> dict[str, Any]:
         d = self.candidate.to_dict()
@@ -132,4 +135,6 @@ class RunResult:
                  memory=self.candidate.memory)
         if self.validation is not None:
             d["fit_validation"] = self.validation.to_dict()
+        if self.mode_line:
+            d["mode_from_trace"] = self.mode_line
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}

@@ -13,7 +13,7 @@ import numpy as np
 
 from rlsim.core.config import WhatIf
 from rlsim.core.pipeline import SimRun
-from rlsim.modes.registry import check as check_mode, simulate
+from rlsim.modes.registry import MODES, as_recorded, resolved, simulate
 from rlsim.replay.io import Trace
 from rlsim.replay.rho import RhoModel, regime, staleness_rho
 from rlsim.whatif.intervals import decider, outcome_intervals
@@ -61,7 +61,9 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
     gen, train, syn, oth = (float(run_.gen_time.mean()), float(run_.train_time.mean()), float(run_.sync_time.mean()),
                             float(run_.other_time.mean()))
     iv = outcome_intervals(study, cfg, run_, q, sigma, rho, ratio, B, kind, reference, model, rho_stale)
-    own = reference or replace(cfg, prompts=P, group=G, lr_rule=rule) == ref_cfg  # a candidate may be the reference
+    # a candidate may be the reference, its mode named (colocated, sync) or not
+    loop = MODES[resolved(cfg)].devices == "colocated"
+    own = reference or replace(cfg, prompts=P, group=G, lr_rule=rule, mode=None if loop else cfg.mode) == ref_cfg
     reg = "reference" if own else regime(ratio)
     lo_t, hi_t = iv.get("time_to_target_ratio_lo", math.nan), iv.get("time_to_target_ratio_hi", math.nan)
     if not own and lo_t < 1 < hi_t and not (lo_t >= 1 - REGIME_BAND and hi_t <= 1 + REGIME_BAND):
@@ -158,8 +160,8 @@ def timeline(study: Study, cfg: WhatIf) -> SimRun:
 
 def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target: float | None = None,
         calibration: Sequence[Trace] = ()) -> RunResult:
-    cfg.validate()
-    check_mode(cfg)  # before the fit: a mode and settings that do not go together is one line at once
+    # validated and checked before the fit, in the mode the trace records where cfg names none: one line at once
+    cfg, line = as_recorded(cfg, traces[0].config if traces else {})
     study = prepare(traces, rho_model=rho_model, target=target, calibration=calibration)
     cand = evaluate(study, cfg)
     ref = reference_outcome(study, cfg.updates, cfg.seed, like=cfg)
@@ -170,4 +172,5 @@ def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target
                      warnings=study.warnings, notes=study.notes,
                      b_crit_critic=study.noise.critic_b_crit, validation=study.models.validation,
                      recorded_responses_per_s=float(np.median(rec.responses_per_s)) if len(rec.step) else math.nan,
-                     recorded_step_time_s=float(np.median(rec.step_time)) if len(rec.step) else math.nan)
+                     recorded_step_time_s=float(np.median(rec.step_time)) if len(rec.step) else math.nan,
+                     mode_line=line)

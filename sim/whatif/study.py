@@ -32,9 +32,9 @@ from rlsim.replay.models import INTERVAL, FittedModels, interval
 from rlsim.replay.rollout_costs import group_models, old_log_prob_share, without_share
 from rlsim.replay.rho import (RhoModel, curves_rho, fit_lr_aware, invariant_rho, lr_aware_rho, noise_scale_ratio,
                               noise_scale_rho, parse_rho)
-from rlsim.replay.schema import EVAL, PHASE, placement
+from rlsim.replay.schema import EVAL, PHASE, STEP_STATS, placement
 from rlsim.whatif.memory import (PARTIAL, Load, TraceMemory, candidate_memory, memory_object, memory_warning,
-                                 trace_memory)
+                                 recorded_mean_seq_len, trace_memory)
 from rlsim.whatif.simconfig import config_for, engine_of, gen_ratio
 
 
@@ -77,6 +77,9 @@ class Study:
     memory: TraceMemory | None = field(default=None, metadata={
         "help": "the reference trace's memory inputs: model shape, framework settings, device memory "
                 "(rlsim.whatif.memory)"})
+    recorded_mode: dict = field(default_factory=dict, metadata={
+        "help": "the execution mode the reference trace records, its config's execution_mode and mode_settings ({}: "
+                "none), asked where a config names no mode (rlsim.modes.registry.as_recorded)"})
 
     @property
     def b_ref(self) -> int:
@@ -391,7 +394,9 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  trace_names=tuple(t.name for t in traces),
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
                  framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models,
-                 task=str(ref.config.get("task") or ""), memory=trace_memory(ref.meta),
+                 task=str(ref.config.get("task") or ""),
+                 memory=trace_memory(ref.meta, recorded_mean_seq_len(ref.rows(STEP_STATS))),
+                 recorded_mode={k: ref.config[k] for k in ("execution_mode", "mode_settings") if k in ref.config},
                  old_log_prob_share=old_log_prob_share(phase_seconds(ref)))
 
 
@@ -447,11 +452,12 @@ def _lr_aware(ref: LearningCurve, curves: Sequence[LearningCurve], target: float
              f"{f.loss:.3g}){few}"), \
             f.runs >= 2
     if len(curves) > 1:
-        raise RlsimError("--rho lr-aware is fitted where the runs reach a target score, and the reference trace has no "
-                         "eval rows: record it with evals (--eval-every), or give --bend-batch and --kappa")
-    raise RlsimError("--rho lr-aware needs its two constants: pass runs at other batch sizes or lrs with --trace to "
-                     "fit them, or give --bend-batch and --kappa (they are the task's: one task's fit did not transfer "
-                     "to another, docs/results.md)")
+        raise RlsimError(f"{setting(rho_model='lr-aware')} is fitted where the runs reach a target score, and the "
+                         "reference trace has no eval rows: record it with evals (rlrun's --eval-every), or give "
+                         f"{name('bend_batch')} and {name('kappa')}")
+    raise RlsimError(f"{setting(rho_model='lr-aware')} needs its two constants: pass runs at other batch sizes or lrs "
+                     f"with {name('trace')} to fit them, or give {name('bend_batch')} and {name('kappa')} (they are "
+                     "the task's: one task's fit did not transfer to another, docs/results.md)")
 
 
 @functools.lru_cache(maxsize=32)

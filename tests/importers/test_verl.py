@@ -275,6 +275,7 @@ async_training: {staleness_threshold: 0.5, trigger_parameter_sync_step: 4, requi
       "max_off_policy_strategy": "wait", "switch_threshold_ratio": 0.5, "train_gpus": 8, "gen_gpus": 8}),
     (V1_SEPARATE.replace("separate_async\n", "colocate_async\n", 1), "colocate_async",
      {"max_off_policy_threshold": 2, "max_off_policy_strategy": "wait", "train_gpus": 8}),
+    (V1_SEPARATE.replace("separate_async\n", "sync\n", 1), "sync", None),
     (FULLY_ASYNC, "fully_async", {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 4, "require_batches": 1,
                                   "partial_rollout": True, "train_gpus": 16, "gen_gpus": 16}),
     (FULLY_ASYNC.replace("async_training", "other"), "one_step_off", {"train_gpus": 16, "gen_gpus": 16}),
@@ -287,5 +288,5 @@ def test_the_execution_mode_is_read_from_a_v1_or_fully_async_config(tmp_path, te
     t = read_trace(import_log("verl", log, config=cfg, out=tmp_path / "t.parquet", **({"gpus": 8} if text == VERL_CONFIG
                                                                                       else {})))
     assert t.config.get("execution_mode") == mode and t.config.get("mode_settings") == settings
-    if mode:
-        assert any(f"rlsim run TRACE --mode {mode}" in n for n in t.meta["source"]["notes"])
+    if mode and mode != "sync":
+        assert any(f"`rlsim run TRACE` asks about it, as --mode {mode}" in n for n in t.meta["source"]["notes"])

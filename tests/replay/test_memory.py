@@ -12,8 +12,10 @@ from bench.memory_model import VLLM_CASES, held_out_kv_rows, oom_rows, zero_pape
 from rlsim.replay.devices import get_profile
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.importers.common import load_config
-from rlsim.replay.memory import (GIB, MODELS, GenSetup, ModelShape, TrainSetup, activation_bytes_per_token_layer,
-                                 estimate_memory, kv_bytes_per_token, kv_tokens_from_bytes, model_shape,
+from rlsim.replay.memory import (GIB, MODELS, GenSetup, ModelShape, TrainSetup, _candidates, _training_terms,
+                                 activation_bytes_per_token_layer, estimate_memory, kv_bytes_per_token,
+                                 kv_tokens_from_bytes, log_prob_excess_bytes, log_prob_pass_bytes, log_prob_tokens,
+                                 micro_batch_tokens, model_shape, update_tokens,
                                  setups_from_verl, shape_from_config, training_activation_bytes, usable_memory_gb,
                                  vllm_kv_capacity_tokens, zero_host_bytes, zero_model_states_bytes)
 
@@ -238,3 +240,137 @@ def test_an_engine_that_does_not_sleep_stays_in_the_training_phase():
     assert awake.generation_gb == asleep.generation_gb
     split = estimate_memory(model, replace(gen, sleeps=False), replace(train, colocated=False), 79.1)
     assert split.training_gb < awake.training_gb  # on separate devices the engine is elsewhere
+
+
+TINY = ModelShape("tiny", 1000.0, layers=2, hidden=8, heads=2, kv_heads=1, head_dim=4, intermediate=16, vocab=32)
+
+
+def test_log_prob_pass_by_hand():
+    """Per token and layer 12 x 8 + 4 x 4 + 6 x 16 = 208 bytes. The update (1 sequence of 10 tokens, no
+    checkpointing): activations 10 x 208 x 2 layers = 4160 and logits 4 x 10 x 32 = 1280, 5440 bytes. The log-prob
+    pass (4 sequences, no grad): one layer alive, 40 x (208 + 4 x 32) = 13440 bytes, 8000 beyond the update."""
+    t = TrainSetup(micro_batch=1, seq_len=10, gradient_checkpointing=False, log_prob_micro_batch=4)
+    assert activation_bytes_per_token_layer(TINY) == 208
+    assert log_prob_pass_bytes(TINY, t) == 13440 and log_prob_excess_bytes(TINY, t) == 8000
+    term = {x.name: x.gb for x in _training_terms(TINY, t)}
+    assert term["log-prob pass beyond the update (no grad)"] == 8000 / GIB
+    # at the update's micro-batch, or with none given, the pass adds nothing (10 x 336 = 3360 < 5440)
+    for lp in (1, 0):
+        names = {x.name for x in _training_terms(TINY, replace(t, log_prob_micro_batch=lp))}
+        assert "log-prob pass beyond the update (no grad)" not in names
+    assert log_prob_excess_bytes(TINY, replace(t, log_prob_micro_batch=1)) == 0.0
+
+
+def test_micro_batch_tokens_padded_packed_dynamic_by_hand():
+    """seq_len 1000, mean 300. Padded: 4 x 1000 = 4000. Packed: one full-length sequence and three at the mean,
+    3 x 300 + 1000 = 1900 (at most the padded 4000; one sequence: 1000). Packed without a mean: the padded 4000.
+    Dynamic, packed: the budget, 3000. Dynamic, padded: 3000 // 300 = 10 sequences of 1000 = 10000 (without a
+    mean 3000 // 1000 = 3 of 1000)."""
+    t = TrainSetup(micro_batch=4, seq_len=1000, mean_seq_len=300)
+    assert micro_batch_tokens(t, 4) == 4000
+    packed = replace(t, remove_padding=True)
+    assert micro_batch_tokens(packed, 4) == 1900 and micro_batch_tokens(packed, 1) == 1000
+    assert micro_batch_tokens(replace(packed, mean_seq_len=0), 4) == 4000
+    assert micro_batch_tokens(replace(packed, mean_seq_len=5000), 4) == 4000  # a mean above seq_len is capped
+    assert micro_batch_tokens(packed, 4, budget=3000) == 3000
+    assert micro_batch_tokens(t, 4, budget=3000) == 10000
+    assert micro_batch_tokens(replace(t, mean_seq_len=0), 4, budget=3000) == 3000
+    # the update and the log-prob passes each with their own micro-batch and budget
+    both = replace(packed, log_prob_micro_batch=8, token_budget=2500)
+    assert (update_tokens(both), log_prob_tokens(both)) == (2500, 7 * 300 + 1000)
+    assert log_prob_tokens(replace(both, log_prob_token_budget=6000)) == 6000
+
+
+def test_packing_scales_activations_logits_and_the_log_prob_pass():
+    """TINY (208 bytes per token and layer, vocab 32) at seq_len 10, mean 4, no checkpointing: the update's micro-batch
+    of 2 packs 1 x 4 + 10 = 14 tokens (padded 20): activations 14 x 208 x 2 = 5824, logits 4 x 14 x 32 = 1792; the
+    log-prob pass of 4 packs 3 x 4 + 10 = 22 tokens: 22 x (208 + 128) = 7392, beyond the update 7392 - 7616 < 0."""
+    t = TrainSetup(micro_batch=2, seq_len=10, gradient_checkpointing=False, log_prob_micro_batch=4,
+                   remove_padding=True, mean_seq_len=4)
+    assert training_activation_bytes(TINY, t) == 5824 and log_prob_pass_bytes(TINY, t) == 7392
+    assert {x.name: x.gb for x in _training_terms(TINY, t)}["logits (fp32)"] == 1792 / GIB
+    assert log_prob_excess_bytes(TINY, t) == 0.0
+    padded = replace(t, remove_padding=False)  # 20 and 40 tokens: 8320 + 2560 = 10880; 40 x 336 = 13440
+    assert log_prob_excess_bytes(TINY, padded) == 13440 - 10880
+
+
+def test_setups_from_verl_read_packing_and_token_budgets():
+    unresolved = "${oc.select:actor_rollout_ref.actor.ppo_max_token_len_per_gpu,16384}"
+    cfg = _verl_cfg(8, {"ppo_micro_batch_size_per_gpu": 4, "use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": 4096},
+                    {"log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": unresolved},
+                    {"log_prob_micro_batch_size_per_gpu": 8})
+    cfg["actor_rollout_ref"]["model"] = {"use_remove_padding": True}
+    _, t = setups_from_verl(cfg, mean_len=300)
+    assert t.remove_padding and t.mean_seq_len == 300 and t.seq_len == 1024
+    # an unresolved oc.select reads as verl's default budget; the reference pass is fixed (no budget)
+    assert (t.token_budget, t.log_prob_token_budget) == (4096, 16384)
+    assert (update_tokens(t), log_prob_tokens(t)) == (4096, 16384)
+    _, t = setups_from_verl(_verl_cfg(8, {"ppo_micro_batch_size_per_gpu": 4}, {}))
+    assert not t.remove_padding and (t.token_budget, t.log_prob_token_budget, t.mean_seq_len) == (0, 0, 0)
+    assert update_tokens(t) == 4 * 1024  # verl 0.1's default: padded
+
+
+def test_a_smaller_token_budget_is_a_fix_down_to_the_longest_sequence():
+    t = TrainSetup(seq_len=4096, remove_padding=True, token_budget=16384, log_prob_token_budget=8192)
+    labels = [label for label, _, c in _candidates(TINY, GenSetup(), t) if "max_token_len" in label]
+    assert labels == ["ppo_max_token_len_per_gpu 8192 (from 16384)", "ppo_max_token_len_per_gpu 4096 (from 16384)",
+                      "log_prob_max_token_len_per_gpu 4096 (from 8192)"]
+    model = model_shape("Qwen/Qwen2.5-7B")
+    big = TrainSetup(gpus=8, seq_len=4096, remove_padding=True, token_budget=65536, reference=True)
+    est = estimate_memory(model, GenSetup(gpu_memory_utilization=0.5), big, 80.0)
+    assert est.fits is False and any(f.startswith("ppo_max_token_len_per_gpu") for f in est.fixes)
+
+
+def test_recorded_mean_seq_len_is_the_largest_step_mean():
+    from rlsim.whatif.memory import recorded_mean_seq_len
+
+    assert recorded_mean_seq_len({"prompt_len_mean": [100.0, 120.0, float("nan")],
+                                  "response_len_mean": [200.0, 260.0, 900.0]}) == 380.0
+    assert recorded_mean_seq_len({"prompt_len_mean": [], "response_len_mean": []}) == 0.0
+    assert recorded_mean_seq_len({"prompt_len_mean": [float("nan")], "response_len_mean": [1.0]}) == 0.0
+
+
+def _verl_cfg(gpus: int, actor: dict, rollout: dict, ref: dict | None = None, kl: bool = True) -> dict:
+    return {"trainer": {"n_gpus_per_node": gpus, "nnodes": 1},
+            "data": {"train_batch_size": 64, "max_prompt_length": 512, "max_response_length": 512},
+            "actor_rollout_ref": {"actor": {"use_kl_loss": kl, **actor}, "rollout": {"n": 4, **rollout},
+                                  "ref": ref or {}}}
+
+
+def test_setups_from_verl_read_the_log_prob_micro_batches():
+    _, t = setups_from_verl(_verl_cfg(8, {"ppo_micro_batch_size_per_gpu": 4},
+                                      {"log_prob_micro_batch_size_per_gpu": 16},
+                                      {"log_prob_micro_batch_size_per_gpu": 24}))
+    assert (t.micro_batch, t.log_prob_micro_batch) == (4, 24)  # the larger of the old and reference passes
+    _, t = setups_from_verl(_verl_cfg(8, {"ppo_micro_batch_size_per_gpu": 4}, {"log_prob_micro_batch_size_per_gpu": 16},
+                                      {"log_prob_micro_batch_size_per_gpu": 24}, kl=False))
+    assert t.log_prob_micro_batch == 16 and not t.reference  # no reference model, no reference pass
+    # verl 0.1's global keys, divided over the devices / Ulysses size as verl's workers normalize them
+    _, t = setups_from_verl(_verl_cfg(4, {"ppo_micro_batch_size": 64}, {"log_prob_micro_batch_size": 128},
+                                      {"log_prob_micro_batch_size": 128}))
+    assert (t.micro_batch, t.log_prob_micro_batch) == (16, 32)
+    _, t = setups_from_verl(_verl_cfg(8, {"ppo_micro_batch_size": 64, "ulysses_sequence_parallel_size": 2},
+                                      {"log_prob_micro_batch_size": 128}), gpus=8)
+    assert (t.micro_batch, t.log_prob_micro_batch) == (16, 32)
+    # a saved Hydra config keeps interpolations; dynamic batching: the token budget over the longest sequence
+    budget = "${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}"
+    _, t = setups_from_verl(_verl_cfg(8, {"ppo_micro_batch_size_per_gpu": 2, "use_dynamic_bsz": False,
+                                          "ppo_max_token_len_per_gpu": 8192},
+                                      {"log_prob_use_dynamic_bsz": True, "log_prob_max_token_len_per_gpu": budget},
+                                      {"log_prob_micro_batch_size_per_gpu": "${actor_rollout_ref.rollout.missing}"}))
+    assert (t.micro_batch, t.log_prob_micro_batch) == (2, 8192 // 1024)
+
+
+def test_the_verl_import_keeps_the_log_prob_keys():
+    from rlsim.replay.importers.common import config_subset
+    from rlsim.replay.importers.verl import CONFIG_KEYS
+    from rlsim.whatif.memory import _nested
+
+    kept = _nested(config_subset(load_config(VERL_CONFIG), CONFIG_KEYS, dotted=True))
+    _, t = setups_from_verl(kept, gpus=8)
+    assert (t.micro_batch, t.log_prob_micro_batch) == (16, 32)  # docs/examples/verl/config.yaml
+    assert t.remove_padding  # use_remove_padding: true, kept by the import
+    est = _verl(8, "h100")[2]
+    pass_gb = {x.name: x.gb for x in est.terms}["log-prob pass beyond the update (no grad)"]
+    assert pass_gb == pytest.approx(log_prob_excess_bytes(model_shape("Qwen/Qwen2.5-3B-Instruct"), t) / GIB)
+    assert est.fits is True

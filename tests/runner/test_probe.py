@@ -209,7 +209,7 @@ def test_tiny_probe_end_to_end(tmp_path, tiny_model):
     for head in ("trace ", "status ", "config ", "hardware ", "model ", "engine ", "packages ", "events "):
         assert any(line.startswith(head) for line in text.splitlines()), head
     # and the simulator refuses it as a run
-    from rlsim.cli.options import StudyOptions
+    from rlsim.cli.options import StudyOptions, read_traces
 
     with pytest.raises(RlsimError, match="is an `rlrun probe` trace"):
-        StudyOptions(trace=(path,)).traces()
+        read_traces(StudyOptions(trace=(path,)))

@@ -138,6 +138,41 @@ def test_without_partial_rollout_the_sync_waits_for_in_flight_responses():
     assert run.gen_time == pytest.approx([1.2 + 2.5, 0.0 + 0.6])
 
 
+def _straggler_run(c, update, partial, updates=6):
+    # P=1, G=2, eta = 1, prompts of 1 token, each group a 1-token and a 3-token response; no prefill cost, so
+    # partial rollout's re-prefill is free and only the order of generation differs; sync 0 s
+    m = hand_models([([1, 1], [1, 3])] * 6, c=c, update=(update, 0.0), sync=0.0, max_num_seqs=4, group=2)
+    return simulate(m, _cfg(m, group=2, updates=updates, split=SplitConfig(1, 1, staleness=1,
+                                                                           partial_rollout=partial)),
+                    rng=RNG, record_timeline=True)
+
+
+def test_partial_rollout_shares_the_engine_between_the_straggler_and_the_next_batch():
+    # Step cost 1 s per running sequence (no per-step cost: batching saves nothing, as on a CPU where the
+    # per-sequence term dominates); update 3 s. Prompts 0 and 1: step [0, 4] with 4 running, then 2 x 2 s: both
+    # complete at 8, update 0 [8, 11]. At 11 (v1) prompt 2 starts: [11, 13] 2 running, [13, 14] its straggler alone.
+    # Update 1 [11, 14] then asks for the sync.
+    # Waiting: the straggler's last token [14, 15], sync at 15, update 2 [15, 18]; prompt 3 [15, 17], [17, 18],
+    # [18, 19]; the sync waits for it to 19: 4 s per update.
+    wait = _straggler_run((0.0, 1.0, 0.0, 0.0), 3.0, False)
+    assert _spans(wait, "train.update")[:8] == pytest.approx(_flat([(8, 3), (11, 3), (15, 3), (19, 3)]))
+    assert wait.step_time[1:] == pytest.approx([4.0] * 5)
+    # Partial rollout: the engine joins at 14, prompt 3 starts beside the straggler's last token, a 3-running step
+    # [14, 17]: prompt 2 completes at 17, not 15 -> update 2 [17, 20]; prompt 3 still ends at 19 ([17, 18], [18, 19]:
+    # starting 1 s earlier gained nothing), the engine idles to the sync at 20, update 3 [20, 23]; then again from
+    # prompt 4 at 20 as from prompt 2 at 11: 3 s and 6 s, 4.5 s per update, 1/8 slower than waiting
+    part = _straggler_run((0.0, 1.0, 0.0, 0.0), 3.0, True)
+    assert _spans(part, "gen.step")[8:14] == pytest.approx(_flat([(13, 1), (14, 3), (17, 1)]))
+    assert _spans(part, "train.update") == pytest.approx(_flat([(8, 3), (11, 3), (17, 3), (20, 3), (26, 3), (29, 3)]))
+    assert part.step_time[1:] == pytest.approx([3.0, 6.0, 3.0, 6.0, 3.0])
+    assert part.gen_time[1:] == pytest.approx([0.0, 3.0, 0.0, 3.0, 0.0])  # the trainer waits for the straggler
+    # With a per-step cost only (1 s a step whatever runs: batching is free, as in memory-bound GPU decoding) the
+    # next batch costs the straggler nothing, and with update 2 s partial rollout wins: 2.5 s per update against 3
+    flat_wait, flat_part = (_straggler_run((1.0, 0.0, 0.0, 0.0), 2.0, p, updates=12) for p in (False, True))
+    assert flat_wait.step_time[1:] == pytest.approx([3.0] * 11)
+    assert flat_part.step_time[1:] == pytest.approx([2.0, 3.0] * 5 + [2.0])
+
+
 def test_data_parallel_ranks_all_reduce_and_idle_ratios_by_hand():
     # P=2, G=1, eta = 0, one replica of 2 slots, 1 s steps: prompt 0 (1 token) ends at 1, prompt 1 (2 tokens) at 2.
     # Two ranks balanced by tokens, longest first: update = 0.5 + 0.5 x tokens -> rank 0 prompt 1 (1 + 2 tokens) 2.0 s,

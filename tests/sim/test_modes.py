@@ -271,10 +271,103 @@ def test_api_and_cli_run_a_mode(traces):
         rlsim.predict("no/such/trace.parquet", prompts=8, mode="nope")  # checked before the trace is read
     with pytest.raises(RlsimError, match="require_batches applies to mode fully_async, not colocated; drop it or add "
                                          "mode=fully_async"):
-        rlsim.predict("no/such/trace.parquet", require_batches=2)
+        rlsim.predict(traces[0], require_batches=2)  # the trace records no mode; checked before the fit
     res = runner.invoke(app, ["run", str(traces[0]), "--batch", "8", "--updates", "3", "--mode", "fully_async",
                               "--gen-gpus", "1", "--train-gpus", "1", "--staleness-threshold", "0.5",
                               "--partial-rollout",
                               "--json"])
     assert res.exit_code == 0, res.output
     assert '"mode": "fully_async 1 gen : 1 train, staleness 0.5, partial rollout"' in res.output
+
+
+FULLY_ASYNC = {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 2, "require_batches": 1,
+               "partial_rollout": True, "train_gpus": 1, "gen_gpus": 1}
+AS_RECORDED = ["--mode", "fully_async", "--staleness-threshold", "0.5", "--trigger-parameter-sync-step", "2",
+               "--require-batches", "1", "--partial-rollout", "--train-gpus", "1", "--gen-gpus", "1"]
+
+
+def _recorded(tmp_path, mode, settings):
+    """The synthetic trace (P 8, G 4) with an execution mode in its config, as `rlsim import verl` records one."""
+    return synthetic_trace(tmp_path / f"{mode}.parquet", SynthSpec(prompts=8, group=4, steps=6, max_num_seqs=16),
+                           meta_overrides={"config": {"execution_mode": mode, "mode_settings": settings}})
+
+
+def _json(args):
+    import json
+
+    res = runner.invoke(app, ["run", *args, "--updates", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_run_asks_about_the_mode_the_trace_records_and_says_so(tmp_path, traces):
+    t = str(_recorded(tmp_path, "fully_async", FULLY_ASYNC))
+    by_default, explicit = _json([t]), _json([t, *AS_RECORDED])
+    line = by_default.pop("mode_from_trace")
+    assert line == f"mode: fully_async (from the trace: {' '.join(AS_RECORDED)}; --mode colocated to compare)"
+    assert by_default == explicit and by_default["execution_mode"] == "fully_async"
+    text = runner.invoke(app, ["run", t, "--updates", "3"]).output
+    assert text.startswith("mode: fully_async (from the trace: --mode fully_async")
+    # an explicit --mode overrides it; a setting given overrides the recorded one
+    asked = _json([t, "--mode", "colocated"])
+    assert asked["execution_mode"] == "colocated" and "mode_from_trace" not in asked
+    assert asked["responses_per_s"] == _json([str(traces[0])])["responses_per_s"]
+    two = _json([t, "--gen-gpus", "2"])
+    assert two["mode"].startswith("fully_async 2 gen : 1 train") and "--gen-gpus" not in two["mode_from_trace"]
+    # a trace that records no mode: as before, no line
+    assert "mode_from_trace" not in _json([str(traces[0])])
+    assert not runner.invoke(app, ["run", str(traces[0]), "--updates", "3"]).output.startswith("mode:")
+
+
+def test_a_setting_the_recorded_mode_cannot_take_names_it_and_the_fix(tmp_path):
+    t = str(_recorded(tmp_path, "fully_async", FULLY_ASYNC))
+    res = runner.invoke(app, ["run", t, "--gpus", "2"])
+    assert res.exit_code == 2 and res.output.count("\n") == 1
+    assert "error: --gpus sets the colocated device count; with a split give --gen-gpus" in res.output
+    assert "(the trace records --mode fully_async --staleness-threshold 0.5" in res.output
+    assert "--mode colocated asks the colocated loop)" in res.output
+
+
+def test_a_recorded_mode_without_its_devices_runs_colocated_and_says_which_to_add(tmp_path):
+    t = str(_recorded(tmp_path, "separate_async", {"parameter_sync_step": 2}))
+    out = _json([t])
+    assert out["execution_mode"] == "colocated"
+    assert out["mode_from_trace"] == ("mode: colocated; the trace records separate_async but not its devices: add "
+                                      "--train-gpus N --gen-gpus M to ask it")
+    given = _json([t, "--gen-gpus", "1", "--train-gpus", "1"])
+    assert given["mode"] == "separate_async 1 gen : 1 train, staleness 1, partial rollout, 2 fetches per sync"
+
+
+def test_api_sweep_and_plan_ask_about_the_recorded_mode(tmp_path):
+    import rlsim
+    from rlsim.sweeps.plan import PlanConfig, _as_recorded
+    from rlsim.replay.io import read_trace
+
+    t = _recorded(tmp_path, "fully_async", FULLY_ASYNC)
+    df = rlsim.predict(t, updates=3)
+    assert df.loc["candidate", "execution_mode"] == "fully_async"
+    assert df.loc["candidate", "notes"].startswith(
+        "mode: fully_async (from the trace: mode=fully_async, staleness_threshold=0.5, trigger_parameter_sync_step=2, "
+        "require_batches=1, partial_rollout=True, train_gpus=1, gen_gpus=1; mode=colocated to compare); ")
+    study = rlsim.fit(t)
+    same = rlsim.predict(study, updates=3)
+    assert same.loc["candidate", "responses_per_s"] == df.loc["candidate", "responses_per_s"]
+    assert rlsim.predict(study, updates=3, mode="colocated").loc["candidate", "execution_mode"] == "colocated"
+    sw = rlsim.sweep(t, {"prompts": [8], "updates": [3]})
+    assert sw.iloc[0]["execution_mode"] == "fully_async"
+    res = runner.invoke(app, ["sweep", "--trace", str(t), "--prompts", "8", "--updates", "3", "--no-charts", "--out",
+                              str(tmp_path / "sweep")], env={"COLUMNS": "300"})
+    assert res.exit_code == 0 and any(line.startswith("mode: fully_async (from the trace: --mode")
+                                      for line in res.output.splitlines())  # after the progress bar (stderr)
+    assert sw.iloc[0]["responses_per_s"] == pytest.approx(df.loc["candidate", "responses_per_s"], rel=1e-12)
+    cfg, line = _as_recorded(PlanConfig(prompts=(8, 16)), read_trace(t))
+    assert dict(cfg.fixed) == {"mode": "fully_async", **FULLY_ASYNC} and line.startswith("mode: fully_async")
+
+
+def test_sync_is_verl_v1s_name_of_the_colocated_loop(traces, tmp_path):
+    assert _json([str(traces[0]), "--mode", "sync"]) == _json([str(traces[0]), "--mode", "colocated"])
+    out = _json([str(_recorded(tmp_path, "sync", {}))])
+    assert out.pop("mode_from_trace") == "mode: sync (from the trace; the colocated loop)"
+    plain = _json([str(traces[0])])
+    assert [w.replace("sync", "t", 1) for w in out.pop("warnings")] == plain.pop("warnings")  # the trace's name
+    assert out == plain

@@ -50,10 +50,9 @@ def test_scores_and_the_pick_keep_the_reference_unless_confident():
 def test_a_pilot_that_tells_the_draws_apart_removes_the_regret():
     # two equally likely truths: candidate 1 is twice as fast, or twice as slow; a pilot at 1 observes which
     T = np.array([[1.0, 0.5]] * 50 + [[1.0, 2.0]] * 50)
-    e = np.array([[0.0, -0.7]] * 50 + [[0.0, 0.7]] * 50)
     rng = np.random.default_rng(0)
     now = scores(T, np.ones(100))[0][pick(T, np.ones(100), 0)]
-    after = regret_after_pilot(T, e, np.ones(100), 1, 0, sd=0.05, rng=rng)
+    after = regret_after_pilot(T, np.ones(100), 1, 0, sd=0.05, rng=rng)
     assert now == pytest.approx(0.5) and after < 0.02
 
 
@@ -205,3 +204,143 @@ def test_the_reference_is_refused_as_its_own_pilot(tmp_path):
     with pytest.raises(RlsimError, match=r"pilot .*grpo_p64_s0.parquet is pilot .*grpo_p64_s0.parquet again "
                                          r"\(the same file\)"):
         plan(read_trace(REF), PlanConfig(prompts=SIZES), pilots=[read_trace(pilot), read_trace(pilot)], target=0.566)
+
+
+# ------------------------------------------------------------------------------------------------ measured pilots
+
+def test_a_measured_candidate_wins_on_expected_regret_a_prediction_needs_the_guard():
+    # candidate 1 beats the reference (0) by half in 3 draws of 4 and loses by a tenth in the fourth: expected regret
+    # 0.1 / 4 = 0.025 against the reference's 3 x 1.0 / 4 = 0.75; it beats the reference with probability 0.75
+    T = np.array([[1.0, 0.5]] * 3 + [[1.0, 1.1]])
+    w = np.ones(4)
+    er, _ = scores(T, w)
+    assert er == pytest.approx([0.75, 0.025])
+    assert pick(T, w, ref=0, confidence=0.8) == 0  # a prediction alone: the guard keeps the reference
+    assert pick(T, w, ref=0, confidence=0.8, measured=[1]) == 1  # measured: the least expected regret wins
+    assert pick(T, w, ref=0, measured=[1], measured_confidence=0.8) == 0  # unless a guard asks 0.8 (it has 0.75)
+    assert pick(T, w, ref=0, measured=[1], measured_confidence=0.7) == 1
+    # measured, but worse in expectation: the reference stays
+    assert pick(np.array([[1.0, 1.2]] * 3 + [[1.0, 0.9]]), w, ref=0, measured=[1]) == 0
+
+
+def test_a_measurement_weighed_against_the_curves_by_hand():
+    from rlsim.sweeps.plan import measured_column
+
+    log_T, z = np.log([0.5, 1.0, 2.0]), np.array([0.0, 1.0, -1.0])
+    w, T = measured_column(log_T, 0.0, s=0.5, slack=0.0, z=z)  # the curves only: reweighted, T unchanged
+    assert w == pytest.approx(np.exp(-0.5 * log_T ** 2 / 0.25)) and T == pytest.approx(np.exp(log_T))
+    w, T = measured_column(log_T, 0.0, s=0.3, slack=0.4, z=z)  # gain 0.16 / 0.25: most of the way to the measurement
+    assert w == pytest.approx(np.exp(-0.5 * log_T ** 2 / 0.25))
+    assert T == pytest.approx(np.exp(log_T * (1 - 0.64) + math.sqrt(0.64) * 0.3 * z))
+    w, T = measured_column(log_T, 0.0, s=0.3, slack=1e6, z=z)  # the measurement only
+    assert w == pytest.approx(np.ones(3)) and T == pytest.approx(np.exp(0.3 * z), rel=1e-4)
+
+
+def test_prefix_log_rho_by_hand():
+    from rlsim.replay.learning import LearningCurve, prefix_log_rho
+
+    n = np.arange(0, 20001, 1000.0)
+    ref = LearningCurve(cum_responses=n, score=n / 20000)  # score 1 at 20,000 responses
+    slow = LearningCurve(cum_responses=n[:9], score=n[:9] / 40000)  # half as fast, 8,000 responses run
+    assert prefix_log_rho(ref, slow, 8000) == pytest.approx(math.log(2))
+    assert math.isnan(prefix_log_rho(ref, slow, 30000))  # longer than the run: no k' in [k/2, k]
+    flat = LearningCurve(cum_responses=n[:9], score=np.zeros(9))  # never past the reference's first score
+    assert math.isnan(prefix_log_rho(ref, flat, 8000))
+
+
+def _cut(path: Path, out: Path, updates: int) -> Path:
+    """The first `updates` updates of a recording (rows of later steps dropped), as a pilot stopped early."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(path)
+    keep = pc.or_(pc.is_null(t["step"]), pc.less_equal(t["step"], updates))
+    pq.write_table(t.filter(keep).replace_schema_metadata(t.schema.metadata), out)
+    return out
+
+
+def test_a_pilots_row_shows_what_it_measured_with_its_seed_noise(tmp_path):
+    from rlsim.replay.evaluation import samples_to_target
+    from rlsim.replay.learning import fit_learning_curve, prefix_log_rho
+    from rlsim.replay.split_stats import split_stats
+
+    errs = _errors(np.zeros((3, 6)), seed_sd=0.3)
+    e = errs["noise-scale"]
+    errs["noise-scale"] = RhoErrors(e.d, e.curves, e.sources, 0.3, 0.0, 0.0, "noise-scale", False, pilot_sigma_sd=0.05,
+                                    prefix_f=(0.25, 1.0), prefix_bias=(0.2, 0.1), prefix_sd=(0.9, 0.6))
+    ref, pil = read_trace(REF), read_trace(STUDY / "grpo_p64_s0.parquet")
+    n_ref = samples_to_target(fit_learning_curve(ref), 0.566).n
+    n_pil = samples_to_target(fit_learning_curve(pil), 0.566).n
+    sigma = split_stats(pil).responses_per_s / split_stats(ref).responses_per_s
+    p = plan(ref, PlanConfig(prompts=SIZES, draws=500), pilots=[pil], errors=errs, target=0.566)
+    c = next(c for c in p.candidates if c.prompts == 64)
+    assert c.source == "pilot" and c.measured and (c.rho_noise, c.sigma_noise) == (0.3, 0.05)
+    assert c.rho == pytest.approx(n_pil / n_ref) and c.sigma == pytest.approx(sigma)
+    assert c.time_to_target_ratio == pytest.approx(n_pil / n_ref / sigma)
+    # a pilot stopped short of the target (12 updates of 512 responses): read from its prefix, bias removed
+    short = read_trace(_cut(STUDY / "grpo_p64_s0.parquet", tmp_path / "short_p64.parquet", 12))
+    p = plan(ref, PlanConfig(prompts=SIZES, draws=500), pilots=[short], errors=errs, target=0.566)
+    c = next(c for c in p.candidates if c.prompts == 64)
+    k = samples_to_target(fit_learning_curve(short), 0.566)
+    assert k.censored and c.source == "pilot prefix"
+    bias, sd = errs["noise-scale"].prefix_noise(k.n / n_ref)
+    assert c.rho_noise == pytest.approx(sd)
+    est = prefix_log_rho(fit_learning_curve(ref), fit_learning_curve(short), k.n)
+    assert c.rho == pytest.approx(math.exp(est - bias))
+
+
+def test_pilots_are_priced_from_the_references_samples_to_target_and_predicted_rho():
+    wide = _errors([[-0.6, -0.4, 0, 0.4, 0.6, 0.8], [0.6, 0.4, 0, -0.4, -0.6, -0.8]], mirrored=True)
+    p = plan(read_trace(REF), PlanConfig(prompts=SIZES, draws=1000, budget=1e6), errors=wide, target=0.566)
+    from rlsim.replay.evaluation import samples_to_target
+    from rlsim.replay.learning import fit_learning_curve
+
+    n_ref = samples_to_target(fit_learning_curve(read_trace(REF)), 0.566).n
+    rho = {c.prompts: c.rho for c in p.candidates}
+    for x in p.pilots:
+        if not x.prefix:
+            B = x.prompts * x.group
+            assert rho[x.prompts] * n_ref <= x.responses < rho[x.prompts] * n_ref + B and x.responses == x.steps * B
+
+
+def test_span_note_names_the_candidates_beyond_the_data():
+    e = _errors(np.zeros((2, 6)))["noise-scale"]
+    assert e.span_note(np.array([0.0, 4.0]), ["P=32", "P=512"]).startswith("P=512 lies beyond")
+    assert e.span_note(np.array([-3.0, 4.0]), ["P=4", "P=512"]).startswith("P=4, P=512 lie beyond")
+    assert e.span_note(np.array([0.0, 1.0]), ["P=32", "P=64"]) == ""
+
+
+def test_cli_table_fits_80_columns_and_says_why(tmp_path):
+    pilot = STUDY / "grpo_p64_s0.parquet"
+    r = runner.invoke(app, ["plan", str(REF), "--prompts", "8,16,64,128,256,512", "--target", "0.566",
+                            "-t", str(pilot)],
+                      env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    table = lines[1:lines.index(next(x for x in lines if x.startswith("p<=5%")))]
+    assert len(table) == 9 and all(len(x) <= 80 for x in table), table
+    assert "pilot" in table[5] and "x/" in table[5]  # P=64: measured, with its seed noise
+    assert any(x.startswith("warning: P=512 lies beyond") for x in lines), r.output
+    assert ("why: " in r.output) or ("pilots (expected regret now" in r.output)
+    short = _cut(pilot, tmp_path / "short_p64.parquet", 12)  # a pilot short of the target is accepted
+    r = runner.invoke(app, ["plan", str(REF), "--prompts", "16,64", "--target", "0.566", "-t", str(short), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert [c["source"] for c in d["candidates"]] == ["prediction", "reference", "pilot prefix"] and d["why"]
+
+
+def test_plan_eval_takes_any_study_folder(tmp_path):
+    from bench.studies.plan_eval import _args, folder_spec, runs_of, truth
+
+    a = _args(["--folder", "traces/study_addmix_lr1e-4", "--prefix", "grpo_addmix", "--seeds", "2", "--ref-p", "32",
+               "--sizes", "16,32", "--target", "0.647"])
+    spec = folder_spec(a)
+    assert (spec.name, spec.sizes, spec.ref_p, spec.seeds) == ("study_addmix_lr1e-4", (16, 32), 32, 2)
+    runs = runs_of(spec)
+    assert list(runs) == [16, 32] and all(len(r) == 2 for r in runs.values())
+    assert truth(runs, [0, 1], 32)[1] == pytest.approx(1.0)
+    with pytest.raises(RlsimError, match="2 run\\(s\\) missing"):
+        runs_of(folder_spec(_args(["--folder", "traces/study_addmix_lr1e-4", "--prefix", "grpo_addmix", "--seeds", "2",
+                                   "--sizes", "32,512"])))
+    with pytest.raises(SystemExit, match="--ref-p 64 is not one of"):
+        folder_spec(_args(["--folder", "x", "--sizes", "16,32", "--ref-p", "64"]))
