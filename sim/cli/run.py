@@ -33,7 +33,7 @@ def _print_run(res) -> None:
     t.add_column("")
     t.add_column("reference (same hardware)" if moved else "reference (trace)", justify="right")
     t.add_column("candidate", justify="right")
-    rows = [("prompts P", "prompts", ""), ("group G", "group", ""), ("batch B = P x G", "responses_per_update", ""),
+    rows = [("prompts P", "prompts", ""), ("group G", "group", ""), ("responses B = P x G", "responses_per_update", ""),
             ("lr rule", "lr_rule", ""), ("responses/s", "responses_per_s", ""), ("step time", "step_time_s", "s"),
             ("  generation", "gen_s", "s"), ("  training", "train_s", "s"), ("  sync", "sync_s", "s"),
             ("  idle (rewards, other)", "idle_s", "s"), ("engine steps / round", "gen_steps", ""),

@@ -229,7 +229,7 @@ def time_to_target_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[
     xs = [v for v in xs if v > 0]
     extent = (min(xs), max(xs)) if xs else None
     xscale = alt.Scale(type="log", base=2, **({"domain": list(extent), "nice": False} if extent else {}))
-    x = alt.X("batch:Q", scale=xscale, title="batch B = P x G (responses per update)")
+    x = alt.X("batch:Q", scale=xscale, title="responses per update B = P x G")
     title = "T_new / T_ref = rho / sigma"
     yscale = alt.Scale(zero=False)
     y = alt.Y("time_to_target_ratio:Q", title=title, scale=yscale)
@@ -271,7 +271,7 @@ def sigma_rho_chart(rows: Sequence[Mapping[str, Any]], *, series: Sequence[str] 
                 iv = interval_of(r, m)
                 long.append({"batch": batch_of(r), "metric": m, "value": float(r[m]), "series": series_label(r, series),
                              "lo": iv[0] if iv else None, "hi": iv[1] if iv else None, "regime": r.get("regime")})
-    x = alt.X("batch:Q", scale=alt.Scale(type="log", base=2), title="batch B = P x G (responses per update)")
+    x = alt.X("batch:Q", scale=alt.Scale(type="log", base=2), title="responses per update B = P x G")
     title = "ratio to the reference config"
     yscale = alt.Scale(type="log", base=2)
     y = alt.Y("value:Q", scale=yscale, title=title)
