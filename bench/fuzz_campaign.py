@@ -31,9 +31,12 @@ PROPERTIES = {
     "metadata mutations": (0.15, st.tuples(fp.META_MUTATIONS, st.sampled_from(fp.COMMANDS)),
                            lambda a: fp.prop_mutated_trace("ppo_b256", *a)),
     "configs": (0.35, fp.BOUNDED_CONFIGS, fp.prop_cli_config),
+    "modes": (0.2, fp.MODE_CONFIGS, fp.prop_cli_mode),
+    "api modes": (0.1, fp.API_CALLS, fp.prop_api_mode),
 }
 SHORT = {"grpo": "grpo trace mutations", "ppo": "ppo trace mutations", "meta": "metadata mutations",
-         "configs": "configs", "huge": "huge batches"}
+         "configs": "configs", "huge": "huge batches",
+         "modes": "modes", "api": "api modes"}
 
 
 def _signature(msg: str) -> str:
@@ -92,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     stats: dict[str, Counter] = {}
     failures: dict[str, list] = {}  # signature -> [property, an input, message, cases]
     t0 = time.perf_counter()
-    for name, (w, strategy, fn) in PROPERTIES.items():
-        if only is None or name in only:
-            run_property(name, strategy, fn, max(1, round(w * a.examples)), a.seed, stats, failures)
+    chosen = {k: v for k, v in PROPERTIES.items() if only is None or k in only}
+    weights = sum(w for w, _, _ in chosen.values())  # --examples split over the chosen properties
+    for name, (w, strategy, fn) in chosen.items():
+        run_property(name, strategy, fn, max(1, round(w / weights * a.examples)), a.seed, stats, failures)
     if a.huge and (only is None or "huge batches" in only):
         # timeout: neither refused nor finished within the limits (a known gap), shown in its own column
         run_property("huge batches", fp.HUGE, fp.prop_cli_huge, a.huge, a.seed, stats, failures)

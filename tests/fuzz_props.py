@@ -412,3 +412,185 @@ def prop_cli_huge(cfg: dict, timeout_s: float = 20.0, mem_gb: float = 6.0) -> st
     if proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"):
         return "refused"
     raise Bug(f"{where}: exit {proc.returncode}; stderr tail: {chr(10).join(lines[-6:])}")
+
+
+# ---------------------------------------------------------------------------------------------- execution modes
+MODE_NAMES = [None, "colocated", "sync", "split", "colocate_async", "separate_async", "separate_async_switch",
+              "fully_async", "one_step_off", "areal", "nemo_async"]
+BAD_MODES = ["", "bogus", "SPLIT", "sync ", "colocated,split"]
+NUM_EDGES = ["nan", "inf", "-inf", "-1", "-0.5", "1e300", str(10 ** 19), "abc", "", "1.5"]
+# mode setting -> (CLI flag, ordinary values, edge values); bools are flags (True: given)
+MODE_SETTINGS = {
+    "staleness_threshold": ("--staleness-threshold", ["0", "0.5", "1", "2"], NUM_EDGES),
+    "trigger_parameter_sync_step": ("--trigger-parameter-sync-step", ["1", "2", "4"], NUM_EDGES + ["0", "3"]),
+    "require_batches": ("--require-batches", ["1", "2"], NUM_EDGES + ["0"]),
+    "num_warmup_batches": ("--num-warmup-batches", ["0.5", "1", "2"], NUM_EDGES + ["0"]),
+    "parameter_sync_step": ("--parameter-sync-step", ["1", "2", "4"], NUM_EDGES + ["0", "3"]),
+    "max_off_policy_threshold": ("--max-off-policy-threshold", ["0", "1", "8"], NUM_EDGES),
+    "max_off_policy_strategy": ("--max-off-policy-strategy", ["drop", "wait"], ["", "DROP", "x", "1"]),
+    "switch_threshold_ratio": ("--switch-threshold-ratio", ["0.2", "0.4", "1"], NUM_EDGES + ["0", "1.01"]),
+    "max_head_offpolicyness": ("--max-head-offpolicyness", ["0", "1", "4"], NUM_EDGES),
+    "max_trajectory_age_steps": ("--max-trajectory-age-steps", ["1", "2"], NUM_EDGES + ["0"]),
+    "staleness": ("--staleness", ["0", "0.5", "1"], NUM_EDGES),
+    "weight_sync": ("--weight-sync", ["nccl", "checkpoint_engine", "moe_reshard"], ["", "NCCL", "x"]),
+    "in_flight_weight_updates": ("--in-flight-weight-updates", [True], [True]),
+    "recompute_kv_cache_after_weight_updates": ("--recompute-kv-cache-after-weight-updates", [True], [True]),
+    "partial_rollout": ("--partial-rollout", [True], [True]),
+    "rollout_log_probs": ("--rollout-log-probs", [True], [True]),
+}
+DEVICE_VALUES = [None, None, 1, 2, 4, 8]
+DEVICE_EDGES = [0, -1, 3, 10 ** 6, 10 ** 19, "x", "1.5", ""]
+MODE_TIMEOUT_S = 20.0  # per case, as prop_cli_huge's subprocess limit
+
+
+def _mode_spec(mode: Any):
+    from rlsim.modes.registry import ALIASES, MODES
+
+    return MODES.get(ALIASES.get(mode, mode)) if isinstance(mode, str) else None
+
+
+@st.composite
+def _mode_configs(draw) -> dict:
+    """A mode (registered, alias, absent or bad), 0-3 settings, devices, P / G, and the command (mostly run, a
+    few sweep / plan). Two cases in three are coherent (the mode's own settings and the devices its kind needs,
+    values ordinary or at an edge), so that most reach the simulator; the rest mix any settings and devices (a
+    setting given to a mode that does not read it is part of the domain)."""
+    base = draw(st.sampled_from(BASES))
+    cfg = {"base": base, "json": draw(st.booleans()), "command": draw(st.sampled_from(["run"] * 8 + ["sweep", "plan"])),
+           "mode": draw(st.sampled_from(MODE_NAMES + BAD_MODES if draw(st.integers(0, 9)) == 0 else MODE_NAMES)),
+           "batch": draw(st.sampled_from([None, 4, 6, 8, 16] + ([0, -1, "x"] if draw(st.integers(0, 5)) == 0
+                                                                  else []))),
+           "group": None if base == "ppo_b256" else draw(st.sampled_from([None, 2, 4]))}
+    spec, coherent = _mode_spec(cfg["mode"]), draw(st.integers(0, 2)) > 0
+    for k in ("gen_gpus", "train_gpus", "gen_tp"):
+        cfg[k] = draw(st.sampled_from(DEVICE_EDGES if draw(st.integers(0, 7)) == 0 else DEVICE_VALUES))
+    if coherent and spec is not None:
+        if spec.devices == "colocated":
+            cfg["gen_gpus"] = cfg["train_gpus"] = None
+        if spec.devices == "hybrid":
+            cfg["gen_gpus"] = None
+        cfg["train_gpus"] = cfg["train_gpus"] if spec.devices == "colocated" else cfg["train_gpus"] or 2
+        cfg["gen_gpus"] = cfg["gen_gpus"] or 2 if spec.devices == "split" else cfg["gen_gpus"]
+        devs, tp = _int_or_none(cfg["gen_gpus"] or cfg["train_gpus"]), _int_or_none(cfg["gen_tp"])
+        if spec.devices == "colocated" or cfg["command"] == "plan" or (tp and devs and devs % tp):
+            cfg["gen_tp"] = None
+    pool = sorted(MODE_SETTINGS)
+    if coherent:
+        split_only = (["weight_sync", "rollout_log_probs"] if spec is not None and spec.devices != "colocated"
+                      and cfg["command"] != "plan" else [])
+        pool = sorted(set(spec.settings if spec else ()) | set(split_only)) or pool[:0]
+    settings = draw(st.lists(st.sampled_from(pool), max_size=3, unique=True)) if pool else []
+    cfg["settings"] = {}
+    for s in settings:
+        _, ok, bad = MODE_SETTINGS[s]
+        cfg["settings"][s] = draw(st.sampled_from(bad if draw(st.integers(0, 2)) == 0 else ok))
+    return cfg
+
+
+MODE_CONFIGS = _mode_configs()
+
+
+def mode_args(cfg: dict) -> list[str]:
+    cmd = cfg["command"]
+    args = [cmd, TRACES / f"{cfg['base']}.parquet"]
+    if cmd == "plan" and isinstance(cfg["batch"], int) and cfg["batch"] > 0:  # plan takes two or more sizes
+        args += ["--batch", f"{cfg['batch']},{2 * cfg['batch']}"]
+    for key, flag in (("mode", "--mode"), ("group", "--group"), ("gen_gpus", "--gen-gpus"),
+                      ("train_gpus", "--train-gpus"), ("gen_tp", "--gen-tp")):
+        if cfg.get(key) is not None:
+            args += [flag, str(cfg[key])]
+    if cfg["batch"] is not None and (cmd != "plan" or not isinstance(cfg["batch"], int) or cfg["batch"] <= 0):
+        args += ["--batch", str(cfg["batch"])]
+    for s, v in cfg["settings"].items():
+        flag = MODE_SETTINGS[s][0]
+        args += ([flag] if cmd == "run" else [flag, "true"]) if v is True else [flag, v]
+    if cmd != "plan":
+        args += ["--updates", "2"]
+    if cmd == "sweep":
+        args += ["--out", "{out}", "--no-charts"]
+    if cfg["json"] and cmd != "sweep":
+        args.append("--json")
+    return [str(a) for a in args]
+
+
+class Hang(BaseException):
+    """Raised by the alarm in the middle of the code under test (a BaseException, so no `except Exception` in the
+    CLI turns it into an exit code)."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """SIGALRM after `seconds` raises Hang (main thread only; elsewhere no limit)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def alarm(signum, frame):
+        raise Hang()
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def prop_cli_mode(cfg: dict, timeout_s: float = MODE_TIMEOUT_S) -> str:
+    """`rlsim run|sweep|plan` with an execution mode, its settings and devices: exit 0 (strict JSON with --json)
+    or exit 2 with one `error:` line, within `timeout_s`."""
+    with workdir() as d:
+        args = [a.replace("{out}", str(d / "sweep")) for a in mode_args(cfg)]
+        try:
+            with time_limit(timeout_s):
+                r = invoke(args, json_out=cfg["json"] and cfg["command"] != "sweep")
+        except Hang:
+            raise Bug(f"rlsim {' '.join(args)}: no answer within {timeout_s:.0f} s") from None
+    return "ok" if r["exit"] == 0 else "refused"
+
+
+# API: predict(trace, mode=..., settings as keywords); values as Python objects, wrong types included
+API_VALUES = [None, 0, 1, 2, -1, 0.5, 1.5, math.nan, math.inf, -math.inf, 10 ** 19, 1e300, "1", "x", "", True,
+              False, [1], {}]
+
+
+@st.composite
+def _api_calls(draw) -> dict:
+    kw: dict[str, Any] = {"updates": 2}
+    mode = draw(st.sampled_from(MODE_NAMES + BAD_MODES + [1, 1.5, ["split"]]))
+    if mode is not None:
+        kw["mode"] = mode
+    for k in ("gen_gpus", "train_gpus", "gen_tp", "prompts"):
+        v = draw(st.sampled_from(API_VALUES if draw(st.integers(0, 7)) == 0 else [None, None, 2, 4, 8]))
+        if v is not None:
+            kw[k] = v
+    for s in draw(st.lists(st.sampled_from(sorted(MODE_SETTINGS) + ["rho", "bend_batch", "kappa", "drop_invalid"]),
+                           max_size=3, unique=True)):
+        kw[s] = draw(st.sampled_from(API_VALUES))
+    return {"base": draw(st.sampled_from(BASES)), "kw": kw}
+
+
+API_CALLS = _api_calls()
+
+
+def prop_api_mode(call: dict, timeout_s: float = MODE_TIMEOUT_S) -> str:
+    """rlsim.predict(trace, mode=..., ...): returns, or raises RlsimError with one line; never another exception."""
+    import rlsim
+
+    where = f"rlsim.predict({call['base']}, **{call['kw']!r})"
+    try:
+        with time_limit(timeout_s):
+            rlsim.predict(str(TRACES / f"{call['base']}.parquet"), **call["kw"])
+    except Hang:
+        raise Bug(f"{where}: no answer within {timeout_s:.0f} s") from None
+    except RlsimError as e:
+        if "\n" in str(e) or not str(e):
+            raise Bug(f"{where}: multi-line or empty RlsimError {str(e)!r}") from None
+        return "refused"
+    except Exception as e:
+        raise Bug(f"{where} raised {type(e).__name__}: {e}\n{_tail(e)}") from None
+    return "ok"

@@ -8,7 +8,10 @@ Cases per CI run (derandomized, so every run draws the same cases):
 - `rlsim run` configs with up to 3 options at an edge (P, G, gen batch, updates, target, engine limits,
   lr rule, rho, seed), at most 65536 responses per update: 60
 - huge batches (P up to 10**18), each in a subprocess with 20 s and 6 GB limits: 2
-Total 177 cases per CI run.
+- `rlsim run|sweep|plan` with an execution mode, its settings (in range, out of range, wrong type, given to a mode
+  that does not read them) and devices, 20 s per case: 24
+- `rlsim.predict(trace, mode=..., ...)` with the same settings as Python values: 12
+Total 213 cases per CI run.
 """
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -52,3 +55,15 @@ def test_huge_batches_refuse_or_finish(cfg):
     out = fp.prop_cli_huge(cfg)
     if out == "timeout":
         pytest.xfail(f"rlsim run --batch {cfg['batch']} --group {cfg['group']} neither refused nor finished in 20 s")
+
+
+@settings(max_examples=24, **CI)
+@given(cfg=fp.MODE_CONFIGS)
+def test_execution_modes_and_their_settings(cfg):
+    fp.prop_cli_mode(cfg)
+
+
+@settings(max_examples=12, **CI)
+@given(call=fp.API_CALLS)
+def test_predict_with_a_mode_returns_or_raises_rlsimerror(call):
+    fp.prop_api_mode(call)

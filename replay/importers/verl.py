@@ -269,8 +269,15 @@ def _spec(path: Path, fmt: str, config: str | Path | None, notes: list[str], *, 
         f = files[0] if isinstance(files, list) else str(files)
         spec.task = Path(str(f)).parent.name or Path(str(f)).stem
     spec.config = config_subset(cfg, CONFIG_KEYS, dotted=True)
+    for key in MICRO_KEYS:  # the memory model sizes micro-batches by them: refuse here, not in a later `rlsim run`
+        v = dig(cfg, key)
+        if v is not None and not str(v).startswith("${"):  # an unresolved interpolation: verl's default stands
+            positive_int(v, f"{cfile}: {key}")
     _mode_of(spec, cfg)
     return spec
+
+
+MICRO_KEYS = tuple(k for k in CONFIG_KEYS if k.endswith(("micro_batch_size_per_gpu", "micro_batch_size")))
 
 
 def _mode_of(spec: RunSpec, cfg: dict[str, Any]) -> None:
@@ -310,6 +317,21 @@ MODE_SETTINGS["separate_async_switch"] = {
     "switch_threshold_ratio": V1 + "separate_async.hybrid_rollout.switch_threshold_ratio"}
 
 
+def _check_setting(key: str, v: Any) -> None:
+    """A verl mode setting's type, as verl reads it: a flag, max_off_policy_strategy's word, else a finite number
+    >= 0 (a count or a share); the ranges of each are `rlsim run`'s (rlsim.core.config.WhatIf)."""
+    if key.endswith("partial_rollout"):
+        ok = isinstance(v, bool)
+    elif key.endswith("max_off_policy_strategy"):
+        ok = isinstance(v, str)
+    else:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < math.inf
+    if not ok:
+        want = ("true or false" if key.endswith("partial_rollout") else "a word (drop | wait)"
+                if key.endswith("strategy") else "a non-negative number")
+        raise RlsimError(f"config {key} must be {want}, got {v!r}; correct it in the config")
+
+
 def execution_mode(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any], dict[str, int]]:
     """(the rlsim execution mode, its settings, its devices) a verl config asks for: the V1 trainer's
     `trainer.v1.trainer_mode` (sync, colocate_async, separate_async with or without
@@ -329,11 +351,17 @@ def execution_mode(cfg: dict[str, Any]) -> tuple[str | None, dict[str, Any], dic
         mode = "fully_async"
     elif mode is None and dig(cfg, "rollout.n_gpus_per_node") is not None:
         mode = "one_step_off"  # the one-step-off recipe: a top-level rollout pool, no async_training section
-    if mode not in MODE_SETTINGS:
+    if mode is not None and mode not in MODE_SETTINGS:
+        raise RlsimError(f"{V1}trainer_mode {mode!r} is not a verl V1 trainer mode (sync | colocate_async | "
+                         f"separate_async); correct it in the config, or set trainer.use_v1: false for the classic "
+                         f"trainer")
+    if mode is None:
         return None, {}, {}
     settings = {k: dig(cfg, key) for k, key in MODE_SETTINGS[mode].items() if dig(cfg, key) is not None}
     if settings.get("max_off_policy_threshold") == "null":
         settings.pop("max_off_policy_threshold")
+    for k, v in settings.items():
+        _check_setting(MODE_SETTINGS[mode][k], v)
 
     def count(prefix: str) -> int | None:
         n = dig(cfg, prefix + ".n_gpus_per_node")

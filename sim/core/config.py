@@ -24,6 +24,7 @@ from rlsim.replay.util import ENGINE_DEFAULTS
 LR_RULES = ("sqrt", "linear", "fixed")
 LENGTHS = ("sampled", "recorded")
 OFF_POLICY_STRATEGIES = ("drop", "wait")  # verl V1 trainer.v1.sampler.max_off_policy_strategy
+MAX_SPLIT_DEVICES = 65536  # a split simulates one SimPy process per device: beyond any cluster, and bounded memory
 
 
 def _f(default, help: str):
@@ -185,6 +186,9 @@ class WhatIf:
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise RlsimError(f"{name(f)} must be a positive integer (devices), got {v!r}")
+            if v is not None and v > MAX_SPLIT_DEVICES:
+                raise RlsimError(f"{name(f)} {v} is more devices than rlsim simulates (each one an engine replica or a "
+                                 f"data-parallel rank); give at most {MAX_SPLIT_DEVICES}")
         s = self.staleness
         if s is not None and (not isinstance(s, (int, float)) or isinstance(s, bool) or not 0 <= s < math.inf):
             raise RlsimError(f"{name('staleness')} must be a non-negative number (policy versions a sample may lag, a "

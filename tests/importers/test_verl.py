@@ -290,3 +290,34 @@ def test_the_execution_mode_is_read_from_a_v1_or_fully_async_config(tmp_path, te
     assert t.config.get("execution_mode") == mode and t.config.get("mode_settings") == settings
     if mode and mode != "sync":
         assert any(f"`rlsim run TRACE` asks about it, as --mode {mode}" in n for n in t.meta["source"]["notes"])
+
+
+@pytest.mark.parametrize("text, message", [
+    (V1_SEPARATE.replace("separate_async\n", "bogus\n", 1),
+     "trainer.v1.trainer_mode 'bogus' is not a verl V1 trainer mode (sync | colocate_async | separate_async); "
+     "correct it in the config"),
+    (FULLY_ASYNC.replace("staleness_threshold: 0.5", "staleness_threshold: -0.5"),
+     "config async_training.staleness_threshold must be a non-negative number, got -0.5; correct it in the config"),
+    (FULLY_ASYNC.replace("partial_rollout: true", "partial_rollout: 3"),
+     "config async_training.partial_rollout must be true or false, got 3"),
+    (VERL_CONFIG.replace("    max_num_seqs: 1024\n",
+                         "    max_num_seqs: 1024\n    log_prob_micro_batch_size_per_gpu: abc\n"),
+     "config.yaml: actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu must be a positive integer, got 'abc'"),
+])
+def test_a_bad_mode_or_micro_batch_setting_in_the_config_is_refused_in_one_line(tmp_path, text, message):
+    """Found by hand-checking the settings the execution modes and the memory model read: each was imported
+    silently (a bogus trainer_mode as the classic trainer) and failed, if at all, in a later `rlsim run`."""
+    log, cfg = tmp_path / "train.log", tmp_path / "config.yaml"
+    write_verl_log(log, verl_phase_table(3))
+    cfg.write_text(text)
+    with pytest.raises(RlsimError) as e:
+        import_log("verl", log, config=cfg, out=tmp_path / "t.parquet")
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_unresolved_micro_batch_interpolation_keeps_verls_default(tmp_path):
+    log, cfg = tmp_path / "train.log", tmp_path / "config.yaml"
+    write_verl_log(log, verl_phase_table(3))
+    cfg.write_text(VERL_CONFIG.replace("    max_num_seqs: 1024\n", "    max_num_seqs: 1024\n"
+                                       "    log_prob_micro_batch_size_per_gpu: ${oc.select:x,null}\n"))
+    assert read_trace(import_log("verl", log, config=cfg, out=tmp_path / "t.parquet", gpus=8)).config

@@ -371,3 +371,11 @@ def test_sync_is_verl_v1s_name_of_the_colocated_loop(traces, tmp_path):
     plain = _json([str(traces[0])])
     assert [w.replace("sync", "t", 1) for w in out.pop("warnings")] == plain.pop("warnings")  # the trace's name
     assert out == plain
+
+
+@pytest.mark.parametrize("devices", [{"gen_gpus": 10 ** 19, "train_gpus": 8}, {"gen_gpus": 2, "train_gpus": 65537}])
+def test_a_split_of_more_devices_than_rlsim_simulates_is_refused(devices):
+    """Found by the mode fuzzer (tests/fuzz_props.py prop_cli_mode): --gen-gpus 10**19 built one SimPy replica
+    process per device until the process ran out of memory."""
+    with pytest.raises(RlsimError, match=r"is more devices than rlsim simulates .*; give at most 65536"):
+        WhatIf(mode="separate_async", **devices).validate()
