@@ -558,33 +558,51 @@ API_VALUES = [None, 0, 1, 2, -1, 0.5, 1.5, math.nan, math.inf, -math.inf, 10 ** 
               False, [1], {}]
 
 
+def _py(v: Any) -> Any:
+    """A CLI value as a notebook user would pass it: a number where it parses, else the string as given."""
+    if not isinstance(v, str):
+        return v
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    return v
+
+
 @st.composite
 def _api_calls(draw) -> dict:
+    """One of MODE_CONFIGS as keywords (numbers as Python numbers), one keyword in three swapped for any Python
+    value (wrong types included), and one call in four fitted with rho / bend_batch / kappa / drop_invalid."""
+    cfg = draw(MODE_CONFIGS)
     kw: dict[str, Any] = {"updates": 2}
-    mode = draw(st.sampled_from(MODE_NAMES + BAD_MODES + [1, 1.5, ["split"]]))
-    if mode is not None:
-        kw["mode"] = mode
-    for k in ("gen_gpus", "train_gpus", "gen_tp", "prompts"):
-        v = draw(st.sampled_from(API_VALUES if draw(st.integers(0, 7)) == 0 else [None, None, 2, 4, 8]))
-        if v is not None:
-            kw[k] = v
-    for s in draw(st.lists(st.sampled_from(sorted(MODE_SETTINGS) + ["rho", "bend_batch", "kappa", "drop_invalid"]),
-                           max_size=3, unique=True)):
-        kw[s] = draw(st.sampled_from(API_VALUES))
-    return {"base": draw(st.sampled_from(BASES)), "kw": kw}
+    for k in ("mode", "gen_gpus", "train_gpus", "gen_tp"):
+        if cfg[k] is not None:
+            kw[k] = _py(cfg[k])
+    if cfg["batch"] is not None:
+        kw["prompts"] = _py(cfg["batch"])
+    kw.update({k: _py(v) for k, v in cfg["settings"].items()})
+    if len(kw) > 1 and draw(st.integers(0, 2)) == 0:
+        kw[draw(st.sampled_from(sorted(kw)))] = draw(st.sampled_from(API_VALUES))
+    extra = draw(st.lists(st.sampled_from(["rho", "bend_batch", "kappa", "drop_invalid"]), max_size=2, unique=True)
+                 if draw(st.integers(0, 3)) == 0 else st.just([]))
+    fit = {k: draw(st.sampled_from(API_VALUES + ["lr-aware", "invariant"])) for k in extra}
+    return {"base": cfg["base"], "kw": kw, "fit": fit}
 
 
 API_CALLS = _api_calls()
 
 
 def prop_api_mode(call: dict, timeout_s: float = MODE_TIMEOUT_S) -> str:
-    """rlsim.predict(trace, mode=..., ...): returns, or raises RlsimError with one line; never another exception."""
+    """rlsim.predict(trace, mode=..., ...), of rlsim.fit(trace, rho=..., ...) where the call has fit keywords:
+    returns, or raises RlsimError with one line; never another exception."""
     import rlsim
 
-    where = f"rlsim.predict({call['base']}, **{call['kw']!r})"
+    trace = str(TRACES / f"{call['base']}.parquet")
+    where = f"rlsim.predict({call['base']} fitted with {call['fit']!r}, **{call['kw']!r})"
     try:
         with time_limit(timeout_s):
-            rlsim.predict(str(TRACES / f"{call['base']}.parquet"), **call["kw"])
+            rlsim.predict(rlsim.fit(trace, **call["fit"]) if call["fit"] else trace, **call["kw"])
     except Hang:
         raise Bug(f"{where}: no answer within {timeout_s:.0f} s") from None
     except RlsimError as e:
