@@ -172,6 +172,7 @@ class Replica:
                 t, d, self.switch_s = self.env.now, self.switch_s, 0.0
                 yield self.env.timeout(d)
                 self.rec.slice(lane_gen(self.r), "weight_load", "gen.switch", t, d)
+                continue  # a reclaim or a sync request that came during the switch is seen first (else: idle forever)
             used, preempted = self.preempt()
             pre, b.recompute, host = b.recompute, 0.0, 0.0
             if not self.sync.requested and not preempted:

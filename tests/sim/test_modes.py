@@ -379,3 +379,13 @@ def test_a_split_of_more_devices_than_rlsim_simulates_is_refused(devices):
     process per device until the process ran out of memory."""
     with pytest.raises(RlsimError, match=r"is more devices than rlsim simulates .*; give at most 65536"):
         WhatIf(mode="separate_async", **devices).validate()
+
+
+@pytest.mark.parametrize("gen_gpus", ["1", "4"])
+def test_step_switching_with_a_long_switch_finishes(gen_gpus):
+    """Found by the mode fuzzer: with --weight-sync nccl's switch cost, the target of ready groups was reached while
+    the hybrid replicas were still switching in; they missed the reclaim, waited idle, and SimPy ran out of events."""
+    r = CliRunner().invoke(app, ["run", "traces/grpo_p32.parquet", "--mode", "separate_async_switch", "--gen-gpus",
+                                 gen_gpus, "--train-gpus", "4", "--batch", "16", "--weight-sync", "nccl", "--updates",
+                                 "2", "--json"])
+    assert r.exit_code == 0, r.output
