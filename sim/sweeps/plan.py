@@ -58,11 +58,12 @@ class PlanConfig:
     updates: int = field(default=40, metadata={"help": "updates simulated per candidate for sigma"})
     measured_confidence: float = field(default=0.8, metadata={
         "help": "probability with which a measured candidate must beat the reference to be picked (0: the least "
-                "expected regret wins outright); chosen on the recorded studies (docs/results.md, section 13)"})
+                "expected regret wins outright); chosen on the recorded studies (docs/results.md, 'rlsim plan acts on "
+                "its pilots')"})
     slack: float = field(default=0.3, metadata={
         "help": "sd in log T by which a task's truth may lie off every recorded error curve: a pilot's measurement is "
                 "weighed against the curves with it (0: the curves only; large: the measurement only); chosen on the "
-                "recorded studies (docs/results.md, section 13)"})
+                "recorded studies (docs/results.md, 'rlsim plan acts on its pilots')"})
     model_params: float | None = field(default=None, metadata={
         "help": "the model's parameter count, e.g. 7e9, for the candidates' memory when the trace names a model rlsim "
                 "cannot size (None: the trace's model; WhatIf.model_params)"})
