@@ -17,8 +17,10 @@ from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import dumps, fmt
 
 
-# what every candidate of a plan shares: the execution mode, its settings (rlsim.modes.registry) and its devices
-SHARED = ("mode", "gen_gpus", "train_gpus", *sorted(set(f.name for f in fields(WhatIf)) - GENERAL))
+# what every candidate of a plan shares: the execution mode, its settings (rlsim.modes.registry), its devices and
+# the split's hardware path
+SHARED = ("mode", "gen_gpus", "train_gpus", "gen_tp", "weight_sync", "rollout_log_probs",
+          *sorted(set(f.name for f in fields(WhatIf)) - GENERAL))
 
 
 SOURCE = {"reference": "ref", "pilot": "pilot", "pilot prefix": "prefix", "prediction": "model"}

@@ -1,5 +1,7 @@
 """The execution modes of rlsim.modes.registry on hand-made cost models: each mode's timeline computed by hand,
 its settings checked up front, and the CLI and API selecting it."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import simpy
@@ -389,3 +391,15 @@ def test_step_switching_with_a_long_switch_finishes(gen_gpus):
                                  gen_gpus, "--train-gpus", "4", "--batch", "16", "--weight-sync", "nccl", "--updates",
                                  "2", "--json"])
     assert r.exit_code == 0, r.output
+
+
+def test_plan_takes_the_split_cost_settings_every_candidate_shares():
+    """--gen-tp, --weight-sync and --rollout-log-probs describe the split's hardware path as run and sweep take them;
+    a plan's candidates share them like the mode and its devices."""
+    trace = Path(__file__).resolve().parents[2] / "traces" / "grpo_p128.parquet"
+    args = ["plan", str(trace), "--batch", "64,128", "--mode", "one_step_off", "--gen-gpus", "1", "--train-gpus", "1",
+            "--gen-tp", "1", "--weight-sync", "nccl", "--rollout-log-probs", "true", "--json"]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    bad = runner.invoke(app, args[:-1] + ["--gen-tp", "1,2", "--json"])
+    assert bad.exit_code == 2 and bad.output.count("\n") == 1, bad.output
