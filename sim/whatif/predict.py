@@ -13,7 +13,7 @@ import numpy as np
 
 from rlsim.core.config import WhatIf
 from rlsim.core.pipeline import SimRun
-from rlsim.modes.registry import MODES, as_recorded, resolved, simulate
+from rlsim.modes.registry import ALIASES, MODES, as_recorded, recorded_mode, resolved, simulate
 from rlsim.replay.io import Trace
 from rlsim.replay.rho import RhoModel, regime, staleness_rho
 from rlsim.whatif.intervals import decider, outcome_intervals
@@ -41,7 +41,7 @@ def _outcome(study: Study, cfg: WhatIf, run_: SimRun, *, reference: bool = False
         rho, kind = float(model.rho(B, rule)), model.kind  # a model that ignores the lr rule ignores it
         warnings += model.notes(B)
     hw_warnings, notes, gain = _hardware(study, cfg, ref_cfg)
-    warnings += hw_warnings
+    warnings += hw_warnings + _recorded_mode_warnings(study)
     rho_stale = 1.0
     if run_.split:  # split devices: the model's assumptions, and the staleness limit's effect on sample cost
 
@@ -98,6 +98,18 @@ def _hardware(study: Study, cfg: WhatIf, ref_cfg: WhatIf) -> tuple[list[str], li
     if cfg.split:  # where each side's one-device costs come from
         notes += [n for n in models_for(study, cfg)[2] if n not in notes]
     return warnings, notes, float(gain)
+
+
+def _recorded_mode_warnings(study: Study) -> list[str]:
+    """The caveat of a log recorded in an asynchronous mode: its phase times are fitted as if they ran one after
+    the other, as in the colocated loop the reference column simulates."""
+    m, _ = recorded_mode(study.recorded_mode)
+    spec = MODES.get(ALIASES.get(m, m)) if m else None
+    if spec is None or spec.devices == "colocated":
+        return []
+    return [f"the trace was recorded in {m}, whose phases overlap: its logged phase times are fitted as if they ran "
+            "one after the other (the reference column runs them colocated), so where the framework overlapped them "
+            "the costs are not each phase's own; a log of a colocated (sync) run of the same model measures them"]
 
 
 def _extrapolation_warnings(study: Study, cfg: WhatIf, run_: SimRun, B: int, reference: bool) -> list[str]:

@@ -403,3 +403,11 @@ def test_plan_takes_the_split_cost_settings_every_candidate_shares():
     assert res.exit_code == 0, res.output
     bad = runner.invoke(app, args[:-1] + ["--gen-tp", "1,2", "--json"])
     assert bad.exit_code == 2 and bad.output.count("\n") == 1, bad.output
+
+
+def test_an_async_recording_warns_that_its_phase_times_are_fitted_as_if_sequential(tmp_path, traces):
+    warned = [w for w in _json([str(_recorded(tmp_path, "fully_async", FULLY_ASYNC))])["warnings"]
+              if "recorded in fully_async, whose phases overlap" in w]
+    assert len(warned) == 1 and "a log of a colocated (sync) run" in warned[0]
+    assert not any("whose phases overlap" in w for w in _json([str(_recorded(tmp_path, "sync", {}))])["warnings"])
+    assert not any("whose phases overlap" in w for w in _json([str(traces[0])])["warnings"])
