@@ -6,8 +6,11 @@ Built-in tasks (no network, character vocabulary of `runner.model.CHARS`):
   (about 21 tokens with the end token).
 - `add3`: the same with three-digit operands (about 30 tokens).
 - `addmix`: operands of 1 to 3 digits, so responses range from about 8 to 30 tokens.
+- `sub3`: three-digit subtraction, the larger operand first, column by column with the borrow:
+  `523-187=` -> `3-7-0=6;2-8-1=3;5-1-1=13#336` (each column writes 10 + x - y - borrow: two digits mean no
+  borrow into the next column, one digit a borrow; about 30 tokens).
 
-The reward is 1.0 when the text after the last `#` equals the sum, else 0.0 (the scratchpad itself is
+The reward is 1.0 when the text after the last `#` equals the result, else 0.0 (the scratchpad itself is
 not scored). `--dataset FILE` (JSONL or Parquet with `prompt` and `answer`) uses exact-match reward on
 the whole stripped response, or numeric reward (the last number in the response equals the answer).
 
@@ -25,7 +28,8 @@ from typing import Callable
 
 from rlsim.replay.errors import RlsimError
 
-BUILTIN_TASKS = ("add2", "add3", "addmix")
+BUILTIN_TASKS = ("add2", "add3", "addmix", "sub3")
+OPERATOR = {"add2": "+", "add3": "+", "addmix": "+", "sub3": "-"}
 
 
 @dataclass(frozen=True)
@@ -47,8 +51,21 @@ def scratchpad(a: int, b: int) -> str:
     return ";".join(steps) + f"#{a + b}"
 
 
+def scratchpad_sub(a: int, b: int) -> str:
+    """Column subtraction (a >= b), least significant first; each column writes s = 10 + x - y - borrow, whose
+    tens digit says whether it borrowed: `523-187` -> `3-7-0=6;2-8-1=3;5-1-1=13#336`."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    steps, borrow = [], 0
+    for i in range(len(da)):
+        x, y = int(da[i]), int(db[i]) if i < len(db) else 0
+        s = 10 + x - y - borrow
+        steps.append(f"{x}-{y}-{borrow}={s}")
+        borrow = int(s < 10)
+    return ";".join(steps) + f"#{a - b}"
+
+
 def _digits_range(task: str) -> tuple[int, int]:
-    return {"add2": (2, 2), "add3": (3, 3), "addmix": (1, 3)}[task]
+    return {"add2": (2, 2), "add3": (3, 3), "addmix": (1, 3), "sub3": (3, 3)}[task]
 
 
 def _is_eval_pair(a: int, b: int) -> bool:
@@ -61,7 +78,8 @@ def _sample_pair(rng: random.Random, task: str) -> tuple[int, int]:
     def num() -> int:
         d = rng.randint(lo, hi)
         return rng.randint(10 ** (d - 1) if d > 1 else 0, 10 ** d - 1)
-    return num(), num()
+    a, b = num(), num()
+    return (max(a, b), min(a, b)) if OPERATOR[task] == "-" else (a, b)
 
 
 class Task:
@@ -84,10 +102,10 @@ class ArithmeticTask(Task):
         if name not in BUILTIN_TASKS:
             raise RlsimError(f"unknown task {name!r}; choose one of {', '.join(BUILTIN_TASKS)} or pass --dataset FILE")
         self.name = name
+        self.op = OPERATOR[name]
 
-    @staticmethod
-    def example(a: int, b: int) -> Example:
-        return Example(prompt=f"{a}+{b}=", answer=str(a + b))
+    def example(self, a: int, b: int) -> Example:
+        return Example(prompt=f"{a}{self.op}{b}=", answer=str(a + b if self.op == "+" else a - b))
 
     def train_stream(self, seed: int):
         rng = random.Random(f"train-{self.name}-{seed}")
@@ -113,8 +131,8 @@ class ArithmeticTask(Task):
         return 1.0 if len(tail) == 2 and tail[1].strip() == ex.answer else 0.0
 
     def sft_text(self, ex: Example) -> str:
-        a, b = ex.prompt[:-1].split("+")
-        return scratchpad(int(a), int(b))
+        a, b = ex.prompt[:-1].split(self.op)
+        return (scratchpad if self.op == "+" else scratchpad_sub)(int(a), int(b))
 
 
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")

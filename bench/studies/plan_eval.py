@@ -27,6 +27,7 @@ import json
 import math
 import pprint
 import re
+import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -72,7 +73,19 @@ STUDIES = (StudySpec("add2", "traces/study", "grpo", 6, 0.566),
 # Recorded after the plan's method was frozen (ff4f5ac) and its plans were committed
 # (docs/study/add3_plan_preregistered.json): scored with the error curves rlsim plan ships (every study above), never
 # used to make them.
-FRESH = (StudySpec("add3", "traces/study_add3", "grpo_add3", 3, math.nan),)
+# sub3 (three-digit subtraction) likewise, after the rule of results section 13 was chosen
+# (docs/study/sub3_plan_preregistered.json).
+FRESH = (StudySpec("add3", "traces/study_add3", "grpo_add3", 3, math.nan),
+         StudySpec("sub3", "traces/study_sub3", "grpo_sub3", 3, math.nan))
+
+
+def _commit() -> str:
+    """The checkout's commit (a pre-registration names the code that made it)."""
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def preregister(spec: StudySpec, path: Path) -> dict:
@@ -82,10 +95,10 @@ def preregister(spec: StudySpec, path: Path) -> dict:
         raise SystemExit(f"error: {path} exists; a pre-registration is written once")
     refs = [read_trace(spec.path(spec.ref_p, s)) for s in range(spec.seeds)]
     target = target_of(refs)
-    plans = [plan(t, PlanConfig(prompts=SIZES, group=G), target=target).to_dict() for t in refs]
-    out = dict(study=spec.name, target=target, sizes=SIZES, references=[t.name for t in refs], plans=plans,
-               method="rlsim plan at commit ff4f5ac, error curves of rlsim.replay.rho_errors "
-                      "(add2, addmix, addmix lr 1e-4)")
+    plans = [plan(t, PlanConfig(prompts=spec.sizes, group=spec.group), target=target).to_dict() for t in refs]
+    out = dict(study=spec.name, target=target, sizes=spec.sizes, references=[t.name for t in refs], plans=plans,
+               method=f"rlsim plan at commit {_commit()} (PlanConfig defaults), error curves of "
+                      "rlsim.replay.rho_errors (add2, addmix, addmix lr 1e-4)")
     path.write_text(json.dumps(out, indent=1, default=float) + "\n")
     return out
 
@@ -294,7 +307,7 @@ def evaluate_study(spec: StudySpec, runs: dict[int, list[dict]], errors: dict[st
 def _with_target(spec: StudySpec) -> StudySpec:
     """The fresh study with the target its pre-registration fixed."""
     pre = json.loads((ROOT / "docs" / "study" / f"{spec.name}_plan_preregistered.json").read_text())
-    return StudySpec(spec.name, spec.folder, spec.prefix, spec.seeds, float(pre["target"]))
+    return replace(spec, target=float(pre["target"]))
 
 
 def write_errors(errors: dict[str, RhoErrors]) -> None:
@@ -326,7 +339,8 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--json", help="write the evaluation here (docs/study/plan_eval.json)")
     ap.add_argument("--write-errors", action="store_true", help="store every study's error curves for rlsim plan")
     ap.add_argument("--studies", default=",".join(s.name for s in STUDIES), help="comma list of study names")
-    ap.add_argument("--preregister", help="write the fresh study's target and plans from its references here, and stop")
+    ap.add_argument("--preregister", help="write a fresh study's target and plans from its references here, and stop "
+                    "(the study --folder names, else the newest in FRESH)")
     ap.add_argument("--fresh", action="store_true",
                     help="also score the fresh study (FRESH) with the shipped error curves")
     ap.add_argument("--confidence", type=float, default=PlanConfig.confidence,
@@ -351,7 +365,7 @@ def _args(argv) -> argparse.Namespace:
 def main(argv=None) -> int:
     a = _args(argv)
     if a.preregister:
-        preregister(FRESH[0], Path(a.preregister))
+        preregister(folder_spec(a) if a.folder else FRESH[-1], Path(a.preregister))
         return 0
     rng, rule = np.random.default_rng(0), dict(confidence=a.confidence, slack=a.slack,
                                                   measured_confidence=a.measured_confidence)

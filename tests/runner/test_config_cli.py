@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from rlsim.replay.errors import RlsimError
 from rlsim.runner.cli import app
 from rlsim.runner.config import RunConfig
-from rlsim.runner.tasks import ArithmeticTask, DatasetTask, load_dataset, make_task, scratchpad
+from rlsim.runner.tasks import ArithmeticTask, DatasetTask, load_dataset, make_task, scratchpad, scratchpad_sub
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,6 +86,21 @@ def test_scratchpad_and_reward():
     assert ex.prompt == "59+63=" and t.reward("9+3+0=12;5+6+1=12#122", ex) == 1.0
     assert t.reward("9+3+0=12;5+6+1=12#121", ex) == 0.0
     assert t.reward("122", ex) == 0.0  # the answer must follow '#'
+
+
+def test_subtraction_scratchpad_and_stream():
+    # every column writes 10 + x - y - borrow; one digit means it borrowed from the next column
+    assert scratchpad_sub(523, 187) == "3-7-0=6;2-8-1=3;5-1-1=13#336"
+    assert scratchpad_sub(100, 99) == "0-9-0=1;0-9-1=0;1-0-1=10#1"
+    t = ArithmeticTask("sub3")
+    s = t.train_stream(0)
+    pairs = [next(s) for _ in range(300)]
+    for ex in pairs:  # the larger operand first, the answer what the scratchpad ends with
+        a, b = map(int, ex.prompt[:-1].split("-"))
+        assert 100 <= b <= a <= 999 and ex.answer == str(a - b)
+        assert t.reward(t.sft_text(ex), ex) == 1.0
+    assert t.reward("3-7-0=6;2-8-1=3;5-1-1=13#337", t.example(523, 187)) == 0.0
+    assert not {e.prompt for e in t.eval_set(100)} & {e.prompt for e in pairs}
 
 
 def test_streams_deterministic_and_eval_disjoint():
