@@ -244,16 +244,22 @@ def interval_terms(how: str) -> str:
     return "; ".join(short for key, short in TERMS if key in (how or ""))
 
 
+def import_reference(g: Group, work: Path) -> Path:
+    """The group's reference row as verl's console log and config under `work`, imported by `rlsim import verl` (as
+    a user would run it) with the group's device and model size: the trace's path."""
+    ref = g.rows[0]
+    log, config = verl_log(g, ref)
+    (work / f"{g.id}.log").write_text(log)
+    (work / f"{g.id}.yaml").write_text(config)
+    return import_log("verl", work / f"{g.id}.log", out=work / f"{g.id}.parquet", config=str(work / f"{g.id}.yaml"),
+                      device=known_device(ref.device), model_params=str(g.meta["params"]), overwrite=True)
+
+
 def predict_group(g: Group, work: Path, overhead: float | None = None) -> list[dict[str, Any]]:
     """Import the group's reference row, then predict every other row: one dict per row. `overhead`: the engine-step
     overhead prior (rlsim.replay.fit_steps.ENGINE_STEP_OVERHEAD_S when None)."""
     ref, m = g.rows[0], g.meta
-    log, config = verl_log(g, ref)
-    (work / f"{g.id}.log").write_text(log)
-    (work / f"{g.id}.yaml").write_text(config)
-    trace = import_log("verl", work / f"{g.id}.log", out=work / f"{g.id}.parquet", config=str(work / f"{g.id}.yaml"),
-                       device=known_device(ref.device), model_params=str(m["params"]), overwrite=True)
-    study = prepare([read_trace(trace)], step_overhead_s=overhead)
+    study = prepare([read_trace(import_reference(g, work))], step_overhead_s=overhead)
     out = []
     for r in g.rows[1:]:
         if r.precision != ref.precision:  # rlsim has no precision what-if

@@ -1,7 +1,7 @@
 """How fast `rlsim run` is: the main command's stages (import, read + validate, fit, simulate) beside its end-to-end
 time, and (`--scale`) end to end at larger batches and one config alone.
 
-    python -m bench.run_speed [--runs N] [--trace TRACE] [--batch P] [--compile-every-run] [--scale]
+    python -m bench.run_speed [--runs N] [--trace TRACE] [--batch P] [--compile-every-run] [--scale] [--imported]
 
 Timed runs hold /tmp/rlsim-heavy.lock (the lock `flock /tmp/rlsim-heavy.lock CMD` takes; the bench takes it
 itself, so run it without that wrapper) and so never overlap other timings that take it; run it on a quiet
@@ -9,6 +9,10 @@ machine. Every number is the median over N fresh processes (default 7), after on
 timed in its own process in the order the CLI runs it (a stage's first call, so the lazy imports it triggers
 count in it), and the installed `rlsim` script end to end. Target (issue 38): end to end <= 0.8 s for
 `rlsim run --trace traces/grpo_p128.parquet --batch 2048`.
+
+`--imported` (issue 36): `rlsim run` end to end on a verl fully_async, a NeMo RL async and an AReaL split row of
+bench/published, each its group's reference log imported in process (as `rlsim import verl` does) and asked with
+the row's mode and split as CLI flags, < 3 s each.
 
 `--scale`: end to end at P=2048, G=8, 100 updates < 5 s; at P=65536 (B = 524288 responses per update) < 3 s and
 < 1 GB peak resident memory; P=10,000,000 refused in one line (exit 2) in < 3 s; one config (P=1024, G=8,
@@ -30,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = "/tmp/rlsim-heavy.lock"
@@ -182,6 +187,67 @@ def scale_rows(trace: Path) -> list[tuple]:
     return rows
 
 
+# issue 36: `rlsim run` on a log imported from a published GPU run, asked with a mode and split, in < 3 s. Each case
+# is a bench/published row (group id, row label): its group's reference log imported, the row's what-if as CLI flags.
+IMPORTED = (("verl-7b-h20-gpus", "fully async 16:16"),
+            ("nemo-rl-v05-qwen3-30b-a3b-grpo-h100", "1-step Off, 32 GPUs"),
+            ("areal-v02-r1-distill-qwen-7b-ppo-h800", "4 nodes, 32 GPUs (sglang.d16p1m1+d8p2m1)"))
+IMPORTED_TARGET_S = 3.0
+
+
+def whatif_flags(w) -> list[str]:
+    """`rlsim run`'s flags for the WhatIf `w` (the command's own spelling, `rlsim.cli.options.whatif_specs`): each
+    field that differs from its default, except the update count (the command's default is what a user gets)."""
+    from rlsim.cli.options import whatif_specs
+    from rlsim.core.config import WhatIf
+
+    out, default = [], WhatIf()
+    for spec in whatif_specs():
+        v = getattr(w, spec.field)
+        if spec.field == "updates" or v == getattr(default, spec.field):
+            continue
+        flag = spec.flags[0]
+        out += [flag if v else "--no-" + flag[2:]] if isinstance(v, bool) else [flag, str(v)]
+    return out
+
+
+def imported_whatifs() -> list[tuple[Any, Any]]:
+    """(bench.published Group, WhatIf) per IMPORTED case: the row's what-if on its group's reference log
+    (`bench.published.what_if`; the reference row itself asked as a split of its own devices, AReaL v0.2's
+    synchronous split)."""
+    from bench.published import load_groups, what_if
+    from rlsim.core.config import WhatIf
+
+    groups = {g.id: g for g in load_groups()}
+    out = []
+    for gid, label in IMPORTED:
+        g = groups[gid]
+        r = next(r for r in g.rows if r.label == label)
+        out.append((g, WhatIf(staleness=0, gen_gpus=r.gen_gpus, train_gpus=r.train_gpus) if r is g.rows[0]
+                    else what_if(g, g.rows[0], r)))
+    return out
+
+
+def imported_cases(work: Path) -> list[tuple[str, Path, list[str]]]:
+    """(what, trace, flags) per IMPORTED case, its group's reference log imported under `work`."""
+    from bench.published import import_reference
+
+    return [(f"{g.id}: {label}", import_reference(g, work), whatif_flags(w))
+            for (g, w), (_, label) in zip(imported_whatifs(), IMPORTED)]
+
+
+def imported_rows(runs: int, env: dict[str, str]) -> list[tuple[str, list, float | None]]:
+    """(what, [(wall s, CPU s) of each run], target) of `rlsim run` end to end on each imported case."""
+    rlsim = Path(sys.executable).with_name("rlsim")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for what, trace, flags in imported_cases(Path(tmp)):
+            argv = [str(rlsim), "run", "--trace", str(trace), *flags, "--json"]
+            ts = [_timed(argv, env)[:2] for _ in range(runs)]
+            rows.append((f"{what}\n  rlsim run --trace {trace.name} {' '.join(flags)}", ts, IMPORTED_TARGET_S))
+    return rows
+
+
 def print_scale(rows: list[tuple], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -221,16 +287,22 @@ def main() -> None:
     ap.add_argument("--compile-every-run", action="store_true",
                     help="time with no bytecode cache (every run compiles rlsim's sources) instead of as installed")
     ap.add_argument("--scale", action="store_true", help="also the end-to-end rows at larger batches and one config")
+    ap.add_argument("--imported", action="store_true",
+                    help="also `rlsim run` end to end on published GPU runs' imported logs with a mode and split")
     args = ap.parse_args()
     trace = trace_path(args.trace)
     env, bytecode = child_env(args.compile_every_run)
     with heavy_lock():
         rows = stage_rows(trace, args.batch, args.runs, env)
         scale = scale_rows(trace) if args.scale else None
+        imported = imported_rows(args.runs, env) if args.imported else None
     print_stages(rows, f"rlsim run stages, median of {args.runs} fresh processes ({trace.name}, --batch {args.batch}; "
                        f"{bytecode})")
     if scale is not None:
         print_scale(scale, f"rlsim run speed at scale ({trace.name})")
+    if imported is not None:
+        print_stages(imported, f"rlsim run on imported published GPU logs with a mode and split, median of {args.runs} "
+                               f"fresh processes (bench/published rows; {bytecode})")
 
 
 if __name__ == "__main__":

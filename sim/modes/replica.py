@@ -245,8 +245,8 @@ class Replica:
         """Admit the first m waiting sequences at step s: (prefill tokens, host seconds of their admission)."""
         b, q, s = self.b, self.q, self.b.s
         b.nwait -= m
-        new_runs, fresh = [], []
-        for lo, hi in take_ranges(b.wait, m):
+        parts, fresh = take_ranges(b.wait, m), []
+        for lo, hi in parts:
             if q.v0[lo] < 0:  # never started (a preempted sequence is a range of one)
                 q.a[lo:hi] = s
                 q.fin[lo:hi] = s + q.L[lo:hi] - 1
@@ -262,13 +262,17 @@ class Replica:
                 pre += float(q.p[lo] + dn)
                 b.sum_a += int(q.a[lo])
             b.sum_p += int(q.cp[hi] - q.cp[lo])
-            new_runs.append(np.arange(lo, hi, dtype=np.int64))
         host = self.spec.per_response * sum(hi - lo for lo, hi in fresh)
         for lo, hi in fresh:
             q.t0[lo:hi] = self.env.now + host
-        new = new_runs[0] if len(new_runs) == 1 else np.concatenate(new_runs)
-        b.run = np.concatenate([b.run, new])
-        b.last = np.concatenate([b.last, q.fin[new]])
+        if len(parts) == 1:  # one range (the common case): slices, no index arrays
+            lo, hi = parts[0]
+            b.run = np.concatenate((b.run, np.arange(lo, hi, dtype=np.int64)))
+            b.last = np.concatenate((b.last, q.fin[lo:hi]))
+        else:
+            new = np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in parts])
+            b.run = np.concatenate([b.run, new])
+            b.last = np.concatenate([b.last, q.fin[new]])
         return pre, host
 
     def plan(self, used: int, pre: float) -> tuple[Stretch, np.ndarray]:
@@ -331,13 +335,30 @@ class Replica:
         self.totals.steps += x.steps
         if not x.finished:
             return
+        keep = ~ends
         out = b.run[ends]
-        b.run, b.last = b.run[~ends], b.last[~ends]
-        b.sum_p -= int(q.p[out].sum())
-        b.sum_a -= int(q.a[out].sum())
+        b.run, b.last = b.run[keep], b.last[keep]
         if self.rec.on:
             q.t1[out] = self.env.now
             q.v1[out] = b.version
+        if x.finished == 1:  # the common case, in scalars: numpy's per-call overhead dominates at one sequence
+            i = int(out[0])
+            b.sum_p -= int(q.p[i])
+            b.sum_a -= int(q.a[i])
+            g1 = i // q.group
+            q.left[g1] -= 1
+            if not q.left[g1]:
+                self.finished.put(out[:1] // q.group)
+        else:
+            self.leave(out)
+        if not len(b.run):
+            self.rec.counter(lane_gen(self.r), "gen.running", self.env.now, 0.0)
+
+    def leave(self, out: np.ndarray) -> None:
+        """Sequences `out` finished: their prompts' counts go down, and prompts now complete go to the trainer."""
+        b, q = self.b, self.q
+        b.sum_p -= int(q.p[out].sum())
+        b.sum_a -= int(q.a[out].sum())
         g = out // q.group
         g0 = int(g.min())
         cnt = np.bincount(g - g0)  # sequences finished per prompt, from prompt g0
@@ -347,5 +368,3 @@ class Replica:
         complete = g[q.left[g] == 0]
         if len(complete):
             self.finished.put(complete)
-        if not len(b.run):
-            self.rec.counter(lane_gen(self.r), "gen.running", self.env.now, 0.0)
