@@ -1,6 +1,7 @@
 """Published GPU runs as a reality check: import one row of each group, predict the others.
 
-    python -m bench.published [--group ID] [--json docs/study/published.json] [--fit 0,0.003,0.006,0.012]
+    python -m bench.published [--group ID] [--only verl|nemo_rl|areal] [--json docs/study/published.json]
+                              [--fit 0,0.003,0.006,0.012]
 
 The rows are in bench/published/*.toml, each transcribed from a framework's docs or a paper with its
 source (repository, path and commit, or paper and table), model, hardware and the configuration that
@@ -345,13 +346,20 @@ def leave_one_source_out(by_value: dict[float, list[dict[str, Any]]]) -> tuple[l
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--group", action="append", help="only these group ids (repeatable)")
+    ap.add_argument("--only", action="append", help="only the groups of this rows file, by its stem: verl | nemo_rl "
+                    "| areal (repeatable)")
     ap.add_argument("--json", type=Path, help="also write the rows and the summary as JSON here")
     ap.add_argument("--fit", type=str, default=None, help="comma-separated engine-step overheads (seconds) to fit "
                     "leave-one-source-out, e.g. 0,0.004,0.008,0.016; without it, the package's ENGINE_STEP_OVERHEAD_S")
     args = ap.parse_args(argv)
-    groups = [g for g in load_groups() if not args.group or g.id in args.group]
+    groups = [g for g in load_groups() if (not args.group or g.id in args.group)
+              and (not args.only or Path(g.meta["file"]).stem in args.only)]
+    if not groups:
+        raise SystemExit("bench.published: no group matches --group/--only; the rows files are "
+                         + ", ".join(p.stem for p in sorted(ROWS.glob("*.toml"))))
     skipped = [f"{g.id}: {why}" for g in groups if (why := unusable(g))]
     chosen: dict[str, float] = {}
+    by_value: dict[float, list[dict[str, Any]]] = {}
     if args.fit:
         values = [float(v) for v in args.fit.split(",")]
         by_value = {v: run_all(groups, v) for v in values}
@@ -368,8 +376,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nassumed for every group (no table prints them): {json.dumps(ASSUMED)}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "summary": summary(rows), "assumed": ASSUMED,
-                                         "overhead_by_fold_s": chosen, "command": "python -m bench.published"
-                                         + (f" --fit {args.fit}" if args.fit else "")}, indent=1, default=str))
+                                         "overhead_by_fold_s": chosen, "command": "python -m bench.published "
+                                         + " ".join(argv if argv is not None else sys.argv[1:]),
+                                         "rows_by_overhead_s": {f"{v:g}": rs for v, rs in by_value.items()}},
+                                        indent=1, default=str))
 
 
 if __name__ == "__main__":

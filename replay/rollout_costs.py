@@ -9,7 +9,10 @@ Weight sync (`weight_sync_seconds`): fixed + model bytes (all parameters, every 
 checkpoint-engine: the least squares over MoonshotAI/checkpoint-engine README @ 415c3205 "Benchmark" (six MoE
 models, 212 GB-1.03 TB, 8-256 H800/H20, broadcast update + GatherMetas): 0.09 s + bytes / 62 GB/s, within 1.25 s of
 each; their figures include the reshard to the engines' layout, so `moe_reshard` is the same rule. Per-tensor NCCL:
-2.5x, verl docs/advance/fully_async.md @ 1dda039b ("reduces synchronization time overhead by more than 60%"). Assumed:
+2.5x, verl docs/advance/fully_async.md @ 1dda039b ("reduces synchronization time overhead by more than 60%"). NeMo RL's
+non-colocated refit (`nemo_nccl`: training rank 0 broadcasts packed full tensors to every engine rank, the path at v0.4-
+v0.6 and at 7ea279ab): bytes / 94 GB/s, its own DeepSeek-V3 figure (docs/guides/checkpoint-engine-refit.md @ 7ea279ab,
+"NCCL", dedicated async refit timer: 14.21 s for 671e9 bf16 parameters, Megatron PP16 EP16 -> vLLM TP32). Assumed:
 the trainer's gather of its shards is inside these figures. docs/simulator.md has the rows.
 """
 from __future__ import annotations
@@ -23,6 +26,8 @@ from rlsim.replay.robust import AffineModel, PiecewiseLinear
 CKPT_FIXED_S = 0.09         # seconds: intercept of the least squares over checkpoint-engine's six benchmark rows
 CKPT_GBS = 62.0             # GB/s of model bytes: its slope
 PER_TENSOR_FACTOR = 2.5     # verl: checkpoint-engine saves "more than 60 %" of the per-tensor NCCL sync
+NEMO_NCCL_S = 14.21         # seconds: NeMo RL's NCCL refit of DeepSeek-V3 (module doc), one figure: no fixed term
+NEMO_NCCL_BYTES = 671e9 * 2  # its bytes: every DeepSeek-V3 parameter in bf16
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,9 @@ SYNC_PATHS = {p.name: p for p in (
     SyncPath("nccl", CKPT_FIXED_S * PER_TENSOR_FACTOR, CKPT_GBS / PER_TENSOR_FACTOR,
              "per-tensor NCCL broadcast: 2.5x checkpoint-engine (verl docs/advance/fully_async.md: checkpoint-engine "
              "saves more than 60 %)"),
+    SyncPath("nemo_nccl", 0.0, NEMO_NCCL_BYTES / NEMO_NCCL_S / 1e9,
+             "NeMo RL's non-colocated refit (packed NCCL broadcast from training rank 0): its DeepSeek-V3 figure, "
+             "14.21 s for 1.34 TB (NVIDIA-NeMo/RL docs/guides/checkpoint-engine-refit.md @ 7ea279ab)"),
 )}
 
 

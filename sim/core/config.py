@@ -116,8 +116,8 @@ class WhatIf:
     gen_tp: int | None = _f(None, "with a split: devices per rollout replica, its tensor parallel size; the split's "
                                   "--gen-gpus hold gen_gpus / gen_tp replicas (None: the trace's tensor parallel)")
     weight_sync: str | None = _f(None, "with a split: how weights reach the rollout replicas, priced by model bytes "
-                                       "(rlsim.replay.rollout_costs): checkpoint_engine | moe_reshard | nccl (None: "
-                                       "the trace's timed sync; none when its log times none)")
+                                       "(rlsim.replay.rollout_costs): checkpoint_engine | moe_reshard | nccl | "
+                                       "nemo_nccl (None: the trace's timed sync; none when its log times none)")
     rollout_log_probs: bool = _f(False, "with a split: the trainer takes the old log-probs from the rollout engines "
                                         "(verl fully_async's use_rollout_log_probs) and runs no old-log-prob pass; a "
                                         "reference or value pass still runs")

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from bench.published import (Row, changes, interval_terms, leave_one_source_out, load_groups, predict_group, summary,
-                             unusable, verl_log, what_if)
+from bench.published import (Row, changes, interval_terms, leave_one_source_out, load_groups, main, predict_group,
+                             summary, unusable, verl_log, what_if)
 from rlsim.replay.importers.verl import parse_console
 
 GROUPS = load_groups()
@@ -49,7 +49,7 @@ def test_modes_map_to_what_ifs():
     nemo = next(g for g in GROUPS if g.meta["file"] == "nemo_rl.toml")
     n = what_if(nemo, nemo.rows[0], next(r for r in nemo.rows if r.gen_gpus))
     assert (n.mode, n.max_trajectory_age_steps, n.in_flight_weight_updates, n.weight_sync) == ("nemo_async", 1, True,
-                                                                                             "nccl")
+                                                                                             "nemo_nccl")
     assert what_if(g, ref, Row("x", "colocate", 64, 1.0, {}, device="gb200")).device == "gb200"
     assert changes(ref, Row("x", "colocate", 64, 1.0, {}, device="h20")) == "32 -> 64 GPUs"
 
@@ -103,3 +103,8 @@ def test_interval_terms_name_what_the_log_leaves_unidentified():
     how = ("bootstrap; both ends of what the trace cannot identify (the per-step generation cost 1..2 ms); the split "
            "free of the colocated run's device-sharing costs at the other end")
     assert interval_terms(how) == "per-step vs per-token generation cost; the colocated log's device-sharing costs"
+
+
+def test_only_filters_by_rows_file_and_an_unknown_one_is_one_line(capsys):
+    with pytest.raises(SystemExit, match="no group matches.*nemo_rl"):
+        main(["--only", "nemo"])

@@ -41,3 +41,11 @@ def test_old_log_prob_share_and_the_pass_it_removes():
     assert (a.intercept, a.slope) == (0.5, 1.0)
     p = without_share(PiecewiseLinear("prep", "tokens", (1.0, 2.0), (4.0, 8.0), q, offset=2.0), 1.0)
     assert p.values == (0.0, 0.0) and p.offset == 0.0
+
+
+def test_nemo_rl_refit_path_reproduces_its_deepseek_v3_figure_and_scales_with_bytes():
+    # NVIDIA-NeMo/RL docs/guides/checkpoint-engine-refit.md @ 7ea279ab: NCCL refit of DeepSeek-V3 (bf16) 14.21 s
+    dsv3 = 671e9 * 2
+    assert weight_sync_seconds(dsv3, "nemo_nccl") == pytest.approx(14.21, rel=1e-3)
+    assert weight_sync_seconds(dsv3 / 40, "nemo_nccl") == pytest.approx(14.21 / 40, rel=1e-3)  # no fixed term
+    assert weight_sync_seconds(dsv3, "nemo_nccl") < weight_sync_seconds(dsv3, "nccl") / 3  # verl's rule: 54 s
