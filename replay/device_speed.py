@@ -10,6 +10,12 @@ shape from the full ladders, their level anchored to the run) with engine-step t
 and at the run's shapes: a speed-up from threads depends on the operations' sizes, a drift between two
 measurements cancels only within a pair, and a one-thread ladder of its own, within its share of the budget,
 fell short of the run's concurrency and missed the split's operating point (docs/results.md sections 6 and 10).
+
+Interference: a split's two sides share the machine (memory bandwidth, caches), so each runs slower beside the other
+than alone. A calibration of schema 6 measures each side at one thread again while the other side works on another
+core (rows with `load_threads`; metadata `gen_shared_ratios` / `train_shared_ratios`, loaded over alone within a
+pair). `device_ratios` keeps them as `gen_shared` / `train_shared` (1 without them: today's rule), and
+`rlsim.replay.devices.device_models`, the one place a split side's costs come from, multiplies them in.
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ def _device_meta(t: Trace) -> dict:
     if not isinstance(dev, dict):
         raise RlsimError(f"{t.path}: metadata calibration.device is {dev!r}, not a section; re-record the trace with "
                          "rlrun record")
-    for key in ("gen_ratios", "train_ratios"):
+    for key in ("gen_ratios", "train_ratios", "gen_shared_ratios", "train_shared_ratios"):
         v = dev.get(key)
         if v is not None and not (isinstance(v, list)
                                   and all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in v)):
@@ -65,11 +71,25 @@ class DeviceRatios:
     train: float = field(metadata={"help": "forward + backward seconds at one thread / at the run's threads"})
     train_level: int = field(metadata={"help": "the training level (responses) the training ratio was measured at"})
     threads: int = field(metadata={"help": "the run's threads (the devices it ran on)"})
+    gen_shared: float = field(default=1.0, metadata={
+        "help": "engine-step seconds at one thread beside the training on another device / alone (1: not measured)"})
+    train_shared: float = field(default=1.0, metadata={
+        "help": "training seconds at one thread beside the engine on another device / alone (1: not measured)"})
+    gen_shared_spread: float = field(default=0.0, metadata={
+        "help": "robust standard deviation of the engine's loaded / alone ratios over the pairs"})
+    train_shared_spread: float = field(default=0.0, metadata={
+        "help": "robust standard deviation of the training's loaded / alone ratios over the pairs"})
+    shared_pairs: int = field(default=0, metadata={"help": "pairs that measured the sides beside each other"})
 
     def describe(self) -> str:
-        return (f"one device's costs: the run's fitted costs with engine steps x{self.gen:.2f} (measured at "
-                f"{self.gen_level} sequences) and training x{self.train:.2f} (at {self.train_level} responses), "
-                f"one core at 1 thread against the run's {self.threads}, paired in its calibration")
+        out = (f"one device's costs: the run's fitted costs with engine steps x{self.gen:.2f} (measured at "
+               f"{self.gen_level} sequences) and training x{self.train:.2f} (at {self.train_level} responses), "
+               f"one core at 1 thread against the run's {self.threads}, paired in its calibration")
+        if self.shared_pairs:
+            out += (f"; beside the other side on another core, engine steps x{self.gen_shared:.2f} "
+                    f"(+-{self.gen_shared_spread:.2f}) and training x{self.train_shared:.2f} "
+                    f"(+-{self.train_shared_spread:.2f}) more ({self.shared_pairs} pairs)")
+        return out
 
 
 def _ratio(t: Trace, kind: str, target: float) -> tuple[float, int] | None:
@@ -82,9 +102,10 @@ def _ratio(t: Trace, kind: str, target: float) -> tuple[float, int] | None:
     phase = device_phase(t, kind)
     if not phase.any():
         return None
-    one = phase & (np.asarray(r["threads"], float) == 1)
+    at_one, loaded = np.asarray(r["threads"], float) == 1, _loaded(r)  # loaded: neither alone nor the run's
+    one = phase & at_one & ~loaded
     paired = "t0" in _device_meta(t)
-    run = phase & ~one if paired else ~one
+    run = (phase if paired else True) & ~at_one & ~loaded
     level = np.asarray(r["calib_level"], float)
     dur = np.asarray(r["duration"], float)
     ok = np.isfinite(level) & (level > 0) & np.isfinite(dur)
@@ -115,4 +136,27 @@ def device_ratios(t: Trace) -> DeviceRatios | None:
     threads = (t.meta.get("calibration")
                or {}).get("threads") or (t.meta.get("hardware") or {}).get("torch_threads") or 1
     threads = int(threads) if isinstance(threads, (int, float)) and threads >= 1 else 1
-    return DeviceRatios(gen=g[0], gen_level=g[1], train=tr[0], train_level=tr[1], threads=threads)
+    return DeviceRatios(gen=g[0], gen_level=g[1], train=tr[0], train_level=tr[1], threads=threads, **shared_ratios(t))
+
+
+def _loaded(r: dict[str, np.ndarray]) -> np.ndarray:
+    """(rows,) True for the rows measured beside the other side (`load_threads` set; schema 6)."""
+    lt = r.get("load_threads")
+    return np.zeros(len(r["kind"]), bool) if lt is None else np.nan_to_num(np.asarray(lt, float)) > 0
+
+
+def _spread(x) -> float:
+    x = np.asarray(x, float)
+    return float(1.4826 * np.median(np.abs(x - np.median(x))))
+
+
+def shared_ratios(t: Trace) -> dict[str, float | int]:
+    """The interference fields of `DeviceRatios` (module doc): the medians and spreads of the pairs' loaded / alone
+    ratios the calibration wrote; {} unless both sides have them (then each side costs as measured alone)."""
+    dev = _device_meta(t)
+    g, tr = dev.get("gen_shared_ratios"), dev.get("train_shared_ratios")
+    if not g or not tr:
+        return {}
+    return {"gen_shared": float(np.median(g)), "train_shared": float(np.median(tr)), "gen_shared_spread": _spread(g),
+            "train_shared_spread": _spread(tr), "shared_pairs": min(len(g), len(tr))}
+

@@ -26,6 +26,7 @@ import numpy as np
 
 from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.device_data import DEVICES, UPDATE_FLOOR_S
+from rlsim.replay.device_speed import DeviceRatios
 from rlsim.replay.measured_hosts import HOSTS
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels, Replicates
@@ -350,6 +351,12 @@ def per_device(models: FittedModels, gen: float, train: float, note: str) -> Fit
                    update=_train(models.update, train, train, 0.0),
                    prep=_train(models.prep, train, train, 0.0), replicates=reps,
                    config={**models.config, "one_device": {"gen": gen, "train": train, "note": note}})
+
+
+def device_models(models: FittedModels, r: DeviceRatios) -> FittedModels:
+    """One split side's models: `models` (the run's) on one device (`r.gen`, `r.train`), each side as slow as it ran
+    beside the other in the calibration (`r.gen_shared`, `r.train_shared`: 1 when not measured)."""
+    return per_device(models, r.gen * r.gen_shared, r.train * r.train_shared, r.describe())
 
 
 def _fixed(m: AffineModel | PiecewiseLinear) -> float:

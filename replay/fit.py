@@ -27,7 +27,7 @@ import numpy as np
 from rlsim.replay.calibration import calibrate, calibrates_gen
 from rlsim.replay.cost import EngineStepCost
 from rlsim.replay.device_speed import device_ratios
-from rlsim.replay.devices import per_device, profile_by_name
+from rlsim.replay.devices import device_models, profile_by_name
 from rlsim.replay.drift import Drift, drift_of
 from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.fit_steps import fit_steps, is_step_level
@@ -121,7 +121,8 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     trace, or in `calibration` traces from `rlrun calibrate`) refit the engine-step and update models
     over the calibrated range (replay/calibration.py); every fit gets its validation and replicates.
     `one_device`: the models of one device instead: the fitted ones with engine-step and training times scaled by
-    one device's speed over the run's, from the first trace's calibration (replay/device_speed.py).
+    one device's speed over the run's (and beside the other side, when measured), from the first trace's calibration
+    (replay/device_speed.py; replay/devices.py `device_models`).
     `step_overhead_s`: an imported log's engine-step overhead prior (replay/fit_steps.py; None: its default)."""
     traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
     ref = traces[0]
@@ -160,7 +161,7 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
         if r is None:
             raise RlsimError(f"{ref.path} has no one-device calibration (paired visits at 1 thread); record it with "
                              "`rlrun record` on more than one core, calibration on")
-        models = per_device(models, r.gen, r.train, r.describe())
+        models = device_models(models, r)
     return models
 
 

@@ -1,4 +1,4 @@
-"""The rlsim trace format, version 5: one Parquet file per run, one row per event.
+"""The rlsim trace format, version 6: one Parquet file per run, one row per event.
 
 Every row has `kind` in EVENT_KINDS and the common columns; the other columns are null where
 they do not apply to the row's kind. Times are seconds from run start on one monotonic clock.
@@ -13,15 +13,16 @@ says which version added each) and missing placement fields of the run config de
   in a split trace the `update` row's `step_time` runs from the end of the previous weight sync to the end of
   this one's, and `sync` has one row per engine replica per update;
 - 4: the drift probe (`drift_gen`, `drift_train`) and the column `threads` on calibration and drift rows;
-- 5: the `update` row's memory peaks, `mem_gen_peak_bytes` and `mem_train_peak_bytes` (runner/peaks.py).
+- 5: the `update` row's memory peaks, `mem_gen_peak_bytes` and `mem_train_peak_bytes` (runner/peaks.py);
+- 6: the column `load_threads` on calibration rows measured while the other side ran beside them (interference).
 Each kind and column in full: docs/trace-format.md.
 """
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 5
-READABLE_VERSIONS = (1, 2, 3, 4, 5)  # the reader accepts these; an older file lacks the newer COLUMN_SINCE columns
+SCHEMA_VERSION = 6
+READABLE_VERSIONS = (1, 2, 3, 4, 5, 6)  # the reader accepts these; an older file lacks the newer COLUMN_SINCE columns
 META_KEY = b"rlsim"
 
 GEN_STEP, RESPONSE, UPDATE, SYNC, EVAL = "gen_step", "response", "update", "sync", "eval"
@@ -159,6 +160,10 @@ COLUMNS: tuple[tuple[str, pa.DataType, tuple[str, ...], str], ...] = (
     ("mem_train_peak_bytes", i64, (UPDATE,),
      "peak memory during the step's update, bytes, measured as mem_gen_peak_bytes (split mode: the trainer process's, "
      "rank 0)"),
+    # v6: interference: the calibration's one-device rows measured while the other side worked on another core
+    ("load_threads", i64, (CALIB_GEN, CALIB_TRAIN), "CPU threads of the other side (training beside an engine row, "
+                                                    "the engine beside a training row) that ran on another core "
+                                                    "while the row was measured, as in a split; null: it ran alone"),
 )
 
 COLUMN_NAMES = tuple(c[0] for c in COLUMNS)
@@ -170,7 +175,7 @@ DEVICE_IDS = (0, 2 ** 20)  # engine replicas, trainer ranks, CPU threads: more t
 STEPS_AND_SEQUENCES = (0, 2 ** 31 - 1)  # steps, policy versions; one row's sequences, or one sequence's tokens
 TOTALS = (0, 2 ** 53)  # tokens, bytes and responses of a step, a batch or a run; prompt ids
 INT_RANGES: dict[str, tuple[int, int]] = {
-    **dict.fromkeys(("engine_id", "rank", "threads"), DEVICE_IDS),
+    **dict.fromkeys(("engine_id", "rank", "threads", "load_threads"), DEVICE_IDS),
     **dict.fromkeys(("step", "policy_version", "consumed_step", "finish_version", "group_index", "num_running",
                      "num_waiting", "finished", "prompt_tokens", "response_tokens", "micro_batch", "eval_k",
                      "eval_prompts", "calib_level"), STEPS_AND_SEQUENCES),
@@ -207,8 +212,9 @@ _V2_COLUMNS = ("phase", "phase_role", "response_len_mean", "response_len_min", "
 _V3_COLUMNS = ("engine_id", "rank", "finish_version")
 _V4_COLUMNS = ("threads",)
 _V5_COLUMNS = ("mem_gen_peak_bytes", "mem_train_peak_bytes")
+_V6_COLUMNS = ("load_threads",)
 COLUMN_SINCE: dict[str, int] = {c: v for v, cols in ((2, _V2_COLUMNS), (3, _V3_COLUMNS), (4, _V4_COLUMNS),
-                                                     (5, _V5_COLUMNS)) for c in cols}
+                                                     (5, _V5_COLUMNS), (6, _V6_COLUMNS)) for c in cols}
 KIND_SINCE: dict[str, int] = {PHASE: 2, STEP_STATS: 2, CALIB_GEN: 2, CALIB_TRAIN: 2, IDLE: 3, TRAIN_RANK: 3,
                               ALLREDUCE: 3, DRIFT_GEN: 4, DRIFT_TRAIN: 4}
 

@@ -12,9 +12,9 @@ calibration's own clock (seconds from its start).
   visited in shuffled rounds (randomised interleaving spreads drift over all rungs) until each rung's median
   meets SE_TARGET;
 - training: forward + backward at TRAIN_FACTORS x the run's responses per update, in shuffled rounds too;
-- one device: on a multi-core CPU run, paired visits at the run's threads and at one thread, for split what-ifs;
-- budget: BUDGET_FRACTION of the recording, split GEN_SHARE / DEVICE_SHARE; levels left unmeasured are listed
-  in the metadata (`calibration.skipped`).
+- one device: on a multi-core CPU run, paired visits at the run's threads and at one thread, for split what-ifs,
+  and at one thread beside the other side on another core (`load_threads` rows: the two sides' interference);
+- budget: BUDGET_FRACTION of the recording, split GEN_SHARE / DEVICE_SHARE; unmeasured levels: `calibration.skipped`.
 
 In full: docs/usage.md, "Calibration profiles"; the measurements behind the choices: docs/results.md section 10.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -121,6 +122,7 @@ class _Calibration:
         self.rows: list[tuple[str, dict[str, Any]]] = []
         self.next_prompt = 0
         self.threads: int | None = None  # recorded on the rows: the thread count they were measured at
+        self.load: int | None = None     # ... and the other side's threads working beside them (None: alone)
         self.kinds, self.step = (CALIB_GEN, CALIB_TRAIN), 0  # the drift probe writes its own kinds, on its step
 
     def clock(self) -> float:
@@ -147,7 +149,7 @@ class _Calibration:
                     t_start=s.t_start, duration=s.duration, step=self.step, policy_version=self.step,
                     num_running=s.num_running, num_waiting=s.num_waiting, prefill_tokens=s.prefill_tokens,
                     decode_tokens=s.decode_tokens, context_tokens=s.context_tokens, kv_usage=s.kv_usage,
-                    finished=s.finished, calib_level=level, threads=self.threads)))
+                    finished=s.finished, calib_level=level, threads=self.threads, **self._load())))
 
         self.engine.generate(reqs, self.engine.sampling(steps + 1, self.cfg.temperature, ignore_eos=True), on_step)
         top = max((n for n, _ in durs), default=0)
@@ -217,7 +219,11 @@ class _Calibration:
         self.rows.append((self.kinds[1], dict(t_start=t0, duration=st.t_forward + st.t_backward, step=self.step,
                                             policy_version=self.step, num_responses=responses, num_tokens=st.num_tokens,
                                             t_forward=st.t_forward, t_backward=st.t_backward, calib_level=level,
-                                            threads=self.threads)))
+                                            threads=self.threads, **self._load())))
+
+    def _load(self) -> dict[str, int]:
+        """The `load_threads` field of a row measured beside the other side (none otherwise: drift rows lack it)."""
+        return {} if self.load is None else {"load_threads": self.load}
 
     def warm(self, samples, lad: Ladder | None = None) -> float:
         """Passes of `samples` until two in a row agree within WARM_TOL: seconds per token of the last. That pass
@@ -274,13 +280,14 @@ class _Calibration:
 
 def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: list[list[int]],
                     log: Callable[[str], None] = lambda m: None, budget_s: float | None = None,
-                    threads: int | None = None, device_threads: Callable[[], Any] | None = None
-                    ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
+                    threads: int | None = None, device_threads: Callable[[int], Any] | None = None,
+                    interference: bool = False) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, Any]]:
     """Profile the engine and the trainer. `prompts`: token ids of task prompts; `responses`: token ids of
     real sampled responses (their lengths). `budget_s`: fixed budget (None: BUDGET_FRACTION of the run).
     `threads`: the CPU threads the run uses (recorded on the rows; None off CPU). `device_threads`: a context manager
-    factory that runs its body on one device's threads (one core), or None. Returns the rows (kind, fields) and the
-    metadata section."""
+    factory, `device_threads(k)` runs its body on device k's threads (the k-th core; 0 the engine's in a split, 1 the
+    trainer's), or None. `interference`: the one-device pairs also measure each side beside the other (two devices
+    at least). Returns the rows (kind, fields) and the metadata section."""
     cal = _Calibration(engine, trainer, cfg, prompts, responses, log, random.Random(cfg.seed + 7919))
     cal.threads = threads
     old_clock = engine.clock
@@ -315,7 +322,7 @@ def run_calibration(engine, trainer, cfg, prompts: list[list[int]], responses: l
     if device_threads:
         micro = one[:trainer.micro_for(len(one))]
         info["device"] = _device_pairs(cal, device_threads, min(cfg.gen_responses, rungs[-1]), micro,
-                                       cal.clock() + DEVICE_SHARE * budget)
+                                       cal.clock() + DEVICE_SHARE * budget, interference)
     engine.engine.reset_prefix_cache()
     engine.clock = old_clock
     info["duration_s"] = cal.clock()
@@ -343,37 +350,18 @@ def _budget(cfg, cal: _Calibration, per_tok: float, batches: dict[int, list]) ->
     return (float(min(BUDGET_S, max(BUDGET_MIN_S, est))) if math.isfinite(est) else BUDGET_S), float(est)
 
 
-def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, end: float) -> dict[str, Any]:
+def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, end: float,
+                  interference: bool = False) -> dict[str, Any]:
     """One device's speed beside the run's, paired: engine visits of `level` sequences (the run's concurrency), then
     forward + backward passes of `samples` (one micro-batch of the run's update, at its shape: a speed-up from
-    threads depends on the operations' sizes), each at the run's threads and at one device's (`device_threads`) in ABBA
-    order (a drift within two pairs cancels), until the ratios' standard error is within SE_TARGET or the calibration's
-    clock reaches `end` (DEVICE_PAIRS: at least, at most). The fit scales the run's models by them
-    (replay/device_speed.py); this phase's rows (from `t0` on the calibration's clock) stay out of the ladders' fits."""
+    threads depends on the operations' sizes), each at the run's threads and at one device's (`device_threads(k)`: on
+    device k) in ABBA order (a drift within two pairs cancels), until the ratios' standard error is within SE_TARGET
+    or the calibration's clock reaches `end` (DEVICE_PAIRS: at least, at most). With `interference` each pair also
+    measures the side at one thread with the other side working beside it (`_loaded_engine`, `_loaded_train`): the
+    `shared` ratios, loaded over alone. The fit scales the run's models by them (replay/device_speed.py); this phase's
+    rows (from `t0` on the calibration's clock) stay out of the ladders' fits."""
     t0, run_threads = cal.clock(), cal.threads
     R = len(samples)
-
-    def at(one: bool, fn):
-        if not one:
-            return fn()
-        cal.threads = 1
-        try:
-            with device_threads():
-                return fn()
-        finally:
-            cal.threads = run_threads
-
-    def paired(measure, end: float) -> list[float]:
-        ratios: list[float] = []
-        last = 0.0  # seconds of the last pair: the next one starts only if one like it ends by `end`
-        for k in range(DEVICE_PAIRS[1]):
-            if k >= DEVICE_PAIRS[0] and (cal.clock() + last > end or median_se(ratios) <= SE_TARGET):
-                break
-            t = cal.clock()
-            got = {one: at(one, measure) for one in ((False, True) if k % 2 == 0 else (True, False))}
-            ratios.append(got[True] / got[False])
-            last = cal.clock() - t
-        return ratios
 
     def engine_visit() -> float:
         return float(np.median(cal.visit(level, VISIT_STEPS)))
@@ -382,10 +370,115 @@ def _device_pairs(cal: _Calibration, device_threads, level: int, samples: list, 
         cal.train_pass(samples, R, record=False, micro=R)  # settles the switch of size or threads
         return cal.train_pass(samples, R, micro=R)[0]
 
-    gen = paired(engine_visit, t0 + max(0.0, end - t0) / 2)
-    train = paired(train_visit, end)
-    return {"threads": 1, "run_threads": run_threads, "t0": t0, "gen_level": level, "gen_ratios": gen, "train_level": R,
-            "train_ratios": train, "duration_s": cal.clock() - t0}
+    def one(fn, device: int = 0):
+        return lambda: _at_one(cal, device_threads, fn, device)
+
+    # with interference, the training alone on the device it runs on beside the engine (a split's trainer's)
+    ways = {"gen": {"run": engine_visit, "one": one(engine_visit)},
+            "train": {"run": train_visit, "one": one(train_visit, 1 if interference else 0)}}
+    if interference:
+        ways["gen"]["loaded"] = lambda: _loaded_engine(cal, device_threads, engine_visit, samples)
+        ways["train"]["loaded"] = lambda: _loaded_train(cal, device_threads, train_visit, level)
+    gen = _paired(cal, ways["gen"], t0 + max(0.0, end - t0) / 2)
+    train = _paired(cal, ways["train"], end)
+    out = {"threads": 1, "run_threads": run_threads, "t0": t0, "gen_level": level, "gen_ratios": gen["one"],
+           "train_level": R, "train_ratios": train["one"]}
+    if interference:
+        out.update(load_threads=1, gen_shared_ratios=gen["loaded"], train_shared_ratios=train["loaded"])
+    return {**out, "duration_s": cal.clock() - t0}
+
+
+def _paired(cal: _Calibration, ways: dict[str, Callable[[], float]], end: float) -> dict[str, list[float]]:
+    """Visits of every way in `ways` ("run" first, then "one", then "loaded" if there) in forward then reversed order,
+    until `end` (DEVICE_PAIRS) or until the one-thread ratios' standard error is within SE_TARGET: per way but "run",
+    its ratios ("one": over "run"; "loaded": over "one", within the same pair)."""
+    names = list(ways)
+    ratios: dict[str, list[float]] = {"one": [], "loaded": []}
+    last = 0.0  # seconds of the last pair: the next one starts only if one like it ends by `end`
+    for k in range(DEVICE_PAIRS[1]):
+        if k >= DEVICE_PAIRS[0] and (cal.clock() + last > end
+                                     or all(median_se(ratios[w]) <= SE_TARGET for w in ratios if w in ways)):
+            break
+        t = cal.clock()
+        got = {w: ways[w]() for w in (names if k % 2 == 0 else names[::-1])}
+        ratios["one"].append(got["one"] / got["run"])
+        if "loaded" in got:
+            ratios["loaded"].append(got["loaded"] / got["one"])
+        last = cal.clock() - t
+    return ratios
+
+
+def _at_one(cal: _Calibration, device_threads, fn, device: int = 0, load: int | None = None):
+    """`fn` on one device (`device_threads(device)`), its rows marked at 1 thread (and `load`: the other side's
+    threads working beside it)."""
+    threads = cal.threads
+    cal.threads, cal.load = 1, load
+    try:
+        with device_threads(device):
+            return fn()
+    finally:
+        cal.threads, cal.load = threads, None
+
+
+def _loaded_engine(cal: _Calibration, device_threads, engine_visit, samples: list) -> float:
+    """An engine visit on device 0 at one thread while training passes of `samples` run on device 1 (a thread of
+    this process, pinned as a split's trainer is: its operators run outside the interpreter lock)."""
+    R = len(samples)
+    with _Beside(lambda: cal.trainer.profile(samples, R), lambda: device_threads(1), loop=True):
+        return _at_one(cal, device_threads, engine_visit, 0, 1)
+
+
+def _loaded_train(cal: _Calibration, device_threads, train_visit, level: int) -> float:
+    """A training visit on device 1 at one thread (a thread, as in `_loaded_engine`) while engine visits of `level`
+    sequences run on device 0 in this thread (the engine stays on the thread that made it)."""
+    threads = cal.threads
+    cal.threads, cal.load = 1, 1
+    try:
+        with device_threads(0), _Beside(train_visit, lambda: device_threads(1), loop=False) as bg:
+            while not bg.done():
+                cal.visit(level, VISIT_STEPS, record=False)
+    finally:
+        cal.threads, cal.load = threads, None
+    return bg.result
+
+
+class _Beside:
+    """`fn` in a thread of its own inside `ctx()` (one device): repeatedly until the `with` block ends (`loop`), or
+    once; the block's end waits for it, and raises what it raised. The other side of a split, beside a measurement."""
+
+    def __init__(self, fn: Callable[[], Any], ctx: Callable[[], Any], loop: bool):
+        self.fn, self.ctx, self.loop = fn, ctx, loop
+        self.started, self.stop = threading.Event(), threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        try:
+            with self.ctx():
+                self.started.set()
+                while True:
+                    self.result = self.fn()
+                    if not self.loop or self.stop.is_set():
+                        break
+        except BaseException as e:  # re-raised in the measuring thread
+            self.error = e
+        finally:
+            self.started.set()
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def __enter__(self) -> _Beside:
+        self.thread.start()
+        self.started.wait()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        if self.error is not None and exc[0] is None:
+            raise self.error
 
 
 class DriftProbe:

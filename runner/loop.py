@@ -211,11 +211,13 @@ def _record_colocated(cfg: RunConfig, ctx: Setup, pl, log, only_calibration: boo
     if cfg.calibrate or only_calibration:
         # after the warm-ups, before the first update: weights and optimizer state are not changed;
         # one device's speed (a core on CPU) for split what-ifs, when the run holds more than one
-        one_core = ((lambda: pinned(sorted(os.sched_getaffinity(0))[:1], 1))
-                    if on_cpu and run.gen_threads > 1 else None)
+        # (core k: a split's engine on the first, its trainer on the second, as runner/placement.py places them)
+        cores = sorted(os.sched_getaffinity(0))
+        one_core = ((lambda k=0: pinned(cores[k:k + 1], 1)) if on_cpu and run.gen_threads > 1 else None)
         calib_rows, calib_info = run_calibration(engine, trainer, cfg, cal_prompts, cal_resp, log=log,
                                                  budget_s=BUDGET_S if only_calibration else None,
-                                                 threads=run.gen_threads if on_cpu else None, device_threads=one_core)
+                                                 threads=run.gen_threads if on_cpu else None, device_threads=one_core,
+                                                 interference=one_core is not None and len(cores) > 1)
 
     meta = ctx.meta(engine={**engine.facts(), "warmup_excluded": True}, trainer=run.trainer_meta(cfg.compile))
     if calib_info is not None:  # the thread count it was profiled at: a split side may run at fewer

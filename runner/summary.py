@@ -147,6 +147,10 @@ def calibration_lines(cal: dict) -> list[str]:
         out.append(f"one device {_f(dev.get('duration_s'), '.1f')} s, one core against the run's threads, paired: "
                    f"engine steps {pairs(dev['gen_ratios'])} at {dev.get('gen_level')} sequences; training "
                    f"{pairs(dev.get('train_ratios') or [])} at one micro-batch of {dev.get('train_level')} responses")
+        if dev.get("gen_shared_ratios") or dev.get("train_shared_ratios"):
+            out.append(f"interfere  one core beside the other side on another (as a split), over alone: engine steps "
+                       f"{pairs(dev.get('gen_shared_ratios') or [])}; training "
+                       f"{pairs(dev.get('train_shared_ratios') or [])}")
     elif dev:
         out.append(f"one device {_f(dev.get('duration_s'), '.1f')} s at {dev.get('threads')} thread: engine "
                    f"{_levels(dev.get('gen_rungs') or [], 'level', 'sequences')}; training "

@@ -21,7 +21,7 @@ from rlsim.modes.registry import simulate
 from rlsim.modes.registry import check as check_mode, split_config
 from rlsim.modes.split import replica_tp
 from rlsim.replay.device_speed import device_ratios
-from rlsim.replay.devices import host_name, per_device, profile_for_hardware, recorded_profile, rescale
+from rlsim.replay.devices import device_models, host_name, profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.fit_quality import FitCheck, check_fits
@@ -347,7 +347,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
     models = fit_trace(pooled if len(pooled) > 1 else ref, calibration=list(calibration),
                        step_overhead_s=step_overhead_s)
     ratios = None if calibration else device_ratios(ref)  # one device's speed (a core on CPU), for splits
-    device_models = per_device(models, ratios.gen, ratios.train, ratios.describe()) if ratios else None
+    one_models = device_models(models, ratios) if ratios else None
     reference = WhatIf(prompts=models.prompts, group=models.group, lr_rule=str(cfg.get("lr_rule") or "sqrt"))
     if not reference.prompts:
         raise RlsimError(f"{ref.path}: metadata config has no `prompts`; the trace was not written by `rlrun record`")
@@ -393,7 +393,7 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  recorded_time_to_target_s=rec_t, warnings=tuple(warnings), notes=tuple(notes),
                  trace_names=tuple(t.name for t in traces),
                  b_crit_reps=b_crit_reps, hardware=dict(ref.meta.get("hardware") or {}), lr_aware=lr_aware,
-                 framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=device_models,
+                 framework=str((ref.meta.get("source") or {}).get("framework") or "rlrun"), device_models=one_models,
                  task=str(ref.config.get("task") or ""),
                  memory=trace_memory(ref.meta, recorded_mean_seq_len(ref.rows(STEP_STATS))),
                  recorded_mode={k: ref.config[k] for k in ("execution_mode", "mode_settings") if k in ref.config},

@@ -2,6 +2,8 @@
 earlier one-thread ladder, at a common level), the run's models scaled by them, the phase kept out of the fits."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -92,6 +94,7 @@ def test_the_pairs_own_ratios_when_the_recording_wrote_them(tmp_path):
 @pytest.mark.parametrize("device, what", [({"threads": 1, "t0": "soon"}, "t0"),
                                           ({"threads": 1, "t0": 5.0, "gen_ratios": [1.2, -1], "train_ratios": [1.5]},
                                            "gen_ratios"),
+                                          ({"threads": 1, "t0": 5.0, "gen_shared_ratios": [0]}, "gen_shared_ratios"),
                                           ("broken", "calibration.device is")])
 def test_a_corrupt_device_section_is_one_line(tmp_path, device, what):
     t = _paired(tmp_path, gen=1.4, train=1.8)
@@ -100,3 +103,61 @@ def test_a_corrupt_device_section_is_one_line(tmp_path, device, what):
     with pytest.raises(RlsimError, match=what) as e:
         device_ratios(bad)
     assert "\n" not in str(e.value) and "rlrun record" in str(e.value)
+
+
+def _interfered(tmp_path, gen: float, train: float, gen_shared: list[float], train_shared: list[float]):
+    """`_paired` plus the interference rows of each pair (schema 6): copies of the one-thread rows, `load_threads` 1,
+    the medians' x slower, and the pairs' loaded / alone ratios in the metadata, as `rlrun record` writes them."""
+    t = _paired(tmp_path, gen, train)
+    rows = t.table.to_pylist()
+    f = {"calib_gen": float(np.median(gen_shared)), "calib_train": float(np.median(train_shared))}
+    t0 = max(r["t_start"] for r in rows) + 1.0
+    loaded = [{**r, "t_start": t0 + k, "load_threads": 1, "duration": r["duration"] * f[r["kind"]]}
+              for k, r in enumerate(r for r in rows if r["kind"] in f and r["threads"] == 1)]
+    dev = {**t.meta["calibration"]["device"], "load_threads": 1, "gen_shared_ratios": gen_shared,
+           "train_shared_ratios": train_shared}
+    meta = {**t.meta, "calibration": {**t.meta["calibration"], "device": dev}}
+    return read_trace(write_trace(tmp_path / "shared.parquet", meta, rows + loaded))
+
+
+def test_the_sides_beside_each_other_give_shared_ratios_and_leave_the_alone_ones(tmp_path):
+    t = _interfered(tmp_path, gen=1.4, train=1.8, gen_shared=[1.1, 1.2, 1.3], train_shared=[1.25, 1.35])
+    r = device_ratios(t)
+    # the loaded rows (1 thread, load_threads 1, slower) count neither as alone nor as the run's
+    assert r.gen == pytest.approx(1.4, rel=1e-6) and r.train == pytest.approx(1.8, rel=1e-6)
+    assert (r.gen_shared, r.train_shared, r.shared_pairs) == pytest.approx((1.2, 1.3, 2))
+    assert r.gen_shared_spread == pytest.approx(1.4826 * 0.1) and r.train_shared_spread == pytest.approx(1.4826 * 0.05)
+    assert "engine steps x1.20" in r.describe() and "training x1.30" in r.describe()
+
+
+def test_a_split_side_costs_as_it_ran_beside_the_other_in_one_place(tmp_path):
+    from rlsim.whatif.study import prepare
+
+    t = _interfered(tmp_path, gen=1.5, train=2.0, gen_shared=[1.2, 1.2], train_shared=[1.1, 1.1])
+    run, dev = fit_trace(t), fit_trace(t, one_device=True)
+    assert dev.gen.predict(N, 20 * N) == pytest.approx(1.5 * 1.2 * run.gen.predict(N, 20 * N), rel=1e-9)
+    assert dev.update.predict([1e3, 1e4]) == pytest.approx(2.0 * 1.1 * run.update.predict([1e3, 1e4]), rel=1e-9)
+    assert dev.config["one_device"]["gen"] == pytest.approx(1.8)
+    # the what-if's split models (rlsim run --gen-gpus/--train-gpus) are the same ones
+    study = prepare([t])
+    assert study.device_models.gen.predict(N, 20 * N) == pytest.approx(dev.gen.predict(N, 20 * N), rel=1e-9)
+    assert study.device_models.update.predict(1e4) == pytest.approx(dev.update.predict(1e4), rel=1e-9)
+
+
+def test_without_both_sides_loaded_each_side_costs_as_alone(tmp_path):
+    t = _interfered(tmp_path, gen=1.5, train=2.0, gen_shared=[1.2, 1.2], train_shared=[1.1, 1.1])
+    dev = {k: v for k, v in t.meta["calibration"]["device"].items() if k != "train_shared_ratios"}
+    meta = {**t.meta, "calibration": {**t.meta["calibration"], "device": dev}}
+    half = read_trace(write_trace(tmp_path / "half.parquet", meta, t.table.to_pylist()))
+    r = device_ratios(half)
+    assert (r.gen_shared, r.train_shared, r.shared_pairs) == (1.0, 1.0, 0) and "beside" not in r.describe()
+    assert fit_trace(half, one_device=True).config["one_device"]["gen"] == pytest.approx(1.5, rel=1e-6)
+
+
+def test_version_6_adds_load_threads_and_older_traces_read_it_null(tmp_path):
+    from rlsim.replay.schema import COLUMN_SINCE, INT_RANGES, READABLE_VERSIONS, SCHEMA_VERSION, columns_for_version
+
+    assert SCHEMA_VERSION == 6 and READABLE_VERSIONS == (1, 2, 3, 4, 5, 6) and COLUMN_SINCE["load_threads"] == 6
+    assert "load_threads" not in columns_for_version(5) and "load_threads" in INT_RANGES
+    old = read_trace(Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet")
+    assert old.meta["schema_version"] < 6 and np.isnan(old.rows("calib_gen")["load_threads"]).all()

@@ -78,6 +78,7 @@ def test_record_writes_calibration_rows_first(tmp_path, tiny_model, small_config
 def test_drift_probe_and_one_device_pairs_are_recorded(tmp_path, tiny_model, small_config):
     import os
 
+    from rlsim.replay.device_speed import device_ratios
     from rlsim.replay.drift import drift_of
     from rlsim.runner.loop import record
     from rlsim.runner.summary import summarize
@@ -95,6 +96,15 @@ def test_drift_probe_and_one_device_pairs_are_recorded(tmp_path, tiny_model, sma
         # paired: at least two ratios each, at the run's concurrency and one micro-batch of its update
         assert len(dev["gen_ratios"]) >= 2 and len(dev["train_ratios"]) >= 2 and dev["gen_level"] == 16
         assert set(t.rows("calib_train")["calib_level"][t.rows("calib_train")["threads"] == 1]) == {dev["train_level"]}
+        # each side again beside the other (interference): rows marked with load_threads, read back by the fit
+        assert dev["load_threads"] == 1 and len(dev["gen_shared_ratios"]) >= 2 and len(dev["train_shared_ratios"]) >= 2
+        for kind in ("calib_gen", "calib_train"):
+            r = t.rows(kind)
+            loaded = r["load_threads"] == 1
+            assert loaded.any() and np.all(r["threads"][loaded] == 1) and np.all(r["t_start"][loaded] >= dev["t0"])
+        ratios = device_ratios(t)
+        assert ratios.shared_pairs >= 2 and ratios.gen_shared > 0 and ratios.train_shared > 0
+        assert "interfere  one core beside the other side" in summarize(str(path))
 
 
 def test_threads_can_be_set_after_an_engine_starts(tiny_model):

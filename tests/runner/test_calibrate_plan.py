@@ -82,14 +82,25 @@ class _FakeClock:
         return self.now
 
 
-def _fake_run(monkeypatch, budget_s: float | None, device: bool, log=lambda m: None, one_core: float = 2.0):
+def _fake_run(monkeypatch, budget_s: float | None, device: bool, log=lambda m: None, one_core: float = 2.0,
+              shared: float | None = None):
     """run_calibration over a fake engine and trainer on a fake clock: an engine step costs 1 ms + 10 us a sequence,
-    a training pass 1 ms a response (x `one_core` inside the one-device block)."""
+    a training pass 1 ms a response (x `one_core` inside a one-device block, x `shared` more while two are open:
+    the other side works beside it; `shared` None: no interference pairs). Only the measuring thread's work moves
+    the clock (the other side's runs beside it)."""
+    import threading
     from contextlib import contextmanager
 
     import rlsim.runner.calibrate as calib
 
-    clock, slow = _FakeClock(), [1.0]
+    clock, blocks = _FakeClock(), [0]
+
+    def factor() -> float:
+        return 1.0 if not blocks[0] else one_core * ((shared or 1.0) if blocks[0] > 1 else 1.0)
+
+    def tick(d: float) -> None:
+        if threading.current_thread() is threading.main_thread():
+            clock.now += d
 
     class Engine:
         max_model_len, max_num_seqs, kv_cache_tokens, block_size = 64, 256, 10**6, 16
@@ -102,35 +113,34 @@ def _fake_run(monkeypatch, budget_s: float | None, device: bool, log=lambda m: N
         def generate(self, reqs, n_tokens, on_step=None):
             running = sum(k for _, _, k in reqs)
             for _ in range(n_tokens):
-                d = slow[0] * (1e-3 + 1e-5 * min(running, self.max_num_seqs))
+                d = factor() * (1e-3 + 1e-5 * min(running, self.max_num_seqs))
                 t = clock.now
-                clock.now += d
+                tick(d)
                 if on_step:
                     on_step(SimpleNamespace(t_start=t, duration=d, num_running=min(running, self.max_num_seqs),
                                             num_waiting=0, prefill_tokens=0, decode_tokens=running, context_tokens=0,
                                             kv_usage=0.0, finished=0))
 
     def profile(samples, micro=None):
-        d = slow[0] * 1e-3 * len(samples)
-        clock.now += d
+        d = factor() * 1e-3 * len(samples)
+        tick(d)
         return SimpleNamespace(t_forward=d / 3, t_backward=2 * d / 3, num_tokens=10 * len(samples))
 
-    slow_one = one_core
-
     @contextmanager
-    def one_core():
-        slow[0] = slow_one
+    def one_device(k=0):
+        blocks[0] += 1
         try:
             yield
         finally:
-            slow[0] = 1.0
+            blocks[0] -= 1
 
     trainer = SimpleNamespace(profile=profile, micro_for=lambda R: max(1, R // 4), pad_id=0)
     cfg = SimpleNamespace(G=8, seed=0, gen_responses=64, responses_per_update=64, temperature=1.0, max_tokens=8,
                           steps=10, eval_every=0, eval_prompts=16, eval_k=1)
     monkeypatch.setattr(calib.time, "perf_counter", clock)
     return calib.run_calibration(Engine(), trainer, cfg, [[1] * 8] * 16, [[2] * 6] * 16, budget_s=budget_s,
-                                 threads=2 if device else None, device_threads=one_core if device else None, log=log)
+                                 threads=2 if device else None, device_threads=one_device if device else None, log=log,
+                                 interference=shared is not None)
 
 
 def _mark(cal: dict, level: str = "gen") -> dict:
@@ -237,3 +247,21 @@ def test_an_implausible_one_core_ratio_is_warned_about_with_its_range(monkeypatc
     w = calibration_warnings(_mark({"device": {**dev, "run_threads": None}, "threads": 2}, "both"))
     assert len(w) == 1 and "engine x3.9 and training x5.5 (" in w[0]
     assert f"plausible {lo:g}..{hi:g}:" in w[0]  # the run's 2 threads
+
+
+def test_each_side_is_measured_again_beside_the_other_within_the_budget(monkeypatch):
+    # a side at one thread runs 1.3x slower while the other works on another device: the pairs' loaded / alone ratios
+    for budget in (1.5, 3.0):
+        rows, info = _fake_run(monkeypatch, budget, True, one_core=2.0, shared=1.3)
+        dev = info["device"]
+        assert info["duration_s"] <= sum(info["setup"].values()) + budget + 0.01
+        assert dev["load_threads"] == 1 and len(dev["gen_shared_ratios"]) >= 2 and len(dev["train_shared_ratios"]) >= 2
+        assert np.allclose(dev["gen_shared_ratios"], 1.3) and np.allclose(dev["train_shared_ratios"], 1.3)
+        assert np.allclose(dev["gen_ratios"], 2.0) and np.allclose(dev["train_ratios"], 2.0)  # alone: unchanged
+        for kind in ("calib_gen", "calib_train"):
+            loaded = [f for k, f in rows if k == kind and f.get("load_threads") == 1]
+            assert loaded and all(f["threads"] == 1 and f["t_start"] >= dev["t0"] for f in loaded)
+        assert not any("load_threads" in f for k, f in rows if k == "calib_gen" and f["t_start"] < dev["t0"])
+        assert "interfere  one core beside the other side" in calibration_lines(info)[2]
+    _, info = _fake_run(monkeypatch, 3.0, True)  # no interference asked: the pairs as before
+    assert "gen_shared_ratios" not in info["device"] and len(calibration_lines(info)) == 2
