@@ -356,7 +356,10 @@ def per_device(models: FittedModels, gen: float, train: float, note: str) -> Fit
 def device_models(models: FittedModels, r: DeviceRatios) -> FittedModels:
     """One split side's models: `models` (the run's) on one device (`r.gen`, `r.train`), each side as slow as it ran
     beside the other in the calibration (`r.gen_shared`, `r.train_shared`: 1 when not measured)."""
-    return per_device(models, r.gen * r.gen_shared, r.train * r.train_shared, r.describe())
+    m = per_device(models, r.gen * r.gen_shared, r.train * r.train_shared, r.describe())
+    gen_se, train_se = r.shared_se()
+    return replace(m, config={**m.config, "one_device": {**m.config["one_device"], "gen_se": gen_se,
+                                                         "train_se": train_se}})
 
 
 def _fixed(m: AffineModel | PiecewiseLinear) -> float:

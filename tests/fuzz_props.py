@@ -432,7 +432,7 @@ MODE_SETTINGS = {
     "max_head_offpolicyness": ("--max-head-offpolicyness", ["0", "1", "4"], NUM_EDGES),
     "max_trajectory_age_steps": ("--max-trajectory-age-steps", ["1", "2"], NUM_EDGES + ["0"]),
     "staleness": ("--staleness", ["0", "0.5", "1"], NUM_EDGES),
-    "weight_sync": ("--weight-sync", ["nccl", "checkpoint_engine", "moe_reshard"], ["", "NCCL", "x"]),
+    "weight_sync": ("--weight-sync", ["nccl", "nemo_nccl", "checkpoint_engine", "moe_reshard"], ["", "NCCL", "x"]),
     "in_flight_weight_updates": ("--in-flight-weight-updates", [True], [True]),
     "recompute_kv_cache_after_weight_updates": ("--recompute-kv-cache-after-weight-updates", [True], [True]),
     "partial_rollout": ("--partial-rollout", [True], [True]),

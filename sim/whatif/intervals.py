@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import replace
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,8 @@ from rlsim.modes.registry import simulate
 from rlsim.modes.split import data_parallel
 from rlsim.replay.calibration import REPLICATES
 from rlsim.replay.cost import EngineStepCost, StepSums
-from rlsim.replay.devices import get_profile, other_roof, profile_for_hardware, recorded_profile, rescale
+from rlsim.replay.devices import (get_profile, other_roof, per_device, profile_for_hardware, recorded_profile,
+                                  rescale)
 from rlsim.replay.fit_quality import FitCheck
 from rlsim.replay.models import INTERVAL, FittedModels, interval
 from rlsim.replay.rho import RhoModel
@@ -85,9 +87,9 @@ def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: 
                kind: str, reference: bool, model: RhoModel | None = None, rho_stale: float = 1.0) -> dict[str, Any]:
     """The `_lo` / `_hi` fields of an Outcome and how they were made (empty when nothing is uncertain or
     nothing resamples). Throughput: the bootstrap replicates of the fits on the hardware `cfg` runs on (none for
-    split runs), widened by the fits' held-out error (`rlsim.replay.fit_quality`: at least its bound where the fits
-    cannot be used, and then the responses/s too). Sample cost: B_crit replicates (noise scale), or the bounds of an
-    unmeasured rho."""
+    split runs: `_split_side_ends`), widened by the fits' held-out error (`rlsim.replay.fit_quality`: at least its
+    bound where the fits cannot be used, and then the responses/s too). Sample cost: B_crit replicates (noise
+    scale), or the bounds of an unmeasured rho."""
     reps = study.models.replicates
     level = reps.level if reps is not None else INTERVAL
     out: dict[str, Any] = {}
@@ -111,7 +113,7 @@ def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: 
         methods.append(how + (f", widened by the fits' held-out error ({100 * held_out:.1f} % RMS"
                               f"{'' if check.usable else ', at least the bound of fits that cannot be used'})"
                               if held_out > 0 else ""))
-    ends = _other_ends(study, cfg, reference)
+    ends = _other_ends(study, cfg, reference) + _split_side_ends(study, cfg, reference)
     widened = False  # whether an end lies beyond the sigma interval of the replicates
     for q_end, s_end, how in ends:  # what the evidence cannot decide: the other end widens the interval (or makes one)
         out["responses_per_s_lo"] = min(out.get("responses_per_s_lo", q), q_end)
@@ -185,6 +187,37 @@ def _other_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float,
         out.append((*_rate(roof[0], cfg, reference),
                     f"per-token compute on {cfg.device} at its bandwidth gain at the other end, {roof[1]:.3g}x below "
                     "its FLOP/s gain (which of the datasheet's two roofs a term reaches on a new device, none states)"))
+    return out
+
+
+def split_side_spreads(study: Study) -> tuple[float, float]:
+    """(engine, training) relative error of a split side's one-device costs: the fits' held-out error on levels they
+    did not see (a side's operating point is not the recording's) and the standard error of the calibration's
+    beside-the-other-side ratios (`DeviceRatios.shared_se`), in quadrature."""
+    check = fit_check(study)
+    od = study.device_models.config.get("one_device") or {} if study.device_models is not None else {}
+    return (math.hypot(check.spread("engine-step"), float(od.get("gen_se", 0.0))),
+            math.hypot(check.spread("training"), float(od.get("train_se", 0.0))))
+
+
+def _split_side_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float, float, str]]:
+    """A split measured one device at a time (a CPU recording's calibration) has no bootstrap of its rate (its sides
+    wait on each other): both sides at the near and the far end of their costs' error instead, each end simulated.
+    The rate is about the slower side's, so moving both together spans it without the corners' overstatement."""
+    if not cfg.split or reference or cfg.device is not None or study.device_models is None:
+        return []
+    sg, st = split_side_spreads(study)
+    if sg <= 0 and st <= 0:
+        return []
+    z = NormalDist().inv_cdf(0.5 + INTERVAL / 2)
+    out = []
+    for sign in (-1.0, 1.0):
+        dm = study.device_models
+        moved = per_device(dm, math.exp(sign * z * sg), math.exp(sign * z * st), dm.config["one_device"]["note"])
+        out.append((*_rate(replace(study, device_models=replace(moved, config=dm.config)), cfg, False),
+                    f"each side's one-device costs at the {'near' if sign < 0 else 'far'} end of their error (engine "
+                    f"steps +-{100 * sg:.0f} %, training +-{100 * st:.0f} % RMS: the fits' held-out error and the "
+                    "calibration's beside-the-other-side ratios)"))
     return out
 
 
