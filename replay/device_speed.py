@@ -81,14 +81,6 @@ class DeviceRatios:
         "help": "robust standard deviation of the training's loaded / alone ratios over the pairs"})
     shared_pairs: int = field(default=0, metadata={"help": "pairs that measured the sides beside each other"})
 
-    def shared_se(self) -> tuple[float, float]:
-        """(engine, training) standard error of the beside-the-other-side ratios' medians, relative (0: one pair or
-        none): the robust spread over the pairs / sqrt(pairs), x1.25 for a median."""
-        if self.shared_pairs < 2:
-            return 0.0, 0.0
-        k = 1.2533 / math.sqrt(self.shared_pairs)
-        return k * self.gen_shared_spread / self.gen_shared, k * self.train_shared_spread / self.train_shared
-
     def describe(self) -> str:
         out = (f"one device's costs: the run's fitted costs with engine steps x{self.gen:.2f} (measured at "
                f"{self.gen_level} sequences) and training x{self.train:.2f} (at {self.train_level} responses), "
@@ -96,7 +88,8 @@ class DeviceRatios:
         if self.shared_pairs:
             out += (f"; beside the other side on another core, engine steps x{self.gen_shared:.2f} "
                     f"(+-{self.gen_shared_spread:.2f}) and training x{self.train_shared:.2f} "
-                    f"(+-{self.train_shared_spread:.2f}) more ({self.shared_pairs} pairs)")
+                    f"(+-{self.train_shared_spread:.2f}) more ({self.shared_pairs} pairs; shown, not applied: "
+                    "measured in one process, docs/results.md section 16)")
         return out
 
 

@@ -192,12 +192,9 @@ def _other_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float,
 
 def split_side_spreads(study: Study) -> tuple[float, float]:
     """(engine, training) relative error of a split side's one-device costs: the fits' held-out error on levels they
-    did not see (a side's operating point is not the recording's) and the standard error of the calibration's
-    beside-the-other-side ratios (`DeviceRatios.shared_se`), in quadrature."""
+    did not see (a side's operating point is not the recording's)."""
     check = fit_check(study)
-    od = study.device_models.config.get("one_device") or {} if study.device_models is not None else {}
-    return (math.hypot(check.spread("engine-step"), float(od.get("gen_se", 0.0))),
-            math.hypot(check.spread("training"), float(od.get("train_se", 0.0))))
+    return check.spread("engine-step"), check.spread("training")
 
 
 def _split_side_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float, float, str]]:
@@ -216,8 +213,7 @@ def _split_side_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[f
         moved = per_device(dm, math.exp(sign * z * sg), math.exp(sign * z * st), dm.config["one_device"]["note"])
         out.append((*_rate(replace(study, device_models=replace(moved, config=dm.config)), cfg, False),
                     f"each side's one-device costs at the {'near' if sign < 0 else 'far'} end of their error (engine "
-                    f"steps +-{100 * sg:.0f} %, training +-{100 * st:.0f} % RMS: the fits' held-out error and the "
-                    "calibration's beside-the-other-side ratios)"))
+                    f"steps +-{100 * sg:.0f} %, training +-{100 * st:.0f} % RMS: the fits' held-out error)"))
     return out
 
 
