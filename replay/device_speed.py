@@ -89,7 +89,7 @@ class DeviceRatios:
             out += (f"; beside the other side on another core, engine steps x{self.gen_shared:.2f} "
                     f"(+-{self.gen_shared_spread:.2f}) and training x{self.train_shared:.2f} "
                     f"(+-{self.train_shared_spread:.2f}) more ({self.shared_pairs} pairs; shown, not applied: "
-                    "measured in one process, docs/results.md section 16)")
+                    "measured beside a thread of the same process, which a split's processes do not contend as)")
         return out
 
 
