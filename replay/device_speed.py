@@ -14,8 +14,8 @@ fell short of the run's concurrency and missed the split's operating point (docs
 Interference: a split's two sides share the machine (memory bandwidth, caches), so each runs slower beside the other
 than alone. A calibration of schema 6 measures each side at one thread again while the other side works on another
 core (rows with `load_threads`; metadata `gen_shared_ratios` / `train_shared_ratios`, loaded over alone within a
-pair). `device_ratios` keeps them as `gen_shared` / `train_shared` (1 without them: today's rule), and
-`rlsim.replay.devices.device_models`, the one place a split side's costs come from, multiplies them in.
+pair), kept in `DeviceRatios` to show, not applied by `rlsim.replay.devices.device_models`: the other side ran
+as a thread of the same process, which a split's separate processes do not contend as (docs/results.md section 16).
 """
 from __future__ import annotations
 

@@ -355,9 +355,9 @@ def per_device(models: FittedModels, gen: float, train: float, note: str) -> Fit
 
 def device_models(models: FittedModels, r: DeviceRatios) -> FittedModels:
     """One split side's models: `models` (the run's) on one device (`r.gen`, `r.train`). The calibration's
-    beside-the-other-side ratios (`r.gen_shared`, `r.train_shared`) are shown, not applied: measured with the other
-    side in a thread of the same process, they put training 1.6-1.9x slower beside the engine where the measured
-    splits' updates ran as fast as alone (docs/results.md section 16)."""
+    beside-the-other-side ratios (`r.gen_shared`, `r.train_shared`) are shown in the note, not applied: measured with
+    the other side in a thread of the same process, they overstated the measured splits' slowdown (docs/results.md
+    section 16)."""
     return per_device(models, r.gen, r.train, r.describe())
 
 

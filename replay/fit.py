@@ -121,8 +121,8 @@ def fit_trace(trace: Trace | list[Trace] | tuple[Trace, ...], calibration: Seque
     trace, or in `calibration` traces from `rlrun calibrate`) refit the engine-step and update models
     over the calibrated range (replay/calibration.py); every fit gets its validation and replicates.
     `one_device`: the models of one device instead: the fitted ones with engine-step and training times scaled by
-    one device's speed over the run's (and beside the other side, when measured), from the first trace's calibration
-    (replay/device_speed.py; replay/devices.py `device_models`).
+    one device's speed over the run's, from the first trace's calibration (replay/device_speed.py; replay/devices.py
+    `device_models`).
     `step_overhead_s`: an imported log's engine-step overhead prior (replay/fit_steps.py; None: its default)."""
     traces = list(trace) if isinstance(trace, (list, tuple)) else [trace]
     ref = traces[0]

@@ -28,8 +28,9 @@ from typing import Callable
 
 from rlsim.replay.errors import RlsimError
 
-BUILTIN_TASKS = ("add2", "add3", "addmix", "sub3")
-OPERATOR = {"add2": "+", "add3": "+", "addmix": "+", "sub3": "-"}
+# task: (fewest and most digits of an operand, operator)
+ARITHMETIC = {"add2": ((2, 2), "+"), "add3": ((3, 3), "+"), "addmix": ((1, 3), "+"), "sub3": ((3, 3), "-")}
+BUILTIN_TASKS = tuple(ARITHMETIC)
 
 
 @dataclass(frozen=True)
@@ -64,22 +65,18 @@ def scratchpad_sub(a: int, b: int) -> str:
     return ";".join(steps) + f"#{a - b}"
 
 
-def _digits_range(task: str) -> tuple[int, int]:
-    return {"add2": (2, 2), "add3": (3, 3), "addmix": (1, 3), "sub3": (3, 3)}[task]
-
-
 def _is_eval_pair(a: int, b: int) -> bool:
     # a fixed hash split of the pair space: ~1/8 of pairs are held out, never trained on
     return ((a * 7919 + b * 104729) * 2654435761) % 8 == 0
 
 
 def _sample_pair(rng: random.Random, task: str) -> tuple[int, int]:
-    lo, hi = _digits_range(task)
+    (lo, hi), op = ARITHMETIC[task]
     def num() -> int:
         d = rng.randint(lo, hi)
         return rng.randint(10 ** (d - 1) if d > 1 else 0, 10 ** d - 1)
     a, b = num(), num()
-    return (max(a, b), min(a, b)) if OPERATOR[task] == "-" else (a, b)
+    return (max(a, b), min(a, b)) if op == "-" else (a, b)
 
 
 class Task:
@@ -102,7 +99,7 @@ class ArithmeticTask(Task):
         if name not in BUILTIN_TASKS:
             raise RlsimError(f"unknown task {name!r}; choose one of {', '.join(BUILTIN_TASKS)} or pass --dataset FILE")
         self.name = name
-        self.op = OPERATOR[name]
+        self.op = ARITHMETIC[name][1]
 
     def example(self, a: int, b: int) -> Example:
         return Example(prompt=f"{a}{self.op}{b}=", answer=str(a + b if self.op == "+" else a - b))

@@ -365,7 +365,10 @@ def _args(argv) -> argparse.Namespace:
 def main(argv=None) -> int:
     a = _args(argv)
     if a.preregister:
-        preregister(folder_spec(a) if a.folder else FRESH[-1], Path(a.preregister))
+        try:
+            preregister(folder_spec(a) if a.folder else FRESH[-1], Path(a.preregister))
+        except RlsimError as e:
+            raise SystemExit(f"error: {e}")
         return 0
     rng, rule = np.random.default_rng(0), dict(confidence=a.confidence, slack=a.slack,
                                                   measured_confidence=a.measured_confidence)
