@@ -9,7 +9,8 @@ the measured range it is held at its end value (`span_note` says so: nothing mea
 
 Also measured there: `seed_sd`, the sd of log rho of one run around its configuration's seed mean (the noise of a
 one-seed pilot); `truth_sd`, the noise of a seed mean of the other seeds (seed_sd / sqrt(seeds - 1)); `sigma_sd`,
-the sd of log(sigma measured / sigma predicted).
+the sd of log(sigma measured / sigma predicted); `shared_sd`, the part of the pilots' noise they share through
+the one reference run they are all read against.
 
 The numbers in `DATA` are written by `python -m bench.studies.plan_eval --write-errors` from the recorded studies
 under traces/ (docs/results.md, "Decisions"); nothing here is set by hand. Pure numpy.
@@ -53,6 +54,10 @@ class RhoErrors:
                 "(`rlsim.replay.learning.prefix_log_rho`); () when not measured"})
     prefix_sd: tuple[float, ...] = field(default=(), metadata={
         "help": "(f,) its sd around that mean: a prefix pilot's noise"})
+    shared_sd: float = field(default=0.0, metadata={
+        "help": "sd in log T of the part of a pilot's error that every pilot read against the same reference run "
+                "shares (that run's own luck): the within-seed covariance of the pilots' errors; the rest of a "
+                "pilot's noise is its own"})
 
     def at(self, d) -> np.ndarray:
         """(K, n) each curve at the n points d (linear between measured points, held at the ends beyond them); (2K, n)
@@ -78,7 +83,9 @@ class RhoErrors:
     def describe(self) -> str:
         studies = sorted({s.rsplit(" seed", 1)[0] for s in self.sources})
         return (f"rho uncertainty: {len(self.curves)} measured error curves of the {self.model} model from one "
-                f"reference ({', '.join(studies)}); a pilot's noise {self.seed_sd:.2f} in log rho")
+                f"reference ({', '.join(studies)}); a pilot's noise {self.seed_sd:.2f} in log rho"
+                + (f"; {self.shared_sd:.2f} in log T shared by every pilot of one reference run"
+                   if self.shared_sd > 0 else ""))
 
     def without(self, study: str) -> RhoErrors:
         """The curves of every study but `study` (leave-one-study-out)."""
@@ -100,14 +107,14 @@ class RhoErrors:
                 "sources": list(self.sources), "seed_sd": self.seed_sd, "truth_sd": self.truth_sd,
                 "sigma_sd": self.sigma_sd, "model": self.model, "mirrored": self.mirrored,
                 "pilot_sigma_sd": self.pilot_sigma_sd, "prefix_f": list(self.prefix_f),
-                "prefix_bias": list(self.prefix_bias), "prefix_sd": list(self.prefix_sd)}
+                "prefix_bias": list(self.prefix_bias), "prefix_sd": list(self.prefix_sd), "shared_sd": self.shared_sd}
 
     @classmethod
     def from_dict(cls, d: dict) -> RhoErrors:
         return cls(np.asarray(d["d"], float), np.asarray(d["curves"], float), tuple(d["sources"]), float(d["seed_sd"]),
                    float(d["truth_sd"]), float(d["sigma_sd"]), str(d["model"]), bool(d["mirrored"]),
                    float(d.get("pilot_sigma_sd", 0.0)), tuple(d.get("prefix_f", ())), tuple(d.get("prefix_bias", ())),
-                   tuple(d.get("prefix_sd", ())))
+                   tuple(d.get("prefix_sd", ())), float(d.get("shared_sd", 0.0)))
 
 
 def measured_errors(model: str = "noise-scale") -> RhoErrors:
@@ -144,6 +151,7 @@ DATA: dict[str, dict] = {
      'prefix_f': [0.25, 0.5, 0.75, 1.0],
      'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402],
      'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
+     'shared_sd': 0.283,
      "curves": [
         [0.0887, 0.1048, 0.0, -0.4485, -0.4873, -0.6196],
         [-0.1922, -0.0374, 0.0, -0.2347, -0.1408, -0.1015],
@@ -185,6 +193,7 @@ DATA: dict[str, dict] = {
      'prefix_f': [0.25, 0.5, 0.75, 1.0],
      'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402],
      'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
+     'shared_sd': 0.283,
      "curves": [
         [-0.2837, -0.1275, 0.0, -0.1017, 0.3209, 0.742],
         [-0.3612, -0.1468, 0.0, -0.0463, 0.343, 0.7953],

@@ -144,10 +144,10 @@ def seed_runs(runs: dict[int, list[dict]], seeds: list[int]) -> list[SeedRuns]:
 def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
     """Per reference seed s: log(rho of the other seeds' means / rho predicted from s alone) per size (noise-scale and
     invariant); per (seed, size) one pilot-noise sample of log rho and of log sigma (seed s's run over seed s's
-    reference, against the other seeds' means), one prefix sample per prefix length (`prefix_samples`), and the
-    sigma errors."""
+    reference, against the other seeds' means), one prefix sample per prefix length (`prefix_samples`), the
+    sigma errors, and per seed the pilots' errors in log T (`pilot_T`, for the part they share: `shared_var`)."""
     curves: dict[str, list] = {"noise-scale": [], "invariant": []}
-    pilot, pilot_sig, sig, prefix = [], [], [], {f: [] for f in PREFIX_F}
+    pilot, pilot_sig, sig, pilot_T, prefix = [], [], [], [], {f: [] for f in PREFIX_F}
     R = spec.ref_p
     lc = {P: [fit_learning_curve(read_trace(r[s]["path"])) for s in range(spec.seeds)] for P, r in runs.items()}
     for s in range(spec.seeds):
@@ -157,6 +157,8 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
         sig_true = {P: np.mean([runs[P][k]["rps"] for k in others]) / np.mean([runs[R][k]["rps"] for k in others])
                     for P in spec.sizes}
         curves["invariant"].append([math.log(rho_true[P]) for P in spec.sizes])
+        pilot_T.append([math.log(runs[P][s]["n"] / runs[R][s]["n"] / rho_true[P])
+                        - math.log(runs[P][s]["rps"] / runs[R][s]["rps"] / sig_true[P]) for P in spec.sizes if P != R])
         for P in spec.sizes:
             if P != R:
                 pilot_sig.append(math.log(runs[P][s]["rps"] / runs[R][s]["rps"] / sig_true[P]))
@@ -174,7 +176,15 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
             if P != R:
                 pilot.append(math.log(runs[P][s]["n"] / runs[R][s]["n"]) - math.log(rho_true[P]))
                 sig.append(math.log(sig_true[P] / preds[P].sigma))
-    return dict(curves=curves, pilot=pilot, pilot_sigma=pilot_sig, sigma=sig, prefix=prefix)
+    return dict(curves=curves, pilot=pilot, pilot_sigma=pilot_sig, sigma=sig, prefix=prefix, pilot_T=pilot_T)
+
+
+def shared_var(per_study: dict[str, dict]) -> float:
+    """The variance in log T that one seed's pilots share (each read against that seed's reference run): over every
+    seed of every study, the mean product of two different pilots' errors (`pilot_T`), at least 0."""
+    prods = [np.mean([a * b for i, a in enumerate(e) for j, b in enumerate(e) if i != j])
+             for st in per_study.values() for e in st["pilot_T"] if len(e) > 1]
+    return max(float(np.mean(prods)), 0.0) if prods else 0.0
 
 
 def all_errors(per_study: dict[str, dict], model: str) -> RhoErrors:
@@ -193,7 +203,8 @@ def all_errors(per_study: dict[str, dict], model: str) -> RhoErrors:
                      seed_sd / math.sqrt(max(n_seeds - 1, 1)), float(np.sqrt(np.mean(sigma ** 2))), model,
                      mirrored=model == "noise-scale", pilot_sigma_sd=float(np.sqrt(np.mean(pilot_sig ** 2))),
                      prefix_f=PREFIX_F, prefix_bias=tuple(float(np.mean(pre[f])) for f in PREFIX_F),
-                     prefix_sd=tuple(float(np.std(pre[f])) for f in PREFIX_F))
+                     prefix_sd=tuple(float(np.std(pre[f])) for f in PREFIX_F),
+                     shared_sd=math.sqrt(shared_var(per_study)))
 
 
 def prefix_table(per_study: dict[str, dict]) -> dict:
@@ -349,6 +360,9 @@ def _args(argv) -> argparse.Namespace:
                     help="PlanConfig.measured_confidence: the guard on moves to a measured candidate")
     ap.add_argument("--slack", type=float, default=PlanConfig.slack,
                     help="PlanConfig.slack: how far a truth may lie off the recorded error curves (sd, log T)")
+    ap.add_argument("--shared-sd", type=float, default=None,
+                    help="RhoErrors.shared_sd for every plan (default: measured on the studies; 0: pilots' noise taken "
+                         "as independent), an ablation")
     g = ap.add_argument_group("any recorded study (scored with the shipped error curves, as the fresh one)")
     g.add_argument("--folder", help="the study's folder (its runs: PREFIX_p{P}_s{seed}.parquet)")
     g.add_argument("--prefix", default="grpo", help="file prefix of its runs")
@@ -372,22 +386,24 @@ def main(argv=None) -> int:
         return 0
     rng, rule = np.random.default_rng(0), dict(confidence=a.confidence, slack=a.slack,
                                                   measured_confidence=a.measured_confidence)
+    force = (lambda es: es) if a.shared_sd is None else (  # noqa: E731
+        lambda es: {m: replace(e, shared_sd=a.shared_sd) for m, e in es.items()})
     if a.folder:  # one study from the command line, scored with the error curves rlsim plan ships
         spec = folder_spec(a)
         try:
             runs = runs_of(spec)
         except RlsimError as e:
             raise SystemExit(f"error: {e}")
-        shipped = {m: measured_errors(m) for m in ("noise-scale", "invariant")}
+        shipped = force({m: measured_errors(m) for m in ("noise-scale", "invariant")})
         out = {"studies": [], "fresh": [evaluate_study(spec, runs, shipped, rng, rule)]}
     else:
         specs = [s for s in STUDIES if s.name in a.studies.split(",")]
         runs = {s.name: runs_of(s) for s in specs}
         per = {s.name: error_curves(s, runs[s.name]) for s in specs}
         errors = {m: all_errors(per, m) for m in ("noise-scale", "invariant")}
-        out = {"studies": [evaluate_study(s, runs[s.name], {m: e.without(s.name) for m, e in errors.items()}, rng,
-                                          rule) for s in specs],
-               "fresh": [evaluate_study(_with_target(f), runs_of(_with_target(f)), errors, rng, rule)
+        out = {"studies": [evaluate_study(s, runs[s.name], force(_without(errors, per, s.name)), rng, rule)
+                           for s in specs],
+               "fresh": [evaluate_study(_with_target(f), runs_of(_with_target(f)), force(errors), rng, rule)
                          for f in FRESH] if a.fresh else [], "prefix_noise": prefix_table(per)}
     out.update(method=__doc__.split("\n\n")[0], rule=rule)
     _table(out["studies"] + out["fresh"])
@@ -396,6 +412,12 @@ def main(argv=None) -> int:
     if a.write_errors and not a.folder:
         write_errors(errors)
     return 0
+
+
+def _without(errors: dict[str, RhoErrors], per: dict[str, dict], study: str) -> dict[str, RhoErrors]:
+    """The error curves and the shared pilot noise of every study but `study` (leave-one-study-out)."""
+    others = {k: v for k, v in per.items() if k != study}
+    return {m: replace(e.without(study), shared_sd=math.sqrt(shared_var(others))) for m, e in errors.items()}
 
 
 def _table(rows: list[dict]) -> None:

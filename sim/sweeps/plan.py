@@ -5,7 +5,8 @@ simulator; rho from a sample-cost model that, from one reference trace, is known
 So the plan's uncertainty about rho is *measured*: error curves e(d) = log(rho measured / rho predicted from a
 reference alone) at d = log2(B / B_ref), one per reference seed of the recorded batch-size studies
 (`rlsim.replay.rho_errors`); a draw of the truth is one such curve plus the studies' seed noise. Its uncertainty
-about sigma is each candidate's sigma interval as `rlsim run` gives it, read as a log-normal spread. A trace whose
+about sigma is each candidate's sigma interval as `rlsim run` gives it, read as a log-normal spread. Pilots run to
+the target are read against one reference run and share its luck (`weigh`, `RhoErrors.shared_sd`). A trace whose
 cost fits cannot be used (`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
 
 Over the draws (weights w), for each candidate i: expected regret E_w[T_i / min_j T_j - 1] and p_within_5pct
@@ -229,14 +230,31 @@ def sigma_spread(preds: Sequence[Outcome]) -> tuple[np.ndarray, list[int]]:
 
 
 def measured_column(log_T: np.ndarray, y, s: float, slack: float, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(weights, T): a pilot's measured log T `y` ((M, 1) or scalar; noise sd `s`) against the draws' log T of its
-    candidate `log_T` (K,), when the truth may lie `slack` off each draw: each draw weighed by the likelihood of y
-    (variance s^2 + slack^2), and the candidate's T in it the normal posterior of prior N(log_T, slack^2) and the
-    measurement (gain g = slack^2 / (slack^2 + s^2)), drawn with `z` (K,). slack 0: the draws' own T, reweighted."""
+    """(weights, T): a pilot's measured log T `y` (scalar, (K,) one per draw, (M, 1) or (M, K); noise sd `s`) against
+    the draws' log T of its candidate `log_T` (K,), when the truth may lie `slack` off each draw: each draw weighed by
+    the likelihood of y (variance s^2 + slack^2), and the candidate's T in it the normal posterior of prior
+    N(log_T, slack^2) and the measurement (gain g = slack^2 / (slack^2 + s^2)), drawn with `z` (K,). slack 0: the
+    draws' own T, reweighted."""
     v = s ** 2 + slack ** 2
     g = slack ** 2 / v if v > 0 else 0.0
     w = np.exp(-0.5 * (y - log_T) ** 2 / v) if v > 0 else np.ones_like(log_T)
     return w, np.exp(log_T + g * (y - log_T) + math.sqrt(g) * s * z)
+
+
+def weigh(T: np.ndarray, readings: Sequence[tuple[int, float, float, bool]], u: np.ndarray, shared_sd: float,
+          slack: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(weights (K,), T (K, n)): the draws T (K, n) once the pilots' readings (candidate j, measured log T, its noise sd
+    in log T, whether it is a run to the target) are weighed in. A run to the target, less its draw's offset u (K,)
+    (the reference run's luck at the target, sd `shared_sd`, common to every such pilot), measures its candidate
+    with its own noise (`own_sd`); a prefix, read against the reference's curve where it stopped, shares no
+    measurable part of it (docs/usage.md, Planning). Each reweighs the draws (their errors move together) and sets
+    its own column (`measured_column`)."""
+    w, T = np.ones(len(T)), T.copy()
+    for j, y, sd, full in readings:
+        y, sd = (y - u, own_sd(sd, shared_sd)) if full else (y, sd)
+        wj, T[:, j] = measured_column(np.log(T[:, j]), y, sd, slack, rng.standard_normal(len(T)))
+        w = w * wj
+    return w, T
 
 
 def scores(T: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -259,15 +277,23 @@ def pick(T: np.ndarray, w: np.ndarray, ref: int, confidence: float = 0.8, measur
     return min(ok, key=lambda i: (er[i], i != ref))
 
 
+def own_sd(sd: float, shared_sd: float) -> float:
+    """The part of a pilot's noise `sd` (log T) that is its own, once the part it shares with the other pilots of the
+    same reference run (`RhoErrors.shared_sd`) is drawn apart; at least a tenth of it."""
+    return math.sqrt(max(sd ** 2 - shared_sd ** 2, (0.1 * sd) ** 2))
+
+
 def regret_after_pilot(T: np.ndarray, w: np.ndarray, j: int, ref: int, sd: float, rng: np.random.Generator,
                        truths: int = 400, confidence: float = 0.8, measured: Sequence[int] = (),
-                       slack: float = 0.3, measured_confidence: float = 0.0) -> float:
+                       slack: float = 0.3, measured_confidence: float = 0.0, u: np.ndarray | None = None) -> float:
     """Expected regret of the pick once candidate j (not the reference) is measured (preposterior over `truths` draws
-    taken as the truth): T (K, n) draws of T, w (K,) the current weights, sd a pilot's noise in log T. As `score`
-    does with a pilot given back (`measured_column`), then `pick`. All truths at once: (M, K) arrays."""
+    taken as the truth): T (K, n) draws of T, w (K,) the current weights, sd a pilot's own noise in log T, u (K,) the
+    draws' offset shared by every pilot of the reference (`Scored.u`; None: none). As `score` does with a pilot
+    given back (`measured_column`), then `pick`. All truths at once: (M, K) arrays."""
+    u = np.zeros(len(w)) if u is None else u
     idx = rng.choice(len(w), size=min(truths, len(w)), p=w / w.sum())
-    y = (np.log(T[idx, j]) + rng.standard_normal(len(idx)) * sd)[:, None]  # (M, 1) what the pilot would measure
-    W, col = measured_column(np.log(T[:, j])[None, :], y, sd, slack, rng.standard_normal(len(w)))
+    y = (np.log(T[idx, j]) + u[idx] + rng.standard_normal(len(idx)) * sd)[:, None]  # (M, 1) what it would measure
+    W, col = measured_column(np.log(T[:, j])[None, :], y - u[None, :], sd, slack, rng.standard_normal(len(w)))
     W = w[None, :] * W
     W = np.where(W.sum(axis=1, keepdims=True) > 0, W, w[None, :])
     P = W / W.sum(axis=1, keepdims=True)
@@ -302,6 +328,10 @@ class Scored:
     notes: list = field(metadata={"help": "how it was made"})
     warnings: list = field(default_factory=list, metadata={"help": "what may be wrong with it"})
     observed: dict = field(default_factory=dict, metadata={"help": "index -> the pilots' Observation there"})
+    u: np.ndarray | None = field(default=None, metadata={
+        "help": "(K,) each draw's offset in log T shared by every pilot read against the reference (its run's own "
+                "luck, sd RhoErrors.shared_sd); a pilot's reading minus it is the candidate's T plus the pilot's own "
+                "noise"})
 
 
 def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErrors, rng: np.random.Generator,
@@ -321,17 +351,16 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     notes = [n for n in notes if n] + _memory_notes(preds)
     warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing "
                 "resamples its fits): taken as exact, which understates the uncertainty"] if bare else []
-    w, T = np.ones(cfg.draws), np.exp(T_log)
     observed = observe(study, pilots, sizes, G, preds, errors, model_name, bounds_ok, notes, ref_rps)
-    for j, o in observed.items():  # it reweights the draws (their errors move together) and sets its own column
-        wj, T[:, j] = measured_column(np.log(T[:, j]), o.log_rho - math.log(o.sigma), math.hypot(o.rho_sd, o.sigma_sd),
-                                      cfg.slack, rng.standard_normal(cfg.draws))
-        w = w * wj
+    u = np.random.default_rng(cfg.seed + 2).standard_normal(cfg.draws) * errors.shared_sd
+    readings = [(j, o.log_rho - math.log(o.sigma), math.hypot(o.rho_sd, o.sigma_sd), not o.prefix)
+                for j, o in observed.items()]
+    w, T = weigh(np.exp(T_log), readings, u, errors.shared_sd, cfg.slack, rng)
     measured = {ref, *observed}
     if not w.sum() > 0:
         raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from "
                          "the same task, model and lr rule as the reference")
-    return Scored(sizes, ref, preds, T, e, w, measured, notes, warnings, observed)
+    return Scored(sizes, ref, preds, T, e, w, measured, notes, warnings, observed, u)
 
 
 def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
@@ -575,9 +604,11 @@ def _pilots(study: Study, s: Scored, errors: RhoErrors, rng: np.random.Generator
             lengths += [(steps, sd, True) for f, sd in zip(errors.prefix_f, errors.prefix_sd)
                         for steps in [max(int(math.ceil(f * study.n_star_ref / (P * G))), least)] if steps < full]
         for steps, sd, prefix in lengths:
-            after = regret_after_pilot(s.T, s.w, j, s.ref, math.hypot(sd, errors.pilot_sigma_sd), rng,
+            sd = math.hypot(sd, errors.pilot_sigma_sd)
+            after = regret_after_pilot(s.T, s.w, j, s.ref, sd if prefix else own_sd(sd, errors.shared_sd), rng,
                                        confidence=cfg.confidence, measured=[m for m in measured if m != j],
-                                       slack=cfg.slack, measured_confidence=cfg.measured_confidence)
+                                       slack=cfg.slack, measured_confidence=cfg.measured_confidence,
+                                       u=None if prefix else s.u)
             out.append(((er_now - after) / (steps * P * G),
                         Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps), prefix)))
     return [p for _, p in sorted(out, key=lambda x: -x[0])]

@@ -236,6 +236,27 @@ def test_a_measurement_weighed_against_the_curves_by_hand():
     assert w == pytest.approx(np.ones(3)) and T == pytest.approx(np.exp(0.3 * z), rel=1e-4)
 
 
+def test_pilots_read_against_one_reference_share_its_luck_by_hand():
+    # flat draws (log T = 0 at both candidates), slack 0.3; two pilots each read log T = -0.6 with noise 0.41, of
+    # which 0.28 is the reference run's (shared) and 0.3 their own. As one Gaussian: t_j ~ N(0, 0.3^2), reading
+    # y_j = t_j + u + e_j, u ~ N(0, 0.28^2), e_j ~ N(0, 0.3^2): E[t_1 | y] = 0.09 (S^-1 y)_1, S = [[a, b], [b, a]],
+    # a = 0.09 + 0.0784 + 0.09, b = 0.0784, so -0.6 x 0.09 / (a + b) = -0.160; taken as independent (noise 0.41
+    # each), -0.6 x 0.09 / (0.09 + 0.1684) = -0.209: the shared part pulls both readings back towards the reference.
+    from rlsim.sweeps.plan import weigh
+
+    K, sd = 200_000, math.hypot(0.28, 0.3)
+    readings = [(1, -0.6, sd, True), (2, -0.6, sd, True)]
+    for shared, expect in ((0.28, -0.6 * 0.09 / (0.2584 + 0.0784)), (0.0, -0.6 * 0.09 / 0.2584)):
+        u = np.random.default_rng(1).standard_normal(K) * shared
+        w, T = weigh(np.ones((K, 3)), readings, u, shared, 0.3, np.random.default_rng(2))
+        assert (w / w.sum()) @ np.log(T[:, 1]) == pytest.approx(expect, abs=0.006)
+        assert T[:, 0] == pytest.approx(1.0)  # the reference's column is its own: untouched
+    # prefixes share none of it: as independent readings whatever shared_sd says
+    u = np.random.default_rng(1).standard_normal(K) * 0.28
+    w, T = weigh(np.ones((K, 3)), [(1, -0.6, sd, False), (2, -0.6, sd, False)], u, 0.28, 0.3, np.random.default_rng(2))
+    assert (w / w.sum()) @ np.log(T[:, 1]) == pytest.approx(-0.6 * 0.09 / 0.2584, abs=0.006)
+
+
 def test_prefix_log_rho_by_hand():
     from rlsim.replay.learning import LearningCurve, prefix_log_rho
 
@@ -327,6 +348,15 @@ def test_cli_table_fits_80_columns_and_says_why(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert [c["source"] for c in d["candidates"]] == ["prediction", "reference", "pilot prefix"] and d["why"]
+
+
+def test_the_shared_pilot_noise_is_the_within_seed_covariance_by_hand():
+    from bench.studies.plan_eval import shared_var
+
+    # seed 0's pilots err by 1, 2, 3 (their pairwise products average 22 / 6), seed 1's by 1, -1 (-1)
+    assert shared_var({"a": {"pilot_T": [[1.0, 2.0, 3.0]]}, "b": {"pilot_T": [[1.0, -1.0]]}}) == pytest.approx(
+        (22 / 6 - 1) / 2)
+    assert shared_var({"b": {"pilot_T": [[1.0, -1.0], [0.5]]}}) == 0.0  # never below 0; a lone pilot shares nothing
 
 
 def test_plan_eval_takes_any_study_folder(tmp_path):
