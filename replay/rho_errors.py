@@ -49,11 +49,15 @@ class RhoErrors:
     prefix_f: tuple[float, ...] = field(default=(), metadata={
         "help": "(f,) prefix lengths where a prefix's error was measured, as fractions of the reference's "
                 "samples-to-target"})
-    prefix_bias: tuple[float, ...] = field(default=(), metadata={
+    prefix_bias: tuple = field(default=(), metadata={
         "help": "(f,) mean of log(rho from a prefix / rho of the other seeds' means) at each prefix length "
-                "(`rlsim.replay.learning.prefix_log_rho`); () when not measured"})
-    prefix_sd: tuple[float, ...] = field(default=(), metadata={
-        "help": "(f,) its sd around that mean: a prefix pilot's noise"})
+                "(`rlsim.replay.learning.prefix_log_rho`), or (len(prefix_d), f) one row per batch ratio; () when not "
+                "measured"})
+    prefix_sd: tuple = field(default=(), metadata={
+        "help": "its sd around that mean, shaped as prefix_bias: a prefix pilot's noise"})
+    prefix_d: tuple[float, ...] = field(default=(), metadata={
+        "help": "log2(B / B_ref) of prefix_bias's and prefix_sd's rows (): one row for every batch ratio). A prefix "
+                "of a larger batch lags more early in training: its bias and noise grow with the ratio"})
     shared_sd: float = field(default=0.0, metadata={
         "help": "sd in log T of the part of a pilot's error that every pilot read against the same reference run "
                 "shares (that run's own luck): the within-seed covariance of the pilots' errors; the rest of a "
@@ -94,27 +98,41 @@ class RhoErrors:
             raise RlsimError(f"no error curves left without study {study!r}")
         return replace(self, curves=self.curves[keep], sources=tuple(s for s, k in zip(self.sources, keep) if k))
 
-    def prefix_noise(self, f: float) -> tuple[float, float]:
-        """(bias, sd) in log rho of a prefix of length f (a fraction of the reference's samples-to-target), linear
-        between the measured lengths and held at the ends; (nan, nan) when no prefix was measured."""
+    def prefix_noise(self, f: float, d: float = 0.0) -> tuple[float, float]:
+        """(bias, sd) in log rho of a prefix of length f (a fraction of the reference's samples-to-target) at batch
+        ratio d = log2(B / B_ref), linear between the measured lengths and ratios and held at the ends; (nan, nan)
+        when no prefix was measured."""
         if not self.prefix_f:
             return math.nan, math.nan
-        return (float(np.interp(f, self.prefix_f, self.prefix_bias)),
-                float(np.interp(f, self.prefix_f, self.prefix_sd)))
+
+        def at(table) -> float:
+            rows = np.atleast_2d(np.asarray(table, float))
+            by_f = [np.interp(f, self.prefix_f, r) for r in rows]
+            return float(np.interp(d, self.prefix_d, by_f)) if self.prefix_d else float(by_f[0])
+        return at(self.prefix_bias), at(self.prefix_sd)
 
     def to_dict(self) -> dict:
         return {"d": [float(x) for x in self.d], "curves": [[float(x) for x in c] for c in self.curves],
                 "sources": list(self.sources), "seed_sd": self.seed_sd, "truth_sd": self.truth_sd,
                 "sigma_sd": self.sigma_sd, "model": self.model, "mirrored": self.mirrored,
                 "pilot_sigma_sd": self.pilot_sigma_sd, "prefix_f": list(self.prefix_f),
-                "prefix_bias": list(self.prefix_bias), "prefix_sd": list(self.prefix_sd), "shared_sd": self.shared_sd}
+                "prefix_bias": _lists(self.prefix_bias), "prefix_sd": _lists(self.prefix_sd),
+                "prefix_d": list(self.prefix_d), "shared_sd": self.shared_sd}
 
     @classmethod
     def from_dict(cls, d: dict) -> RhoErrors:
         return cls(np.asarray(d["d"], float), np.asarray(d["curves"], float), tuple(d["sources"]), float(d["seed_sd"]),
                    float(d["truth_sd"]), float(d["sigma_sd"]), str(d["model"]), bool(d["mirrored"]),
-                   float(d.get("pilot_sigma_sd", 0.0)), tuple(d.get("prefix_f", ())), tuple(d.get("prefix_bias", ())),
-                   tuple(d.get("prefix_sd", ())), float(d.get("shared_sd", 0.0)))
+                   float(d.get("pilot_sigma_sd", 0.0)), tuple(d.get("prefix_f", ())), _tuples(d.get("prefix_bias", ())),
+                   _tuples(d.get("prefix_sd", ())), tuple(d.get("prefix_d", ())), float(d.get("shared_sd", 0.0)))
+
+
+def _lists(x):
+    return [_lists(v) for v in x] if isinstance(x, (tuple, list)) else float(x)
+
+
+def _tuples(x):
+    return tuple(_tuples(v) for v in x) if isinstance(x, (tuple, list)) else float(x)
 
 
 def measured_errors(model: str = "noise-scale") -> RhoErrors:
@@ -149,8 +167,17 @@ DATA: dict[str, dict] = {
      'mirrored': True,
      'pilot_sigma_sd': 0.146,
      'prefix_f': [0.25, 0.5, 0.75, 1.0],
-     'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402],
-     'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
+     'prefix_bias': [[0.1192, -0.0617, 0.0481, 0.1654],
+                     [0.1252, 0.0945, -0.0743, -0.0503],
+                     [0.2445, 0.1814, 0.1056, 0.0958],
+                     [0.4618, 0.6993, 0.6174, 0.4041],
+                     [1.406, 1.5447, 1.4026, 1.2578]],
+     'prefix_sd': [[0.4872, 0.3607, 0.3775, 0.2574],
+                   [0.7186, 0.596, 0.3912, 0.3536],
+                   [0.7647, 0.6396, 0.4695, 0.4388],
+                   [0.8022, 0.7556, 0.6373, 0.4978],
+                   [1.668, 1.2064, 1.0582, 0.977]],
+     'prefix_d': [-2.0, -1.0, 1.0, 2.0, 3.0],
      'shared_sd': 0.283,
      "curves": [
         [0.0887, 0.1048, 0.0, -0.4485, -0.4873, -0.6196],
@@ -191,8 +218,17 @@ DATA: dict[str, dict] = {
      'mirrored': False,
      'pilot_sigma_sd': 0.146,
      'prefix_f': [0.25, 0.5, 0.75, 1.0],
-     'prefix_bias': [0.3255, 0.4001, 0.3645, 0.3402],
-     'prefix_sd': [0.8877, 0.8808, 0.7904, 0.6985],
+     'prefix_bias': [[0.1192, -0.0617, 0.0481, 0.1654],
+                     [0.1252, 0.0945, -0.0743, -0.0503],
+                     [0.2445, 0.1814, 0.1056, 0.0958],
+                     [0.4618, 0.6993, 0.6174, 0.4041],
+                     [1.406, 1.5447, 1.4026, 1.2578]],
+     'prefix_sd': [[0.4872, 0.3607, 0.3775, 0.2574],
+                   [0.7186, 0.596, 0.3912, 0.3536],
+                   [0.7647, 0.6396, 0.4695, 0.4388],
+                   [0.8022, 0.7556, 0.6373, 0.4978],
+                   [1.668, 1.2064, 1.0582, 0.977]],
+     'prefix_d': [-2.0, -1.0, 1.0, 2.0, 3.0],
      'shared_sd': 0.283,
      "curves": [
         [-0.2837, -0.1275, 0.0, -0.1017, 0.3209, 0.742],

@@ -148,6 +148,7 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
     sigma errors, and per seed the pilots' errors in log T (`pilot_T`, for the part they share: `shared_var`)."""
     curves: dict[str, list] = {"noise-scale": [], "invariant": []}
     pilot, pilot_sig, sig, pilot_T, prefix = [], [], [], [], {f: [] for f in PREFIX_F}
+    prefix_at: dict[tuple[int, float], list] = {}  # (P, f) -> the prefix samples of that size
     R = spec.ref_p
     lc = {P: [fit_learning_curve(read_trace(r[s]["path"])) for s in range(spec.seeds)] for P, r in runs.items()}
     for s in range(spec.seeds):
@@ -166,6 +167,7 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
                     e = prefix_log_rho(lc[R][s], lc[P][s], f * runs[R][s]["n"]) - math.log(rho_true[P])
                     if math.isfinite(e):
                         prefix[f].append(e)
+                        prefix_at.setdefault((P, f), []).append(e)
         try:
             study = prepare([read_trace(runs[R][s]["path"])], rho_model="noise-scale", target=spec.target)
         except RlsimError:  # no noise scale in this reference: rlsim plan would use the invariant model's curves
@@ -176,7 +178,24 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
             if P != R:
                 pilot.append(math.log(runs[P][s]["n"] / runs[R][s]["n"]) - math.log(rho_true[P]))
                 sig.append(math.log(sig_true[P] / preds[P].sigma))
-    return dict(curves=curves, pilot=pilot, pilot_sigma=pilot_sig, sigma=sig, prefix=prefix, pilot_T=pilot_T)
+    return dict(curves=curves, pilot=pilot, pilot_sigma=pilot_sig, sigma=sig, prefix=prefix, pilot_T=pilot_T,
+                prefix_at=prefix_at, ref_p=R)
+
+
+def prefix_tables(per_study: dict[str, dict], least: int = 4) -> dict:
+    """RhoErrors' prefix fields from the studies: bias and sd of a prefix's log rho per batch ratio d (rows, the
+    sizes measured) and length f (columns); a cell with fewer than `least` samples takes the value pooled over every
+    ratio at its length."""
+    pooled = {f: np.concatenate([e["prefix"][f] for e in per_study.values()]) for f in PREFIX_F}
+    cells: dict[float, dict[float, list]] = {}
+    for e in per_study.values():
+        for (P, f), xs in e["prefix_at"].items():
+            cells.setdefault(math.log2(P / e["ref_p"]), {}).setdefault(f, []).extend(xs)
+    ds = sorted(cells)
+    stat = lambda d, f, fn: float(fn(cells[d][f] if len(cells[d].get(f, ())) >= least else pooled[f]))  # noqa: E731
+    return dict(prefix_f=PREFIX_F, prefix_d=tuple(ds),
+                prefix_bias=tuple(tuple(stat(d, f, np.mean) for f in PREFIX_F) for d in ds),
+                prefix_sd=tuple(tuple(stat(d, f, np.std) for f in PREFIX_F) for d in ds))
 
 
 def shared_var(per_study: dict[str, dict]) -> float:
@@ -198,13 +217,10 @@ def all_errors(per_study: dict[str, dict], model: str) -> RhoErrors:
     pilot, sigma, pilot_sig = pool("pilot"), pool("sigma"), pool("pilot_sigma")
     seed_sd = float(np.sqrt(np.mean(pilot ** 2)))
     n_seeds = np.mean([len(e["curves"][model]) for e in per_study.values()])
-    pre = {f: np.concatenate([e["prefix"][f] for e in per_study.values()]) for f in PREFIX_F}
     return RhoErrors(np.log2(np.array(SIZES, float) / REF_P), np.array(curves), tuple(sources), seed_sd,
                      seed_sd / math.sqrt(max(n_seeds - 1, 1)), float(np.sqrt(np.mean(sigma ** 2))), model,
                      mirrored=model == "noise-scale", pilot_sigma_sd=float(np.sqrt(np.mean(pilot_sig ** 2))),
-                     prefix_f=PREFIX_F, prefix_bias=tuple(float(np.mean(pre[f])) for f in PREFIX_F),
-                     prefix_sd=tuple(float(np.std(pre[f])) for f in PREFIX_F),
-                     shared_sd=math.sqrt(shared_var(per_study)))
+                     shared_sd=math.sqrt(shared_var(per_study)), **prefix_tables(per_study))
 
 
 def prefix_table(per_study: dict[str, dict]) -> dict:
@@ -360,6 +376,8 @@ def _args(argv) -> argparse.Namespace:
                     help="PlanConfig.measured_confidence: the guard on moves to a measured candidate")
     ap.add_argument("--slack", type=float, default=PlanConfig.slack,
                     help="PlanConfig.slack: how far a truth may lie off the recorded error curves (sd, log T)")
+    ap.add_argument("--draw-seed", type=int, default=PlanConfig.seed,
+                    help="PlanConfig.seed: the seed of every plan's draws (the scores' Monte Carlo noise: run several)")
     ap.add_argument("--shared-sd", type=float, default=None,
                     help="RhoErrors.shared_sd for every plan (default: measured on the studies; 0: pilots' noise taken "
                          "as independent), an ablation")
@@ -385,7 +403,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: {e}")
         return 0
     rng, rule = np.random.default_rng(0), dict(confidence=a.confidence, slack=a.slack,
-                                                  measured_confidence=a.measured_confidence)
+                                                  measured_confidence=a.measured_confidence, seed=a.draw_seed)
     force = (lambda es: es) if a.shared_sd is None else (  # noqa: E731
         lambda es: {m: replace(e, shared_sd=a.shared_sd) for m, e in es.items()})
     if a.folder:  # one study from the command line, scored with the error curves rlsim plan ships
@@ -415,9 +433,10 @@ def main(argv=None) -> int:
 
 
 def _without(errors: dict[str, RhoErrors], per: dict[str, dict], study: str) -> dict[str, RhoErrors]:
-    """The error curves and the shared pilot noise of every study but `study` (leave-one-study-out)."""
+    """The error curves, shared pilot noise and prefix noise of every study but `study` (leave-one-study-out)."""
     others = {k: v for k, v in per.items() if k != study}
-    return {m: replace(e.without(study), shared_sd=math.sqrt(shared_var(others))) for m, e in errors.items()}
+    return {m: replace(e.without(study), shared_sd=math.sqrt(shared_var(others)), **prefix_tables(others))
+            for m, e in errors.items()}
 
 
 def _table(rows: list[dict]) -> None:

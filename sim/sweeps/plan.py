@@ -399,7 +399,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     if p5[best] >= cfg.confidence:
         return decided
     budget = cfg.budget if cfg.budget is not None else _reference_responses(study)
-    options = _pilots(study, s, errors, np.random.default_rng(cfg.seed + 1), cfg)
+    options = _pilots(study, s, errors, cfg.seed + 1, cfg)
     useful = [p for p in options if p.responses <= budget and p.expected_regret_after < er[best] - 0.005]
     if useful:
         return replace(decided, decision=None, pilots=tuple(useful))
@@ -538,8 +538,9 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: 
                       model_name: str | None, bounds_ok: bool = False, ref_rps: float = math.nan) -> Observation:
     """What a pilot trace measured: its samples-to-target over the reference's (one seed each: noise
     `errors.seed_sd`), or, short of the target, the rho its prefix gives against the reference's curve at equal
-    responses (`prefix_log_rho`, its measured bias removed, noise `errors.prefix_sd`); its responses/s over the
-    reference's (noise `errors.pilot_sigma_sd`; the prediction's sigma where either has none)."""
+    responses (`prefix_log_rho`, its measured bias at its length and batch ratio removed, noise `errors.prefix_sd`);
+    its responses/s over the reference's (noise `errors.pilot_sigma_sd`; the prediction's sigma where either has
+    none)."""
     _same_setup(study, tr, model_name)
     c = tr.config
     P, g = int(c.get("prompts") or 0), int(c.get("group") or 1)
@@ -557,7 +558,7 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: 
                          "(more --steps than --eval-every)")
     log_rho, sd, prefix = math.log(reached.n / study.n_star_ref), errors.seed_sd, reached.censored
     if prefix:
-        bias, p_sd = errors.prefix_noise(reached.n / study.n_star_ref)
+        bias, p_sd = errors.prefix_noise(reached.n / study.n_star_ref, math.log2(P * G / study.b_ref))
         est = prefix_log_rho(study.curves[0], curve, reached.n)
         if math.isfinite(est) and math.isfinite(p_sd):
             log_rho, sd = est - bias, p_sd
@@ -584,11 +585,12 @@ def _same_setup(study: Study, tr: Trace, model_name: str | None) -> None:
                          "--model")
 
 
-def _pilots(study: Study, s: Scored, errors: RhoErrors, rng: np.random.Generator, cfg: PlanConfig) -> list[Pilot]:
+def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConfig) -> list[Pilot]:
     """The pilots worth pricing, by expected regret removed per response, best first: at each candidate not yet run to
     the target, a run to the target (priced at the reference's samples-to-target times its predicted rho) and the
     prefixes shorter than that whose noise was measured (`RhoErrors.prefix_sd`), as successive halving would spend
-    little on a candidate before running it to the end."""
+    little on a candidate before running it to the end. Every option is scored on the same random truths and noise
+    draws (common random numbers, `seed`), so their ranking is not the draws' noise."""
     measured = sorted(s.measured)
     er_now = float(scores(s.T, s.w)[0][pick(s.T, s.w, s.ref, cfg.confidence, measured, cfg.measured_confidence)])
     out = []
@@ -601,11 +603,13 @@ def _pilots(study: Study, s: Scored, errors: RhoErrors, rng: np.random.Generator
         lengths = [(full, errors.seed_sd, False)]
         if o is None:  # prefixes: at least two evals past the start
             least = 2 * int(study.models.config.get("eval_every") or 1)
-            lengths += [(steps, sd, True) for f, sd in zip(errors.prefix_f, errors.prefix_sd)
+            d = math.log2(P * G / study.b_ref)
+            lengths += [(steps, errors.prefix_noise(f, d)[1], True) for f in errors.prefix_f
                         for steps in [max(int(math.ceil(f * study.n_star_ref / (P * G))), least)] if steps < full]
         for steps, sd, prefix in lengths:
             sd = math.hypot(sd, errors.pilot_sigma_sd)
-            after = regret_after_pilot(s.T, s.w, j, s.ref, sd if prefix else own_sd(sd, errors.shared_sd), rng,
+            after = regret_after_pilot(s.T, s.w, j, s.ref, sd if prefix else own_sd(sd, errors.shared_sd),
+                                       np.random.default_rng(seed),
                                        confidence=cfg.confidence, measured=[m for m in measured if m != j],
                                        slack=cfg.slack, measured_confidence=cfg.measured_confidence,
                                        u=None if prefix else s.u)

@@ -350,6 +350,32 @@ def test_cli_table_fits_80_columns_and_says_why(tmp_path):
     assert [c["source"] for c in d["candidates"]] == ["prediction", "reference", "pilot prefix"] and d["why"]
 
 
+def test_prefix_noise_by_length_and_batch_ratio_by_hand():
+    e = measured_errors()
+    two = RhoErrors(e.d, e.curves, e.sources, 0.3, 0.0, 0.0, prefix_f=(0.25, 1.0), prefix_d=(-1.0, 1.0),
+                    prefix_bias=((0.0, 0.2), (1.0, 0.6)), prefix_sd=((0.4, 0.2), (1.2, 0.8)))
+    assert two.prefix_noise(0.25, -1.0) == pytest.approx((0.0, 0.4))
+    assert two.prefix_noise(1.0, 1.0) == pytest.approx((0.6, 0.8))
+    assert two.prefix_noise(0.625, 0.0) == pytest.approx(((0.1 + 0.8) / 2, (0.3 + 1.0) / 2))  # both midpoints
+    assert two.prefix_noise(0.25, 3.0) == pytest.approx((1.0, 1.2))  # held at the largest measured ratio
+    assert RhoErrors.from_dict(two.to_dict()).prefix_noise(0.625, 0.0) == two.prefix_noise(0.625, 0.0)
+    one = RhoErrors(e.d, e.curves, e.sources, 0.3, 0.0, 0.0, prefix_f=(0.25, 1.0), prefix_bias=(0.2, 0.1),
+                    prefix_sd=(0.9, 0.6))  # one row: every ratio alike
+    assert one.prefix_noise(0.25, 2.0) == one.prefix_noise(0.25) == pytest.approx((0.2, 0.9))
+
+
+def test_prefix_tables_by_size_fall_back_to_the_pooled_length_by_hand():
+    from bench.studies.plan_eval import PREFIX_F, prefix_tables
+
+    f0 = PREFIX_F[0]
+    study = {"prefix": {f: [1.0, 2.0, 3.0, 4.0, 5.0] if f == f0 else [0.0] for f in PREFIX_F},
+             "prefix_at": {(64, f0): [1.0, 2.0, 3.0, 4.0], (128, f0): [5.0]}, "ref_p": 32}
+    t = prefix_tables({"x": study})
+    assert t["prefix_d"] == (1.0, 2.0)
+    assert t["prefix_bias"][0][0] == pytest.approx(2.5) and t["prefix_sd"][0][0] == pytest.approx(np.std([1, 2, 3, 4]))
+    assert t["prefix_bias"][1][0] == pytest.approx(3.0)  # one sample at P 128: the pooled mean at that length
+
+
 def test_the_shared_pilot_noise_is_the_within_seed_covariance_by_hand():
     from bench.studies.plan_eval import shared_var
 
