@@ -32,6 +32,11 @@ from rlsim.whatif.study import (Study, fit_check, models_for, recorded_devices, 
 # beat their colocated runs per device by more than overlap allows (docs/results.md section 7 item 8, section 10).
 SPLIT_GAIN_HI = 2.0
 
+# A split's interval ends are simulated over at most this many updates, each read as its ratio to the point
+# simulated over as many: the pipeline's fill is in both and cancels (docs/results.md section 19 measures the
+# difference to full-length ends), and each end costs a fifth of the point's 100-update simulation.
+END_UPDATES = 20
+
 
 def replicate_rates(models: FittedModels, run_: SimRun) -> np.ndarray | None:
     """Responses/s of `run_` under each bootstrap replicate of the engine-step and update models: the run's
@@ -113,7 +118,7 @@ def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: 
         methods.append(how + (f", widened by the fits' held-out error ({100 * held_out:.1f} % RMS"
                               f"{'' if check.usable else ', at least the bound of fits that cannot be used'})"
                               if held_out > 0 else ""))
-    ends = _other_ends(study, cfg, reference) + _split_side_ends(study, cfg, reference)
+    ends = _other_ends(study, cfg, reference, q) + _split_side_ends(study, cfg, reference, q)
     widened = False  # whether an end lies beyond the sigma interval of the replicates
     for q_end, s_end, how in ends:  # what the evidence cannot decide: the other end widens the interval (or makes one)
         out["responses_per_s_lo"] = min(out.get("responses_per_s_lo", q), q_end)
@@ -157,15 +162,30 @@ def _alt_study(study: Study) -> Study:
     return replace(study, models=study.models.alternative)
 
 
-def _rate(study: Study, cfg: WhatIf, reference: bool) -> tuple[float, float]:
-    """(responses/s, sigma) of `cfg` simulated on `study` (the reference configuration when `reference`)."""
+def _rate(study: Study, cfg: WhatIf, reference: bool, point: Study | None = None,
+          q_point: float = math.nan) -> tuple[float, float]:
+    """(responses/s, sigma) of `cfg` simulated on `study` (the reference configuration when `reference`). A split
+    longer than END_UPDATES with its `point` study and responses/s given: q_point times the ratio of the two studies'
+    rates over END_UPDATES updates."""
     if reference:
         return simulate_reference(study, cfg).responses_per_s, 1.0
-    q = simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed)).responses_per_s
+    if point is not None and cfg.split and cfg.updates > END_UPDATES and math.isfinite(q_point):
+        short = replace(cfg, updates=END_UPDATES)
+        q = q_point * _simulated_rate(study, short) / _simulated_rate(point, short)
+    else:
+        q = _simulated_rate(study, cfg)
     return q, q / simulate_reference(study, reference_config(study, cfg)).responses_per_s
 
 
-def _other_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float, float, str]]:
+@functools.lru_cache(maxsize=16)
+def _simulated_rate(study: Study, cfg: WhatIf) -> float:
+    """Responses/s of `cfg` simulated on `study` (cached: the point's short run serves every end; Study is eq=False,
+    so keyed by the object)."""
+    run_ = simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed))
+    return run_.responses_per_s
+
+
+def _other_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan) -> list[tuple[float, float, str]]:
     """(responses/s, sigma, how) at the far ends of what the evidence cannot decide: the trace's unidentified terms
     (`FittedModels.alternative`), and for another device, its datasheet gain against none (frameworks reach a
     different share of peak on new hardware, which no datasheet states)."""
@@ -174,9 +194,10 @@ def _other_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float,
     if m.alternative is not None:
         what = (f"the per-step generation cost {m.gen.c_step * 1e3:.3g}..{m.alternative.gen.c_step * 1e3:.3g} ms"
                 if m.alternative.update is m.update else "generation's share of the logged step")
-        out.append((*_rate(_alt_study(study), cfg, reference), f"both ends of what the trace cannot identify ({what})"))
+        out.append((*_rate(_alt_study(study), cfg, reference, study, q),
+                    f"both ends of what the trace cannot identify ({what})"))
     if cfg.split and data_parallel(study.hardware):
-        out.append((*_rate(_split_gain_study(study), cfg, reference),
+        out.append((*_rate(_split_gain_study(study), cfg, reference, study, q),
                     f"the split free of the colocated run's device-sharing costs at the other end (each side up to "
                     f"{SPLIT_GAIN_HI:g}x the recorded speed per device)"))
     if cfg.device is not None and other_device(study, cfg.device):
@@ -197,7 +218,7 @@ def split_side_spreads(study: Study) -> tuple[float, float]:
     return check.spread("engine-step"), check.spread("training")
 
 
-def _split_side_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[float, float, str]]:
+def _split_side_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan) -> list[tuple[float, float, str]]:
     """A split measured one device at a time (a CPU recording's calibration) has no bootstrap of its rate (its sides
     wait on each other): both sides at the near and the far end of their costs' error instead, each end simulated.
     The rate is about the slower side's, so moving both together spans it without the corners' overstatement."""
@@ -211,7 +232,7 @@ def _split_side_ends(study: Study, cfg: WhatIf, reference: bool) -> list[tuple[f
     for sign in (-1.0, 1.0):
         dm = study.device_models
         moved = per_device(dm, math.exp(sign * z * sg), math.exp(sign * z * st), dm.config["one_device"]["note"])
-        out.append((*_rate(replace(study, device_models=replace(moved, config=dm.config)), cfg, False),
+        out.append((*_rate(replace(study, device_models=replace(moved, config=dm.config)), cfg, False, study, q),
                     f"each side's one-device costs at the {'near' if sign < 0 else 'far'} end of their error (engine "
                     f"steps +-{100 * sg:.0f} %, training +-{100 * st:.0f} % RMS: the fits' held-out error)"))
     return out

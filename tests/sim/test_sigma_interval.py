@@ -82,3 +82,21 @@ def test_a_cpu_split_has_an_interval_from_its_sides_cost_errors():
     assert math.log(o.sigma_hi / o.sigma_lo) <= 2 * 1.645 * max(sg, st) * 1.05
     assert o.time_to_target_ratio_lo < o.time_to_target_ratio < o.time_to_target_ratio_hi
 
+
+
+def test_a_splits_ends_are_read_over_end_updates_as_a_ratio_to_the_point():
+    # an end longer than END_UPDATES is the point's rate times (end over point, both END_UPDATES long): the point's own
+    # study as its end gives the point back exactly; another study's end is that ratio, computed by hand
+    from rlsim.whatif import intervals
+
+    study = prepare([read_trace(TRACE)])
+    cfg = WhatIf(prompts=64, updates=intervals.END_UPDATES + 5, gen_gpus=1, train_gpus=1, staleness=1)
+    q = evaluate(study, cfg).responses_per_s
+    assert intervals._rate(study, cfg, False, study, q)[0] == pytest.approx(q, rel=1e-12)
+    alt = intervals._split_gain_study(study)
+    short = WhatIf(prompts=64, updates=intervals.END_UPDATES, gen_gpus=1, train_gpus=1, staleness=1)
+    expect = q * evaluate(alt, short).responses_per_s / evaluate(study, short).responses_per_s
+    assert intervals._rate(alt, cfg, False, study, q)[0] == pytest.approx(expect, rel=1e-9)
+    # at or under END_UPDATES (or with no point given) the end is simulated at its own length
+    full = WhatIf(prompts=64, updates=intervals.END_UPDATES, gen_gpus=1, train_gpus=1, staleness=1)
+    assert intervals._rate(alt, full, False, study, q)[0] == pytest.approx(evaluate(alt, full).responses_per_s)

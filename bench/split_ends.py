@@ -1,0 +1,87 @@
+"""A split what-if's interval ends simulated over END_UPDATES updates (read as a ratio to the point simulated as
+long) against ends simulated at full length: how far the ends move, and what each costs.
+
+    python -m bench.split_ends [--imported]     # CPU splits of the shipped traces; --imported: bench/published logs
+
+Per case, in one process, the two ways alternate (the order drawn at random per repeat) so the machine's drift
+cancels; every end's sigma and responses/s are compared, the largest relative difference printed. Both ways use
+fresh Study objects, so no cached simulation serves the other. Timings are wall seconds of `evaluate` (the point
+simulation and every end); run it on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from rlsim.core.config import WhatIf
+from rlsim.replay.io import read_trace
+from rlsim.whatif import intervals
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = (("grpo_p128.parquet", WhatIf(prompts=128, gen_gpus=1, train_gpus=1, staleness=0)),
+       ("grpo_p128.parquet", WhatIf(prompts=256, gen_gpus=1, train_gpus=1, staleness=1)),
+       ("grpo_p128.parquet", WhatIf(prompts=512, gen_gpus=1, train_gpus=1, staleness=2)),
+       ("grpo_p128.parquet", WhatIf(prompts=256, gen_gpus=1, train_gpus=1, staleness=1, partial_rollout=True)))
+KEYS = ("sigma_lo", "sigma_hi", "responses_per_s_lo", "responses_per_s_hi")
+
+
+def one(trace: Path, cfg: WhatIf, short: bool) -> tuple[dict, float]:
+    """(the interval's fields, wall seconds of evaluate) with the ends short or at full length."""
+    study = prepare([read_trace(trace)])
+    intervals.END_UPDATES = 20 if short else 10 ** 9
+    t = time.perf_counter()
+    out = evaluate(study, cfg)
+    return {k: getattr(out, k) for k in KEYS}, time.perf_counter() - t
+
+
+def compare(cases, repeats: int) -> list[tuple]:
+    rows, rng = [], random.Random(0)
+    for trace, cfg in cases:
+        times = {True: [], False: []}
+        fields = {}
+        for _ in range(repeats):
+            for short in rng.sample([True, False], 2):
+                fields[short], t = one(trace, cfg, short)
+                times[short].append(t)
+        diff = max(abs(fields[True][k] / fields[False][k] - 1) for k in KEYS)
+        rows.append((f"{trace.stem} P {cfg.prompts or 'as logged'}, {cfg.gen_gpus}+{cfg.train_gpus}"
+                     f"{'' if cfg.staleness is None else f', staleness {cfg.staleness}'}"
+                     f"{', partial' if cfg.partial_rollout else ''}{', ' + cfg.mode if cfg.mode else ''}"
+                     f", {cfg.updates} updates",
+                     fields[False], fields[True], diff, statistics.median(times[False]),
+                     statistics.median(times[True])))
+    return rows
+
+
+def imported_cases(work: Path) -> list[tuple[Path, WhatIf]]:
+    from bench.run_speed import imported_whatifs
+    from bench.published import import_reference
+
+    # at the update count `rlsim run` simulates by default (bench.published asks for fewer)
+    return [(import_reference(g, work), replace(w, updates=WhatIf().updates)) for g, w in imported_whatifs()]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--imported", action="store_true", help="the imported published logs of bench.run_speed too")
+    ap.add_argument("--repeats", type=int, default=3, help="alternations per case (the median time is printed)")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = [(ROOT / "traces" / t, w) for t, w in CPU] + (imported_cases(Path(tmp)) if a.imported else [])
+        rows = compare(cases, a.repeats)
+    print(f"| case | sigma ends, full | sigma ends, {20} updates | largest end difference | s full | s short |")
+    print("|---|---|---|---|---|---|")
+    for what, full, short, diff, t_full, t_short in rows:
+        print(f"| {what} | {full['sigma_lo']:.3f}..{full['sigma_hi']:.3f} | {short['sigma_lo']:.3f}.."
+              f"{short['sigma_hi']:.3f} | {100 * diff:.2f} % | {t_full:.2f} | {t_short:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
