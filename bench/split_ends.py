@@ -18,6 +18,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from bench.published import import_reference
+from bench.run_speed import imported_whatifs
 from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
 from rlsim.whatif import intervals
@@ -29,13 +31,14 @@ CPU = (("grpo_p128.parquet", WhatIf(prompts=128, gen_gpus=1, train_gpus=1, stale
        ("grpo_p128.parquet", WhatIf(prompts=256, gen_gpus=1, train_gpus=1, staleness=1)),
        ("grpo_p128.parquet", WhatIf(prompts=512, gen_gpus=1, train_gpus=1, staleness=2)),
        ("grpo_p128.parquet", WhatIf(prompts=256, gen_gpus=1, train_gpus=1, staleness=1, partial_rollout=True)))
+SHORT = intervals.END_UPDATES  # the shipped length, restored for the short way
 KEYS = ("sigma_lo", "sigma_hi", "responses_per_s_lo", "responses_per_s_hi")
 
 
 def one(trace: Path, cfg: WhatIf, short: bool) -> tuple[dict, float]:
     """(the interval's fields, wall seconds of evaluate) with the ends short or at full length."""
     study = prepare([read_trace(trace)])
-    intervals.END_UPDATES = 20 if short else 10 ** 9
+    intervals.END_UPDATES = SHORT if short else 10 ** 9
     t = time.perf_counter()
     out = evaluate(study, cfg)
     return {k: getattr(out, k) for k in KEYS}, time.perf_counter() - t
@@ -57,13 +60,11 @@ def compare(cases, repeats: int) -> list[tuple]:
                      f", {cfg.updates} updates",
                      fields[False], fields[True], diff, statistics.median(times[False]),
                      statistics.median(times[True])))
+    intervals.END_UPDATES = SHORT
     return rows
 
 
 def imported_cases(work: Path) -> list[tuple[Path, WhatIf]]:
-    from bench.run_speed import imported_whatifs
-    from bench.published import import_reference
-
     # at the update count `rlsim run` simulates by default (bench.published asks for fewer)
     return [(import_reference(g, work), replace(w, updates=WhatIf().updates)) for g, w in imported_whatifs()]
 
@@ -76,7 +77,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cases = [(ROOT / "traces" / t, w) for t, w in CPU] + (imported_cases(Path(tmp)) if a.imported else [])
         rows = compare(cases, a.repeats)
-    print(f"| case | sigma ends, full | sigma ends, {20} updates | largest end difference | s full | s short |")
+    print(f"| case | sigma ends, full | sigma ends, {SHORT} updates | largest end difference | s full | "
+          "s short |")
     print("|---|---|---|---|---|---|")
     for what, full, short, diff, t_full, t_short in rows:
         print(f"| {what} | {full['sigma_lo']:.3f}..{full['sigma_hi']:.3f} | {short['sigma_lo']:.3f}.."
