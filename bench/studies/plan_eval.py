@@ -18,7 +18,8 @@ Also measured there (`prefix_table`, `--json` key `prefix_noise`): how well a pr
 reference's samples-to-target responses, its learning curve set against the reference's at equal responses) predicts
 rho. Any other recorded study is scored with the error curves rlsim plan ships: `--folder DIR --prefix grpo_x
 --seeds 3 --ref-p 32 --sizes 8,16,32,64,128,256 [--target S]`. The rule's knobs (`--confidence`,
-`--measured-confidence`, `--slack`) are chosen on the three studies, never on the fresh one.
+`--measured-confidence`, `--slack`) are chosen on the three studies, never on the fresh one; `--draw-seed K` scores
+the same plans on other draws of their Monte Carlo (the scores move with them: docs/results.md section 17).
 """
 from __future__ import annotations
 
