@@ -257,6 +257,20 @@ def weigh(T: np.ndarray, readings: Sequence[tuple[int, float, float, bool]], u: 
     return w, T
 
 
+def luck_note(u: np.ndarray, w: np.ndarray, shared_sd: float, full: int) -> str:
+    """A note when two or more runs to the target read the reference run as lucky or unlucky: the weighted mean of
+    the draws' shared offset u (K,) in log T, where it is at least half its prior sd ('' otherwise)."""
+    if full < 2 or not shared_sd > 0:
+        return ""
+    m = float((w / w.sum()) @ u)
+    if abs(m) < 0.5 * shared_sd:
+        return ""
+    return (f"the pilots run to the target read the reference run as {'slow' if m < 0 else 'fast'}: each reads its "
+            f"candidate about {abs(math.expm1(m)):.0%} {'faster' if m < 0 else 'slower'} than it is (the reference's "
+            "own luck, shared by every pilot read against it); the decision takes it out, their rows show what they "
+            "measured")
+
+
 def scores(T: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(expected regret (n,), p_within_5pct (n,)) of each candidate over draws T (K, n) with weights w (K,)."""
     best = T.min(axis=1, keepdims=True)
@@ -360,6 +374,8 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     if not w.sum() > 0:
         raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from "
                          "the same task, model and lr rule as the reference")
+    luck = luck_note(u, w, errors.shared_sd, sum(full for *_, full in readings))
+    notes += [luck] if luck else []
     return Scored(sizes, ref, preds, T, e, w, measured, notes, warnings, observed, u)
 
 

@@ -257,6 +257,17 @@ def test_pilots_read_against_one_reference_share_its_luck_by_hand():
     assert (w / w.sum()) @ np.log(T[:, 1]) == pytest.approx(-0.6 * 0.09 / 0.2584, abs=0.006)
 
 
+def test_the_plan_says_when_its_pilots_read_the_reference_as_slow_by_hand():
+    from rlsim.sweeps.plan import luck_note
+
+    u, w = np.array([-0.4, -0.4, 0.2]), np.array([1.0, 1.0, 0.0])  # the weighted mean offset: -0.4 in log T
+    note = luck_note(u, w, 0.28, full=2)
+    assert "reference run as slow" in note and "about 33% faster" in note
+    assert "as fast" in luck_note(-u, w, 0.28, full=2) and "49% slower" in luck_note(-u, w, 0.28, full=2)  # e^0.4
+    assert luck_note(u, w, 0.28, full=1) == ""  # one run to the target cannot tell its candidate from the reference
+    assert luck_note(u * 0.3, w, 0.28, full=2) == ""  # -0.12: under half the prior sd, nothing to say
+
+
 def test_prefix_log_rho_by_hand():
     from rlsim.replay.learning import LearningCurve, prefix_log_rho
 
