@@ -34,8 +34,8 @@ SPLIT_GAIN_HI = 2.0
 
 # A split's interval ends are simulated over at most this many updates, each read as its ratio to the point
 # simulated over as many: the pipeline's fill is in both and cancels (docs/results.md section 19 measures the
-# difference to full-length ends), and each end costs a fifth of the point's 100-update simulation.
-END_UPDATES = 20
+# difference to full-length ends: at most 2 %), and each end costs a tenth of the point's 100-update simulation.
+END_UPDATES = 10
 
 
 def replicate_rates(models: FittedModels, run_: SimRun) -> np.ndarray | None:
