@@ -2,6 +2,11 @@
 long) against ends simulated at full length: how far the ends move, and what each costs.
 
     python -m bench.split_ends [--imported]     # CPU splits of the shipped traces; --imported: bench/published logs
+    python -m bench.split_ends --steady         # the imported logs' point simulations, update by update
+
+`--steady`: whether a split's point simulation could stop early. Per imported log and seed 0, 1: the first
+update's time (the pipeline's fill), the means of ten updates, and how far 20 updates with the rest taken at the
+mean of updates 2-20 land from the 100-update mean.
 
 Per case, in one process, the two ways alternate (the order drawn at random per repeat) so the machine's drift
 cancels; every end's sigma and responses/s are compared, the largest relative difference printed. Both ways use
@@ -18,13 +23,16 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from bench.published import import_reference
 from bench.run_speed import imported_whatifs
 from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
 from rlsim.whatif import intervals
 from rlsim.whatif.predict import evaluate
-from rlsim.whatif.study import prepare
+from rlsim.modes.registry import simulate
+from rlsim.whatif.study import models_for, prepare, sim_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = (("grpo_p128.parquet", WhatIf(prompts=128, gen_gpus=1, train_gpus=1, staleness=0)),
@@ -64,6 +72,22 @@ def compare(cases, repeats: int) -> list[tuple]:
     return rows
 
 
+def steady(cases, seeds=(0, 1), head: int = 20) -> None:
+    """Per case and seed: the per-update step times of the point simulation, and the 100-update mean against `head`
+    updates extrapolated at the mean of updates 2..head."""
+    print(f"| case | seed | first update s | means of 10 updates s | {head} updates extrapolated, error |")
+    print("|---|---|---|---|---|")
+    for trace, cfg in cases:
+        study = prepare([read_trace(trace)])
+        for seed in seeds:
+            c = replace(cfg, seed=seed)
+            st = simulate(models_for(study, c)[0], sim_config(study, c), rng=np.random.default_rng(seed)).step_time
+            est = (st[:head].sum() + (len(st) - head) * st[1:head].mean()) / len(st)
+            blocks = [st[i:i + 10].mean() for i in range(0, len(st), 10)]
+            print(f"| {trace.stem} | {seed} | {st[0]:.1f} | {min(blocks):.1f}..{max(blocks):.1f} | "
+                  f"{100 * (est / st.mean() - 1):+.2f} % |")
+
+
 def imported_cases(work: Path) -> list[tuple[Path, WhatIf]]:
     # at the update count `rlsim run` simulates by default (bench.published asks for fewer)
     return [(import_reference(g, work), replace(w, updates=WhatIf().updates)) for g, w in imported_whatifs()]
@@ -72,8 +96,15 @@ def imported_cases(work: Path) -> list[tuple[Path, WhatIf]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--imported", action="store_true", help="the imported published logs of bench.run_speed too")
+    ap.add_argument("--steady", action="store_true", help="the imported logs' point simulations update by update")
     ap.add_argument("--repeats", type=int, default=3, help="alternations per case (the median time is printed)")
     a = ap.parse_args()
+    if a.repeats < 1:
+        raise SystemExit(f"error: --repeats must be 1 or more, got {a.repeats}")
+    if a.steady:
+        with tempfile.TemporaryDirectory() as tmp:
+            steady(imported_cases(Path(tmp)))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         cases = [(ROOT / "traces" / t, w) for t, w in CPU] + (imported_cases(Path(tmp)) if a.imported else [])
         rows = compare(cases, a.repeats)

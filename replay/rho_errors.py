@@ -56,8 +56,8 @@ class RhoErrors:
     prefix_sd: tuple = field(default=(), metadata={
         "help": "its sd around that mean, shaped as prefix_bias: a prefix pilot's noise"})
     prefix_d: tuple[float, ...] = field(default=(), metadata={
-        "help": "log2(B / B_ref) of prefix_bias's and prefix_sd's rows (): one row for every batch ratio). A prefix "
-                "of a larger batch lags more early in training: its bias and noise grow with the ratio"})
+        "help": "log2(B / B_ref) of prefix_bias's and prefix_sd's rows (empty: one row for every batch ratio). A "
+                "prefix of a larger batch lags more early in training: its bias and noise grow with the ratio"})
     shared_sd: float = field(default=0.0, metadata={
         "help": "sd in log T of the part of a pilot's error that every pilot read against the same reference run "
                 "shares (that run's own luck): the within-seed covariance of the pilots' errors; the rest of a "

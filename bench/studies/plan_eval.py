@@ -150,6 +150,7 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
     curves: dict[str, list] = {"noise-scale": [], "invariant": []}
     pilot, pilot_sig, sig, pilot_T, prefix = [], [], [], [], {f: [] for f in PREFIX_F}
     prefix_at: dict[tuple[int, float], list] = {}  # (P, f) -> the prefix samples of that size
+    cross: dict[float, list] = {f: [] for f in PREFIX_F}  # a prefix's error x another size's run-to-target error
     R = spec.ref_p
     lc = {P: [fit_learning_curve(read_trace(r[s]["path"])) for s in range(spec.seeds)] for P, r in runs.items()}
     for s in range(spec.seeds):
@@ -161,6 +162,7 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
         curves["invariant"].append([math.log(rho_true[P]) for P in spec.sizes])
         pilot_T.append([math.log(runs[P][s]["n"] / runs[R][s]["n"] / rho_true[P])
                         - math.log(runs[P][s]["rps"] / runs[R][s]["rps"] / sig_true[P]) for P in spec.sizes if P != R])
+        full = {P: math.log(runs[P][s]["n"] / runs[R][s]["n"] / rho_true[P]) for P in spec.sizes if P != R}
         for P in spec.sizes:
             if P != R:
                 pilot_sig.append(math.log(runs[P][s]["rps"] / runs[R][s]["rps"] / sig_true[P]))
@@ -169,6 +171,7 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
                     if math.isfinite(e):
                         prefix[f].append(e)
                         prefix_at.setdefault((P, f), []).append(e)
+                        cross[f] += [e * full[Q] for Q in full if Q != P]
         try:
             study = prepare([read_trace(runs[R][s]["path"])], rho_model="noise-scale", target=spec.target)
         except RlsimError:  # no noise scale in this reference: rlsim plan would use the invariant model's curves
@@ -180,7 +183,7 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
                 pilot.append(math.log(runs[P][s]["n"] / runs[R][s]["n"]) - math.log(rho_true[P]))
                 sig.append(math.log(sig_true[P] / preds[P].sigma))
     return dict(curves=curves, pilot=pilot, pilot_sigma=pilot_sig, sigma=sig, prefix=prefix, pilot_T=pilot_T,
-                prefix_at=prefix_at, ref_p=R)
+                prefix_at=prefix_at, ref_p=R, cross=cross)
 
 
 def prefix_tables(per_study: dict[str, dict], least: int = 4) -> dict:
@@ -205,6 +208,18 @@ def shared_var(per_study: dict[str, dict]) -> float:
     prods = [np.mean([a * b for i, a in enumerate(e) for j, b in enumerate(e) if i != j])
              for st in per_study.values() for e in st["pilot_T"] if len(e) > 1]
     return max(float(np.mean(prods)), 0.0) if prods else 0.0
+
+
+def shared_table(per_study: dict[str, dict]) -> dict:
+    """What the pilots of one reference share, per study (JSON key `shared_noise`): the within-seed covariance of the
+    runs to the target's errors in log T (`shared_var`, unclamped), their variance, and per prefix length the mean
+    product of a prefix's error and another size's run-to-target error (log rho; near 0: a prefix shares none)."""
+    def row(st: dict) -> dict:
+        cov = float(np.mean([np.mean([a * b for i, a in enumerate(e) for j, b in enumerate(e) if i != j])
+                             for e in st["pilot_T"] if len(e) > 1]))
+        return dict(shared_cov=cov, variance=float(np.mean([x * x for e in st["pilot_T"] for x in e])),
+                    prefix_x_full={str(f): float(np.mean(v)) if v else math.nan for f, v in st["cross"].items()})
+    return {name: row(st) for name, st in per_study.items()}
 
 
 def all_errors(per_study: dict[str, dict], model: str) -> RhoErrors:
@@ -405,6 +420,8 @@ def main(argv=None) -> int:
         return 0
     rng, rule = np.random.default_rng(0), dict(confidence=a.confidence, slack=a.slack,
                                                   measured_confidence=a.measured_confidence, seed=a.draw_seed)
+    if a.shared_sd is not None and not a.shared_sd >= 0:
+        raise SystemExit(f"error: --shared-sd must be 0 or more (an sd in log T), got {a.shared_sd}")
     force = (lambda es: es) if a.shared_sd is None else (  # noqa: E731
         lambda es: {m: replace(e, shared_sd=a.shared_sd) for m, e in es.items()})
     if a.folder:  # one study from the command line, scored with the error curves rlsim plan ships
@@ -423,7 +440,8 @@ def main(argv=None) -> int:
         out = {"studies": [evaluate_study(s, runs[s.name], force(_without(errors, per, s.name)), rng, rule)
                            for s in specs],
                "fresh": [evaluate_study(_with_target(f), runs_of(_with_target(f)), force(errors), rng, rule)
-                         for f in FRESH] if a.fresh else [], "prefix_noise": prefix_table(per)}
+                         for f in FRESH] if a.fresh else [], "prefix_noise": prefix_table(per),
+               "prefix_by_ratio": _json_tables(prefix_tables(per)), "shared_noise": shared_table(per)}
     out.update(method=__doc__.split("\n\n")[0], rule=rule)
     _table(out["studies"] + out["fresh"])
     if a.json:
@@ -431,6 +449,12 @@ def main(argv=None) -> int:
     if a.write_errors and not a.folder:
         write_errors(errors)
     return 0
+
+
+def _json_tables(t: dict) -> dict:
+    """prefix_tables' output keyed for JSON: {d: {f: [bias, sd]}}."""
+    return {f"{d:g}": {str(f): [b, s] for f, b, s in zip(t["prefix_f"], bias, sd)}
+            for d, bias, sd in zip(t["prefix_d"], t["prefix_bias"], t["prefix_sd"])}
 
 
 def _without(errors: dict[str, RhoErrors], per: dict[str, dict], study: str) -> dict[str, RhoErrors]:

@@ -34,7 +34,7 @@ SPLIT_GAIN_HI = 2.0
 
 # A split's interval ends are simulated over at most this many updates, each read as its ratio to the point
 # simulated over as many: the pipeline's fill is in both and cancels (docs/results.md section 19 measures the
-# difference to full-length ends: at most 2 %), and each end costs a tenth of the point's 100-update simulation.
+# difference to full-length ends), and each end costs a tenth of the point's 100-update simulation.
 END_UPDATES = 10
 
 

@@ -396,6 +396,18 @@ def test_the_shared_pilot_noise_is_the_within_seed_covariance_by_hand():
     assert shared_var({"b": {"pilot_T": [[1.0, -1.0], [0.5]]}}) == 0.0  # never below 0; a lone pilot shares nothing
 
 
+def test_the_shared_noise_table_by_hand():
+    from bench.studies.plan_eval import PREFIX_F, main, shared_table
+
+    st = {"pilot_T": [[1.0, 2.0, 3.0]], "cross": {f: ([0.5, -0.5, 0.2] if f == PREFIX_F[0] else []) for f in PREFIX_F}}
+    row = shared_table({"x": st})["x"]
+    assert row["shared_cov"] == pytest.approx(22 / 6) and row["variance"] == pytest.approx(14 / 3)
+    assert row["prefix_x_full"][str(PREFIX_F[0])] == pytest.approx(0.2 / 3)
+    assert math.isnan(row["prefix_x_full"][str(PREFIX_F[1])])
+    with pytest.raises(SystemExit, match="--shared-sd must be 0 or more"):
+        main(["--shared-sd", "-1"])
+
+
 def test_plan_eval_takes_any_study_folder(tmp_path):
     from bench.studies.plan_eval import _args, folder_spec, runs_of, truth
 
