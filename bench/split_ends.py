@@ -2,11 +2,11 @@
 long) against ends simulated at full length: how far the ends move, and what each costs.
 
     python -m bench.split_ends [--imported]     # CPU splits of the shipped traces; --imported: bench/published logs
-    python -m bench.split_ends --steady         # the imported logs' point simulations, update by update
+    python -m bench.split_ends --steady         # the point simulation stopped early, against every update
 
-`--steady`: whether a split's point simulation could stop early. Per imported log and seed 0, 1: the first
-update's time (the pipeline's fill), the means of ten updates, and how far 20 updates with the rest taken at the
-mean of updates 2-20 land from the 100-update mean.
+`--steady`: a split's point simulation stops early (`rlsim.modes.split.STEADY_REQUESTS`) and repeats its updates
+past the fill. Per case (the CPU splits at large batches, the imported logs) and seeds 0-4: responses/s as shipped
+and with 10 updates simulated, against every update simulated; the largest error, which STEADY_ERROR bounds.
 
 Per case, in one process, the two ways alternate (the order drawn at random per repeat) so the machine's drift
 cancels; every end's sigma and responses/s are compared, the largest relative difference printed. Both ways use
@@ -39,6 +39,11 @@ CPU = (("grpo_p128.parquet", WhatIf(prompts=128, gen_gpus=1, train_gpus=1, stale
        ("grpo_p128.parquet", WhatIf(prompts=256, gen_gpus=1, train_gpus=1, staleness=1)),
        ("grpo_p128.parquet", WhatIf(prompts=512, gen_gpus=1, train_gpus=1, staleness=2)),
        ("grpo_p128.parquet", WhatIf(prompts=256, gen_gpus=1, train_gpus=1, staleness=1, partial_rollout=True)))
+# splits of more than STEADY_REQUESTS responses in all (100 updates), where the point simulation stops early
+STEADY_CPU = (("grpo_p128.parquet", WhatIf(prompts=2048, gen_gpus=1, train_gpus=1, staleness=1)),
+              ("grpo_p128.parquet", WhatIf(prompts=4096, gen_gpus=1, train_gpus=1, staleness=2, partial_rollout=True)),
+              ("grpo_p128.parquet", WhatIf(prompts=2048, mode="fully_async", gen_gpus=1, train_gpus=1,
+                                           staleness_threshold=0.5, trigger_parameter_sync_step=4)))
 SHORT = intervals.END_UPDATES  # the shipped length, restored for the short way
 KEYS = ("sigma_lo", "sigma_hi", "responses_per_s_lo", "responses_per_s_hi")
 
@@ -72,20 +77,32 @@ def compare(cases, repeats: int) -> list[tuple]:
     return rows
 
 
-def steady(cases, seeds=(0, 1), head: int = 20) -> None:
-    """Per case and seed: the per-update step times of the point simulation, and the 100-update mean against `head`
-    updates extrapolated at the mean of updates 2..head."""
-    print(f"| case | seed | first update s | means of 10 updates s | {head} updates extrapolated, error |")
-    print("|---|---|---|---|---|")
+def steady(cases, seeds=(0, 1, 2, 3, 4), short: int = 10) -> list[float]:
+    """Per case and seed: responses/s of the split's point simulation as shipped (`rlsim.modes.split`: the first
+    updates simulated, the rest repeating them) and with `short` updates simulated, each against every update
+    simulated; the shipped way's relative errors."""
+    print(f"| case | seed | updates simulated | first update s | responses/s, every update | shipped, error | "
+          f"{short} updates, error | s every / shipped |")
+    print("|---|---|---|---|---|---|---|---|")
+    errs = []
     for trace, cfg in cases:
         study = prepare([read_trace(trace)])
         for seed in seeds:
             c = replace(cfg, seed=seed)
-            st = simulate(models_for(study, c)[0], sim_config(study, c), rng=np.random.default_rng(seed)).step_time
-            est = (st[:head].sum() + (len(st) - head) * st[1:head].mean()) / len(st)
-            blocks = [st[i:i + 10].mean() for i in range(0, len(st), 10)]
-            print(f"| {trace.stem} | {seed} | {st[0]:.1f} | {min(blocks):.1f}..{max(blocks):.1f} | "
-                  f"{100 * (est / st.mean() - 1):+.2f} % |")
+            m, sc = models_for(study, c)[0], sim_config(study, c)
+            runs, secs = {}, {}
+            for k in (None, 10 ** 9, short):
+                t = time.perf_counter()
+                runs[k] = simulate(m, sc, rng=np.random.default_rng(seed), max_rounds=k)
+                secs[k] = time.perf_counter() - t
+            full = runs[10 ** 9].responses_per_s
+            e, e_short = (runs[k].responses_per_s / full - 1 for k in (None, short))
+            errs.append(e)
+            print(f"| {trace.stem} P {sc.prompts} | {seed} | {runs[None].rounds_simulated} of {sc.updates} | "
+                  f"{runs[10 ** 9].step_time[0]:.4g} | {full:.5g} | {100 * e:+.2f} % | {100 * e_short:+.2f} % | "
+                  f"{secs[10 ** 9]:.1f} / {secs[None]:.1f} |")
+    print(f"shipped: largest |error| {100 * max(map(abs, errs)):.2f} % over {len(errs)} runs")
+    return errs
 
 
 def imported_cases(work: Path) -> list[tuple[Path, WhatIf]]:
@@ -96,14 +113,15 @@ def imported_cases(work: Path) -> list[tuple[Path, WhatIf]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--imported", action="store_true", help="the imported published logs of bench.run_speed too")
-    ap.add_argument("--steady", action="store_true", help="the imported logs' point simulations update by update")
+    ap.add_argument("--steady", action="store_true",
+                    help="the point simulation stopped early (as shipped) against every update simulated")
     ap.add_argument("--repeats", type=int, default=3, help="alternations per case (the median time is printed)")
     a = ap.parse_args()
     if a.repeats < 1:
         raise SystemExit(f"error: --repeats must be 1 or more, got {a.repeats}")
     if a.steady:
         with tempfile.TemporaryDirectory() as tmp:
-            steady(imported_cases(Path(tmp)))
+            steady([(ROOT / "traces" / t, w) for t, w in STEADY_CPU] + imported_cases(Path(tmp)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         cases = [(ROOT / "traces" / t, w) for t, w in CPU] + (imported_cases(Path(tmp)) if a.imported else [])

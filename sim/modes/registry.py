@@ -169,8 +169,8 @@ def _colocated(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator
 
 
 def _split_mode(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,
-                **_colocated_only: Any) -> SimRun:
-    return simulate_split(models, cfg, rng=rng, record_timeline=record_timeline)
+                max_rounds: int | None = None, **_colocated_only: Any) -> SimRun:
+    return simulate_split(models, cfg, rng=rng, record_timeline=record_timeline, max_rounds=max_rounds)
 
 
 VERL = "volcengine/verl"
@@ -235,7 +235,8 @@ def mode_of(cfg: SimConfig) -> str:
 def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,
              round_by_round: bool | None = None, max_rounds: int | None = None) -> SimRun:
     """Simulate `cfg.updates` RL steps with the fitted models in the config's mode; deterministic given the rng
-    state. round_by_round and max_rounds apply to the colocated loop only (`rlsim.core.pipeline.simulate`)."""
+    state. round_by_round applies to the colocated loop only (`rlsim.core.pipeline.simulate`); max_rounds bounds the
+    distinct rounds (colocated) or updates (split modes, `rlsim.modes.split.simulate_split`) simulated."""
     name_ = mode_of(cfg)
     if name_ not in MODES:
         raise RlsimError(f"no execution mode {name_!r}; registered: {', '.join(MODES)}")

@@ -21,6 +21,7 @@ docs/simulator.md, "Split devices and asynchronous rollout".
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,14 @@ from rlsim.replay.rollout_costs import weight_sync_seconds
 
 # per-sequence arrays of a split run (14 x 8 bytes: `Requests`), all of the run's requests at once
 BYTES_PER_SEQUENCE = 112
+# A split run of more than STEADY_REQUESTS responses in all (U x B) simulates its first
+# max(STEADY_UPDATES, ceil(STEADY_REQUESTS / B)) updates (<= U) and repeats the ones after the first, whose time holds
+# the pipeline's fill, in turn for the rest (`steady_run`), as the colocated loop reuses rounds. The spread of the
+# mean falls as 1/sqrt(responses simulated); the bound stated in SimRun.approximation is STEADY_ERROR, measured by
+# `python -m bench.split_ends --steady` (docs/results.md).
+STEADY_REQUESTS = 1 << 17
+STEADY_UPDATES = 20
+STEADY_ERROR = 0.01
 
 
 def interconnect(models: FittedModels, hardware: dict | None) -> tuple[float, str]:
@@ -115,13 +124,48 @@ def replica_spec(models: FittedModels, cfg: SimConfig, kv_bind: bool) -> Replica
                        kv_bind=kv_bind, partial=cfg.split.partial_rollout, recompute=cfg.split.recompute)
 
 
-def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator,
-                   record_timeline: bool = False) -> SimRun:
-    """Simulate `cfg.updates` updates of the split asynchronous loop (module doc). Deterministic given the rng."""
+def steady_updates(cfg: SimConfig, record_timeline: bool, max_rounds: int | None) -> int:
+    """Updates a split run simulates (STEADY_REQUESTS); all of them with a timeline; max_rounds overrides."""
+    U, B = cfg.updates, cfg.responses_per_update
+    if max_rounds is not None:
+        return min(max(int(max_rounds), 2), U)
+    if record_timeline or U * B <= STEADY_REQUESTS:
+        return U
+    return min(max(STEADY_UPDATES, -(-STEADY_REQUESTS // max(B, 1))), U)
+
+
+def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,
+                   max_rounds: int | None = None) -> SimRun:
+    """Simulate `cfg.updates` updates of the split asynchronous loop (module doc). Deterministic given the rng.
+    max_rounds: updates simulated (at least 2; None: by STEADY_REQUESTS; >= updates simulates every one), the rest
+    repeating the simulated ones after the first (`steady_run`)."""
     cfg.validate()
-    sp = cfg.split
-    if sp is None:
+    if cfg.split is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
+    k = steady_updates(cfg, record_timeline, max_rounds)
+    if k < cfg.updates:
+        return steady_run(_simulate_split(models, replace(cfg, updates=k), rng, record_timeline), cfg.updates)
+    return _simulate_split(models, cfg, rng, record_timeline)
+
+
+PER_UPDATE = ("step_time", "gen_time", "train_time", "sync_time", "other_time", "responses", "tokens", "gen_steps",
+              "preemptions", "peak_kv_tokens", "peak_running")
+
+
+def steady_run(run: SimRun, updates: int) -> SimRun:
+    """`run` (k simulated updates) extended to `updates`: update u >= k repeats simulated update 1 + (u - 1) mod
+    (k - 1), so the first update's fill counts once; totals follow the extended arrays."""
+    k = len(run.step_time)
+    idx = np.concatenate([np.arange(k), 1 + (np.arange(k, updates) - 1) % (k - 1)])
+    per = {f: getattr(run, f)[idx] for f in PER_UPDATE}
+    note = (f"{k} of {updates} updates simulated (update u >= {k} repeats simulated update 1 + (u - 1) mod {k - 1}, "
+            f"past the pipeline's fill): responses/s within about {100 * STEADY_ERROR:.2g}% of simulating every "
+            "update")
+    return replace(run, **per, total_time=float(per["step_time"].sum()), rounds_simulated=k, approximation=note)
+
+
+def _simulate_split(models: FittedModels, cfg: SimConfig, rng: np.random.Generator, record_timeline: bool) -> SimRun:
+    sp = cfg.split
     U, P, G, B = cfg.updates, cfg.prompts, cfg.group, cfg.responses_per_update
     NP = queue_prompts(sp, U, P)
     est = memory_estimate(cfg, record_timeline, float(np.mean(models.lengths.response_tokens)))
@@ -208,11 +252,11 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> lis
           if cfg.split.sync_s is not None else f"the fitted {split.sync_s * 1e3:.4g} ms")
     out.append(f"weight sync: {by} as one collective of the trainer and all replicas; {how}")
     if split.mode != "split":
-        out.append(mode_note(cfg.split, split.dropped))
+        out.append(mode_note(cfg.split, split.dropped, cfg.updates))
     return out
 
 
-def mode_note(sp: SplitConfig, dropped: int) -> str:
+def mode_note(sp: SplitConfig, dropped: int, updates: int) -> str:
     """How the mode `sp` sets the shared split model's parameters, in one line (docs/simulator.md states each mode)."""
     parts = [f"{sp.mode}: "]
     parts.append(f"the {sp.gen_gpus} replicas sit on the training devices and stop at their next engine step while the "
@@ -225,7 +269,8 @@ def mode_note(sp: SplitConfig, dropped: int) -> str:
                  if sp.fifo else " by rlsim's deadline rule (oldest started, every open prompt within the limit)")
     if sp.off_policy:
         act = ("waits for a group in flight at that age" if sp.off_policy_wait else
-               f"drops a finished group older than that and dispatches a new prompt ({dropped} dropped)")
+               f"drops a finished group older than that and dispatches a new prompt ({dropped} dropped in {updates} "
+               "updates simulated)")
         parts.append(f"; max_off_policy_threshold {sp.off_policy}: training {act}")
     if sp.switch_ratio:
         parts.append(f"; step switching: while fewer than {sp.switch_ratio:g} x P groups are ready, one hybrid replica "

@@ -152,3 +152,34 @@ def test_execution_modes_are_one_registry():
         register_mode("split")(lambda *a, **k: None)
     cfg = SimConfig(prompts=2, group=2, updates=1)
     assert mode_of(cfg) == "colocated" and mode_of(replace(cfg, split=SplitConfig(1, 1))) == "split"
+
+
+def test_a_long_split_simulates_its_first_updates_and_repeats_those_past_the_fill():
+    from rlsim.modes.split import PER_UPDATE, STEADY_ERROR
+    m = hand_models([([1, 1], [2, 3]), ([1, 1], [4, 1]), ([1, 1], [1, 2])], c=(1.0, 0.25, 0.0, 0.0),
+                    update=(3.0, 0.0), sync=0.5, max_num_seqs=4)
+    eng = EngineConfig(max_num_seqs=4, kv_cache_tokens=4096, block_size=16, max_model_len=256)
+    cfg = SimConfig(prompts=1, group=2, updates=7, engine=eng, lengths="recorded", split=SplitConfig(1, 1, staleness=1))
+    every = simulate_split(m, cfg, rng=np.random.default_rng(0))  # 14 responses in all: every update simulated
+    assert every.rounds_simulated == 7 and every.approximation == ""
+    head = simulate_split(m, replace(cfg, updates=3), rng=np.random.default_rng(0))
+    run = simulate(m, cfg, rng=np.random.default_rng(0), max_rounds=3)
+    assert run.rounds_simulated == 3 and f"about {100 * STEADY_ERROR:.2g}%" in run.approximation
+    for f in PER_UPDATE:  # updates 0, 1, 2 simulated; then 1, 2, 1, 2
+        assert list(getattr(run, f)) == list(getattr(head, f)[[0, 1, 2, 1, 2, 1, 2]]), f
+    assert run.total_time == pytest.approx(head.step_time[0] + 3 * head.step_time[1:].sum())
+    assert simulate_split(m, cfg, rng=np.random.default_rng(0), max_rounds=50).step_time.tolist() == \
+        every.step_time.tolist()
+
+
+def test_a_split_stops_early_only_past_the_steady_budget_and_never_with_a_timeline():
+    from rlsim.modes.split import STEADY_REQUESTS, STEADY_UPDATES, steady_updates
+    sp = SplitConfig(1, 1, staleness=1)
+
+    def k(prompts, updates=100, timeline=False, max_rounds=None):
+        return steady_updates(SimConfig(prompts=prompts, group=8, updates=updates, split=sp), timeline, max_rounds)
+
+    assert k(128) == 100  # 102,400 responses <= STEADY_REQUESTS
+    assert k(1024) == STEADY_UPDATES and k(256) == -(-STEADY_REQUESTS // 2048) == 64
+    assert k(1024, timeline=True) == 100 and k(1024, updates=12) == 12
+    assert k(1024, max_rounds=1) == 2 and k(128, max_rounds=5) == 5
