@@ -1,7 +1,7 @@
 """Published GPU runs as a reality check: import one row of each group, predict the others.
 
     python -m bench.published [--group ID] [--only verl|nemo_rl|areal] [--json docs/study/published.json]
-                              [--fit 0,0.003,0.006,0.012]
+                              [--fit 0,0.003,0.006,0.012] [--fit-gain 1,1.5,2] [--workers N]
 
 The rows are in bench/published/*.toml, each transcribed from a framework's docs or a paper with its
 source (repository, path and commit, or paper and table), model, hardware and the configuration that
@@ -14,13 +14,15 @@ What the tables do not print is assumed, the same for every group (`ASSUMED`): t
 quarter of the cap, the longest at the cap) and prompt lengths. Those assumptions and the split of
 generation into per-step and per-token cost are what a phase-level log cannot identify; rlsim's interval
 spans the second, the table states the first, and each row names the terms its interval spans when it is
-wider than 2x. `--fit` sets the one constant no log identifies, the engine's per-step overhead
-(rlsim.replay.fit_steps.ENGINE_STEP_OVERHEAD_S), leave-one-source-out: verl's rows choose it for NeMo RL's and
-AReaL's and the other way round, so every row is scored out of sample (docs/results.md section 14).
+wider than 2x. `--fit` and `--fit-gain` set the constants no log identifies, the engine's per-step overhead
+(rlsim.replay.fit_steps.ENGINE_STEP_OVERHEAD_S) and a split side's speed per device over a colocated log's
+(rlsim.whatif.study.SPLIT_SHARING_GAIN), leave-one-source-out over their grid: verl's rows choose them for NeMo RL's
+and AReaL's and the other way round, so every row is scored out of sample (docs/results.md sections 14, 20).
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import math
 import statistics
@@ -256,11 +258,20 @@ def import_reference(g: Group, work: Path) -> Path:
                       device=known_device(ref.device), model_params=str(g.meta["params"]), overwrite=True)
 
 
-def predict_group(g: Group, work: Path, overhead: float | None = None) -> list[dict[str, Any]]:
+def split_gain(g: Group, gain: float | None) -> float | None:
+    """The split gain a group's prediction takes: none (1) where its reference row ran generation and training on
+    disjoint GPUs (AReaL v0.2's split_sync), which its imported log, a verl log of the whole step, cannot say; else
+    `gain` (None: the package's, `rlsim.whatif.study.SPLIT_SHARING_GAIN`)."""
+    return gain if g.rows[0].mode in ("colocate", "sync") else 1.0
+
+
+def predict_group(g: Group, work: Path, overhead: float | None = None,
+                  gain: float | None = None) -> list[dict[str, Any]]:
     """Import the group's reference row, then predict every other row: one dict per row. `overhead`: the engine-step
-    overhead prior (rlsim.replay.fit_steps.ENGINE_STEP_OVERHEAD_S when None)."""
+    overhead prior (rlsim.replay.fit_steps.ENGINE_STEP_OVERHEAD_S when None); `gain`: a split side's speed per
+    device over the colocated log's (`split_gain`)."""
     ref, m = g.rows[0], g.meta
-    study = prepare([read_trace(import_reference(g, work))], step_overhead_s=overhead)
+    study = prepare([read_trace(import_reference(g, work))], step_overhead_s=overhead, split_gain=split_gain(g, gain))
     out = []
     for r in g.rows[1:]:
         if r.precision != ref.precision:  # rlsim has no precision what-if
@@ -318,19 +329,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def run_all(groups: list[Group], overhead: float | None) -> list[dict[str, Any]]:
-    """Every usable group's predicted rows at the engine-step overhead `overhead`."""
+def run_all(groups: list[Group], overhead: float | None, gain: float | None = None) -> list[dict[str, Any]]:
+    """Every usable group's predicted rows at the engine-step overhead `overhead` and split gain `gain`."""
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for g in groups:
             if not unusable(g):
-                rows += predict_group(g, Path(tmp), overhead)
+                rows += predict_group(g, Path(tmp), overhead, gain)
     return rows
 
 
-def leave_one_source_out(by_value: dict[float, list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, float]]:
-    """Each fold's rows predicted at the overhead that gave the lowest median |error| on the other fold's rows
-    (verl's rows set it for NeMo RL's and AReaL's, and the other way round): every row out of sample."""
+def leave_one_source_out(by_value: dict[Any, list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Each fold's rows predicted at the fitted values (an overhead, or an (overhead, gain) pair) that gave the lowest
+    median |error| on the other fold's rows (verl's rows set them for NeMo RL's and AReaL's, and the other way
+    round): every row out of sample."""
     folds = sorted({r["fold"] for rows in by_value.values() for r in rows})
     chosen: dict[str, float] = {}
     out: list[dict[str, Any]] = []
@@ -339,8 +351,15 @@ def leave_one_source_out(by_value: dict[float, list[dict[str, Any]]]) -> tuple[l
             errs = [abs(r["error"]) for r in by_value[v] if r["fold"] != f]
             return statistics.median(errs) if errs else math.inf
         chosen[f] = min(by_value, key=score)
-        out += [dict(r, in_sample=False, overhead_s=chosen[f]) for r in by_value[chosen[f]] if r["fold"] == f]
+        out += [dict(r, in_sample=False, fitted=chosen[f]) for r in by_value[chosen[f]] if r["fold"] == f]
     return out, chosen
+
+
+def _fitted(v: tuple[float | None, float | None]) -> str:
+    """An (overhead, gain) pair as the table and the JSON name it; None: the package's value."""
+    o, g = v
+    return (f"overhead {'package' if o is None else f'{o * 1e3:g} ms'}, "
+            f"split gain {'package' if g is None else f'{g:g}x'}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -351,6 +370,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", type=Path, help="also write the rows and the summary as JSON here")
     ap.add_argument("--fit", type=str, default=None, help="comma-separated engine-step overheads (seconds) to fit "
                     "leave-one-source-out, e.g. 0,0.004,0.008,0.016; without it, the package's ENGINE_STEP_OVERHEAD_S")
+    ap.add_argument("--fit-gain", type=str, default=None, help="comma-separated split gains (a split side's speed per "
+                    "device over the colocated log's) to fit leave-one-source-out with --fit's overheads, e.g. "
+                    "1,1.5,2; without it, the package's SPLIT_SHARING_GAIN")
+    ap.add_argument("--workers", type=int, default=1, help="processes running the --fit/--fit-gain candidates")
     args = ap.parse_args(argv)
     groups = [g for g in load_groups() if (not args.group or g.id in args.group)
               and (not args.only or Path(g.meta["file"]).stem in args.only)]
@@ -358,15 +381,18 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("bench.published: no group matches --group/--only; the rows files are "
                          + ", ".join(p.stem for p in sorted(ROWS.glob("*.toml"))))
     skipped = [f"{g.id}: {why}" for g in groups if (why := unusable(g))]
-    chosen: dict[str, float] = {}
-    by_value: dict[float, list[dict[str, Any]]] = {}
-    if args.fit:
-        values = [float(v) for v in args.fit.split(",")]
-        by_value = {v: run_all(groups, v) for v in values}
+    chosen: dict[str, Any] = {}
+    by_value: dict[tuple[float | None, float | None], list[dict[str, Any]]] = {}
+    if args.fit or args.fit_gain:
+        overheads = [float(v) for v in args.fit.split(",")] if args.fit else [None]
+        gains = [float(v) for v in args.fit_gain.split(",")] if args.fit_gain else [None]
+        keys = [(o, gn) for o in overheads for gn in gains]
+        with concurrent.futures.ProcessPoolExecutor(max(args.workers, 1)) as pool:
+            by_value = dict(zip(keys, pool.map(run_all, [groups] * len(keys), *zip(*keys))))
         for v, rs in by_value.items():
-            print(f"overhead {v * 1e3:g} ms: " + _line("all", summary(rs)))
+            print(f"{_fitted(v)}: " + _line("all", summary(rs)))
         rows, chosen = leave_one_source_out(by_value)
-        print("leave-one-source-out: " + ", ".join(f"{f} scored at {v * 1e3:g} ms (fitted on the other source)"
+        print("leave-one-source-out: " + ", ".join(f"{f} scored at {_fitted(v)} (fitted on the other source)"
                                                    for f, v in chosen.items()))
     else:
         rows = [dict(r, in_sample=False) for r in run_all(groups, None)]
@@ -376,9 +402,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nassumed for every group (no table prints them): {json.dumps(ASSUMED)}")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "summary": summary(rows), "assumed": ASSUMED,
-                                         "overhead_by_fold_s": chosen, "command": "python -m bench.published "
+                                         "fitted_by_fold": {f: _fitted(v) for f, v in chosen.items()},
+                                         "command": "python -m bench.published "
                                          + " ".join(argv if argv is not None else sys.argv[1:]),
-                                         "rows_by_overhead_s": {f"{v:g}": rs for v, rs in by_value.items()}},
+                                         "rows_by_fitted": {_fitted(v): rs for v, rs in by_value.items()}},
                                         indent=1, default=str))
 
 

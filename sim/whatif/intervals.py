@@ -15,21 +15,17 @@ import numpy as np
 from rlsim.core.config import WhatIf
 from rlsim.core.pipeline import SimRun
 from rlsim.modes.registry import simulate
-from rlsim.modes.split import data_parallel
 from rlsim.replay.calibration import REPLICATES
 from rlsim.replay.cost import EngineStepCost, StepSums
-from rlsim.replay.devices import (get_profile, other_roof, per_device, profile_for_hardware, recorded_profile,
-                                  rescale)
+from rlsim.replay.devices import get_profile, other_roof, per_device, profile_for_hardware
 from rlsim.replay.fit_quality import FitCheck
 from rlsim.replay.models import INTERVAL, FittedModels, interval
 from rlsim.replay.rho import RhoModel
-from rlsim.whatif.study import (Study, fit_check, models_for, recorded_devices, reference_config, sim_config,
-                                simulate_reference)
+from rlsim.whatif.study import Study, fit_check, models_for, reference_config, sim_config, simulate_reference
 
 # The far end of a split predicted from a colocated GPU run: each side up to this many times the colocated per-device
-# speed. A colocated step holds costs of sharing the devices (weight reloads, memory swaps, a smaller KV cache, the
-# long tail holding every GPU) that a split drops and one log cannot separate. Set from published split runs that
-# beat their colocated runs per device by more than overlap allows (docs/results.md section 7 item 8, section 10).
+# speed (the point takes study.SPLIT_SHARING_GAIN, the near end none). Published split runs beat their colocated runs
+# per device by about this much more than overlap allows (docs/results.md section 7 item 8, sections 10 and 20).
 SPLIT_GAIN_HI = 2.0
 
 # A split's interval ends are simulated over at most this many updates, each read as its ratio to the point
@@ -196,10 +192,11 @@ def _other_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan)
                 if m.alternative.update is m.update else "generation's share of the logged step")
         out.append((*_rate(_alt_study(study), cfg, reference, study, q),
                     f"both ends of what the trace cannot identify ({what})"))
-    if cfg.split and data_parallel(study.hardware):
-        out.append((*_rate(_split_gain_study(study), cfg, reference, study, q),
-                    f"the split free of the colocated run's device-sharing costs at the other end (each side up to "
-                    f"{SPLIT_GAIN_HI:g}x the recorded speed per device)"))
+    if cfg.split and study.split_gain != 1.0:
+        for g in sorted({1.0, max(SPLIT_GAIN_HI, study.split_gain)} - {study.split_gain}):  # the point is no end
+            out.append((*_rate(_gain_study(study, g), cfg, reference, study, q),
+                        f"the colocated run's device-sharing costs: each split side {study.split_gain:g}x the recorded "
+                        f"speed per device, 1x..{max(SPLIT_GAIN_HI, study.split_gain):g}x at the ends"))
     if cfg.device is not None and other_device(study, cfg.device):
         out.append((*_rate(study, replace(cfg, device=None), reference),
                     f"{cfg.device}'s datasheet gain at one end, the recorded device's own speed at the other"))
@@ -248,16 +245,10 @@ def _other_roof_study(study: Study, device: str) -> tuple[Study, float] | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _split_gain_study(study: Study) -> Study:
-    """The study with every device cost SPLIT_GAIN_HI times faster (the roofline rule with both ratios at that
-    factor), for the far end of a split predicted from a colocated GPU run."""
-    hw = study.hardware or study.models.config.get("hardware") or {}
-    src = recorded_profile(hw)
-    fast = replace(src, key="split-gain", mem_bandwidth_gbs=SPLIT_GAIN_HI, flops_tflops=SPLIT_GAIN_HI)
-    n = recorded_devices(study)
-    models, _ = rescale(study.models, fast, n, source_profile=src, source_gpus=n)
-    return replace(study,
-                   models=replace(models, config=study.models.config, warnings=study.models.warnings, alternative=None))
+@functools.lru_cache(maxsize=8)
+def _gain_study(study: Study, gain: float) -> Study:
+    """The study with each split side `gain` times the recorded speed per device (Study.split_gain)."""
+    return replace(study, split_gain=gain)
 
 
 def other_device(study: Study, device: str) -> bool:

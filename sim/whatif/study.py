@@ -17,11 +17,11 @@ import numpy as np
 
 from rlsim.core.config import EngineConfig, SimConfig, WhatIf
 from rlsim.core.pipeline import SimRun
-from rlsim.modes.registry import simulate
+from rlsim.modes.registry import ALIASES, MODES, recorded_mode, simulate
 from rlsim.modes.registry import check as check_mode, split_config
-from rlsim.modes.split import replica_tp
+from rlsim.modes.split import data_parallel, replica_tp
 from rlsim.replay.device_speed import device_ratios
-from rlsim.replay.devices import device_models, host_name, profile_for_hardware, recorded_profile, rescale
+from rlsim.replay.devices import device_models, host_name, per_device, profile_for_hardware, recorded_profile, rescale
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.fit import fit_trace
 from rlsim.replay.fit_quality import FitCheck, check_fits
@@ -36,6 +36,14 @@ from rlsim.replay.schema import EVAL, PHASE, STEP_STATS, placement
 from rlsim.whatif.memory import (PARTIAL, Load, TraceMemory, candidate_memory, memory_object, memory_warning,
                                  recorded_mean_seq_len, trace_memory)
 from rlsim.whatif.simconfig import config_for, engine_of, gen_ratio
+
+# A split side's speed per device over a colocated GPU log's. A colocated step holds costs of sharing the devices
+# that a split drops (the engine's sleep and wake, the memory each side gives up to the other, offloading between
+# phases), which no log identifies. The value with the lowest median |error| over
+# the published runs at the package's engine-step overhead (`python -m bench.published --fit 0,0.012 --fit-gain
+# 1,1.25,1.5,1.75,2,2.5`; scored leave-one-source-out there, docs/results.md section 20); a split's interval spans 1
+# (no sharing cost) to intervals.SPLIT_GAIN_HI.
+SPLIT_SHARING_GAIN = 2.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -77,6 +85,9 @@ class Study:
     memory: TraceMemory | None = field(default=None, metadata={
         "help": "the reference trace's memory inputs: model shape, framework settings, device memory "
                 "(rlsim.whatif.memory)"})
+    split_gain: float = field(default=1.0, metadata={
+        "help": "each split side's speed per device over the reference's: SPLIT_SHARING_GAIN for a colocated GPU run "
+                "that trained data-parallel (the device-sharing costs a split drops), else 1"})
     recorded_mode: dict = field(default_factory=dict, metadata={
         "help": "the execution mode the reference trace records, its config's execution_mode and mode_settings ({}: "
                 "none), asked where a config names no mode (rlsim.modes.registry.as_recorded)"})
@@ -167,13 +178,20 @@ def models_for(study: Study, cfg: WhatIf) -> tuple[FittedModels, EngineConfig, t
 def _split_models(study: Study, device: str | None, tp: int, rollout_log_probs: bool
                   ) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
     """A split's models: one device's for each trainer rank, one tensor-parallel group's of `tp` devices for each
-    rollout replica (`rlsim.replay.rollout_costs.group_models`); with rollout_log_probs, no old log-prob pass."""
+    rollout replica (`rlsim.replay.rollout_costs.group_models`), each side at `split_gain` times its speed; with
+    rollout_log_probs, no old log-prob pass."""
     models, engine, notes = _one_device(study, device)
     tp_ref = int((study.hardware or {}).get("tp") or 1)
     if tp != 1 or tp_ref != 1:
         group, _, _ = _rescaled(study, device, tp)
         models, note = group_models(models, group, tp_ref, tp)
         notes += (note,)
+    if study.split_gain != 1.0:
+        g = study.split_gain
+        models = per_device(models, 1 / g, 1 / g, f"{g:g}x the colocated run's speed per device")
+        notes += (f"each split side {g:g}x the colocated log's speed per device: the device-sharing costs a colocated "
+                  "run pays and a split drops (the engine's sleep and wake, memory given up, offloading), fitted on "
+                  "published verl and NeMo RL runs",)
     if rollout_log_probs:
         models = replace(models, prep=without_share(models.prep, study.old_log_prob_share))
         notes += (f"the trainer takes old log-probs from the rollout: its batch preparation less the old log-prob pass "
@@ -314,10 +332,12 @@ def memory_fields(study: Study, cfg: WhatIf) -> tuple[dict[str, Any], list[str],
 
 
 def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float | None = None,
-            calibration: Sequence[Trace] = (), step_overhead_s: float | None = None) -> Study:
+            calibration: Sequence[Trace] = (), step_overhead_s: float | None = None,
+            split_gain: float | None = None) -> Study:
     """Fit the reference trace (the first) once, and the learning curves of all traces. `calibration`:
     traces of `rlrun calibrate` (same model and device) whose calibration rows refit the step costs.
-    `step_overhead_s`: an imported log's engine-step overhead prior (rlsim.replay.fit_steps; None: its default)."""
+    `step_overhead_s`: an imported log's engine-step overhead prior (rlsim.replay.fit_steps; None: its default).
+    `split_gain`: a split side's speed per device over the reference's (None: `sharing_gain`; 1: none)."""
     traces = list(traces)
     if not traces:
         raise RlsimError(f"pass at least one trace ({name('trace')})")
@@ -397,7 +417,25 @@ def prepare(traces: Sequence[Trace], *, rho_model: str = "auto", target: float |
                  task=str(ref.config.get("task") or ""),
                  memory=trace_memory(ref.meta, recorded_mean_seq_len(ref.rows(STEP_STATS))),
                  recorded_mode={k: ref.config[k] for k in ("execution_mode", "mode_settings") if k in ref.config},
+                 split_gain=sharing_gain(ref) if split_gain is None else _positive(split_gain, "split_gain"),
                  old_log_prob_share=old_log_prob_share(phase_seconds(ref)))
+
+
+def sharing_gain(ref: Trace) -> float:
+    """SPLIT_SHARING_GAIN where the reference shared its devices between generation and training on GPUs that
+    trained data-parallel (a colocated run, or verl's hybrid replicas); 1 for a split recording and on CPU, whose
+    one-device costs are measured (`rlsim.replay.device_speed`)."""
+    mode, _ = recorded_mode(ref.config)
+    spec = MODES.get(ALIASES.get(mode, mode)) if mode else None
+    shared = spec is None or spec.devices != "split"
+    return SPLIT_SHARING_GAIN if shared and data_parallel(ref.meta.get("hardware")) else 1.0
+
+
+def _positive(v: float, what: str) -> float:
+    if not isinstance(v, Real) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+        raise RlsimError(f"{what} must be a positive number (1: a split side as fast per device as the reference), "
+                         f"got {v!r}")
+    return float(v)
 
 
 def phase_seconds(trace: Trace) -> dict[str, float]:

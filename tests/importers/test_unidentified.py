@@ -5,12 +5,15 @@ from __future__ import annotations
 from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
+
 from rlsim.core.config import WhatIf
 from rlsim.replay.importers import import_log
 from rlsim.replay.io import read_trace
-from rlsim.whatif.intervals import other_device
+from rlsim.replay.errors import RlsimError
+from rlsim.whatif.intervals import SPLIT_GAIN_HI, other_device
 from rlsim.whatif.predict import evaluate, reference_outcome
-from rlsim.whatif.study import prepare
+from rlsim.whatif.study import SPLIT_SHARING_GAIN, models_for, prepare, sharing_gain
 from tests.importers.fixtures import VERL_CONFIG, write_step_lines, write_verl_log
 
 ROW = dict(gen=30.0, reward=1.0, old_log_prob=5.0, ref=5.0, adv=0.5, update_actor=12.0)
@@ -90,9 +93,32 @@ def test_another_gpu_spans_its_datasheet_gain_and_none(tmp_path):
     assert not other_device(cpu, "h100")  # a CPU trace's own speed is no end of a GPU's range
 
 
-def test_a_split_from_a_colocated_gpu_run_spans_the_sharing_costs(tmp_path):
+def test_a_split_from_a_colocated_gpu_run_takes_the_sharing_gain_and_spans_none_to_the_far_end(tmp_path):
     study = _study(tmp_path, [ROW] * 8)
-    o = evaluate(study, WhatIf(gen_gpus=4, train_gpus=4, staleness=1, updates=6))
-    assert "device-sharing costs" in o.interval
-    assert o.responses_per_s_hi > 1.3 * o.responses_per_s  # each side up to 2x faster per device
+    g = SPLIT_SHARING_GAIN
+    assert study.split_gain == g > 1
+    cfg = WhatIf(gen_gpus=4, train_gpus=4, staleness=1, updates=6)
+    o = evaluate(study, cfg)
+    none, far = (replace(study, split_gain=x) for x in (1.0, SPLIT_GAIN_HI))
+    assert models_for(study, cfg)[0].gen.c_seq == pytest.approx(models_for(none, cfg)[0].gen.c_seq / g)
+    assert models_for(study, cfg)[0].update.slope == pytest.approx(models_for(none, cfg)[0].update.slope / g)
+    q_none, q_far = evaluate(none, cfg).responses_per_s, evaluate(far, cfg).responses_per_s
+    assert q_none < o.responses_per_s <= q_far  # the package's gain may sit at the far end
+    assert o.responses_per_s_lo <= q_none * 1.0001 and o.responses_per_s_hi >= q_far * 0.9999  # 1x and 2x at the ends
+    mid = replace(study, split_gain=1.5)
+    m = evaluate(mid, cfg)
+    assert q_none < m.responses_per_s < q_far and m.responses_per_s_lo <= q_none * 1.0001
+    assert m.responses_per_s_hi >= q_far * 0.9999
+    assert "device-sharing costs" in o.interval and "device-sharing" not in evaluate(none, cfg).interval
+    assert any(f"each split side {g:g}x the colocated log's speed per device" in n for n in o.notes)
     assert "device-sharing" not in evaluate(study, WhatIf(gpus=16, updates=4)).interval  # colocated: no such end
+    with pytest.raises(RlsimError, match="split_gain must be a positive number"):
+        prepare([read_trace(tmp_path / "t.parquet")], split_gain=0)
+
+
+def test_no_sharing_gain_for_a_split_recording_or_a_cpu_trace():
+    gpu = {"hardware": {"device": "cuda", "device_name": "NVIDIA H100 SXM 80GB", "device_count": 16}}
+    assert sharing_gain(SimpleNamespace(config={}, meta=gpu)) == SPLIT_SHARING_GAIN
+    assert sharing_gain(SimpleNamespace(config={"execution_mode": "colocate_async"}, meta=gpu)) == SPLIT_SHARING_GAIN
+    assert sharing_gain(SimpleNamespace(config={"execution_mode": "fully_async"}, meta=gpu)) == 1.0
+    assert sharing_gain(SimpleNamespace(config={}, meta={"hardware": {"device": "cpu", "torch_threads": 2}})) == 1.0

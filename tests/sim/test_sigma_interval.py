@@ -93,7 +93,7 @@ def test_a_splits_ends_are_read_over_end_updates_as_a_ratio_to_the_point():
     cfg = WhatIf(prompts=64, updates=intervals.END_UPDATES + 5, gen_gpus=1, train_gpus=1, staleness=1)
     q = evaluate(study, cfg).responses_per_s
     assert intervals._rate(study, cfg, False, study, q)[0] == pytest.approx(q, rel=1e-12)
-    alt = intervals._split_gain_study(study)
+    alt = intervals._gain_study(study, 2.0)
     short = WhatIf(prompts=64, updates=intervals.END_UPDATES, gen_gpus=1, train_gpus=1, staleness=1)
     expect = q * evaluate(alt, short).responses_per_s / evaluate(study, short).responses_per_s
     assert intervals._rate(alt, cfg, False, study, q)[0] == pytest.approx(expect, rel=1e-9)
