@@ -21,7 +21,8 @@ from rlsim.replay.devices import get_profile, other_roof, per_device, profile_fo
 from rlsim.replay.fit_quality import FitCheck
 from rlsim.replay.models import INTERVAL, FittedModels, interval
 from rlsim.replay.rho import RhoModel
-from rlsim.whatif.study import Study, fit_check, models_for, reference_config, sim_config, simulate_reference
+from rlsim.whatif.study import (Study, fit_check, models_for, reference_config, sim_config, simulate_reference,
+                                split_gain_of)
 
 # The far end of a split predicted from a colocated GPU run: each side up to this many times the colocated per-device
 # speed (the point takes study.SPLIT_SHARING_GAIN, the near end none). Published split runs beat their colocated runs
@@ -192,7 +193,7 @@ def _other_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan)
                 if m.alternative.update is m.update else "generation's share of the logged step")
         out.append((*_rate(_alt_study(study), cfg, reference, study, q),
                     f"both ends of what the trace cannot identify ({what})"))
-    if cfg.split and study.split_gain != 1.0:
+    if cfg.split and split_gain_of(study, cfg) != 1.0:
         for g in sorted({1.0, max(SPLIT_GAIN_HI, study.split_gain)} - {study.split_gain}):  # the point is no end
             out.append((*_rate(_gain_study(study, g), cfg, reference, study, q),
                         f"the colocated run's device-sharing costs: each split side {study.split_gain:g}x the recorded "

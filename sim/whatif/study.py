@@ -168,26 +168,34 @@ def models_for(study: Study, cfg: WhatIf) -> tuple[FittedModels, EngineConfig, t
     --gpus): the study's own when it asks for none; for a split, one device's (each engine replica and each
     trainer rank holds one device)."""
     if cfg.split:
-        return _split_models(study, cfg.device, replica_tp(cfg, study.hardware), cfg.rollout_log_probs)
+        return _split_models(study, cfg.device, replica_tp(cfg, study.hardware), cfg.rollout_log_probs,
+                             split_gain_of(study, cfg))
     if cfg.device is None and cfg.gpus is None:
         return study.models, study.engine, ()
     return _rescaled(study, cfg.device, cfg.gpus)
 
 
+def split_gain_of(study: Study, cfg: WhatIf) -> float:
+    """The gain a split `cfg` takes (Study.split_gain): none where its replicas sit on the training devices (a hybrid
+    mode, verl's colocate_async), which share them as the colocated run did."""
+    spec = MODES.get(ALIASES.get(cfg.mode, cfg.mode)) if cfg.mode else None
+    return 1.0 if spec is not None and spec.devices == "hybrid" else study.split_gain
+
+
 @functools.lru_cache(maxsize=32)
-def _split_models(study: Study, device: str | None, tp: int, rollout_log_probs: bool
+def _split_models(study: Study, device: str | None, tp: int, rollout_log_probs: bool, gain: float = 1.0
                   ) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
     """A split's models: one device's for each trainer rank, one tensor-parallel group's of `tp` devices for each
-    rollout replica (`rlsim.replay.rollout_costs.group_models`), each side at `split_gain` times its speed; with
-    rollout_log_probs, no old log-prob pass."""
+    rollout replica (`rlsim.replay.rollout_costs.group_models`), each side at `gain` times its speed per device;
+    with rollout_log_probs, no old log-prob pass."""
     models, engine, notes = _one_device(study, device)
     tp_ref = int((study.hardware or {}).get("tp") or 1)
     if tp != 1 or tp_ref != 1:
         group, _, _ = _rescaled(study, device, tp)
         models, note = group_models(models, group, tp_ref, tp)
         notes += (note,)
-    if study.split_gain != 1.0:
-        g = study.split_gain
+    if gain != 1.0:
+        g = gain
         models = per_device(models, 1 / g, 1 / g, f"{g:g}x the colocated run's speed per device")
         notes += (f"each split side {g:g}x the colocated log's speed per device: the device-sharing costs a colocated "
                   "run pays and a split drops (the engine's sleep and wake, memory given up, offloading), fitted on "

@@ -13,7 +13,7 @@ from rlsim.replay.io import read_trace
 from rlsim.replay.errors import RlsimError
 from rlsim.whatif.intervals import SPLIT_GAIN_HI, other_device
 from rlsim.whatif.predict import evaluate, reference_outcome
-from rlsim.whatif.study import SPLIT_SHARING_GAIN, models_for, prepare, sharing_gain
+from rlsim.whatif.study import SPLIT_SHARING_GAIN, models_for, prepare, sharing_gain, split_gain_of
 from tests.importers.fixtures import VERL_CONFIG, write_step_lines, write_verl_log
 
 ROW = dict(gen=30.0, reward=1.0, old_log_prob=5.0, ref=5.0, adv=0.5, update_actor=12.0)
@@ -122,3 +122,12 @@ def test_no_sharing_gain_for_a_split_recording_or_a_cpu_trace():
     assert sharing_gain(SimpleNamespace(config={"execution_mode": "colocate_async"}, meta=gpu)) == SPLIT_SHARING_GAIN
     assert sharing_gain(SimpleNamespace(config={"execution_mode": "fully_async"}, meta=gpu)) == 1.0
     assert sharing_gain(SimpleNamespace(config={}, meta={"hardware": {"device": "cpu", "torch_threads": 2}})) == 1.0
+
+
+def test_a_hybrid_mode_shares_the_devices_as_the_colocated_run_did_and_takes_no_gain(tmp_path):
+    study = _study(tmp_path, [ROW] * 8)
+    cfg = WhatIf(mode="colocate_async", train_gpus=8, updates=4)
+    assert split_gain_of(study, cfg) == 1.0 and split_gain_of(study, WhatIf(gen_gpus=4, train_gpus=4)) > 1
+    none = replace(study, split_gain=1.0)
+    assert models_for(study, cfg)[0].gen.c_seq == models_for(none, cfg)[0].gen.c_seq
+    assert "device-sharing" not in evaluate(study, cfg).interval
