@@ -25,8 +25,8 @@ from rlsim.whatif.study import (Study, fit_check, models_for, reference_config, 
                                 split_gain_of)
 
 # The far end of a split predicted from a colocated GPU run: each side up to this many times the colocated per-device
-# speed (the point takes study.SPLIT_SHARING_GAIN, the near end none). Published split runs beat their colocated runs
-# per device by about this much more than overlap allows (docs/results.md section 7 item 8, sections 10 and 20).
+# speed (the point takes Study.split_gain, study.SPLIT_SHARING_GAIN; the near end none). Published split runs beat
+# their colocated runs per device by about this much more than overlap allows (docs/results.md sections 7, 10, 20).
 SPLIT_GAIN_HI = 2.0
 
 # A split's interval ends are simulated over at most this many updates, each read as its ratio to the point
@@ -245,7 +245,6 @@ def _other_roof_study(study: Study, device: str) -> tuple[Study, float] | None:
     return None if end is None else (replace(study, models=end[0]), end[1])
 
 
-@functools.lru_cache(maxsize=8)
 @functools.lru_cache(maxsize=8)
 def _gain_study(study: Study, gain: float) -> Study:
     """The study with each split side `gain` times the recorded speed per device (Study.split_gain)."""

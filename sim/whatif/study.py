@@ -39,10 +39,10 @@ from rlsim.whatif.simconfig import config_for, engine_of, gen_ratio
 
 # A split side's speed per device over a colocated GPU log's. A colocated step holds costs of sharing the devices
 # that a split drops (the engine's sleep and wake, the memory each side gives up to the other, offloading between
-# phases), which no log identifies. The value with the lowest median |error| over
-# the published runs at the package's engine-step overhead (`python -m bench.published --fit 0,0.012 --fit-gain
-# 1,1.25,1.5,1.75,2,2.5`; scored leave-one-source-out there, docs/results.md section 20); a split's interval spans 1
-# (no sharing cost) to intervals.SPLIT_GAIN_HI.
+# phases), which no log identifies. The value with the lowest median |error| over the published runs at the
+# package's engine-step overhead (`python -m bench.published --fit 0,0.012 --fit-gain 1,1.25,1.5,1.75,2,2.5`, which
+# scores it leave-one-source-out; docs/results.md section 20); a split's interval spans 1 (no sharing cost) to
+# intervals.SPLIT_GAIN_HI.
 SPLIT_SHARING_GAIN = 2.0
 
 
@@ -195,11 +195,10 @@ def _split_models(study: Study, device: str | None, tp: int, rollout_log_probs: 
         models, note = group_models(models, group, tp_ref, tp)
         notes += (note,)
     if gain != 1.0:
-        g = gain
-        models = per_device(models, 1 / g, 1 / g, f"{g:g}x the colocated run's speed per device")
-        notes += (f"each split side {g:g}x the colocated log's speed per device: the device-sharing costs a colocated "
-                  "run pays and a split drops (the engine's sleep and wake, memory given up, offloading), fitted on "
-                  "published verl and NeMo RL runs",)
+        models = per_device(models, 1 / gain, 1 / gain, f"{gain:g}x the colocated run's speed per device")
+        notes += (f"each split side {gain:g}x the colocated log's speed per device: the device-sharing costs a "
+                  "colocated run pays and a split drops (the engine's sleep and wake, memory given up, offloading), "
+                  "fitted on published verl and NeMo RL runs",)
     if rollout_log_probs:
         models = replace(models, prep=without_share(models.prep, study.old_log_prob_share))
         notes += (f"the trainer takes old log-probs from the rollout: its batch preparation less the old log-prob pass "
