@@ -175,7 +175,9 @@ def _split_mode(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generato
 
 VERL = "volcengine/verl"
 VERL_V1 = "verl-project/verl docs/advance/v1_async_trainer.md @1b86216e1f70195d69f406c84a5a91963c50543e"
-FULLY_ASYNC = f"{VERL} docs/advance/fully_async.md @b178a3cd56f58b2d502255daba591e92833930a7"
+FULLY_ASYNC = (f"{VERL} docs/advance/fully_async.md @b178a3cd56f58b2d502255daba591e92833930a7; rewards: "
+               "verl-project/verl verl/experimental/fully_async_policy/fully_async_rollouter.py (agent reward loop) "
+               "and verl/experimental/separation/ray_trainer.py _fit_compute_reward @1dda039b")
 ONE_STEP = f"{VERL} docs/advance/one_step_off.md @b178a3cd56f58b2d502255daba591e92833930a7"
 NEMO = "NVIDIA-NeMo/RL docs/guides/async-grpo.md @0f8bce6422931dc26d80fdad6a8dafb164682b2b"
 AREAL = ("inclusionAI/AReaL areal/core/staleness_manager.py @08911ddf, areal/core/workflow_executor.py @0db3083b "
@@ -197,7 +199,7 @@ def _fully_async(cfg: WhatIf) -> dict:
         raise RlsimError(f"{name('partial_rollout')} takes effect only with {name('staleness_threshold')} > 0 (verl "
                          f"fully_async): add {setting(staleness_threshold=0.5)} or drop {name('partial_rollout')}")
     return dict(staleness=s, fifo=True, chunks=int(cfg.trigger_parameter_sync_step or 1),
-                partial_rollout=bool(cfg.partial_rollout))
+                partial_rollout=bool(cfg.partial_rollout), reward_in_rollout=True)
 
 
 register_mode("split", devices="split", settings=("staleness", "partial_rollout"),

@@ -48,7 +48,8 @@ class TrainerCosts:
     def of(cls, models: FittedModels, cfg: SimConfig) -> TrainerCosts:
         sp, B = cfg.split, cfg.responses_per_update
         M = sp.train_gpus
-        return cls(reward=max(float(models.reward.predict(B)), 0.0), other=max(float(models.other.predict(B)), 0.0),
+        reward = 0.0 if sp.reward_in_rollout else max(float(models.reward.predict(B)), 0.0)
+        return cls(reward=reward, other=max(float(models.other.predict(B)), 0.0),
                    sync=sp.sync_s if sp.sync_s is not None else max(float(models.sync.predict(models.sync_bytes)), 0.0),
                    allreduce=allreduce_seconds(models.sync_bytes, M, sp.allreduce_gbs)
                    if M > 1 and not sp.allreduce_fitted else 0.0, ranks=M, chunks=sp.chunks, hybrid=sp.hybrid,
