@@ -362,6 +362,17 @@ def _fitted(v: tuple[float | None, float | None]) -> str:
             f"split gain {'package' if g is None else f'{g:g}x'}")
 
 
+def _values(text: str, flag: str, least: float) -> list[float]:
+    """A comma-separated list of numbers >= `least`, else one line saying what is wrong (SystemExit)."""
+    try:
+        out = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"bench.published: {flag} takes comma-separated numbers, e.g. {flag} 1,1.5,2; got {text!r}")
+    if not all(math.isfinite(v) and v >= least for v in out):
+        raise SystemExit(f"bench.published: {flag} values must be finite and at least {least:g}; got {text!r}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--group", action="append", help="only these group ids (repeatable)")
@@ -384,8 +395,8 @@ def main(argv: list[str] | None = None) -> None:
     chosen: dict[str, Any] = {}
     by_value: dict[tuple[float | None, float | None], list[dict[str, Any]]] = {}
     if args.fit or args.fit_gain:
-        overheads = [float(v) for v in args.fit.split(",")] if args.fit else [None]
-        gains = [float(v) for v in args.fit_gain.split(",")] if args.fit_gain else [None]
+        overheads = _values(args.fit, "--fit", 0.0) if args.fit else [None]
+        gains = _values(args.fit_gain, "--fit-gain", 1e-9) if args.fit_gain else [None]
         keys = [(o, gn) for o in overheads for gn in gains]
         with concurrent.futures.ProcessPoolExecutor(max(args.workers, 1)) as pool:
             by_value = dict(zip(keys, pool.map(run_all, [groups] * len(keys), *zip(*keys))))

@@ -108,3 +108,10 @@ def test_interval_terms_name_what_the_log_leaves_unidentified():
 def test_only_filters_by_rows_file_and_an_unknown_one_is_one_line(capsys):
     with pytest.raises(SystemExit, match="no group matches.*nemo_rl"):
         main(["--only", "nemo"])
+
+
+def test_a_bad_fit_grid_is_one_line():
+    with pytest.raises(SystemExit, match="--fit-gain takes comma-separated numbers"):
+        main(["--only", "areal", "--fit-gain", "1,x"])
+    with pytest.raises(SystemExit, match="--fit values must be finite and at least 0"):
+        main(["--only", "areal", "--fit", "-0.01"])
