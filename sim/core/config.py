@@ -336,8 +336,8 @@ class SplitConfig:
         True, "with partial rollout, the in-flight responses' KV is prefilled again on the new weights (else "
            "they continue on their old KV)")
     reward_in_rollout: bool = _f(
-        False, "rewards scored by the rollout side as each response finishes (verl fully_async's reward loop), off "
-               "the trainer's path")
+        False, "rewards scored by the rollout side as each response finishes (verl fully_async's reward loop, "
+               "NeMo RL's trajectory collector, AReaL's workflow), off the trainer's path")
     gen_tp: int = _f(1, "devices per rollout replica (tensor parallel): gen_gpus / gen_tp replicas")
     sync_s: float | None = _f(None, "seconds of one weight sync by its path (rlsim.replay.rollout_costs); None: the "
                                     "fitted sync")

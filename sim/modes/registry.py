@@ -179,9 +179,10 @@ FULLY_ASYNC = (f"{VERL} docs/advance/fully_async.md @b178a3cd56f58b2d502255daba5
                "verl-project/verl verl/experimental/fully_async_policy/fully_async_rollouter.py (agent reward loop) "
                "and verl/experimental/separation/ray_trainer.py _fit_compute_reward @1dda039b")
 ONE_STEP = f"{VERL} docs/advance/one_step_off.md @b178a3cd56f58b2d502255daba591e92833930a7"
-NEMO = "NVIDIA-NeMo/RL docs/guides/async-grpo.md @0f8bce6422931dc26d80fdad6a8dafb164682b2b"
+NEMO = ("NVIDIA-NeMo/RL docs/guides/async-grpo.md @0f8bce6422931dc26d80fdad6a8dafb164682b2b; rewards: "
+        "nemo_rl/algorithms/async_utils/trajectory_collector.py (the environments in the rollout) @7ea279ab")
 AREAL = ("inclusionAI/AReaL areal/core/staleness_manager.py @08911ddf, areal/core/workflow_executor.py @0db3083b "
-         "(Fu et al. 2025, arXiv 2505.24298)")
+         "(Fu et al. 2025, arXiv 2505.24298); rewards: areal/workflow/rlvr.py arun_episode @4aef98d8")
 
 
 def _v1(cfg: WhatIf) -> dict:
@@ -206,13 +207,14 @@ register_mode("split", devices="split", settings=("staleness", "partial_rollout"
               source="rlsim.replay.admission: AReaL's gate, consumed by rlsim's deadline rule")(_split_mode)
 register_mode("areal", devices="split", settings=("max_head_offpolicyness", "partial_rollout"), source=AREAL,
               configure=lambda c: dict(staleness=float(c.max_head_offpolicyness or 0), fifo=True, oldest=True,
-                                       partial_rollout=bool(c.partial_rollout)))(_split_mode)
+                                       partial_rollout=bool(c.partial_rollout), reward_in_rollout=True))(_split_mode)
 register_mode("nemo_async", devices="split", source=NEMO,
               settings=("max_trajectory_age_steps", "in_flight_weight_updates",
                         "recompute_kv_cache_after_weight_updates"),
               configure=lambda c: dict(staleness=float(c.max_trajectory_age_steps or 1),
                                        partial_rollout=bool(c.in_flight_weight_updates),
-                                       recompute=bool(c.recompute_kv_cache_after_weight_updates)))(_split_mode)
+                                       recompute=bool(c.recompute_kv_cache_after_weight_updates),
+                                       reward_in_rollout=True))(_split_mode)
 register_mode("one_step_off", devices="split", source=ONE_STEP,
               configure=lambda c: dict(staleness=1.0, partial_rollout=False))(_split_mode)
 register_mode("fully_async", devices="split", source=FULLY_ASYNC, configure=_fully_async,

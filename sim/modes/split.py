@@ -273,8 +273,8 @@ def mode_note(sp: SplitConfig, dropped: int, updates: int) -> str:
                "updates simulated)")
         parts.append(f"; max_off_policy_threshold {sp.off_policy}: training {act}")
     if sp.reward_in_rollout:
-        parts.append("; rewards scored by the rollout side's reward loop as each response finishes, off the trainer's "
-                     "path (their time overlaps generation)")
+        parts.append("; rewards scored on the rollout side as each response finishes, off the trainer's path (their "
+                     "time overlaps generation)")
     if sp.switch_ratio:
         parts.append(f"; step switching: while fewer than {sp.switch_ratio:g} x P groups are ready, one hybrid replica "
                      "per training device generates (switching costs one fitted weight sync; the adaptive threshold "

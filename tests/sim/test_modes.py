@@ -413,13 +413,17 @@ def test_an_async_recording_warns_that_its_phase_times_are_fitted_as_if_sequenti
     assert not any("whose phases overlap" in w for w in _json([str(traces[0])])["warnings"])
 
 
-def test_fully_async_scores_rewards_in_the_rollouter_off_the_trainers_path():
+def test_the_async_frameworks_score_rewards_on_the_rollout_side_off_the_trainers_path():
     m = hand_models([([1, 1], [1, 3])] * 6, c=(1.0, 0.25, 0.0, 0.0), update=(3.0, 0.0), sync=0.5, reward=0.25,
                     max_num_seqs=4, prompts=2, group=1)
     run = _run(m, prompts=2, mode="fully_async", gen_gpus=1, train_gpus=1, trigger_parameter_sync_step=2)
     # the reward-free timeline of the on-policy stream above: 0.5 s of rewards per batch are not on the trainer's path
     assert _spans(run, "train.update") == pytest.approx(_flat([(1.5, 1.5), (4.0, 1.5), (7.5, 1.5), (10.0, 1.5)]))
     assert run.step_time == pytest.approx([6.0, 6.0])
-    # rlsim's own split trains after the rewards: 0.5 s per update of 2 prompts
+    # rlsim's own split trains after the rewards: 0.5 s per update of 2 prompts; NeMo RL's and AReaL's score them on
+    # the rollout side too
     split = _run(m, prompts=2, gen_gpus=1, train_gpus=1, staleness=0)
     assert [s.dur for s in split.timeline if s.name == "host.reward"] == pytest.approx([0.5, 0.5])
+    for kw in (dict(mode="nemo_async", max_trajectory_age_steps=1), dict(mode="areal")):
+        run = _run(m, prompts=2, gen_gpus=1, train_gpus=1, **kw)
+        assert sum(s.dur for s in run.timeline if s.name == "host.reward") == 0.0, kw
