@@ -68,6 +68,11 @@ def register_mode(name: str, *, devices: str = "colocated", settings: tuple[str,
 ALIASES = {"sync": "colocated"}  # verl V1 trainer.v1.trainer_mode=sync: the synchronous colocated loop
 
 
+def spec_of(mode: str | None) -> ModeSpec | None:
+    """The registered mode a name (or a framework's alias) stands for; None for no name or an unknown one."""
+    return MODES.get(ALIASES.get(mode, mode)) if mode else None
+
+
 def resolved(cfg: WhatIf) -> str:
     """The registered mode a WhatIf asks for: its `mode` (an alias read as its mode), else split with split devices,
     else colocated."""
@@ -124,7 +129,7 @@ def as_recorded(cfg: WhatIf, config: Mapping[str, Any]) -> tuple[WhatIf, str]:
     device count given alone overrides its own). Returns it with the one output line that says so ('' where `cfg`
     names a mode or the trace records none: `cfg` as given)."""
     m, recorded = recorded_mode(config)
-    spec = MODES.get(ALIASES.get(m, m)) if m else None
+    spec = spec_of(m)
     if cfg.mode is not None or spec is None or (spec.devices == "colocated" and cfg.split):  # split devices: split
         cfg.validate()
         check(cfg)

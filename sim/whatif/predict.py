@@ -13,7 +13,7 @@ import numpy as np
 
 from rlsim.core.config import WhatIf
 from rlsim.core.pipeline import SimRun
-from rlsim.modes.registry import ALIASES, MODES, as_recorded, recorded_mode, resolved, simulate
+from rlsim.modes.registry import MODES, as_recorded, recorded_mode, resolved, simulate, spec_of
 from rlsim.replay.io import Trace
 from rlsim.replay.rho import RhoModel, regime, staleness_rho
 from rlsim.whatif.intervals import decider, outcome_intervals
@@ -104,7 +104,7 @@ def _recorded_mode_warnings(study: Study) -> list[str]:
     """The caveat of a log recorded in an asynchronous mode: its phase times are fitted as if they ran one after
     the other, as in the colocated loop the reference column simulates."""
     m, _ = recorded_mode(study.recorded_mode)
-    spec = MODES.get(ALIASES.get(m, m)) if m else None
+    spec = spec_of(m)
     if spec is None or spec.devices == "colocated":
         return []
     return [f"the trace was recorded in {m}, whose phases overlap: its logged phase times are fitted as if they ran "

@@ -17,7 +17,7 @@ import numpy as np
 
 from rlsim.core.config import EngineConfig, SimConfig, WhatIf
 from rlsim.core.pipeline import SimRun
-from rlsim.modes.registry import ALIASES, MODES, recorded_mode, simulate
+from rlsim.modes.registry import recorded_mode, simulate, spec_of
 from rlsim.modes.registry import check as check_mode, split_config
 from rlsim.modes.split import data_parallel, replica_tp
 from rlsim.replay.device_speed import device_ratios
@@ -178,7 +178,7 @@ def models_for(study: Study, cfg: WhatIf) -> tuple[FittedModels, EngineConfig, t
 def split_gain_of(study: Study, cfg: WhatIf) -> float:
     """The gain a split `cfg` takes (Study.split_gain): none where its replicas sit on the training devices (a hybrid
     mode, verl's colocate_async), which share them as the colocated run did."""
-    spec = MODES.get(ALIASES.get(cfg.mode, cfg.mode)) if cfg.mode else None
+    spec = spec_of(cfg.mode)
     return 1.0 if spec is not None and spec.devices == "hybrid" else study.split_gain
 
 
@@ -433,7 +433,7 @@ def sharing_gain(ref: Trace) -> float:
     trained data-parallel (a colocated run, or verl's hybrid replicas); 1 for a split recording and on CPU, whose
     one-device costs are measured (`rlsim.replay.device_speed`)."""
     mode, _ = recorded_mode(ref.config)
-    spec = MODES.get(ALIASES.get(mode, mode)) if mode else None
+    spec = spec_of(mode)
     shared = spec is None or spec.devices != "split"
     return SPLIT_SHARING_GAIN if shared and data_parallel(ref.meta.get("hardware")) else 1.0
 
