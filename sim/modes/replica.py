@@ -8,6 +8,8 @@ KV overflow; with partial rollout a sync request interrupts a stretch, which end
 """
 from __future__ import annotations
 
+import bisect
+import heapq
 import itertools
 from collections import deque
 from dataclasses import dataclass, field
@@ -71,6 +73,46 @@ class ReplicaStats:
     peak_running: int = 0
     peak_kv: float = 0.0                # KV tokens
 
+# A segment tracks at most this many of the running sequences' earliest finishes (np.partition's k): the planning's
+# fixed cost (a partition of the running set) is shared by that many stretches at most.
+SEGMENT_FINISHES = 256
+
+
+@dataclass(eq=False)
+class Segment:
+    """Stretches a replica planned ahead (`Replica.plan`), applied (`Replica.commit`) as time reaches them. Row i,
+    (step, steps, running, ctx, pre, host, fin, adm, groups, apply): a stretch of `steps` engine steps from `step`
+    with `running` sequences, `ctx` context and `pre` prefill tokens at its first step, after `host` seconds of
+    admission, over [t[i], t[i + 1]); `fin` sequences finish at its last step, `adm` were admitted from the wait
+    queue at its first (after the first stretch's), prompts `groups` (a tuple) complete at its end; `apply`: a
+    sequence of a shared prompt (`Requests.shared`) finishes there, so the segment is applied then (whether its
+    prompt completes depends on other replicas)."""
+
+    t: list[float]           # (stretches + 1,) start times, then the last one's end
+    kv_tokens: int = 0       # KV tokens allocated (KV accounting on: one stretch)
+    rows: list[tuple] = field(default_factory=list)
+    a: list[int] = field(default_factory=list)      # admission steps of the sequences it admits, in queue order
+    ids: list[int] = field(default_factory=list)    # ... their ids
+    fresh: list[bool] = field(default_factory=list)  # ... whether first admitted (not resumed)
+    done: int = 0            # stretches applied
+    took: int = 0            # entries of `a` applied
+    put: int = 0             # stretches seen through: their completed prompts went to the trainer
+
+    def add(self, row: tuple, spec: ReplicaSpec) -> None:
+        step, k, n, ctx, pre, host = row[:6]
+        self.rows.append(row)
+        self.t.append(self.t[-1] + host + spec.cost.stretch(k, n, ctx, pre) + spec.gap * k)
+
+    def targets(self) -> list[int]:
+        """Stretches at whose end the segment is applied: each that completes a prompt, and the last."""
+        last = len(self.rows) - 1
+        return [i for i, row in enumerate(self.rows) if (row[8] or row[9]) and i < last] + [last]
+
+    def stretch(self, i: int, cut: int | None = None) -> Stretch:
+        step, k, n, ctx, pre, _, fin = self.rows[i][:7]
+        return Stretch(step=step, steps=k if cut is None else cut, num_running=n, context0=ctx, prefill=pre,
+                       finished=fin if cut is None else 0, kv_tokens=self.kv_tokens)
+
 
 def take_ranges(wait: deque, m: int) -> list[tuple[int, int]]:
     """Pop the first m ids of a queue of [lo, hi) ranges, as ranges."""
@@ -98,6 +140,7 @@ class Replica:
         self.stats = ReplicaStats()
         self.idle: simpy.Event | None = None  # set while nothing runs: the next sync request triggers it
         self.in_stretch = False               # waiting out a stretch that a sync request may interrupt
+        self.ahead = False                    # ... of a segment of several stretches: any interaction cuts it
         self.parked = False                   # a hybrid replica in trainer mode: it joins syncs, generates nothing
         self.switch_s = 0.0                   # seconds to switch to rollout before its next stretch (lent)
         self.stopped: simpy.Event | None = None  # (reclaimed) triggered once it has parked
@@ -115,14 +158,15 @@ class Replica:
     def on_sync_request(self) -> None:
         """(WeightSync listener) An idle replica wakes to join; with partial rollout one in a stretch is cut short.
         Idle replicas wake in replica order, the order they then join and start pulling prompts after the sync."""
-        if not self.wake() and self.spec.partial and self.in_stretch:
+        if not self.wake() and (self.spec.partial or self.ahead) and self.in_stretch:
             self.in_stretch = False
             self.proc.interrupt()
 
     def on_gate_open(self) -> None:
         """(AdmissionGate listener, refill) An idle replica wakes; one in a stretch with free slots ends it after the
         step in progress, so the prompts admitted join at the next engine step, as vLLM schedules new requests."""
-        if not self.wake() and self.in_stretch and not self.parked and len(self.b.run) < self.spec.max_seqs:
+        if not self.wake() and self.in_stretch and not self.parked and (self.ahead or
+                                                                        len(self.b.run) < self.spec.max_seqs):
             self.in_stretch = False
             self.proc.interrupt()
 
@@ -148,6 +192,8 @@ class Replica:
         back = [(int(i), int(i) + 1) for i in b.run.tolist()]
         q.done[b.run] = b.s - q.a[b.run]
         back += list(b.wait)
+        for lo, hi in back:
+            q.shared[lo // q.group:(hi - 1) // q.group + 1] = True
         if back:
             self.gate.resume.extend(back)
             self.gate.release(0, wake=True)
@@ -182,9 +228,7 @@ class Replica:
                 yield self.idle
                 self.idle = None
                 continue
-            x, ends = self.plan(used, pre)
-            x = yield from self.run_stretch(x, host)
-            self.end_stretch(x, ends)
+            yield from self.run_segment(self.plan(used, pre, host))
 
     def join_sync(self):
         b, n, tj = self.b, len(self.b.run), self.env.now
@@ -275,96 +319,204 @@ class Replica:
             b.last = np.concatenate([b.last, q.fin[new]])
         return pre, host
 
-    def plan(self, used: int, pre: float) -> tuple[Stretch, np.ndarray]:
-        """The next stretch of steps with this composition, up to the next finish (or KV overflow), and the (n,)
-        mask of the running sequences that finish in its last step."""
-        b, sp, st = self.b, self.spec, self.stats
-        n = len(b.run)
+    def plan(self, used: int, pre: float, host: float) -> Segment:
+        """The steps ahead, after `host` seconds of admission with `pre` tokens to prefill: with KV accounting on, one
+        stretch up to the next finish or KV overflow; else stretches up to the next interaction (`plan_ahead`)."""
+        b, sp = self.b, self.spec
+        if not sp.kv_bind:
+            return self.plan_ahead(pre, host)
         k = int(b.last[b.last.argmin()]) - b.s + 1  # argmin: a fraction of ndarray.min's call overhead
-        if sp.kv_bind:
-            if k > 1:
-                k = sp.kv.horizon(self.q.p[b.run] + (b.s - self.q.a[b.run]), k)
-            if used * sp.kv.block_size > st.peak_kv:
-                st.peak_kv = float(used * sp.kv.block_size)
-        elif b.sum_p + n * (b.s + k) - b.sum_a > st.peak_kv:
-            st.peak_kv = float(b.sum_p + n * (b.s + k) - b.sum_a)
-        if n > st.peak_running:
-            st.peak_running = n
-        ends = b.last == b.s + k - 1
-        x = Stretch(step=b.s, steps=k, num_running=n, context0=float(b.context()), prefill=float(pre),
-                    finished=int(np.count_nonzero(ends)), kv_tokens=used * sp.kv.block_size)
-        return x, ends
+        if k > 1:
+            k = sp.kv.horizon(self.q.p[b.run] + (b.s - self.q.a[b.run]), k)
+        seg = Segment([self.env.now], kv_tokens=used * sp.kv.block_size)
+        seg.add((b.s, k, len(b.run), float(b.context()), float(pre), host,
+                 int(np.count_nonzero(b.last == b.s + k - 1)), 0, (), False), sp)
+        return seg
 
-    def run_stretch(self, x: Stretch, host: float):
-        """(a generator) Wait out stretch x after `host` seconds of admission; with partial rollout a sync request
-        cuts it after the step in progress. Returns the stretch as run."""
-        env, sp, st = self.env, self.spec, self.stats
-        k = x.steps
-        dur = host + x.cost(sp.cost) + sp.gap * k
-        tstart = st.stretch_start = env.now
-        d = None
-        try:
-            self.in_stretch = True
-            yield env.timeout(dur)
-        except simpy.Interrupt:
-            e = env.now - tstart
-            d = x.durations(sp.cost)
-            cum = host + np.cumsum(d + sp.gap)  # (k,) end of each step from the stretch's start
-            j = min(max(int(np.searchsorted(cum, e - 1e-12)) + 1, 1), k)
-            if j < k:
-                x = Stretch(step=x.step, steps=j, num_running=x.num_running, context0=x.context0, prefill=x.prefill,
-                            finished=0, kv_tokens=x.kv_tokens)
-                d = d[:j]
-                dur = float(cum[j - 1])
+    def plan_ahead(self, pre: float, host: float) -> Segment:
+        """Stretches from now, each up to the next finish, while nothing outside the replica can change their
+        course: up to the next pull from the shared queue (made at its own time, in turn with the other replicas),
+        until the running set empties, or through the earliest finishes it tracks (a pull's worth, else
+        SEGMENT_FINISHES). The sequences it admits come from the replica's own wait queue. Scalars and a heap of
+        (last step, id, admission step, prompt tokens): a stretch costs microseconds here, where a SimPy event and
+        array updates would cost tens."""
+        b, q, sp = self.b, self.q, self.spec
+        n, s, G = len(b.run), b.s, q.group
+        admit = not self.sync.requested
+        pull = admit and (bool(self.gate.resume) or self.gate.is_open(self.sync.version))
+        nwait = b.nwait
+        m = min(n, SEGMENT_FINISHES, nwait + sp.max_seqs - n + 1 if pull else n)  # a pull is due by then
+        v = int(np.partition(b.last, m - 1)[m - 1]) if m < n else int(b.last[b.last.argmax()])
+        ids = b.run[b.last <= v]  # every running sequence that finishes by step v, ties included
+        heap = sorted(zip(b.last[b.last <= v].tolist(), ids.tolist(), q.a[ids].tolist(), q.p[ids].tolist()))
+        w = np.fromiter(itertools.islice(itertools.chain.from_iterable(itertools.starmap(range, b.wait)),
+                                         min(nwait, SEGMENT_FINISHES)), np.int64)  # the waiting ones it may admit
+        wait = iter(zip(w.tolist(), q.p[w].tolist(), q.L[w].tolist(), q.pre0[w].tolist(),
+                        (q.v0[w] >= 0).tolist(), q.done[w].tolist()))
+        capped, nwait = len(w) < nwait, len(w)  # capped: more wait than it took, so running out ends it too
+        sum_p, sum_a, nadm, seg, left, shared, togo = b.sum_p, b.sum_a, 0, Segment([self.env.now]), q.left, q.shared, {}
+        rows, t, T, stretch, gap, maxs = seg.rows, seg.t, seg.t[0], sp.cost.stretch, sp.gap, sp.max_seqs
+        while True:
+            f = heap[0][0]
+            ctx, nfin, groups, apply = sum_p + n * s - sum_a, 0, (), False
+            while heap and heap[0][0] == f:
+                _, i, a, p = heapq.heappop(heap)
+                nfin += 1
+                sum_p -= p
+                sum_a -= a
+                g = i // G
+                if shared[g]:  # its prompt may complete on another replica: applied here at its time
+                    apply = True
+                    continue
+                c = togo.get(g)
+                togo[g] = c = (int(left[g]) if c is None else c) - 1  # the prompt's sequences still running
+                if not c:
+                    groups += (g,)
+            k = f - s + 1
+            rows.append((s, k, n, float(ctx), pre, host, nfin, nadm, groups, apply))
+            T += host + stretch(k, n, ctx, pre) + gap * k
+            t.append(T)
+            n, s, pre, host, nadm = n - nfin, f + 1, 0.0, 0.0, 0
+            if not (n and heap) or ((pull or capped) and nwait < maxs - n):  # drained; next finish untracked;
+                # a pull is due (or the wait taken runs out)
+                q.v0[[i for i, new in zip(seg.ids, seg.fresh) if new]] = b.version  # read by the trainer (staleness)
+                return seg
+            if not admit or not nwait:
+                continue
+            nadm, fresh = min(maxs - n, nwait), 0
+            for i, p, L, pre0, again, done in itertools.islice(wait, nadm):
+                if again:  # re-admitted: recompute its prompt and generated tokens
+                    a = s - done
+                    pre += p + done
+                else:
+                    a, fresh = s, fresh + 1
+                    pre += pre0
+                sum_p += p
+                sum_a += a
+                seg.a.append(a)
+                seg.ids.append(i)
+                seg.fresh.append(not again)
+                if a + L - 1 <= v:
+                    heapq.heappush(heap, (a + L - 1, i, a, p))
+            n, nwait, host = n + nadm, nwait - nadm, sp.per_response * fresh
+
+    def run_segment(self, seg: Segment):
+        """(a generator) Wait out the segment, applying it at each stretch that completes a prompt (the trainer sees
+        it then) and at its end. An interrupt (a sync request, the gate moving, a reclaim) cuts it after the engine
+        step in progress."""
+        env, st = self.env, self.stats
+        self.ahead = len(seg.rows) > 1
+        st.stretch_start, last = seg.t[0], len(seg.rows) - 1
+        for T in seg.targets():
+            try:
+                self.in_stretch = True
+                yield env.timeout(max(seg.t[T + 1] - env.now, 0.0))
+            except simpy.Interrupt:
+                self.in_stretch = False
+                yield from self.cut(seg)
+                break
             self.in_stretch = False
-            if dur > e:
-                yield env.timeout(dur - e)
-        self.in_stretch = False
-        st.stretch_start = None
-        st.busy += dur
-        if self.rec.on:
-            self.rec.stretch(self.r, x, tstart + host, x.durations(sp.cost) if d is None else d, self.b.version,
-                             float(x.kv_tokens or x.context0), sp.kv_cache_tokens, sp.gap)
-        return x
+            if T == last or seg.rows[T][9]:
+                self.commit(seg, T + 1)
+            else:  # the trainer sees the prompt complete now; the replica's state catches up at the segment's end
+                self.finished.put(np.array(seg.rows[T][8], np.int64))
+                seg.put = T + 1
+        undo = [i for i, new in zip(seg.ids[seg.took:], seg.fresh[seg.took:]) if new]
+        self.q.v0[undo] = -1  # planned admissions dropped by a cut: not started
+        st.stretch_start, self.ahead = None, False
 
-    def end_stretch(self, x: Stretch, ends: np.ndarray) -> None:
-        """After stretch x: its finished sequences leave; prompts whose sequences have all finished go to the
-        trainer."""
-        b, q = self.b, self.q
-        b.s += x.steps
-        self.totals.steps += x.steps
-        if not x.finished:
+    def cut(self, seg: Segment):
+        """(a generator) Interrupted now: the stretch in progress ends with its engine step in progress; what was
+        planned after it is dropped."""
+        e, sp = self.env.now, self.spec
+        # the stretch in progress (or just ended); one after a stretch seen through (`put`) has begun
+        i = bisect.bisect_left(seg.t, e - 1e-12, max(seg.done, seg.put) + 1) - 1
+        _, k, n, ctx, pre, host = seg.rows[i][:6]
+        cum = host + np.cumsum(sp.cost.stretch_steps(k, n, ctx, pre) + sp.gap)  # (k,) step ends from its start
+        j = min(max(int(np.searchsorted(cum, e - seg.t[i] - 1e-12)) + 1, 1), k)
+        end = seg.t[i] + float(cum[j - 1]) if j < k else seg.t[i + 1]
+        if end > e:
+            yield self.env.timeout(end - e)
+        self.commit(seg, i + 1, j if j < k else None, end)
+
+    def commit(self, seg: Segment, upto: int, cut: int | None = None, end: float | None = None) -> None:
+        """Apply stretches seg.done..upto-1 (the last cut to `cut` steps, ending at `end`): their admissions, steps and
+        finishes; prompts now complete go to the trainer."""
+        b, sp, st = self.b, self.spec, self.stats
+        i0, rows = seg.done, seg.rows[seg.done:upto]
+        M = sum(row[7] for row in rows)
+        if M:
+            self.admit_planned(seg, i0, rows, M)
+        b.s = rows[-1][0] + (rows[-1][1] if cut is None else cut)
+        self.totals.steps += b.s - rows[0][0]  # the stretches' steps are consecutive
+        end = seg.t[upto] if end is None else end
+        st.busy += end - seg.t[i0]
+        for row in rows:
+            st.peak_running = max(st.peak_running, row[2])
+            st.peak_kv = max(st.peak_kv, float(seg.kv_tokens) if sp.kv_bind else row[3] + row[2] * row[1])
+        if self.rec.on:
+            self.record(seg, i0, upto, cut)
+        put = {g for row in seg.rows[i0:seg.put] for g in row[8]}  # prompts the trainer has already
+        seg.done = upto
+        if b.last[b.last.argmin()] >= b.s:  # no running sequence's last step is behind (argmin: see `plan`)
             return
-        keep = ~ends
-        out = b.run[ends]
+        keep = b.last >= b.s
+        out = b.run[~keep]
         b.run, b.last = b.run[keep], b.last[keep]
         if self.rec.on:
-            q.t1[out] = self.env.now
-            q.v1[out] = b.version
-        if x.finished == 1:  # the common case, in scalars: numpy's per-call overhead dominates at one sequence
-            i = int(out[0])
-            b.sum_p -= int(q.p[i])
-            b.sum_a -= int(q.a[i])
-            g1 = i // q.group
-            q.left[g1] -= 1
-            if not q.left[g1]:
-                self.finished.put(out[:1] // q.group)
-        else:
-            self.leave(out)
+            ends = [row[0] + row[1] for row in seg.rows]  # exclusive end steps
+            self.q.t1[out] = np.array(seg.t)[np.searchsorted(ends, self.q.fin[out], "right") + 1]
+            self.q.v1[out] = b.version
+        complete = self.leave(out)
+        if put:
+            complete = complete[[g not in put for g in complete.tolist()]]
+        if len(complete):
+            self.finished.put(complete)
         if not len(b.run):
-            self.rec.counter(lane_gen(self.r), "gen.running", self.env.now, 0.0)
+            self.rec.counter(lane_gen(self.r), "gen.running", end, 0.0)
 
-    def leave(self, out: np.ndarray) -> None:
-        """Sequences `out` finished: their prompts' counts go down, and prompts now complete go to the trainer."""
+    def admit_planned(self, seg: Segment, i0: int, rows: list[tuple], M: int) -> None:
+        """The M planned admissions of `rows` (stretches i0..): the wait queue's first sequences join the running set
+        at the steps planned (their start version is written at planning, `plan_ahead`)."""
+        b, q = self.b, self.q
+        parts = take_ranges(b.wait, M)
+        idx = np.arange(*parts[0]) if len(parts) == 1 else np.concatenate([np.arange(lo, hi) for lo, hi in parts])
+        b.nwait -= M
+        a = np.array(seg.a[seg.took:seg.took + M], np.int64)
+        if self.rec.on:  # which replica and when: the timeline's
+            fresh = np.array(seg.fresh[seg.took:seg.took + M], bool)
+            adm = [row[7] for row in rows]
+            q.rep[idx[fresh]] = self.r
+            q.t0[idx[fresh]] = np.repeat([seg.t[i0 + j] + row[5] for j, row in enumerate(rows)], adm)[fresh]
+        seg.took += M
+        q.a[idx] = a
+        fin = a + q.L[idx] - 1
+        q.fin[idx] = fin
+        b.run, b.last = np.concatenate((b.run, idx)), np.concatenate((b.last, fin))
+        b.sum_p += int(q.p[idx].sum())
+        b.sum_a += int(a.sum())
+
+    def record(self, seg: Segment, i0: int, upto: int, cut: int | None) -> None:
+        """The timeline's engine steps of stretches i0..upto-1 (the last cut to `cut` steps)."""
+        sp = self.spec
+        for i in range(i0, upto):
+            x = seg.stretch(i, cut if i == upto - 1 else None)
+            d = x.durations(sp.cost)
+            self.rec.stretch(self.r, x, seg.t[i] + seg.rows[i][5], d, self.b.version, float(x.kv_tokens or x.context0),
+                             sp.kv_cache_tokens, sp.gap)
+
+    def leave(self, out: np.ndarray) -> np.ndarray:
+        """Sequences `out` finished: their prompts' counts go down. Returns the prompts now complete."""
         b, q = self.b, self.q
         b.sum_p -= int(q.p[out].sum())
         b.sum_a -= int(q.a[out].sum())
         g = out // q.group
+        if len(out) == 1:  # the common case: numpy's per-call overhead dominates at one sequence
+            q.left[g] -= 1
+            return g if not q.left[g[0]] else g[:0]
         g0 = int(g.min())
         cnt = np.bincount(g - g0)  # sequences finished per prompt, from prompt g0
         gg = np.flatnonzero(cnt)
         g = gg + g0
         q.left[g] -= cnt[gg]
-        complete = g[q.left[g] == 0]
-        if len(complete):
-            self.finished.put(complete)
+        return g[q.left[g] == 0]

@@ -61,6 +61,7 @@ class Requests:
     cons: np.ndarray   # (S,) int64 update that consumed it (-1: none)
     left: np.ndarray   # (NP,) int64 per prompt: sequences not finished
     pv: np.ndarray     # (NP,) int64 per prompt: the policy version it started under (int64 max: not started)
+    shared: np.ndarray  # (NP,) bool per prompt: handed back by a reclaimed replica, so maybe on several replicas
 
     @classmethod
     def of(cls, p: np.ndarray, L: np.ndarray, group: int, prefill_ratio: float) -> Requests:
@@ -71,7 +72,7 @@ class Requests:
                    v0=np.full(S, -1, np.int64), v1=np.full(S, -1, np.int64), t0=np.full(S, np.nan),
                    t1=np.full(S, np.nan),
                    rep=np.full(S, -1, np.int64), cons=np.full(S, -1, np.int64), left=np.full(NP, group, np.int64),
-                   pv=np.full(NP, np.iinfo(np.int64).max, np.int64))
+                   pv=np.full(NP, np.iinfo(np.int64).max, np.int64), shared=np.zeros(NP, bool))
 
 
 @dataclass(eq=False)
