@@ -43,7 +43,11 @@ CPU = (("grpo_p128.parquet", WhatIf(prompts=128, gen_gpus=1, train_gpus=1, stale
 STEADY_CPU = (("grpo_p128.parquet", WhatIf(prompts=2048, gen_gpus=1, train_gpus=1, staleness=1)),
               ("grpo_p128.parquet", WhatIf(prompts=4096, gen_gpus=1, train_gpus=1, staleness=2, partial_rollout=True)),
               ("grpo_p128.parquet", WhatIf(prompts=2048, mode="fully_async", gen_gpus=1, train_gpus=1,
-                                           staleness_threshold=0.5, trigger_parameter_sync_step=4)))
+                                           staleness_threshold=0.5, trigger_parameter_sync_step=4)),
+              # small batches in verl V1's and NeMo RL's modes: the noisiest updates, so the budget binds there
+              ("grpo_p128.parquet", WhatIf(prompts=256, mode="separate_async", gen_gpus=2, train_gpus=2)),
+              ("grpo_p128.parquet", WhatIf(prompts=256, mode="nemo_async", gen_gpus=2, train_gpus=2,
+                                           max_trajectory_age_steps=1, in_flight_weight_updates=True)))
 SHORT = intervals.END_UPDATES  # the shipped length, restored for the short way
 KEYS = ("sigma_lo", "sigma_hi", "responses_per_s_lo", "responses_per_s_hi")
 
@@ -98,7 +102,8 @@ def steady(cases, seeds=(0, 1, 2, 3, 4), short: int = 10) -> list[float]:
             full = runs[10 ** 9].responses_per_s
             e, e_short = (runs[k].responses_per_s / full - 1 for k in (None, short))
             errs.append(e)
-            print(f"| {trace.stem} P {sc.prompts} | {seed} | {runs[None].rounds_simulated} of {sc.updates} | "
+            what = f"{trace.stem} P {sc.prompts}{', ' + cfg.mode if cfg.mode else ''}"
+            print(f"| {what} | {seed} | {runs[None].rounds_simulated} of {sc.updates} | "
                   f"{runs[10 ** 9].step_time[0]:.4g} | {full:.5g} | {100 * e:+.2f} % | {100 * e_short:+.2f} % | "
                   f"{secs[10 ** 9]:.1f} / {secs[None]:.1f} |")
     print(f"shipped: largest |error| {100 * max(map(abs, errs)):.2f} % over {len(errs)} runs")

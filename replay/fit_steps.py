@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field, replace
+from statistics import NormalDist
 from typing import Any, Sequence
 
 import numpy as np
@@ -41,6 +42,7 @@ WORKLOAD_LIMIT = 4_000_000        # per-step workloads (for `rlsim replay`) kept
 # published runs transcribed in bench/published (verl's H20 tables: 0.30-0.70 of the step, docs/results.md section 7).
 GEN_SHARE_HI = 0.7
 C_STEP_MAX_REL_SE = 0.25          # a fitted c_step is trusted when its standard error is below this fraction
+_NORMAL = NormalDist()
 DEFAULT_SIGMA = 0.6               # log-normal shape when a log gives only the mean length
 # A GPU engine step's cost beyond reading the weights (scheduling, sampling, kernel launches, the tensor-parallel
 # all-reduces of each layer), seconds, added to the roofline c_step prior of an imported log. vLLM's own profile:
@@ -65,12 +67,6 @@ def lognormal_lengths(n: int, mean: float, lo: float = math.nan, hi: float = mat
     lo + LogNormal(mu, sigma), capped at `cap`, matched to the logged mean; sigma from the maximum (the
     largest of the n quantiles, kept exact) or, when clip > 0, from the clip ratio at the cap. Only the mean known:
     shift 0 and sigma DEFAULT_SIGMA. The sample mean is then set to `mean` exactly."""
-    # why here: scipy.optimize and scipy.special take longer to import than an `rlsim run` of a recorded trace
-    # spends fitting; only a log's lengths need them (ndtr, ndtri: the normal cdf and its inverse; scipy.stats
-    # costs seconds to import)
-    from scipy.optimize import brentq
-    from scipy.special import ndtr, ndtri
-
     if n <= 0:
         return np.zeros(0)
     if not math.isfinite(mean) or mean <= 0:
@@ -85,18 +81,15 @@ def lognormal_lengths(n: int, mean: float, lo: float = math.nan, hi: float = mat
     clip = float(clip) if math.isfinite(clip) else 0.0
     if clip > 0 and math.isfinite(cap_v) and cap_v > mean:
         T = cap_v - lo
-        zc = float(ndtri(1.0 - min(clip, 0.999)))
+        zc = _ndtri(1.0 - min(clip, 0.999))
 
         def f(s: float) -> float:  # censored mean of lo + Y minus the logged mean
-            return T * math.exp(-zc * s + s * s / 2) * float(ndtr(zc - s)) + T * clip - D
+            return T * math.exp(-zc * s + s * s / 2) * 0.5 * math.erfc((s - zc) / math.sqrt(2)) + T * clip - D
 
-        try:
-            sigma = brentq(f, 1e-4, 12.0) if f(1e-4) > 0 > f(12.0) else DEFAULT_SIGMA
-        except ValueError:
-            sigma = DEFAULT_SIGMA
+        sigma = _falling_root(f, 1e-4, 12.0) if f(1e-4) > 0 > f(12.0) else DEFAULT_SIGMA
         mu = math.log(T) - zc * sigma
     elif math.isfinite(hi) and hi > mean:
-        z = float(ndtri(1.0 - 0.5 / n))  # the largest of the n quantiles lands on the logged maximum
+        z = _ndtri(1.0 - 0.5 / n)  # the largest of the n quantiles lands on the logged maximum
         r = math.log((hi - lo) / D)
         sigma = z - math.sqrt(z * z - 2 * r) if z * z > 2 * r else z
         sigma = max(sigma, 1e-3)
@@ -104,7 +97,7 @@ def lognormal_lengths(n: int, mean: float, lo: float = math.nan, hi: float = mat
     else:
         sigma = DEFAULT_SIGMA
         mu = math.log(D) - sigma * sigma / 2
-    x = lo + np.exp(mu + sigma * ndtri(q))
+    x = lo + np.exp(mu + sigma * np.array([_ndtri(v) for v in q.tolist()]))
     x = np.minimum(x, cap_v)
     free = x < cap_v
     if clip <= 0 and math.isfinite(hi) and hi > mean and n > 1:
@@ -116,6 +109,20 @@ def lognormal_lengths(n: int, mean: float, lo: float = math.nan, hi: float = mat
         if have > 0 and want > 0:
             x[free] = lo + (x[free] - lo) * (want / have)
     return np.clip(x, 1.0, cap_v)
+
+
+def _ndtri(p: float) -> float:
+    """The standard normal quantile (the stdlib's, C-accelerated: scipy.special and scipy.optimize would add half a
+    second of import to every run of an imported log)."""
+    return _NORMAL.inv_cdf(p)
+
+
+def _falling_root(f, a: float, b: float, tol: float = 1e-12) -> float:
+    """The root of f in [a, b] where f(a) > 0 > f(b), by bisection to `tol`."""
+    while b - a > tol:
+        m = 0.5 * (a + b)
+        a, b = (m, b) if f(m) > 0 else (a, m)
+    return 0.5 * (a + b)
 
 
 def round_features(resp: np.ndarray, prompt: np.ndarray, max_num_seqs: int, prefill_ratio: float,

@@ -5,6 +5,12 @@ blocks allow, prefill and first token in the admitting step, one token per step 
 is full the latest admitted sequence is preempted (it recomputes its prompt and generated tokens when
 re-admitted). It advances in closed-form stretches of steps with one composition, cut at the next finish or
 KV overflow; with partial rollout a sync request interrupts a stretch, which ends with the step in progress.
+
+Without KV accounting a replica plans a segment of stretches at once (`Replica.plan_ahead`): up to its next pull
+from the shared queue, which must happen at its time, in turn with the other replicas. It hands each completed
+prompt to the trainer at its time and applies the rest at the segment's end; anything another process does to
+it (a sync request, the gate moving, a reclaim) cuts the segment after the step in progress. The run equals the
+run made one stretch per SimPy event (tests/sim/test_segments.py), in a fraction of the events.
 """
 from __future__ import annotations
 
@@ -193,7 +199,7 @@ class Replica:
         q.done[b.run] = b.s - q.a[b.run]
         back += list(b.wait)
         for lo, hi in back:
-            q.shared[lo // q.group:(hi - 1) // q.group + 1] = True
+            q.shared[lo // q.group:(hi - 1) // q.group + 1] = q.shared_any = True
         if back:
             self.gate.resume.extend(back)
             self.gate.release(0, wake=True)
@@ -354,7 +360,8 @@ class Replica:
         wait = iter(zip(w.tolist(), q.p[w].tolist(), q.L[w].tolist(), q.pre0[w].tolist(),
                         (q.v0[w] >= 0).tolist(), q.done[w].tolist()))
         capped, nwait = len(w) < nwait, len(w)  # capped: more wait than it took, so running out ends it too
-        sum_p, sum_a, nadm, seg, left, shared, togo = b.sum_p, b.sum_a, 0, Segment([self.env.now]), q.left, q.shared, {}
+        sum_p, sum_a, nadm, seg, left, togo = b.sum_p, b.sum_a, 0, Segment([self.env.now]), q.left, {}
+        shared = q.shared if q.shared_any else None
         rows, t, T, stretch, gap, maxs = seg.rows, seg.t, seg.t[0], sp.cost.stretch, sp.gap, sp.max_seqs
         while True:
             f = heap[0][0]
@@ -365,7 +372,7 @@ class Replica:
                 sum_p -= p
                 sum_a -= a
                 g = i // G
-                if shared[g]:  # its prompt may complete on another replica: applied here at its time
+                if shared is not None and shared[g]:  # its prompt may complete on another replica: applied then
                     apply = True
                     continue
                 c = togo.get(g)
@@ -373,7 +380,7 @@ class Replica:
                 if not c:
                     groups += (g,)
             k = f - s + 1
-            rows.append((s, k, n, float(ctx), pre, host, nfin, nadm, groups, apply))
+            rows.append((s, k, n, ctx, pre, host, nfin, nadm, groups, apply))
             T += host + stretch(k, n, ctx, pre) + gap * k
             t.append(T)
             n, s, pre, host, nadm = n - nfin, f + 1, 0.0, 0.0, 0
@@ -451,9 +458,8 @@ class Replica:
         self.totals.steps += b.s - rows[0][0]  # the stretches' steps are consecutive
         end = seg.t[upto] if end is None else end
         st.busy += end - seg.t[i0]
-        for row in rows:
-            st.peak_running = max(st.peak_running, row[2])
-            st.peak_kv = max(st.peak_kv, float(seg.kv_tokens) if sp.kv_bind else row[3] + row[2] * row[1])
+        st.peak_running = max(st.peak_running, max(row[2] for row in rows))
+        st.peak_kv = max(st.peak_kv, float(seg.kv_tokens) if sp.kv_bind else max(r[3] + r[2] * r[1] for r in rows))
         if self.rec.on:
             self.record(seg, i0, upto, cut)
         put = {g for row in seg.rows[i0:seg.put] for g in row[8]}  # prompts the trainer has already

@@ -62,6 +62,7 @@ class Requests:
     left: np.ndarray   # (NP,) int64 per prompt: sequences not finished
     pv: np.ndarray     # (NP,) int64 per prompt: the policy version it started under (int64 max: not started)
     shared: np.ndarray  # (NP,) bool per prompt: handed back by a reclaimed replica, so maybe on several replicas
+    shared_any: bool = False  # whether any prompt is
 
     @classmethod
     def of(cls, p: np.ndarray, L: np.ndarray, group: int, prefill_ratio: float) -> Requests:

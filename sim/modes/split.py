@@ -43,14 +43,17 @@ from rlsim.replay.rollout_costs import weight_sync_seconds
 
 # per-sequence arrays of a split run (14 x 8 bytes: `Requests`), all of the run's requests at once
 BYTES_PER_SEQUENCE = 112
-# A split run of more than STEADY_REQUESTS responses in all (U x B) simulates its first
-# max(STEADY_UPDATES, ceil(STEADY_REQUESTS / B)) updates (<= U) and repeats the ones after the first, whose time holds
-# the pipeline's fill, in turn for the rest (`steady_run`), as the colocated loop reuses rounds. The spread of the
-# mean falls as 1/sqrt(responses simulated); the bound stated in SimRun.approximation is STEADY_ERROR, measured by
-# `python -m bench.split_ends --steady` (docs/results.md).
+# A split run of more than STEADY_REQUESTS responses in all (U x B) stops once the mean time of its updates past the
+# first (which holds the pipeline's fill) is known within STEADY_ERROR (`steady_enough`), and repeats the updates
+# after the first in turn for the rest (`steady_run`), as the colocated loop reuses rounds. How noisy the updates are
+# depends on the mode and the batch, not only on the responses simulated, so the stop reads the run's own spread:
+# batch means over STEADY_BLOCKS blocks of consecutive updates (two or more each, for their autocorrelation), a
+# two-sided 99 % t interval (STEADY_T, 4 degrees of freedom). Checked by `python -m bench.split_ends --steady`.
 STEADY_REQUESTS = 1 << 17
-STEADY_UPDATES = 20
 STEADY_ERROR = 0.01
+STEADY_BLOCKS = 5
+STEADY_T = 4.604
+STEADY_UPDATES = 1 + 2 * STEADY_BLOCKS  # the fewest updates a run stops at
 
 
 def interconnect(models: FittedModels, hardware: dict | None) -> tuple[float, str]:
@@ -124,14 +127,25 @@ def replica_spec(models: FittedModels, cfg: SimConfig, kv_bind: bool) -> Replica
                        kv_bind=kv_bind, partial=cfg.split.partial_rollout, recompute=cfg.split.recompute)
 
 
-def steady_updates(cfg: SimConfig, record_timeline: bool, max_rounds: int | None) -> int:
-    """Updates a split run simulates (STEADY_REQUESTS); all of them with a timeline; max_rounds overrides."""
+def steady_updates(cfg: SimConfig, record_timeline: bool, max_rounds: int | None) -> int | None:
+    """Updates a split run simulates: max_rounds (at least 2, at most U) where given; None where it may stop once
+    steady (`steady_enough`: more than STEADY_REQUESTS responses, no timeline); else all U."""
     U, B = cfg.updates, cfg.responses_per_update
     if max_rounds is not None:
         return min(max(int(max_rounds), 2), U)
-    if record_timeline or U * B <= STEADY_REQUESTS:
+    if record_timeline or U * B <= STEADY_REQUESTS or U <= STEADY_UPDATES:
         return U
-    return min(max(STEADY_UPDATES, -(-STEADY_REQUESTS // max(B, 1))), U)
+    return None
+
+
+def steady_enough(step_time: np.ndarray) -> bool:
+    """Whether the mean of the (k,) update times past the first is known within STEADY_ERROR (module constants)."""
+    x = step_time[1:]
+    m = len(x) // STEADY_BLOCKS
+    if m < 2:
+        return False
+    blocks = x[len(x) - m * STEADY_BLOCKS:].reshape(STEADY_BLOCKS, m).mean(axis=1)
+    return STEADY_T * float(blocks.std(ddof=1)) / math.sqrt(STEADY_BLOCKS) <= STEADY_ERROR * float(x.mean())
 
 
 def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,
@@ -143,28 +157,34 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     if cfg.split is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
     k = steady_updates(cfg, record_timeline, max_rounds)
-    if k < cfg.updates:
+    if k is not None and k < cfg.updates:
         return steady_run(_simulate_split(models, replace(cfg, updates=k), rng, record_timeline), cfg.updates)
-    return _simulate_split(models, cfg, rng, record_timeline)
+    run = _simulate_split(models, cfg, rng, record_timeline, stop=steady_enough if k is None else None)
+    return steady_run(run, cfg.updates, stopped=True) if run.rounds_simulated < cfg.updates else run
 
 
 PER_UPDATE = ("step_time", "gen_time", "train_time", "sync_time", "other_time", "responses", "tokens", "gen_steps",
               "preemptions", "peak_kv_tokens", "peak_running")
 
 
-def steady_run(run: SimRun, updates: int) -> SimRun:
+def steady_run(run: SimRun, updates: int, stopped: bool = False) -> SimRun:
     """`run` (k simulated updates) extended to `updates`: update u >= k repeats simulated update 1 + (u - 1) mod
-    (k - 1), so the first update's fill counts once; totals follow the extended arrays."""
+    (k - 1), so the first update's fill counts once; totals follow the extended arrays. `stopped`: the run stopped
+    once steady (`steady_enough`), else it was asked for k updates."""
     k = len(run.step_time)
     idx = np.concatenate([np.arange(k), 1 + (np.arange(k, updates) - 1) % (k - 1)])
     per = {f: getattr(run, f)[idx] for f in PER_UPDATE}
     note = (f"{k} of {updates} updates simulated (update u >= {k} repeats simulated update 1 + (u - 1) mod {k - 1}, "
-            f"past the pipeline's fill): responses/s within about {100 * STEADY_ERROR:.2g}% of simulating every "
-            "update")
+            "past the pipeline's fill)" + (f": it stopped once the mean update time was known within "
+                                           f"{100 * STEADY_ERROR:.2g}% (99 % interval over its own updates)"
+                                           if stopped else ""))
     return replace(run, **per, total_time=float(per["step_time"].sum()), rounds_simulated=k, approximation=note)
 
 
-def _simulate_split(models: FittedModels, cfg: SimConfig, rng: np.random.Generator, record_timeline: bool) -> SimRun:
+def _simulate_split(models: FittedModels, cfg: SimConfig, rng: np.random.Generator, record_timeline: bool,
+                    stop=None) -> SimRun:
+    """The simulation; `stop` (a predicate on the (k,) update times so far) may end it after k < U updates, and the
+    run is then that of k updates."""
     sp = cfg.split
     U, P, G, B = cfg.updates, cfg.prompts, cfg.group, cfg.responses_per_update
     NP = queue_prompts(sp, U, P)
@@ -190,8 +210,11 @@ def _simulate_split(models: FittedModels, cfg: SimConfig, rng: np.random.Generat
     for h in reps[sp.replicas:]:
         h.parked = True
     trainer = Trainer(env, models, q, finished, sync, totals, rec, TrainerCosts.of(models, cfg), U, B,
-                      helpers=reps[sp.replicas:])
+                      helpers=reps[sp.replicas:], stop=stop)
     env.run(until=env.process(trainer.run()))
+    if trainer.done < U:
+        trainer.log.per = {f: v[:trainer.done] for f, v in trainer.log.per.items()}
+        cfg = replace(cfg, updates=trainer.done)
     return split_run(models, cfg, env.now, reps, trainer, rec, kv_bind)
 
 

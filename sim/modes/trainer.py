@@ -10,6 +10,7 @@ the all-reduce, a collective of all ranks, starts after the slowest rank's prep 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -143,7 +144,9 @@ class Trainer:
     updates: int
     responses_per_update: int
     helpers: list = field(default_factory=list)  # (step switching) the parked hybrid replicas on the training devices
+    stop: Callable[[np.ndarray], bool] | None = None  # on the (u,) update times so far: whether to end the run
     log: UpdateLog = field(init=False)
+    done: int = 0  # updates finished
 
     def __post_init__(self):
         self.log = UpdateLog.of(self.updates, self.costs.ranks)
@@ -187,7 +190,9 @@ class Trainer:
                 per[k][u] = v
             steps_prev, pre_prev = self.totals.steps, self.totals.preemptions
             self.log.rank_busy[:] += busy + c.sync + c.other
-            prev = env.now
+            prev, self.done = env.now, u + 1
+            if self.stop is not None and self.stop(per["step_time"][:u + 1]):
+                return
 
     def switch(self):
         """(a generator) verl V1 step switching: while fewer than the target of finished groups wait, the hybrid

@@ -155,7 +155,7 @@ def test_execution_modes_are_one_registry():
 
 
 def test_a_long_split_simulates_its_first_updates_and_repeats_those_past_the_fill():
-    from rlsim.modes.split import PER_UPDATE, STEADY_ERROR
+    from rlsim.modes.split import PER_UPDATE
     m = hand_models([([1, 1], [2, 3]), ([1, 1], [4, 1]), ([1, 1], [1, 2])], c=(1.0, 0.25, 0.0, 0.0),
                     update=(3.0, 0.0), sync=0.5, max_num_seqs=4)
     eng = EngineConfig(max_num_seqs=4, kv_cache_tokens=4096, block_size=16, max_model_len=256)
@@ -164,7 +164,7 @@ def test_a_long_split_simulates_its_first_updates_and_repeats_those_past_the_fil
     assert every.rounds_simulated == 7 and every.approximation == ""
     head = simulate_split(m, replace(cfg, updates=3), rng=np.random.default_rng(0))
     run = simulate(m, cfg, rng=np.random.default_rng(0), max_rounds=3)
-    assert run.rounds_simulated == 3 and f"about {100 * STEADY_ERROR:.2g}%" in run.approximation
+    assert run.rounds_simulated == 3 and "3 of 7 updates simulated" in run.approximation
     for f in PER_UPDATE:  # updates 0, 1, 2 simulated; then 1, 2, 1, 2
         assert list(getattr(run, f)) == list(getattr(head, f)[[0, 1, 2, 1, 2, 1, 2]]), f
     assert run.total_time == pytest.approx(head.step_time[0] + 3 * head.step_time[1:].sum())
@@ -172,14 +172,44 @@ def test_a_long_split_simulates_its_first_updates_and_repeats_those_past_the_fil
         every.step_time.tolist()
 
 
+def test_a_long_split_stops_once_its_mean_update_time_is_known_within_the_bound(monkeypatch):
+    from rlsim.modes import split
+    m = hand_models([([1, 1], [2, 3]), ([1, 1], [4, 1]), ([1, 1], [1, 2])], c=(1.0, 0.25, 0.0, 0.0),
+                    update=(3.0, 0.0), sync=0.5, max_num_seqs=4)
+    eng = EngineConfig(max_num_seqs=4, kv_cache_tokens=4096, block_size=16, max_model_len=256)
+    cfg = SimConfig(prompts=1, group=2, updates=40, engine=eng, lengths="recorded",
+                    split=SplitConfig(1, 1, staleness=1))
+    every = simulate_split(m, cfg, rng=np.random.default_rng(0))
+    monkeypatch.setattr(split, "STEADY_REQUESTS", 0)  # every run is long enough to stop early
+    run = simulate_split(m, cfg, rng=np.random.default_rng(0))
+    k = run.rounds_simulated
+    # the first k updates are those of the full run, and k is the first count at which the stop rule holds
+    assert split.STEADY_UPDATES <= k < 40 and "stopped once the mean update time" in run.approximation
+    assert run.step_time[:k].tolist() == every.step_time[:k].tolist()
+    assert split.steady_enough(every.step_time[:k]) and not any(split.steady_enough(every.step_time[:j])
+                                                                for j in range(1, k))
+
+
+def test_the_steady_stop_reads_batch_means_of_the_updates_past_the_first():
+    from rlsim.modes.split import STEADY_ERROR, STEADY_T, steady_enough
+    assert not steady_enough(np.r_[100.0, np.ones(9)])  # fewer than 2 updates per block of 5
+    flat = np.r_[100.0, np.ones(10)]  # the first update (the fill) is left out; no spread: known
+    assert steady_enough(flat)
+    # blocks of 2: means 1 +- d alternating; sd of the 5 means, times t over sqrt(5), against STEADY_ERROR
+    for d, ok in ((0.5, False), (0.001, True)):
+        x = np.r_[100.0, np.repeat(1 + d * np.array([1, -1, 1, -1, 1]), 2)]
+        means = 1 + d * np.array([1, -1, 1, -1, 1])
+        assert steady_enough(x) == (STEADY_T * means.std(ddof=1) / np.sqrt(5) <= STEADY_ERROR * x[1:].mean()) == ok
+
+
 def test_a_split_stops_early_only_past_the_steady_budget_and_never_with_a_timeline():
-    from rlsim.modes.split import STEADY_REQUESTS, STEADY_UPDATES, steady_updates
+    from rlsim.modes.split import steady_updates
     sp = SplitConfig(1, 1, staleness=1)
 
     def k(prompts, updates=100, timeline=False, max_rounds=None):
         return steady_updates(SimConfig(prompts=prompts, group=8, updates=updates, split=sp), timeline, max_rounds)
 
-    assert k(128) == 100  # 102,400 responses <= STEADY_REQUESTS
-    assert k(1024) == STEADY_UPDATES and k(256) == -(-STEADY_REQUESTS // 2048) == 64
-    assert k(1024, timeline=True) == 100 and k(1024, updates=12) == 12
+    assert k(128) == 100  # 102,400 responses <= STEADY_REQUESTS: every update
+    assert k(1024) is None and k(4096) is None  # may stop once steady
+    assert k(1024, timeline=True) == 100 and k(1024, updates=11) == 11
     assert k(1024, max_rounds=1) == 2 and k(128, max_rounds=5) == 5

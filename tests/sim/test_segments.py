@@ -76,7 +76,7 @@ def _two_replicas(finishes, monkeypatch):
     monkeypatch.setattr(replica, "SEGMENT_FINISHES", finishes)
     env = simpy.Environment()
     q = Requests.of(np.ones(4, np.int64), np.array([3, 5, 9, 9]), 2, 1.0)
-    q.pv[:], q.v0[:3], q.shared[0] = 0, 0, True
+    q.pv[:], q.v0[:3], q.shared[0], q.shared_any = 0, 0, True, True
     q.a[:3], q.fin[:3] = 0, q.L[:3] - 1
     gate = AdmissionGate(2, 0.0, q.pv, started=2, replicas=2)
     finished = FinishedGroups(env, 2, 0.0, q.pv)
