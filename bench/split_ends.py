@@ -3,10 +3,16 @@ long) against ends simulated at full length: how far the ends move, and what eac
 
     python -m bench.split_ends [--imported]     # CPU splits of the shipped traces; --imported: bench/published logs
     python -m bench.split_ends --steady         # the point simulation stopped early, against every update
+    python -m bench.split_ends --segments       # replicas planning segments against one stretch per event
 
 `--steady`: a split's point simulation stops early (`rlsim.modes.split.STEADY_REQUESTS`) and repeats its updates
 past the fill. Per case (the CPU splits at large batches, the imported logs) and seeds 0-4: responses/s as shipped
 and with 10 updates simulated, against every update simulated; the largest error, which STEADY_ERROR bounds.
+
+`--segments`: per case (the CPU splits of --steady, the imported logs), 10 updates simulated with the replicas
+planning stretches ahead in segments (`rlsim.modes.replica.SEGMENT_FINISHES`, as shipped) and one stretch per
+SimPy event (SEGMENT_FINISHES = 1), alternating in a random order in one process: wall seconds (median) and the
+largest relative difference of the per-update times, which should be rounding.
 
 Per case, in one process, the two ways alternate (the order drawn at random per repeat) so the machine's drift
 cancels; every end's sigma and responses/s are compared, the largest relative difference printed. Both ways use
@@ -31,6 +37,7 @@ from rlsim.core.config import WhatIf
 from rlsim.replay.io import read_trace
 from rlsim.whatif import intervals
 from rlsim.whatif.predict import evaluate
+from rlsim.modes import replica
 from rlsim.modes.registry import simulate
 from rlsim.whatif.study import models_for, prepare, sim_config
 
@@ -110,6 +117,28 @@ def steady(cases, seeds=(0, 1, 2, 3, 4), short: int = 10) -> list[float]:
     return errs
 
 
+def segments(cases, repeats: int) -> None:
+    """Per case: 10 updates simulated with segments and stretch by stretch, alternating (module doc)."""
+    print("| case | s, stretch by stretch | s, segments | speed-up | largest difference of update times |")
+    print("|---|---|---|---|---|")
+    rng = random.Random(0)
+    for trace, cfg in cases:
+        study = prepare([read_trace(trace)])
+        m, sc = models_for(study, cfg)[0], sim_config(study, cfg)
+        secs, runs = {1: [], replica.SEGMENT_FINISHES: []}, {}
+        for _ in range(repeats):
+            for k in rng.sample(list(secs), 2):
+                replica.SEGMENT_FINISHES, shipped = k, replica.SEGMENT_FINISHES
+                t = time.perf_counter()
+                runs[k] = simulate(m, sc, rng=np.random.default_rng(cfg.seed), max_rounds=10)
+                secs[k].append(time.perf_counter() - t)
+                replica.SEGMENT_FINISHES = shipped
+        one, seg = (statistics.median(secs[k]) for k in secs)
+        a, b = (runs[k].step_time for k in secs)
+        what = f"{trace.stem} P {sc.prompts}{', ' + cfg.mode if cfg.mode else ''}"
+        print(f"| {what} | {one:.2f} | {seg:.2f} | {one / seg:.1f}x | {float(np.max(np.abs(b / a - 1))):.1e} |")
+
+
 def imported_cases(work: Path) -> list[tuple[Path, WhatIf]]:
     # at the update count `rlsim run` simulates by default (bench.published asks for fewer)
     return [(import_reference(g, work), replace(w, updates=WhatIf().updates)) for g, w in imported_whatifs()]
@@ -120,10 +149,16 @@ def main() -> None:
     ap.add_argument("--imported", action="store_true", help="the imported published logs of bench.run_speed too")
     ap.add_argument("--steady", action="store_true",
                     help="the point simulation stopped early (as shipped) against every update simulated")
+    ap.add_argument("--segments", action="store_true",
+                    help="replicas planning segments (as shipped) against one stretch per SimPy event")
     ap.add_argument("--repeats", type=int, default=3, help="alternations per case (the median time is printed)")
     a = ap.parse_args()
     if a.repeats < 1:
         raise SystemExit(f"error: --repeats must be 1 or more, got {a.repeats}")
+    if a.segments:
+        with tempfile.TemporaryDirectory() as tmp:
+            segments([(ROOT / "traces" / t, w) for t, w in STEADY_CPU] + imported_cases(Path(tmp)), a.repeats)
+        return
     if a.steady:
         with tempfile.TemporaryDirectory() as tmp:
             steady([(ROOT / "traces" / t, w) for t, w in STEADY_CPU] + imported_cases(Path(tmp)))
