@@ -211,7 +211,7 @@ class Replica:
         self.idle = None
 
     def run(self):
-        """The process: each pass joins a requested sync, or preempts, admits and runs one stretch of steps."""
+        """The process: each pass joins a requested sync, or preempts, admits and runs one segment of stretches."""
         b = self.b
         while True:
             if self.sync.requested and (self.spec.partial or not len(b.run)):
@@ -342,10 +342,10 @@ class Replica:
     def plan_ahead(self, pre: float, host: float) -> Segment:
         """Stretches from now, each up to the next finish, while nothing outside the replica can change their
         course: up to the next pull from the shared queue (made at its own time, in turn with the other replicas),
-        until the running set empties, or through the earliest finishes it tracks (a pull's worth, else
-        SEGMENT_FINISHES). The sequences it admits come from the replica's own wait queue. Scalars and a heap of
-        (last step, id, admission step, prompt tokens): a stretch costs microseconds here, where a SimPy event and
-        array updates would cost tens."""
+        until the running set empties, or through the earliest finishes it tracks (at most SEGMENT_FINISHES, fewer
+        where a pull is due sooner). The sequences it admits come from the replica's own wait queue. Scalars and a
+        heap of (last step, id, admission step, prompt tokens): a stretch costs microseconds here, where a SimPy
+        event and array updates would cost tens."""
         b, q, sp = self.b, self.q, self.spec
         n, s, G = len(b.run), b.s, q.group
         admit = not self.sync.requested
