@@ -152,9 +152,16 @@ def main() -> None:
     ap.add_argument("--segments", action="store_true",
                     help="replicas planning segments (as shipped) against one stretch per SimPy event")
     ap.add_argument("--repeats", type=int, default=3, help="alternations per case (the median time is printed)")
+    ap.add_argument("--end-updates", type=int, default=None,
+                    help="updates the short ends simulate (default: intervals.END_UPDATES, as shipped)")
     a = ap.parse_args()
     if a.repeats < 1:
         raise SystemExit(f"error: --repeats must be 1 or more, got {a.repeats}")
+    if a.end_updates is not None:
+        if a.end_updates < 2:
+            raise SystemExit(f"error: --end-updates must be 2 or more, got {a.end_updates}")
+        global SHORT
+        SHORT = a.end_updates
     if a.segments:
         with tempfile.TemporaryDirectory() as tmp:
             segments([(ROOT / "traces" / t, w) for t, w in STEADY_CPU] + imported_cases(Path(tmp)), a.repeats)
