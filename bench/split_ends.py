@@ -118,10 +118,18 @@ def steady(cases, seeds=(0, 1, 2, 3, 4), short: int = 10) -> list[float]:
 
 
 def segments(cases, repeats: int) -> None:
-    """Per case: 10 updates simulated with segments and stretch by stretch, alternating (module doc)."""
-    print("| case | s, stretch by stretch | s, segments | speed-up | largest difference of update times |")
-    print("|---|---|---|---|---|")
-    rng = random.Random(0)
+    """Per case: 10 updates simulated with segments and stretch by stretch, alternating (module doc), and the
+    stretches a segment holds on average as shipped."""
+    print("| case | s, stretch by stretch | s, segments | speed-up | stretches per segment | "
+          "largest difference of update times |")
+    print("|---|---|---|---|---|---|")
+    rng, plan, sizes = random.Random(0), replica.Replica.plan, []
+
+    def counted(self, *a):
+        seg = plan(self, *a)
+        sizes.append(len(seg.rows))
+        return seg
+
     for trace, cfg in cases:
         study = prepare([read_trace(trace)])
         m, sc = models_for(study, cfg)[0], sim_config(study, cfg)
@@ -133,10 +141,15 @@ def segments(cases, repeats: int) -> None:
                 runs[k] = simulate(m, sc, rng=np.random.default_rng(cfg.seed), max_rounds=10)
                 secs[k].append(time.perf_counter() - t)
                 replica.SEGMENT_FINISHES = shipped
+        sizes.clear()
+        replica.Replica.plan = counted  # one more run, untimed, to count the segments' stretches
+        simulate(m, sc, rng=np.random.default_rng(cfg.seed), max_rounds=10)
+        replica.Replica.plan = plan
         one, seg = (statistics.median(secs[k]) for k in secs)
         a, b = (runs[k].step_time for k in secs)
         what = f"{trace.stem} P {sc.prompts}{', ' + cfg.mode if cfg.mode else ''}"
-        print(f"| {what} | {one:.2f} | {seg:.2f} | {one / seg:.1f}x | {float(np.max(np.abs(b / a - 1))):.1e} |")
+        print(f"| {what} | {one:.2f} | {seg:.2f} | {one / seg:.1f}x | {statistics.mean(sizes):.1f} | "
+              f"{float(np.max(np.abs(b / a - 1))):.1e} |")
 
 
 def imported_cases(work: Path) -> list[tuple[Path, WhatIf]]:

@@ -112,8 +112,8 @@ def lognormal_lengths(n: int, mean: float, lo: float = math.nan, hi: float = mat
 
 
 def _ndtri(p: float) -> float:
-    """The standard normal quantile (the stdlib's, C-accelerated: scipy.special and scipy.optimize would add half a
-    second of import to every run of an imported log)."""
+    """The standard normal quantile (the stdlib's, C-accelerated: scipy.special and scipy.optimize take longer to
+    import than a run of an imported log spends fitting it)."""
     return _NORMAL.inv_cdf(p)
 
 

@@ -353,8 +353,9 @@ class Replica:
         nwait = b.nwait
         m = min(n, SEGMENT_FINISHES, nwait + sp.max_seqs - n + 1 if pull else n)  # a pull is due by then
         v = int(np.partition(b.last, m - 1)[m - 1]) if m < n else int(b.last[b.last.argmax()])
-        ids = b.run[b.last <= v]  # every running sequence that finishes by step v, ties included
-        heap = sorted(zip(b.last[b.last <= v].tolist(), ids.tolist(), q.a[ids].tolist(), q.p[ids].tolist()))
+        by_v = b.last <= v  # every running sequence that finishes by step v, ties included
+        ids = b.run[by_v]
+        heap = sorted(zip(b.last[by_v].tolist(), ids.tolist(), q.a[ids].tolist(), q.p[ids].tolist()))
         w = np.fromiter(itertools.islice(itertools.chain.from_iterable(itertools.starmap(range, b.wait)),
                                          min(nwait, SEGMENT_FINISHES)), np.int64)  # the waiting ones it may admit
         wait = iter(zip(w.tolist(), q.p[w].tolist(), q.L[w].tolist(), q.pre0[w].tolist(),

@@ -21,6 +21,7 @@ docs/simulator.md, "Split devices and asynchronous rollout".
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -151,8 +152,9 @@ def steady_enough(step_time: np.ndarray) -> bool:
 def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,
                    max_rounds: int | None = None) -> SimRun:
     """Simulate `cfg.updates` updates of the split asynchronous loop (module doc). Deterministic given the rng.
-    max_rounds: updates simulated (at least 2; None: by STEADY_REQUESTS; >= updates simulates every one), the rest
-    repeating the simulated ones after the first (`steady_run`)."""
+    max_rounds: updates simulated (at least 2; >= updates simulates every one); None: a run of more than
+    STEADY_REQUESTS responses stops once steady (`steady_enough`). The updates not simulated repeat the simulated
+    ones after the first (`steady_run`)."""
     cfg.validate()
     if cfg.split is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
@@ -182,7 +184,7 @@ def steady_run(run: SimRun, updates: int, stopped: bool = False) -> SimRun:
 
 
 def _simulate_split(models: FittedModels, cfg: SimConfig, rng: np.random.Generator, record_timeline: bool,
-                    stop=None) -> SimRun:
+                    stop: Callable[[np.ndarray], bool] | None = None) -> SimRun:
     """The simulation; `stop` (a predicate on the (k,) update times so far) may end it after k < U updates, and the
     run is then that of k updates."""
     sp = cfg.split
