@@ -1,5 +1,5 @@
 """Small helpers every layer shares, one copy each: JSON-safe values and strict JSON text, number
-formatting, atomic file writes, and an exclusive lock on an output path.
+formatting, atomic file writes, an exclusive lock on an output path, and the cores this process may use.
 
 Strict JSON means what jq, JavaScript and Go accept: no NaN or Infinity. A value that does not exist
 (a time-to-target never reached, an undefined ratio) is written as null; the reason goes in a field or
@@ -128,3 +128,11 @@ ENGINE_DEFAULTS = {"max_num_seqs": 256, "kv_cache_tokens": 65536, "block_size": 
 def default_group(algo: str | None) -> int:
     """G when a config does not say: 1 for PPO (a value model, no groups), 8 for GRPO (the article's G)."""
     return 1 if algo == "ppo" else 8
+
+
+def cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS reports one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)

@@ -431,6 +431,8 @@ MODE_SETTINGS = {
     "switch_threshold_ratio": ("--switch-threshold-ratio", ["0.2", "0.4", "1"], NUM_EDGES + ["0", "1.01"]),
     "max_head_offpolicyness": ("--max-head-offpolicyness", ["0", "1", "4"], NUM_EDGES),
     "max_trajectory_age_steps": ("--max-trajectory-age-steps", ["1", "2"], NUM_EDGES + ["0"]),
+    "concurrent_samples_per_replica": ("--concurrent-samples-per-replica", ["1", "4", "16"], NUM_EDGES + ["0"]),
+    "max_concurrent_rollouts": ("--max-concurrent-rollouts", ["1", "8", "64"], NUM_EDGES + ["0"]),
     "staleness": ("--staleness", ["0", "0.5", "1"], NUM_EDGES),
     "weight_sync": ("--weight-sync", ["nccl", "nemo_nccl", "checkpoint_engine", "moe_reshard"], ["", "NCCL", "x"]),
     "in_flight_weight_updates": ("--in-flight-weight-updates", [True], [True]),

@@ -81,11 +81,13 @@ def test_ray_ships_an_importable_rlsim(tmp_path):
     from rlsim.sweeps.backends import ship_package
 
     root = ship_package(tmp_path)
+    # every module from the shipped folder, none through the editable install's finder
     code = ("import sys; sys.path.insert(0, sys.argv[1]); import rlsim.whatif.predict, rlsim.replay.fit, rlsim.cli; "
-            "print(rlsim.__file__, rlsim.replay.fit.__file__)")
+            "print(rlsim.__file__, rlsim.replay.fit.__file__, rlsim.whatif.predict.__file__, rlsim.cli.__file__)")
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [str(root / "__init__.py"), str(root / "replay" / "fit.py")]
+    assert proc.stdout.split() == [str(root / "__init__.py"), str(root / "replay" / "fit.py"),
+                                   str(root / "whatif" / "predict.py"), str(root / "cli" / "__init__.py")]
     assert not (root / "runner").exists()
 
 

@@ -309,7 +309,8 @@ MODE_SETTINGS = {
     "fully_async": {"staleness_threshold": "async_training.staleness_threshold",
                     "trigger_parameter_sync_step": "async_training.trigger_parameter_sync_step",
                     "require_batches": "async_training.require_batches",
-                    "partial_rollout": "async_training.partial_rollout"},
+                    "partial_rollout": "async_training.partial_rollout",
+                    "concurrent_samples_per_replica": "async_training.concurrent_samples_per_replica"},
 }
 MODE_SETTINGS["one_step_off"] = {}
 MODE_SETTINGS["separate_async_switch"] = {

@@ -17,7 +17,7 @@ from rlsim.sweeps.rank import rank_file
 from rlsim.replay.errors import cli_errors
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import refuse_probe
-from rlsim.replay.util import dumps, fmt
+from rlsim.replay.util import cores, dumps, fmt
 from rlsim.whatif.predict import run
 
 
@@ -120,7 +120,8 @@ def register(app: typer.Typer) -> None:
     def run_cmd(fields: dict, so: StudyOptions,
                 as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
         cfg = WhatIf(**fields)  # validated by `run`, in the mode the trace records where no --mode is given
-        res = run(read_traces(so), cfg, rho_model=so.rho_model, target=so.target, calibration=read_calibrations(so))
+        res = run(read_traces(so), cfg, rho_model=so.rho_model, target=so.target, calibration=read_calibrations(so),
+                  workers=cores())
         if as_json:
             typer.echo(dumps(res.to_dict(), indent=2))
         else:

@@ -82,6 +82,9 @@ class WhatIf:
     require_batches: int | None = _f(
         None, "fully_async (verl async_training.require_batches): PPO mini-batches the trainer fetches at once "
            "(None: 1)")
+    concurrent_samples_per_replica: int | None = _f(
+        None, "fully_async (verl async_training.concurrent_samples_per_replica): prompts the rollouter keeps in "
+              "flight per rollout replica, each until its last response finishes (None: 16, verl's default)")
     num_warmup_batches: float | None = _f(
         None, "colocate_async, separate_async (verl trainer.v1.*.num_warmup_batches): batches of prompts "
            "dispatched ahead of training; one prompt is refilled per prompt trained or dropped, a fraction "
@@ -104,6 +107,9 @@ class WhatIf:
     max_head_offpolicyness: int | None = _f(
         None, "areal (AReaL rollout.max_head_offpolicyness, its eta): a prompt starts only while prompts "
            "started stay under (eta + version + 1) x P (None: 0)")
+    max_concurrent_rollouts: int | None = _f(
+        None, "areal (AReaL rollout.max_concurrent_rollouts): prompts in flight at most over all rollout replicas, "
+              "each until its last response finishes; each replica holds its share (None: P, AReaL's consumer batch)")
     max_trajectory_age_steps: int | None = _f(
         None, "nemo_async (NeMo RL grpo.async_grpo.max_trajectory_age_steps): a batch generated under version v"
            " is trained by step v + this at the latest (None: 1)")
@@ -155,7 +161,8 @@ class WhatIf:
         `rlsim.modes.registry.check`'s."""
         if self.mode is not None and (not isinstance(self.mode, str) or not self.mode):
             raise RlsimError(f"{name('mode')} must be a mode's name (rlsim.modes.registry), got {self.mode!r}")
-        for f in ("trigger_parameter_sync_step", "require_batches", "parameter_sync_step", "max_trajectory_age_steps"):
+        for f in ("trigger_parameter_sync_step", "require_batches", "parameter_sync_step", "max_trajectory_age_steps",
+                  "concurrent_samples_per_replica", "max_concurrent_rollouts"):
             v = getattr(self, f)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise RlsimError(f"{name(f)} must be a positive integer, got {v!r}; e.g. {setting(**{f: 1})}")
@@ -335,6 +342,9 @@ class SplitConfig:
     recompute: bool = _f(
         True, "with partial rollout, the in-flight responses' KV is prefilled again on the new weights (else "
            "they continue on their old KV)")
+    inflight: int = _f(
+        0, "prompts a replica holds in flight at most, each until its last response finishes (verl fully_async's "
+           "rollouter); 0: only the engine's slots bound them")
     reward_in_rollout: bool = _f(
         False, "rewards scored by the rollout side as each response finishes (verl fully_async's reward loop, "
                "NeMo RL's trajectory collector, AReaL's workflow), off the trainer's path")
@@ -353,6 +363,9 @@ class SplitConfig:
                              f"{self.train_gpus}")
         if self.staleness < 0:
             raise RlsimError(f"{name('staleness')} must be a non-negative number, got {self.staleness}")
+        if self.inflight < 0:
+            raise RlsimError(f"{name('concurrent_samples_per_replica')} must be a positive integer, got "
+                             f"{self.inflight}")
         if self.gen_tp < 1 or self.gen_gpus % self.gen_tp:
             raise RlsimError(f"{setting(gen_gpus=self.gen_gpus)} do not split into rollout replicas of "
                              f"{setting(gen_tp=self.gen_tp)} devices; pick a multiple of {self.gen_tp}")

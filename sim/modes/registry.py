@@ -33,7 +33,8 @@ GENERAL = {f.name for f in fields(WhatIf)} - {
     "staleness", "partial_rollout", "staleness_threshold", "trigger_parameter_sync_step", "require_batches",
     "num_warmup_batches", "parameter_sync_step", "max_off_policy_threshold", "max_off_policy_strategy",
     "max_head_offpolicyness", "max_trajectory_age_steps", "switch_threshold_ratio", "in_flight_weight_updates",
-    "recompute_kv_cache_after_weight_updates"}
+    "recompute_kv_cache_after_weight_updates", "concurrent_samples_per_replica",
+    "max_concurrent_rollouts"}
 
 
 @dataclass(frozen=True)
@@ -182,12 +183,15 @@ VERL = "volcengine/verl"
 VERL_V1 = "verl-project/verl docs/advance/v1_async_trainer.md @1b86216e1f70195d69f406c84a5a91963c50543e"
 FULLY_ASYNC = (f"{VERL} docs/advance/fully_async.md @b178a3cd56f58b2d502255daba591e92833930a7; rewards: "
                "verl-project/verl verl/experimental/fully_async_policy/fully_async_rollouter.py (agent reward loop) "
-               "and verl/experimental/separation/ray_trainer.py _fit_compute_reward @1dda039b")
+               "and verl/experimental/separation/ray_trainer.py _fit_compute_reward @1dda039b; prompts in flight: "
+               "fully_async_rollouter.py max_concurrent_samples, _processor_worker @1dda039b")
 ONE_STEP = f"{VERL} docs/advance/one_step_off.md @b178a3cd56f58b2d502255daba591e92833930a7"
 NEMO = ("NVIDIA-NeMo/RL docs/guides/async-grpo.md @0f8bce6422931dc26d80fdad6a8dafb164682b2b; rewards: "
         "nemo_rl/algorithms/async_utils/trajectory_collector.py (the environments in the rollout) @7ea279ab")
 AREAL = ("inclusionAI/AReaL areal/core/staleness_manager.py @08911ddf, areal/core/workflow_executor.py @0db3083b "
-         "(Fu et al. 2025, arXiv 2505.24298); rewards: areal/workflow/rlvr.py arun_episode @4aef98d8")
+         "(Fu et al. 2025, arXiv 2505.24298); rewards: areal/workflow/rlvr.py arun_episode @4aef98d8; rollouts in "
+         "flight: areal/infra/staleness_manager.py get_capacity, areal/api/cli_args.py max_concurrent_rollouts "
+         "@4aef98d8")
 
 
 def _v1(cfg: WhatIf) -> dict:
@@ -199,20 +203,29 @@ def _v1(cfg: WhatIf) -> dict:
                 off_policy_wait=cfg.max_off_policy_strategy == "wait")
 
 
+# verl fully_async's rollouter keeps at most (replicas x this) prompts in flight, each until its last response
+# finishes (async_training.concurrent_samples_per_replica); rlsim gives each replica its share
+VERL_SAMPLES_PER_REPLICA = 16
+
+
 def _fully_async(cfg: WhatIf) -> dict:
     s = float(cfg.staleness_threshold or 0.0)
     if cfg.partial_rollout and s == 0:
         raise RlsimError(f"{name('partial_rollout')} takes effect only with {name('staleness_threshold')} > 0 (verl "
                          f"fully_async): add {setting(staleness_threshold=0.5)} or drop {name('partial_rollout')}")
     return dict(staleness=s, fifo=True, chunks=int(cfg.trigger_parameter_sync_step or 1),
-                partial_rollout=bool(cfg.partial_rollout), reward_in_rollout=True)
+                partial_rollout=bool(cfg.partial_rollout), reward_in_rollout=True,
+                inflight=int(cfg.concurrent_samples_per_replica or VERL_SAMPLES_PER_REPLICA))
 
 
 register_mode("split", devices="split", settings=("staleness", "partial_rollout"),
               source="rlsim.replay.admission: AReaL's gate, consumed by rlsim's deadline rule")(_split_mode)
-register_mode("areal", devices="split", settings=("max_head_offpolicyness", "partial_rollout"), source=AREAL,
-              configure=lambda c: dict(staleness=float(c.max_head_offpolicyness or 0), fifo=True, oldest=True,
-                                       partial_rollout=bool(c.partial_rollout), reward_in_rollout=True))(_split_mode)
+register_mode("areal", devices="split", source=AREAL,
+              settings=("max_head_offpolicyness", "partial_rollout", "max_concurrent_rollouts"),
+              configure=lambda c: dict(
+                  staleness=float(c.max_head_offpolicyness or 0), fifo=True, oldest=True,
+                  partial_rollout=bool(c.partial_rollout), reward_in_rollout=True,
+                  inflight_total=int(c.max_concurrent_rollouts or c.prompts or 0)))(_split_mode)
 register_mode("nemo_async", devices="split", source=NEMO,
               settings=("max_trajectory_age_steps", "in_flight_weight_updates",
                         "recompute_kv_cache_after_weight_updates"),
@@ -223,7 +236,8 @@ register_mode("nemo_async", devices="split", source=NEMO,
 register_mode("one_step_off", devices="split", source=ONE_STEP,
               configure=lambda c: dict(staleness=1.0, partial_rollout=False))(_split_mode)
 register_mode("fully_async", devices="split", source=FULLY_ASYNC, configure=_fully_async,
-              settings=("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout"))(
+              settings=("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout",
+                        "concurrent_samples_per_replica"))(
     _split_mode)
 register_mode("colocate_async", devices="hybrid", source=VERL_V1, configure=_v1,
               settings=("num_warmup_batches", "max_off_policy_threshold", "max_off_policy_strategy"))(_split_mode)

@@ -42,6 +42,7 @@ class ReplicaSpec:
     kv_bind: bool          # KV accounting on: the cache can bind (or the exact engine is asked for)
     partial: bool          # partial rollout: join a sync at the next step boundary
     recompute: bool = True  # partial rollout: the in-flight responses' KV is prefilled again after the sync
+    inflight: int = 0       # prompts it holds in flight at most, each until its last response finishes (0: no cap)
 
 
 @dataclass(eq=False)
@@ -150,6 +151,8 @@ class Replica:
         self.parked = False                   # a hybrid replica in trainer mode: it joins syncs, generates nothing
         self.switch_s = 0.0                   # seconds to switch to rollout before its next stretch (lent)
         self.stopped: simpy.Event | None = None  # (reclaimed) triggered once it has parked
+        self.holding = 0                      # prompts it pulled whose last response has not finished
+        self.used = SEGMENT_FINISHES          # finishes its last segment planned through (`plan_ahead`)
         sync.listeners.append(self.on_sync_request)
         gate.listeners.append(self.on_gate_open)
         self.proc = env.process(self.run())
@@ -168,11 +171,16 @@ class Replica:
             self.in_stretch = False
             self.proc.interrupt()
 
+    def room(self) -> int:
+        """Prompts it may still pull: the cap on prompts in flight less those it holds (no cap: the engine's slots)."""
+        return self.spec.inflight - self.holding if self.spec.inflight else self.spec.max_seqs
+
     def on_gate_open(self) -> None:
-        """(AdmissionGate listener, refill) An idle replica wakes; one in a stretch with free slots ends it after the
-        step in progress, so the prompts admitted join at the next engine step, as vLLM schedules new requests."""
-        if not self.wake() and self.in_stretch and not self.parked and (self.ahead or
-                                                                        len(self.b.run) < self.spec.max_seqs):
+        """(AdmissionGate listener, refill) An idle replica wakes; one in a stretch with free slots (and room for a
+        prompt) ends it after the step in progress, so the prompts admitted join at the next engine step, as vLLM
+        schedules new requests."""
+        if not self.wake() and self.in_stretch and not self.parked and self.room() > 0 and (
+                self.ahead or len(self.b.run) < self.spec.max_seqs):
             self.in_stretch = False
             self.proc.interrupt()
 
@@ -200,6 +208,7 @@ class Replica:
         back += list(b.wait)
         for lo, hi in back:
             q.shared[lo // q.group:(hi - 1) // q.group + 1] = q.shared_any = True
+        self.holding = 0  # what it held is the shared queue's now
         if back:
             self.gate.resume.extend(back)
             self.gate.release(0, wake=True)
@@ -273,10 +282,12 @@ class Replica:
             lo, hi = self.gate.resume.popleft()
             b.wait.append((lo, hi))
             b.nwait += hi - lo
-        if b.nwait < free and self.gate.is_open(self.sync.version):
-            lo, hi = self.gate.pull(self.sync.version, -(-(free - b.nwait) // G))
+        room = self.room()
+        if b.nwait < free and room > 0 and self.gate.is_open(self.sync.version):
+            lo, hi = self.gate.pull(self.sync.version, min(-(-(free - b.nwait) // G), room))
             b.wait.append((lo * G, hi * G))
             b.nwait += (hi - lo) * G
+            self.holding += hi - lo
         m = min(free, b.nwait)
         if m and self.spec.kv_bind:
             m, used = self.fit_kv(m, used)
@@ -349,13 +360,20 @@ class Replica:
         b, q, sp = self.b, self.q, self.spec
         n, s, G = len(b.run), b.s, q.group
         admit = not self.sync.requested
-        pull = admit and (bool(self.gate.resume) or self.gate.is_open(self.sync.version))
+        # a pull is due once slots free up: of sequences handed back, or of new prompts while the gate is open and
+        # the cap on prompts in flight leaves room (which each prompt completed here adds to)
+        resume, gate = admit and bool(self.gate.resume), admit and self.gate.is_open(self.sync.version)
+        room = self.room()
+        pull = resume or (gate and room > 0)
         nwait = b.nwait
-        m = min(n, SEGMENT_FINISHES, nwait + sp.max_seqs - n + 1 if pull else n)  # a pull is due by then
+        # finishes to track: a pull is due by then; and about twice what the last segment used (a prompt cap ends a
+        # segment at a prompt's completion, long before the running set's finishes run out)
+        m = min(n, SEGMENT_FINISHES, nwait + sp.max_seqs - n + 1 if pull else n, 2 * self.used + 16)
         v = int(np.partition(b.last, m - 1)[m - 1]) if m < n else int(b.last[b.last.argmax()])
         by_v = b.last <= v  # every running sequence that finishes by step v, ties included
         ids = b.run[by_v]
-        heap = sorted(zip(b.last[by_v].tolist(), ids.tolist(), q.a[ids].tolist(), q.p[ids].tolist()))
+        heap = list(zip(b.last[by_v].tolist(), ids.tolist(), q.a[ids].tolist(), q.p[ids].tolist()))
+        heapq.heapify(heap)
         w = np.fromiter(itertools.islice(itertools.chain.from_iterable(itertools.starmap(range, b.wait)),
                                          min(nwait, SEGMENT_FINISHES)), np.int64)  # the waiting ones it may admit
         wait = iter(zip(w.tolist(), q.p[w].tolist(), q.L[w].tolist(), q.pre0[w].tolist(),
@@ -380,6 +398,9 @@ class Replica:
                 togo[g] = c = (int(left[g]) if c is None else c) - 1  # the prompt's sequences still running
                 if not c:
                     groups += (g,)
+            if groups:
+                room += len(groups)
+                pull = resume or gate
             k = f - s + 1
             rows.append((s, k, n, ctx, pre, host, nfin, nadm, groups, apply))
             T += host + stretch(k, n, ctx, pre) + gap * k
@@ -388,6 +409,7 @@ class Replica:
             if not (n and heap) or ((pull or capped) and nwait < maxs - n):  # drained; next finish untracked;
                 # a pull is due (or the wait taken runs out)
                 q.v0[[i for i, new in zip(seg.ids, seg.fresh) if new]] = b.version  # read by the trainer (staleness)
+                self.used = sum(row[6] for row in rows)
                 return seg
             if not admit or not nwait:
                 continue
@@ -428,6 +450,7 @@ class Replica:
                 self.commit(seg, T + 1)
             else:  # the trainer sees the prompt complete now; the replica's state catches up at the segment's end
                 self.finished.put(np.array(seg.rows[T][8], np.int64))
+                self.holding -= len(seg.rows[T][8])
                 seg.put = T + 1
         undo = [i for i, new in zip(seg.ids[seg.took:], seg.fresh[seg.took:]) if new]
         self.q.v0[undo] = -1  # planned admissions dropped by a cut: not started
@@ -479,6 +502,7 @@ class Replica:
             complete = complete[[g not in put for g in complete.tolist()]]
         if len(complete):
             self.finished.put(complete)
+            self.holding -= len(complete)
         if not len(b.run):
             self.rec.counter(lane_gen(self.r), "gen.running", end, 0.0)
 

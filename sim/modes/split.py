@@ -76,7 +76,8 @@ def interconnect(models: FittedModels, hardware: dict | None) -> tuple[float, st
 
 def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None, **mode: Any) -> SplitConfig | None:
     """The SplitConfig a WhatIf asks for (None: colocated); `mode`: the fields its execution mode sets
-    (`rlsim.modes.registry.split_config`)."""
+    (`rlsim.modes.registry.split_config`), and `inflight_total`, a cap on prompts in flight over all replicas, which
+    each replica holds its share of (`inflight`)."""
     if not cfg.split:
         return None
     bw, src = interconnect(models, hardware)
@@ -84,7 +85,9 @@ def split_config(cfg: WhatIf, models: FittedModels, hardware: dict | None, **mod
     base = dict(gen_gpus=int(cfg.gen_gpus or 0), train_gpus=int(cfg.train_gpus), staleness=float(cfg.staleness or 0),
                 partial_rollout=bool(cfg.partial_rollout), allreduce_gbs=bw, bandwidth_source=src,
                 allreduce_fitted=data_parallel(hardware), gen_tp=replica_tp(cfg, hardware), sync_s=sync_s)
-    return SplitConfig(**{**base, **mode})
+    total = mode.pop("inflight_total", 0)
+    sp = SplitConfig(**{**base, **mode})
+    return replace(sp, inflight=-(-total // max(sp.replicas, 1))) if total > 0 else sp
 
 
 def replica_tp(cfg: WhatIf, hardware: dict | None) -> int:
@@ -125,7 +128,8 @@ def replica_spec(models: FittedModels, cfg: SimConfig, kv_bind: bool) -> Replica
     eng, ov = cfg.engine, models.gen_overhead
     return ReplicaSpec(cost=models.gen, gap=ov.per_step, per_response=ov.per_response, max_seqs=eng.max_num_seqs,
                        kv=KvCache(eng.block_size, eng.kv_blocks), kv_cache_tokens=eng.kv_cache_tokens,
-                       kv_bind=kv_bind, partial=cfg.split.partial_rollout, recompute=cfg.split.recompute)
+                       kv_bind=kv_bind, partial=cfg.split.partial_rollout, recompute=cfg.split.recompute,
+                       inflight=cfg.split.inflight)
 
 
 def steady_updates(cfg: SimConfig, record_timeline: bool, max_rounds: int | None) -> int | None:

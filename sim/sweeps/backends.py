@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import rlsim.replay
 from rlsim.core.grid import config_dict
 from rlsim.replay.errors import RlsimError
+from rlsim.replay.util import cores
 from rlsim.whatif.study import Study, sim_config
 from rlsim.whatif.predict import evaluate as evaluate_config
 
@@ -79,10 +80,7 @@ def default_chunk_size(n: int, workers: int) -> int:
 
 
 def default_workers() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+    return cores()
 
 
 def run_local(study: Study, cfgs: Sequence[Any], *, workers: int | None = None, chunk_size: int | None = None,
@@ -140,7 +138,7 @@ def ship_package(dest: str | os.PathLike) -> Path:
     is left out: sweeps never import it."""
     root = Path(dest) / "rlsim"
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(Path(__file__).parent, root, ignore=skip)  # this module's folder: the package `rlsim` (sim/)
+    shutil.copytree(Path(__file__).parents[1], root, ignore=skip)  # the package `rlsim` (sim/), above sweeps/
     shutil.copytree(Path(rlsim.replay.__file__).parent, root / "replay", ignore=skip, dirs_exist_ok=True)
     return root
 

@@ -8,7 +8,7 @@ import functools
 import math
 from dataclasses import replace
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -174,30 +174,82 @@ def _rate(study: Study, cfg: WhatIf, reference: bool, point: Study | None = None
     return q, q / simulate_reference(study, reference_config(study, cfg)).responses_per_s
 
 
-@functools.lru_cache(maxsize=16)
 def _simulated_rate(study: Study, cfg: WhatIf) -> float:
-    """Responses/s of `cfg` simulated on `study` (cached: the point's short run serves every end; Study is eq=False,
-    so keyed by the object)."""
+    """Responses/s of `cfg` simulated on `study`: as `prefetch_ends` left it, else simulated (and cached)."""
+    return _PRIMED[study, cfg] if (study, cfg) in _PRIMED else _simulate_rate(study, cfg)
+
+
+@functools.lru_cache(maxsize=16)
+def _simulate_rate(study: Study, cfg: WhatIf) -> float:
+    """(cached: the point's short run serves every end; Study is eq=False, so keyed by the object)"""
     run_ = simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed))
     return run_.responses_per_s
 
 
-def _other_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan) -> list[tuple[float, float, str]]:
-    """(responses/s, sigma, how) at the far ends of what the evidence cannot decide: the trace's unidentified terms
-    (`FittedModels.alternative`), and for another device, its datasheet gain against none (frameworks reach a
-    different share of peak on new hardware, which no datasheet states)."""
+_PRIMED: dict[tuple[Study, WhatIf], float] = {}  # rates simulated ahead in worker processes (`prefetch_ends`)
+_JOBS: list[tuple[Study, WhatIf]] = []           # what the forked workers simulate, inherited at the fork
+
+
+def _job_rate(i: int) -> float:
+    return _simulate_rate(*_JOBS[i])
+
+
+def prefetch_ends(study: Study, cfg: WhatIf, workers: int) -> Callable[[], None]:
+    """Start the short simulations of a long split's model ends (`_end_studies`, `_rate`) in up to `workers`
+    forked processes while this one simulates the point; the returned call waits for them and leaves their rates
+    where `_simulated_rate` finds them (until `forget_ends`). They depend on nothing the point computes, so the
+    results equal the serial ones. Nothing starts with one worker, without fork, or outside the main process (a
+    sweep's workers already use the cores)."""
+    ends = [s for s, _ in _end_studies(study, cfg)] if cfg.split and cfg.updates > END_UPDATES else []
+    if workers < 2 or not ends:
+        return lambda: None
+    import multiprocessing as mp  # (why here: only a long split's ends need it; its import is the main command's time)
+
+    if mp.parent_process() is not None or "fork" not in mp.get_all_start_methods():
+        return lambda: None
+    short = replace(cfg, updates=END_UPDATES)
+    _JOBS[:] = [(s, short) for s in [study] + ends]
+    pool = mp.get_context("fork").Pool(min(workers, len(_JOBS)))  # the point runs here meanwhile, then waits
+    pending = pool.map_async(_job_rate, range(len(_JOBS)))
+
+    def collect() -> None:
+        try:
+            _PRIMED.update(zip(_JOBS, pending.get()))
+        except Exception:  # noqa: BLE001  (a failed job is simulated again here, where its error is reported)
+            pass
+        finally:
+            pool.terminate()
+            _JOBS.clear()
+    return collect
+
+
+def forget_ends() -> None:
+    """Drop the rates `prefetch_ends` left (they hold their studies)."""
+    _PRIMED.clear()
+
+
+def _end_studies(study: Study, cfg: WhatIf) -> list[tuple[Study, str]]:
+    """(study, how) at the far ends of the terms no log identifies, each simulated as the point's `cfg`: the trace's
+    unidentified terms (`FittedModels.alternative`) and a split's device-sharing gain."""
     out = []
     m = study.models
     if m.alternative is not None:
         what = (f"the per-step generation cost {m.gen.c_step * 1e3:.3g}..{m.alternative.gen.c_step * 1e3:.3g} ms"
                 if m.alternative.update is m.update else "generation's share of the logged step")
-        out.append((*_rate(_alt_study(study), cfg, reference, study, q),
-                    f"both ends of what the trace cannot identify ({what})"))
+        out.append((_alt_study(study), f"both ends of what the trace cannot identify ({what})"))
     if cfg.split and split_gain_of(study, cfg) != 1.0:
         for g in sorted({1.0, max(SPLIT_GAIN_HI, study.split_gain)} - {study.split_gain}):  # the point is no end
-            out.append((*_rate(_gain_study(study, g), cfg, reference, study, q),
+            out.append((_gain_study(study, g),
                         f"the colocated run's device-sharing costs: each split side {study.split_gain:g}x the recorded "
                         f"speed per device, 1x..{max(SPLIT_GAIN_HI, study.split_gain):g}x at the ends"))
+    return out
+
+
+def _other_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan) -> list[tuple[float, float, str]]:
+    """(responses/s, sigma, how) at the far ends of what the evidence cannot decide: the trace's unidentified terms
+    and a split's gain (`_end_studies`), and for another device, its datasheet gain against none (frameworks reach a
+    different share of peak on new hardware, which no datasheet states)."""
+    out = [(*_rate(end, cfg, reference, study, q), how) for end, how in _end_studies(study, cfg)]
     if cfg.device is not None and other_device(study, cfg.device):
         out.append((*_rate(study, replace(cfg, device=None), reference),
                     f"{cfg.device}'s datasheet gain at one end, the recorded device's own speed at the other"))

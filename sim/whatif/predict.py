@@ -16,7 +16,7 @@ from rlsim.core.pipeline import SimRun
 from rlsim.modes.registry import MODES, as_recorded, recorded_mode, resolved, simulate, spec_of
 from rlsim.replay.io import Trace
 from rlsim.replay.rho import RhoModel, regime, staleness_rho
-from rlsim.whatif.intervals import decider, outcome_intervals
+from rlsim.whatif.intervals import decider, forget_ends, outcome_intervals, prefetch_ends
 from rlsim.whatif.outcome import Outcome, RunResult
 from rlsim.whatif.study import (Study, hardware_label, memory_fields, models_for, prepare, reference_config,
                                 resolve_batch, sim_config, simulate_reference)
@@ -151,10 +151,19 @@ def _split_fields(run_: SimRun, rho_stale: float) -> dict[str, Any]:
             "allreduce_s": float(sp.allreduce_s)}
 
 
-def evaluate(study: Study, cfg: WhatIf) -> Outcome:
-    """Simulate one candidate and compare it with the reference. Pure and deterministic."""
-    run_ = simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed))
-    return _outcome(study, cfg, run_)
+def evaluate(study: Study, cfg: WhatIf, *, workers: int = 1) -> Outcome:
+    """Simulate one candidate and compare it with the reference. Pure and deterministic. `workers` > 1: a long
+    split's interval ends are simulated in forked processes beside the point (`prefetch_ends`; the same outcome)."""
+    sc = sim_config(study, cfg)
+    collect = prefetch_ends(study, cfg, workers)
+    try:
+        run_ = simulate(models_for(study, cfg)[0], sc, rng=np.random.default_rng(cfg.seed))
+    finally:
+        collect()
+    try:
+        return _outcome(study, cfg, run_)
+    finally:
+        forget_ends()
 
 
 def reference_outcome(study: Study, updates: int = 100, seed: int = 0, like: WhatIf | None = None) -> Outcome:
@@ -171,11 +180,11 @@ def timeline(study: Study, cfg: WhatIf) -> SimRun:
 
 
 def run(traces: Sequence[Trace], cfg: WhatIf, *, rho_model: str = "auto", target: float | None = None,
-        calibration: Sequence[Trace] = ()) -> RunResult:
+        calibration: Sequence[Trace] = (), workers: int = 1) -> RunResult:
     # validated and checked before the fit, in the mode the trace records where cfg names none: one line at once
     cfg, line = as_recorded(cfg, traces[0].config if traces else {})
     study = prepare(traces, rho_model=rho_model, target=target, calibration=calibration)
-    cand = evaluate(study, cfg)
+    cand = evaluate(study, cfg, workers=workers)
     ref = reference_outcome(study, cfg.updates, cfg.seed, like=cfg)
     rec = study.models.recorded
     return RunResult(reference=ref, candidate=cand, rho_model=cand.rho_model, target=study.target,

@@ -297,7 +297,7 @@ def sim_config(study: Study, cfg: WhatIf, *, lengths: str = "sampled") -> SimCon
                          f"{min(longest, eng.max_model_len)} tokens (prompt + response, in blocks of "
                          f"{eng.block_size}); pass at least {need}")
     return config_for(study.models, updates=cfg.updates, prompts=P, group=G, engine=eng, lengths=lengths,
-                      gen_batch=cfg.gen_batch, split=split_config(cfg, models, study.hardware))
+                      gen_batch=cfg.gen_batch, split=split_config(replace(cfg, prompts=P), models, study.hardware))
 
 
 @functools.lru_cache(maxsize=64)

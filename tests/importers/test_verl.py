@@ -278,6 +278,9 @@ async_training: {staleness_threshold: 0.5, trigger_parameter_sync_step: 4, requi
     (V1_SEPARATE.replace("separate_async\n", "sync\n", 1), "sync", None),
     (FULLY_ASYNC, "fully_async", {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 4, "require_batches": 1,
                                   "partial_rollout": True, "train_gpus": 16, "gen_gpus": 16}),
+    (FULLY_ASYNC.replace("require_batches: 1", "require_batches: 1, concurrent_samples_per_replica: 8"),
+     "fully_async", {"staleness_threshold": 0.5, "trigger_parameter_sync_step": 4, "require_batches": 1,
+                     "partial_rollout": True, "concurrent_samples_per_replica": 8, "train_gpus": 16, "gen_gpus": 16}),
     (FULLY_ASYNC.replace("async_training", "other"), "one_step_off", {"train_gpus": 16, "gen_gpus": 16}),
     (VERL_CONFIG, None, None),
 ])

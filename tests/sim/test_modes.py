@@ -153,6 +153,37 @@ def test_fully_async_on_policy_stream_waits_for_the_sync_to_admit_more():
     assert run.step_time == pytest.approx([6.0, 6.0]) and (run.staleness_mean, run.staleness_max) == (0.0, 0)
 
 
+def test_fully_async_holds_at_most_its_cap_of_prompts_in_flight():
+    run = _run(_stream_models(), prompts=2, mode="fully_async", gen_gpus=1, train_gpus=1,
+               trigger_parameter_sync_step=2, concurrent_samples_per_replica=1)
+    # one prompt in flight, though the engine has 4 slots: prompt 0 (1 token) alone [0, 1.25], trained [1.25, 2.75];
+    # prompt 1 (3 tokens) then alone, 1.25 s a step, [1.25, 5], trained [5, 6.5]; the idle replica joins the sync at
+    # once [6.5, 7]; version 1 repeats it 7 s later
+    assert _spans(run, "gen.step") == pytest.approx(_flat([(t, 1.25) for t in (0.0, 1.25, 2.5, 3.75)]
+                                                          + [(t + 7.0, 1.25) for t in (0.0, 1.25, 2.5, 3.75)]))
+    assert _spans(run, "train.update") == pytest.approx(_flat([(1.25, 1.5), (5.0, 1.5), (8.25, 1.5), (12.0, 1.5)]))
+    assert _spans(run, "sync.weights") == pytest.approx(_flat([(6.5, 0.5), (13.5, 0.5)]))
+    assert run.step_time == pytest.approx([7.0, 7.0])
+    assert split_config(WhatIf(mode="fully_async", gen_gpus=1, train_gpus=1), _stream_models(), None).inflight == 16
+
+
+def test_areal_holds_at_most_max_concurrent_rollouts_in_flight():
+    run = _run(_stream_models(), prompts=2, mode="areal", gen_gpus=1, train_gpus=1, max_concurrent_rollouts=1)
+    # eta 0, one rollout in flight: prompt 0 (1 token) alone [0, 1.25], then prompt 1 (3 tokens) alone [1.25, 5];
+    # update [5, 8], the idle replica joins the sync [8, 8.5]; version 1 repeats it 8.5 s later. Without the cap both
+    # run together (1.5 s steps) and the step is 7.5 s
+    assert _spans(run, "gen.step") == pytest.approx(_flat([(t, 1.25) for t in (0.0, 1.25, 2.5, 3.75)]
+                                                          + [(t + 8.5, 1.25) for t in (0.0, 1.25, 2.5, 3.75)]))
+    assert _spans(run, "train.update") == pytest.approx(_flat([(5.0, 3.0), (13.5, 3.0)]))
+    assert _spans(run, "sync.weights") == pytest.approx(_flat([(8.0, 0.5), (16.5, 0.5)]))
+    assert run.step_time == pytest.approx([8.5, 8.5])
+    free = _run(_stream_models(), prompts=2, mode="areal", gen_gpus=1, train_gpus=1)
+    assert free.step_time == pytest.approx([7.5, 7.5])
+    # AReaL's default: the consumer batch (P prompts), each of the 4 replicas its share
+    sp = split_config(WhatIf(mode="areal", gen_gpus=4, train_gpus=1, prompts=64), _stream_models(), None)
+    assert sp.inflight == 16
+
+
 def test_nemo_in_flight_weight_updates_keep_the_old_kv_unless_recomputed():
     kw = dict(mode="nemo_async", gen_gpus=1, train_gpus=1, in_flight_weight_updates=True)
     run = _run(_partial_models(), **kw)

@@ -27,6 +27,8 @@ CASES = {
                                    partial_rollout=True),
     "fully_async": dict(prompts=64, gen_gpus=2, train_gpus=2, mode="fully_async", staleness_threshold=0.5,
                         partial_rollout=True, trigger_parameter_sync_step=2, require_batches=2),
+    "fully_async, 3 prompts in flight a replica": dict(prompts=64, gen_gpus=2, train_gpus=2, mode="fully_async",
+                                                       staleness_threshold=1, concurrent_samples_per_replica=3),
     "separate_async": dict(prompts=64, gen_gpus=2, train_gpus=2, mode="separate_async"),
     "separate_async_switch": dict(prompts=64, gen_gpus=2, train_gpus=2, mode="separate_async_switch"),
     "colocate_async": dict(prompts=64, train_gpus=2, mode="colocate_async"),

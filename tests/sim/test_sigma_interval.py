@@ -100,3 +100,21 @@ def test_a_splits_ends_are_read_over_end_updates_as_a_ratio_to_the_point():
     # at or under END_UPDATES (or with no point given) the end is simulated at its own length
     full = WhatIf(prompts=64, updates=intervals.END_UPDATES, gen_gpus=1, train_gpus=1, staleness=1)
     assert intervals._rate(alt, full, False, study, q)[0] == pytest.approx(evaluate(alt, full).responses_per_s)
+
+
+def test_a_long_splits_ends_simulated_in_worker_processes_give_the_serial_outcome(monkeypatch):
+    # the ends' short runs depend on nothing the point computes: forked workers run them beside it, and the outcome
+    # is the serial one, the parent simulating none of them
+    from rlsim.replay.util import dumps
+    from rlsim.whatif import intervals
+
+    study = prepare([read_trace(TRACE)], split_gain=2.0)  # a device-sharing gain: its 1x end is simulated
+    cfg = WhatIf(prompts=64, updates=intervals.END_UPDATES + 5, gen_gpus=1, train_gpus=1, staleness=1)
+    calls, real = [], intervals._simulate_rate
+    monkeypatch.setattr(intervals, "_simulate_rate", lambda s, c: calls.append(s) or real(s, c))
+    serial = dumps(evaluate(study, cfg).to_dict())
+    ahead = {study, intervals._gain_study(study, 1.0)}  # the point's and the gain end's short runs
+    assert ahead <= set(calls) and "device-sharing costs" in serial
+    calls.clear()
+    assert dumps(evaluate(study, cfg, workers=2).to_dict()) == serial
+    assert not ahead & set(calls) and not intervals._PRIMED and not intervals._JOBS
