@@ -296,6 +296,9 @@ def mode_note(sp: SplitConfig, dropped: int, updates: int) -> str:
                  f"every {sp.chunks}" if sp.chunks > 1 else "; the trainer takes P prompts per step")
     parts.append(" by AReaL's wait_results (the finished started first)" if sp.oldest else " in completion order"
                  if sp.fifo else " by rlsim's deadline rule (oldest started, every open prompt within the limit)")
+    if sp.inflight:
+        parts.append(f"; at most {sp.inflight} prompt{'s' if sp.inflight > 1 else ''} in flight per replica, each "
+                     "until its last response finishes, whatever the engine's free slots")
     if sp.off_policy:
         act = ("waits for a group in flight at that age" if sp.off_policy_wait else
                f"drops a finished group older than that and dispatches a new prompt ({dropped} dropped in {updates} "

@@ -203,22 +203,25 @@ def prefetch_ends(study: Study, cfg: WhatIf, workers: int) -> Callable[[], None]
     ends = [s for s, _ in _end_studies(study, cfg)] if cfg.split and cfg.updates > END_UPDATES else []
     if workers < 2 or not ends:
         return lambda: None
-    import multiprocessing as mp  # (why here: only a long split's ends need it; its import is the main command's time)
+    # (why here: only a long split's ends need them; their import is the main command's time)
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
 
     if mp.parent_process() is not None or "fork" not in mp.get_all_start_methods():
         return lambda: None
     short = replace(cfg, updates=END_UPDATES)
     _JOBS[:] = [(s, short) for s in [study] + ends]
-    pool = mp.get_context("fork").Pool(min(workers, len(_JOBS)))  # the point runs here meanwhile, then waits
-    pending = pool.map_async(_job_rate, range(len(_JOBS)))
+    # the point runs here meanwhile, then waits; a worker that dies (out of memory) fails its future, not the wait
+    pool = ProcessPoolExecutor(min(workers, len(_JOBS)), mp_context=mp.get_context("fork"))
+    pending = [pool.submit(_job_rate, i) for i in range(len(_JOBS))]
 
     def collect() -> None:
         try:
-            _PRIMED.update(zip(_JOBS, pending.get()))
+            _PRIMED.update(zip(_JOBS, [f.result() for f in pending]))
         except Exception:  # noqa: BLE001  (a failed job is simulated again here, where its error is reported)
             pass
         finally:
-            pool.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
             _JOBS.clear()
     return collect
 

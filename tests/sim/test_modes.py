@@ -164,6 +164,7 @@ def test_fully_async_holds_at_most_its_cap_of_prompts_in_flight():
     assert _spans(run, "train.update") == pytest.approx(_flat([(1.25, 1.5), (5.0, 1.5), (8.25, 1.5), (12.0, 1.5)]))
     assert _spans(run, "sync.weights") == pytest.approx(_flat([(6.5, 0.5), (13.5, 0.5)]))
     assert run.step_time == pytest.approx([7.0, 7.0])
+    assert any("at most 1 prompt in flight per replica" in n for n in run.notes)
     assert split_config(WhatIf(mode="fully_async", gen_gpus=1, train_gpus=1), _stream_models(), None).inflight == 16
 
 
