@@ -118,3 +118,16 @@ def test_a_long_splits_ends_simulated_in_worker_processes_give_the_serial_outcom
     calls.clear()
     assert dumps(evaluate(study, cfg, workers=2).to_dict()) == serial
     assert not ahead & set(calls) and not intervals._PRIMED and not intervals._JOBS
+
+
+def test_a_worker_that_dies_leaves_its_end_to_the_parent(monkeypatch):
+    import os
+
+    from rlsim.replay.util import dumps
+    from rlsim.whatif import intervals
+
+    study = prepare([read_trace(TRACE)], split_gain=2.0)
+    cfg = WhatIf(prompts=64, updates=intervals.END_UPDATES + 5, gen_gpus=1, train_gpus=1, staleness=1)
+    serial = dumps(evaluate(study, cfg).to_dict())
+    monkeypatch.setattr(intervals, "_job_rate", lambda i: os._exit(9))  # as the OOM killer would
+    assert dumps(evaluate(study, cfg, workers=2).to_dict()) == serial
