@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from dataclasses import replace
 from statistics import NormalDist
 from typing import Any, Callable
@@ -198,16 +199,16 @@ def prefetch_ends(study: Study, cfg: WhatIf, workers: int) -> Callable[[], None]
     """Start the short simulations of a long split's model ends (`_end_studies`, `_rate`) in up to `workers`
     forked processes while this one simulates the point; the returned call waits for them and leaves their rates
     where `_simulated_rate` finds them (until `forget_ends`). They depend on nothing the point computes, so the
-    results equal the serial ones. Nothing starts with one worker, without fork, or outside the main process (a
-    sweep's workers already use the cores)."""
+    results equal the serial ones. Nothing starts with one worker, off Linux, or outside the main process (a sweep's
+    workers already use the cores)."""
     ends = [s for s, _ in _end_studies(study, cfg)] if cfg.split and cfg.updates > END_UPDATES else []
-    if workers < 2 or not ends:
+    if workers < 2 or not ends or not sys.platform.startswith("linux"):  # fork is safe on Linux (not macOS's runtimes)
         return lambda: None
     # (why here: only a long split's ends need them; their import is the main command's time)
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
-    if mp.parent_process() is not None or "fork" not in mp.get_all_start_methods():
+    if mp.parent_process() is not None:
         return lambda: None
     short = replace(cfg, updates=END_UPDATES)
     _JOBS[:] = [(s, short) for s in [study] + ends]
