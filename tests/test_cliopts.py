@@ -102,6 +102,35 @@ def test_generated_command_given_only_and_bad_input():
         assert r.exit_code == 2 and r.output.strip() == msg and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize("argv, says", [
+    (["rlsim", "run", "--trace", "t.parquet", "--bogus"], "error: No such option: --bogus"),
+    (["rlsim", "import", "verl", "train.log"], "error: Missing option '--out' / '-o' (see `rlsim import verl --help`)"),
+    (["rlrun", "inspect"], "error: Missing argument 'TRACE' (see `rlrun inspect --help`)"),
+    (["rlrun", "record", "--prompts"], "error: Option '--prompts' requires an argument")])
+def test_a_usage_error_is_one_line_and_exit_2_from_both_programs(argv, says, capsys):
+    """Run as programs (the App called, as `main` does): click's usage errors read as every other bad input."""
+    import rlsim.cli
+    import rlsim.runner.cli
+
+    cli = rlsim.cli.build(argv[1]) if argv[0] == "rlsim" else rlsim.runner.cli.app
+    with pytest.raises(SystemExit) as e:
+        cli(args=argv[1:], prog_name=argv[0])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(says) and err.count("\n") == 1, err
+
+
+def test_help_and_success_keep_their_exit_codes(capsys):
+    import rlsim.runner.cli
+
+    for args in (["--help"], ["inspect", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            rlsim.runner.cli.app(args=args, prog_name="rlrun")
+        assert e.value.code == 0 and "Usage" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        rlsim.runner.cli.app(args=[], prog_name="rlrun")  # no command: the help, as typer prints it
+    assert e.value.code == 2 and "inspect" in capsys.readouterr().out
+
+
 def test_generated_command_with_lists():
     app, seen = _app(as_list=True)
     r = CliRunner().invoke(app, ["go", "--out", "o", "-n", "4,8,4", "--fast", "true,false", "--limit", "none,2"])

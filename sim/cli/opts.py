@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,11 @@ from typer.core import TyperArgument, TyperCommand
 
 from rlsim.core.grid import base_type, parse_list, parse_value, whatif_type_hints
 from rlsim.replay.errors import RlsimError
+
+try:  # the click that typer raises from: its own copy in recent typer, the click package before
+    from typer._click import exceptions as click_errors
+except ImportError:  # pragma: no cover - typer < 0.20
+    from click import exceptions as click_errors
 
 
 @dataclass(frozen=True)
@@ -263,3 +269,25 @@ class App(typer.Typer):
 
     def command(self, *args: Any, cls: Any = None, **kwargs: Any) -> Callable:
         return super().command(*args, cls=cls or Command, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the CLI as a program: a usage error (an unknown option, a missing value) is one `error:` line naming
+        the help to read, and exit code 2, as every other bad input; help prints as typer prints it."""
+        if not kwargs.setdefault("standalone_mode", True):
+            return super().__call__(*args, **kwargs)
+        try:
+            code = super().__call__(*args, **{**kwargs, "standalone_mode": False})
+        except getattr(click_errors, "NoArgsIsHelpError", ()) as e:
+            e.show()
+            raise SystemExit(e.exit_code) from None
+        except click_errors.UsageError as e:
+            where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+            print(f"error: {e.format_message().rstrip('.')}{where}", file=sys.stderr)
+            raise SystemExit(e.exit_code) from None
+        except click_errors.ClickException as e:
+            print(f"error: {e.format_message()}", file=sys.stderr)
+            raise SystemExit(e.exit_code) from None
+        except typer.Abort:
+            print("aborted", file=sys.stderr)
+            raise SystemExit(1) from None
+        raise SystemExit(code if isinstance(code, int) else 0)
