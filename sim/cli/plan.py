@@ -31,6 +31,7 @@ def _cell(x: float, noise: float) -> str:
     return f"{x:.3f}" if not math.isfinite(noise) or noise == 0 else f"{x:.2f}x/{math.exp(noise):.2f}"
 
 
+PILOTS_SHOWN = 5  # the table's list of pilots; --json has all
 WIDTHS = (4, 3, 10, 10, 6, 11, 5, 5, 8, 6)  # one row in 78 columns: a terminal's 80 with room to spare
 
 
@@ -68,12 +69,15 @@ def _print(p: Plan) -> None:
         con.print("no move: the reference's cost fits cannot be used, so neither a decision nor a pilot rests on them "
                   "(see the first warning for the recording that fixes it)")
     else:
-        con.print(f"pilots (expected regret now {p.expected_regret:.1%}: {p.why}; best value first):")
-        for x in p.pilots:
+        con.print(f"pilots (expected regret now {p.expected_regret:.1%}: {p.why}; the most regret removed per "
+                  "response first):")
+        for x in p.pilots[:PILOTS_SHOWN]:
             what = (f"a prefix, {x.responses:,} responses, set against the reference at equal responses"
                     if x.prefix else f"to the target, about {x.responses:,} responses")
             con.print(f"  P={x.prompts} for {x.steps} updates ({what}) -> expected regret "
                       f"{x.expected_regret_after:.1%}\n    {x.command}")
+        if len(p.pilots) > PILOTS_SHOWN:
+            con.print(f"  ... and {len(p.pilots) - PILOTS_SHOWN} more, of less value (--json lists every one)")
         con.print("then plan again with the pilots' traces added: rlsim plan --trace REF --trace pilot_pN.parquet ...")
     for w in p.warnings:
         con.print(f"[yellow]warning:[/yellow] {w}")

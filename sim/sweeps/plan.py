@@ -620,8 +620,10 @@ def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConf
         if o is None:  # prefixes: at least two evals past the start
             least = 2 * int(study.models.config.get("eval_every") or 1)
             d = math.log2(P * G / study.b_ref)
-            lengths += [(steps, errors.prefix_noise(f, d)[1], True) for f in errors.prefix_f
-                        for steps in [max(int(math.ceil(f * study.n_star_ref / (P * G))), least)] if steps < full]
+            cuts = {}  # steps -> the longest measured length that cuts there (lengths short of two evals meet)
+            for f in sorted(errors.prefix_f):
+                cuts[max(int(math.ceil(f * study.n_star_ref / (P * G))), least)] = f
+            lengths += [(steps, errors.prefix_noise(f, d)[1], True) for steps, f in cuts.items() if steps < full]
         for steps, sd, prefix in lengths:
             sd = math.hypot(sd, errors.pilot_sigma_sd)
             after = regret_after_pilot(s.T, s.w, j, s.ref, sd if prefix else own_sd(sd, errors.shared_sd),

@@ -333,6 +333,22 @@ def test_pilots_are_priced_from_the_references_samples_to_target_and_predicted_r
         if not x.prefix:
             B = x.prompts * x.group
             assert rho[x.prompts] * n_ref <= x.responses < rho[x.prompts] * n_ref + B and x.responses == x.steps * B
+    runs = [(x.prompts, x.steps) for x in p.pilots]
+    assert len(runs) == len(set(runs))
+
+
+def test_prefixes_cut_at_one_length_are_one_pilot():
+    # grpo_p128 reached the target after 61,440 responses: at P=512 (4,096 a step) a quarter and a half of that both
+    # cut at the 8 steps two evals need
+    p = plan(read_trace(ROOT / "traces" / "grpo_p128.parquet"), PlanConfig(prompts=(64, 128, 512), draws=300))
+    cuts = [(x.prompts, x.steps) for x in p.pilots if x.prefix]
+    assert (512, 8) in cuts and len(cuts) == len(set(cuts))
+    args = ["plan", str(ROOT / "traces" / "grpo_p128.parquet"), "--prompts", "32,64,128,256,512"]
+    every = json.loads(runner.invoke(app, [*args, "--json"]).output)["pilots"]
+    r = runner.invoke(app, args)
+    shown = [x for x in r.output.splitlines() if x.startswith("  P=")]
+    assert r.exit_code == 0 and len(every) > 5 and len(shown) == 5, r.output  # the table lists the best five
+    assert f"and {len(every) - 5} more, of less value (--json lists every one)" in r.output
 
 
 def test_span_note_names_the_candidates_beyond_the_data():
