@@ -30,7 +30,7 @@ from rlsim.core.config import SimConfig
 from rlsim.core.engine import (RoundPlan, Stretch, run_round_steps, schedule_round, schedule_rounds, step_arrays,
                                trained_mask)
 from rlsim.replay.cost import StepSums
-from rlsim.replay.errors import RlsimError
+from rlsim.replay.errors import RlsimError, name
 from rlsim.replay.models import FittedModels
 from rlsim.replay.timeline import LANE_GEN, LANE_HOST, LANE_RL, LANE_SYNC, LANE_TRAIN, Counter, Slice
 from rlsim.core.workload import Workload
@@ -178,18 +178,19 @@ def check_memory(models: FittedModels, cfg: SimConfig, *, round_by_round: bool, 
     if est["timeline"] >= est["workload"]:
         what = (f"recording the timeline of {U} updates of {B_gen:,} requests needs about {total / 2**30:.1f} GB of "
                 "memory")
-        fix = "pass fewer --updates or a smaller --prompts"
+        fix = f"pass fewer {name('updates')} or a smaller {name('prompts')}"
     elif round_by_round:
         per_prompt = BYTES_PER_REQUEST_ROUND * B_gen / P
         p_max = int((MEMORY_LIMIT_BYTES - est["timeline"]) / per_prompt)
         what = (f"one generation round of {B_gen:,} requests (P={P:,} x G={G}"
                 f"{f', {B_gen - P * G:,} over-generated' if B_gen > P * G else ''}) needs about {total / 2**30:.1f} GB "
                 "of memory")
-        fix = (f"pass a smaller --prompts (at most about {p_max:,} prompts at --group "
-               f"{G}){' or --gen-batch' if B_gen > P * G else ''}")
+        over = f" or {name('gen_batch')}" if B_gen > P * G else ""
+        fix = (f"pass a smaller {name('prompts')} (at most about {p_max:,} prompts at {name('group')} {G}){over}"
+               if p_max >= 1 else f"pass a smaller {name('group')}: one prompt's {G:,} responses alone are too many")
     else:
         what = f"all {U} rounds of {B_gen:,} requests at once need about {total / 2**30:.1f} GB of memory"
-        fix = "pass fewer --updates or a smaller --prompts"
+        fix = f"pass fewer {name('updates')} or a smaller {name('prompts')}"
     raise RlsimError(f"{what}, {limit}; {fix}")
 
 

@@ -35,6 +35,14 @@ def test_absurd_batch_is_refused_in_one_line():
     assert "GB" in lines[0] and "--prompts" in lines[0]
 
 
+def test_one_prompt_too_large_asks_for_a_smaller_group_in_the_apis_words(study):
+    import rlsim
+
+    with pytest.raises(RlsimError) as e:
+        rlsim.predict(study, prompts=64, group=2**40)
+    assert "pass a smaller group: one prompt's" in str(e.value) and "--" not in str(e.value)
+
+
 def test_memory_check_raises_before_drawing(study):
     cfg = sim_config(study, WhatIf(prompts=10_000_000, group=8, updates=100))
 
