@@ -47,20 +47,22 @@ class ModeSpec:
     settings: tuple[str, ...] = ()       # the WhatIf fields it reads beyond the general ones
     configure: Callable[[WhatIf], dict] | None = None  # WhatIf -> SplitConfig fields
     source: str = ""                     # repository, path and commit its semantics were read from
+    fixed: tuple[tuple[str, Any], ...] = ()  # (WhatIf field, value) its framework always runs with: given so, accepted
 
 
 MODES: dict[str, ModeSpec] = {}
 
 
 def register_mode(name: str, *, devices: str = "colocated", settings: tuple[str, ...] = (),
-                  configure: Callable[[WhatIf], dict] | None = None, source: str = "") -> Callable[[Mode], Mode]:
+                  configure: Callable[[WhatIf], dict] | None = None, source: str = "",
+                  fixed: dict[str, Any] | None = None) -> Callable[[Mode], Mode]:
     """Decorator: register a simulation function as execution mode `name`."""
     def deco(fn: Mode) -> Mode:
         if name in MODES:
             raise ValueError(f"execution mode {name!r} is registered twice")
         if devices not in DEVICES:
             raise ValueError(f"execution mode {name!r}: devices must be one of {DEVICES}, got {devices!r}")
-        MODES[name] = ModeSpec(name, fn, devices, tuple(settings), configure, source)
+        MODES[name] = ModeSpec(name, fn, devices, tuple(settings), configure, source, tuple((fixed or {}).items()))
         return fn
     return deco
 
@@ -89,8 +91,15 @@ def check(cfg: WhatIf) -> None:
         raise RlsimError(f"{name('mode')} {m!r} is not an execution mode; registered: {', '.join(MODES)} (and "
                          f"{', '.join(f'{a} = {b}' for a, b in ALIASES.items())})")
     spec = MODES[m]
+    fixed = dict(spec.fixed)
     for f in fields(WhatIf):
         v = getattr(cfg, f.name)
+        if f.name in fixed and v is not None and v is not False:
+            if v == fixed[f.name]:
+                continue
+            how = (f"never uses {name(f.name)}" if fixed[f.name] is False else
+                   f"always runs with {setting(**{f.name: fixed[f.name]})}")
+            raise RlsimError(f"{setting(mode=m)} {how} (its framework's own semantics): drop {name(f.name)}")
         if f.name in GENERAL or f.name in spec.settings or v is None or v is False:
             continue
         takers = [s.name for s in MODES.values() if f.name in s.settings]
@@ -233,18 +242,19 @@ register_mode("nemo_async", devices="split", source=NEMO,
                                        partial_rollout=bool(c.in_flight_weight_updates),
                                        recompute=bool(c.recompute_kv_cache_after_weight_updates),
                                        reward_in_rollout=True))(_split_mode)
-register_mode("one_step_off", devices="split", source=ONE_STEP,
+register_mode("one_step_off", devices="split", source=ONE_STEP, fixed=dict(staleness=1.0, partial_rollout=False),
               configure=lambda c: dict(staleness=1.0, partial_rollout=False))(_split_mode)
 register_mode("fully_async", devices="split", source=FULLY_ASYNC, configure=_fully_async,
               settings=("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout",
                         "concurrent_samples_per_replica"))(
     _split_mode)
-register_mode("colocate_async", devices="hybrid", source=VERL_V1, configure=_v1,
+V1_FIXED = dict(partial_rollout=True)  # V1 resumes every aborted generation (its partial-rollout client)
+register_mode("colocate_async", devices="hybrid", source=VERL_V1, configure=_v1, fixed=V1_FIXED,
               settings=("num_warmup_batches", "max_off_policy_threshold", "max_off_policy_strategy"))(_split_mode)
 V1_SEPARATE = ("num_warmup_batches", "parameter_sync_step", "max_off_policy_threshold", "max_off_policy_strategy")
-register_mode("separate_async", devices="split", source=VERL_V1, settings=V1_SEPARATE,
+register_mode("separate_async", devices="split", source=VERL_V1, settings=V1_SEPARATE, fixed=V1_FIXED,
               configure=lambda c: dict(_v1(c), chunks=int(c.parameter_sync_step or 1)))(_split_mode)
-register_mode("separate_async_switch", devices="split", source=VERL_V1,
+register_mode("separate_async_switch", devices="split", source=VERL_V1, fixed=V1_FIXED,
               settings=V1_SEPARATE + ("switch_threshold_ratio",),
               configure=lambda c: dict(_v1(c), chunks=int(c.parameter_sync_step or 1),
                                        switch_ratio=float(c.switch_threshold_ratio or 0.4)))(_split_mode)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from rlsim.cli import app
 from rlsim.core.config import EngineConfig, SimConfig, WhatIf
-from rlsim.modes.registry import MODES, check, simulate, split_config
+from rlsim.modes.registry import MODES, check, simulate, spec_of, split_config
 from rlsim.modes.requests import AdmissionGate, FinishedGroups
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
@@ -260,12 +260,26 @@ def traces(tmp_path_factory):
     (dict(mode="separate_async", gen_gpus=1, train_gpus=1, parameter_sync_step=0), "must be a positive integer"),
     (dict(mode="separate_async", gen_gpus=1, train_gpus=1, prompts=127, parameter_sync_step=2),
      "P = 127 prompts per step do not split into 2 equal trainer fetches"),
+    (dict(mode="one_step_off", gen_gpus=1, train_gpus=1, partial_rollout=True),
+     "--mode one_step_off never uses --partial-rollout .*: drop --partial-rollout"),
+    (dict(mode="one_step_off", gen_gpus=1, train_gpus=1, staleness=2),
+     "--mode one_step_off always runs with --staleness 1 .*: drop --staleness"),
 ])
 def test_mode_settings_are_checked_with_their_fix(kw, msg):
     with pytest.raises(RlsimError, match=msg.replace("|", r"\|")):
         cfg = WhatIf(**kw)
         cfg.validate()
         check(cfg)
+
+
+@pytest.mark.parametrize("kw", [dict(mode="colocate_async", train_gpus=1, partial_rollout=True),
+                                dict(mode="separate_async", gen_gpus=1, train_gpus=1, partial_rollout=True),
+                                dict(mode="one_step_off", gen_gpus=1, train_gpus=1, staleness=1)])
+def test_a_setting_a_mode_always_runs_with_is_accepted_when_given_so(kw):
+    cfg = WhatIf(**kw)
+    cfg.validate()
+    check(cfg)
+    assert spec_of(kw["mode"]).configure(cfg)["partial_rollout"] is (kw["mode"] != "one_step_off")
 
 
 def test_fully_async_partial_rollout_needs_a_staleness_threshold():
