@@ -392,6 +392,8 @@ def _args(argv) -> argparse.Namespace:
                     help="PlanConfig.measured_confidence: the guard on moves to a measured candidate")
     ap.add_argument("--slack", type=float, default=PlanConfig.slack,
                     help="PlanConfig.slack: how far a truth may lie off the recorded error curves (sd, log T)")
+    ap.add_argument("--no-prefix-moves", dest="prefix_moves", action="store_false",
+                    help="PlanConfig.prefix_moves False: a move needs a run to the target, prefixes only steer")
     ap.add_argument("--draw-seed", type=int, default=PlanConfig.seed,
                     help="PlanConfig.seed: the seed of every plan's draws (the scores' Monte Carlo noise: run several)")
     ap.add_argument("--shared-sd", type=float, default=None,
@@ -419,7 +421,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"error: {e}")
         return 0
     rng, rule = np.random.default_rng(0), dict(confidence=a.confidence, slack=a.slack,
-                                                  measured_confidence=a.measured_confidence, seed=a.draw_seed)
+                                                  measured_confidence=a.measured_confidence, seed=a.draw_seed,
+                                                  prefix_moves=a.prefix_moves)
     if a.shared_sd is not None and not a.shared_sd >= 0:
         raise SystemExit(f"error: --shared-sd must be 0 or more (an sd in log T), got {a.shared_sd}")
     force = (lambda es: es) if a.shared_sd is None else (  # noqa: E731

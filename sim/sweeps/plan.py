@@ -68,6 +68,9 @@ class PlanConfig:
     model_params: float | None = field(default=None, metadata={
         "help": "the model's parameter count, e.g. 7e9, for the candidates' memory when the trace names a model rlsim "
                 "cannot size (None: the trace's model; WhatIf.model_params)"})
+    prefix_moves: bool = field(default=True, metadata={
+        "help": "whether a candidate read only by a prefix (a pilot short of the target) may be picked; False: a "
+                "prefix only steers the pilots, a move needs a run to the target"})
     fixed: tuple = field(default=(), metadata={
         "help": "((WhatIf field, value), ...) every candidate shares: the execution mode, its settings and devices "
                 "(e.g. (('mode', 'fully_async'),))"})
@@ -279,7 +282,7 @@ def scores(T: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pick(T: np.ndarray, w: np.ndarray, ref: int, confidence: float = 0.8, measured: Sequence[int] = (),
-         measured_confidence: float = 0.0) -> int:
+         measured_confidence: float = 0.0, barred: Sequence[int] = ()) -> int:
     """The least expected regret among the reference, the `measured` candidates, and the candidates predicted to beat
     the reference with probability `confidence` (the guard on moves made on predictions alone: their draws come from
     other tasks' errors and may not cover this one's); a measured one needs `measured_confidence`. Ties: the
@@ -287,7 +290,7 @@ def pick(T: np.ndarray, w: np.ndarray, ref: int, confidence: float = 0.8, measur
     er, _ = scores(T, w)
     beats = (w / w.sum()) @ (T < T[:, [ref]])
     ok = [i for i in range(T.shape[1])
-          if i == ref or beats[i] >= (measured_confidence if i in measured else confidence)]
+          if i == ref or (i not in barred and beats[i] >= (measured_confidence if i in measured else confidence))]
     return min(ok, key=lambda i: (er[i], i != ref))
 
 
@@ -299,7 +302,8 @@ def own_sd(sd: float, shared_sd: float) -> float:
 
 def regret_after_pilot(T: np.ndarray, w: np.ndarray, j: int, ref: int, sd: float, rng: np.random.Generator,
                        truths: int = 400, confidence: float = 0.8, measured: Sequence[int] = (),
-                       slack: float = 0.3, measured_confidence: float = 0.0, u: np.ndarray | None = None) -> float:
+                       slack: float = 0.3, measured_confidence: float = 0.0, u: np.ndarray | None = None,
+                       barred: Sequence[int] = ()) -> float:
     """Expected regret of the pick once candidate j (not the reference) is measured (preposterior over `truths` draws
     taken as the truth): T (K, n) draws of T, w (K,) the current weights, sd a pilot's own noise in log T, u (K,) the
     draws' offset shared by every pilot of the reference (`Scored.u`; None: none). As `score` does with a pilot
@@ -319,6 +323,7 @@ def regret_after_pilot(T: np.ndarray, w: np.ndarray, j: int, ref: int, sd: float
     need = np.full(T.shape[1], confidence)
     need[[j, *measured]] = measured_confidence
     ok = beats >= need
+    ok[:, list(barred)] = False
     ok[:, ref] = True
     key = np.where(ok, er, np.inf)
     key[:, ref] = np.nextafter(key[:, ref], -np.inf)  # ties: the reference
@@ -401,7 +406,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
               bounds_ok, split_stats(reference).responses_per_s if pilots else math.nan)
     s, fit_warnings = _feasible(s)
     cands, er, p5 = _rows(s)
-    best = pick(s.T, s.w, s.ref, cfg.confidence, sorted(s.measured), cfg.measured_confidence)
+    best = pick(s.T, s.w, s.ref, cfg.confidence, sorted(s.measured), cfg.measured_confidence, _barred(s, cfg))
     d = np.log2(np.array(s.sizes, float) * G / study.b_ref)
     warnings = [w for w in [errors.span_note(d, [f"P={P}" for P in s.sizes])] if w] + s.warnings + fit_warnings
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, _why(cands, best, s.ref, cfg),
@@ -608,7 +613,9 @@ def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConf
     little on a candidate before running it to the end. Every option is scored on the same random truths and noise
     draws (common random numbers, `seed`), so their ranking is not the draws' noise."""
     measured = sorted(s.measured)
-    er_now = float(scores(s.T, s.w)[0][pick(s.T, s.w, s.ref, cfg.confidence, measured, cfg.measured_confidence)])
+    barred = _barred(s, cfg)
+    er_now = float(scores(s.T, s.w)[0][pick(s.T, s.w, s.ref, cfg.confidence, measured, cfg.measured_confidence,
+                                            barred)])
     out = []
     for j, P in enumerate(s.sizes):
         o = s.observed.get(j)
@@ -630,10 +637,17 @@ def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConf
                                        np.random.default_rng(seed),
                                        confidence=cfg.confidence, measured=[m for m in measured if m != j],
                                        slack=cfg.slack, measured_confidence=cfg.measured_confidence,
-                                       u=None if prefix else s.u)
+                                       u=None if prefix else s.u,
+                                       barred=[b for b in barred if b != j] + ([j] if prefix and not cfg.prefix_moves
+                                                                               else []))
             out.append(((er_now - after) / (steps * P * G),
                         Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps), prefix)))
     return [p for _, p in sorted(out, key=lambda x: -x[0])]
+
+
+def _barred(s: Scored, cfg: PlanConfig) -> list[int]:
+    """The candidates the pick may not take: those read only by a prefix, unless `cfg.prefix_moves`."""
+    return [] if cfg.prefix_moves else sorted(j for j, o in s.observed.items() if o.prefix)
 
 
 def _feasible(s: Scored) -> tuple[Scored, list[str]]:

@@ -221,6 +221,17 @@ def test_a_measured_candidate_wins_on_expected_regret_a_prediction_needs_the_gua
     assert pick(T, w, ref=0, measured=[1], measured_confidence=0.7) == 1
     # measured, but worse in expectation: the reference stays
     assert pick(np.array([[1.0, 1.2]] * 3 + [[1.0, 0.9]]), w, ref=0, measured=[1]) == 0
+    assert pick(T, w, ref=0, measured=[1], barred=[1]) == 0  # read by a prefix alone, without prefix moves
+
+
+def test_without_prefix_moves_a_prefix_only_steers():
+    # two equally likely truths, candidate 1 twice as fast or twice as slow: a prefix that tells them apart removes
+    # the regret when the pick may follow it, and none when a move needs a run to the target
+    T = np.array([[1.0, 0.5]] * 50 + [[1.0, 2.0]] * 50)
+    w = np.ones(100)
+    free = regret_after_pilot(T, w, 1, 0, sd=0.05, rng=np.random.default_rng(0), measured_confidence=0.8)
+    held = regret_after_pilot(T, w, 1, 0, sd=0.05, rng=np.random.default_rng(0), measured_confidence=0.8, barred=[1])
+    assert free == pytest.approx(0.0) and held == pytest.approx(scores(T, w)[0][0], abs=0.1)
 
 
 def test_a_measurement_weighed_against_the_curves_by_hand():
