@@ -50,8 +50,9 @@ def table_lines(p: Plan) -> list[str]:
 
 def _print(p: Plan) -> None:
     con = Console(highlight=False)
-    if p.mode_line:
-        con.print(p.mode_line, markup=False)
+    for line in (p.mode_line, p.asked):
+        if line:
+            con.print(line, markup=False)
     con.print(f"rlsim plan: reference P={p.reference_prompts}; T / T_ref over the measured uncertainty")
     for line in table_lines(p):
         con.print(line, markup=False)

@@ -28,7 +28,7 @@ import numpy as np
 
 from rlsim.core.config import WhatIf
 from rlsim.modes.registry import as_recorded, check as check_mode
-from rlsim.replay.errors import RlsimError, name
+from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import fit_learning_curve, noise_scale, prefix_log_rho
@@ -182,6 +182,9 @@ class Plan:
     mode_line: str = field(default="", metadata={
         "help": "the line saying the candidates ask about the execution mode the trace records ('' where the plan "
                 "names its mode or the trace records none; rlsim.modes.registry.as_recorded)"})
+    asked: str = field(default="", metadata={
+        "help": "the settings every candidate is asked with (the execution mode, its devices, the hardware), as the "
+                "user gave them; '' for none"})
 
     def to_dict(self) -> dict:
         out = {"reference_prompts": self.reference_prompts, "expected_regret": self.expected_regret, "why": self.why,
@@ -191,6 +194,8 @@ class Plan:
             out["no_move"] = self.no_move
         if self.mode_line:
             out["mode_from_trace"] = self.mode_line
+        if self.asked:
+            out["asked"] = self.asked
         if self.decision is not None:
             d = self.decision
             out["decision"] = {"prompts": d.prompts, "group": d.group, "p_within_5pct": d.p_within_5pct,
@@ -410,7 +415,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     d = np.log2(np.array(s.sizes, float) * G / study.b_ref)
     warnings = [w for w in [errors.span_note(d, [f"P={P}" for P in s.sizes])] if w] + s.warnings + fit_warnings
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, _why(cands, best, s.ref, cfg),
-                   tuple(s.notes), tuple(warnings), mode_line=line)
+                   tuple(s.notes), tuple(warnings), mode_line=line, asked=_asked(cfg.fixed) if not line else "")
     unusable = fit_check(study).warning(reference.name, reference.config)
     if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them, nor a regret
         blank = tuple(replace(c, p_within_5pct=math.nan, expected_regret=math.nan, p_beats_reference=math.nan)
@@ -476,6 +481,12 @@ def _as_recorded(cfg: PlanConfig, reference: Trace) -> tuple[PlanConfig, str]:
         return cfg, ""
     return replace(cfg, fixed=tuple((f.name, getattr(like, f.name)) for f in fields(WhatIf)
                                     if getattr(like, f.name) != f.default)), line
+
+
+def _asked(fixed: tuple) -> str:
+    """The line saying which settings every candidate shares, as given ('' for none)."""
+    return (f"asked: {setting(**dict(fixed))} for every candidate, the reference's size too (T / T_ref against the "
+            "reference as recorded)" if fixed else "")
 
 
 def same_recording(a: Trace, b: Trace) -> str:

@@ -1,5 +1,6 @@
 """The execution modes of rlsim.modes.registry on hand-made cost models: each mode's timeline computed by hand,
 its settings checked up front, and the CLI and API selecting it."""
+import json
 from pathlib import Path
 
 import numpy as np
@@ -447,6 +448,7 @@ def test_plan_takes_the_split_cost_settings_every_candidate_shares():
             "--gen-tp", "1", "--weight-sync", "nccl", "--rollout-log-probs", "true", "--json"]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["asked"].startswith("asked: --mode one_step_off --gen-gpus 1 --train-gpus 1")
     bad = runner.invoke(app, args[:-1] + ["--gen-tp", "1,2", "--json"])
     assert bad.exit_code == 2 and bad.output.count("\n") == 1, bad.output
 
