@@ -5,6 +5,7 @@ Built-in tasks (no network, character vocabulary of `runner.model.CHARS`):
 - `add2`: two-digit addition with a digit-by-digit scratchpad, e.g. `59+63=` -> `9+3+0=12;5+6+1=12#122`
   (about 21 tokens with the end token).
 - `add3`: the same with three-digit operands (about 30 tokens).
+- `add4`: the same with four-digit operands (about 40 tokens).
 - `addmix`: operands of 1 to 3 digits, so responses range from about 8 to 30 tokens.
 - `sub3`: three-digit subtraction, the larger operand first, column by column with the borrow:
   `523-187=` -> `3-7-0=6;2-8-1=3;5-1-1=13#336` (each column writes 10 + x - y - borrow: two digits mean no
@@ -29,7 +30,8 @@ from typing import Callable
 from rlsim.replay.errors import RlsimError
 
 # task: (fewest and most digits of an operand, operator)
-ARITHMETIC = {"add2": ((2, 2), "+"), "add3": ((3, 3), "+"), "addmix": ((1, 3), "+"), "sub3": ((3, 3), "-")}
+ARITHMETIC = {"add2": ((2, 2), "+"), "add3": ((3, 3), "+"), "add4": ((4, 4), "+"), "addmix": ((1, 3), "+"),
+              "sub3": ((3, 3), "-")}
 BUILTIN_TASKS = tuple(ARITHMETIC)
 
 

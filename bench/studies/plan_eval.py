@@ -75,9 +75,11 @@ STUDIES = (StudySpec("add2", "traces/study", "grpo", 6, 0.566),
 # (docs/study/add3_plan_preregistered.json): scored with the error curves rlsim plan ships (every study above), never
 # used to make them.
 # sub3 (three-digit subtraction) likewise, after the rule of results section 13 was chosen
-# (docs/study/sub3_plan_preregistered.json).
+# (docs/study/sub3_plan_preregistered.json); add4 (four-digit addition) likewise, after the prefix-moves ablation of
+# results section 23 (docs/study/add4_plan_preregistered.json).
 FRESH = (StudySpec("add3", "traces/study_add3", "grpo_add3", 3, math.nan),
-         StudySpec("sub3", "traces/study_sub3", "grpo_sub3", 3, math.nan))
+         StudySpec("sub3", "traces/study_sub3", "grpo_sub3", 3, math.nan),
+         StudySpec("add4", "traces/study_add4", "grpo_add4", 3, math.nan))
 
 
 def _commit() -> str:

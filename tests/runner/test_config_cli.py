@@ -103,6 +103,17 @@ def test_subtraction_scratchpad_and_stream():
     assert not {e.prompt for e in t.eval_set(100)} & {e.prompt for e in pairs}
 
 
+def test_four_digit_addition_fits_the_default_response_length():
+    t = ArithmeticTask("add4")
+    s = t.train_stream(0)
+    pairs = [next(s) for _ in range(300)]
+    for ex in pairs:
+        a, b = map(int, ex.prompt[:-1].split("+"))
+        assert 1000 <= min(a, b) and max(a, b) <= 9999 and t.reward(t.sft_text(ex), ex) == 1.0
+        assert len(t.sft_text(ex)) + 1 <= RunConfig().max_tokens  # the scratchpad and its end token
+    assert not {e.prompt for e in t.eval_set(100)} & {e.prompt for e in pairs}
+
+
 def test_streams_deterministic_and_eval_disjoint():
     t = ArithmeticTask("add2")
     a = [next(s) for s in [t.train_stream(1)] for _ in range(200)]
