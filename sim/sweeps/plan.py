@@ -290,8 +290,8 @@ def pick(T: np.ndarray, w: np.ndarray, ref: int, confidence: float = 0.8, measur
          measured_confidence: float = 0.0, barred: Sequence[int] = ()) -> int:
     """The least expected regret among the reference, the `measured` candidates, and the candidates predicted to beat
     the reference with probability `confidence` (the guard on moves made on predictions alone: their draws come from
-    other tasks' errors and may not cover this one's); a measured one needs `measured_confidence`. Ties: the
-    reference."""
+    other tasks' errors and may not cover this one's); a measured one needs `measured_confidence`; `barred` ones
+    never (read by a prefix alone, with `PlanConfig.prefix_moves` off). Ties: the reference."""
     er, _ = scores(T, w)
     beats = (w / w.sum()) @ (T < T[:, [ref]])
     ok = [i for i in range(T.shape[1])
@@ -311,8 +311,9 @@ def regret_after_pilot(T: np.ndarray, w: np.ndarray, j: int, ref: int, sd: float
                        barred: Sequence[int] = ()) -> float:
     """Expected regret of the pick once candidate j (not the reference) is measured (preposterior over `truths` draws
     taken as the truth): T (K, n) draws of T, w (K,) the current weights, sd a pilot's own noise in log T, u (K,) the
-    draws' offset shared by every pilot of the reference (`Scored.u`; None: none). As `score` does with a pilot
-    given back (`measured_column`), then `pick`. All truths at once: (M, K) arrays."""
+    draws' offset shared by every pilot of the reference (`Scored.u`; None: none), `barred` the candidates the pick
+    may not take. As `score` does with a pilot given back (`measured_column`), then `pick`. All truths at once: (M, K)
+    arrays."""
     u = np.zeros(len(w)) if u is None else u
     idx = rng.choice(len(w), size=min(truths, len(w)), p=w / w.sum())
     y = (np.log(T[idx, j]) + u[idx] + rng.standard_normal(len(idx)) * sd)[:, None]  # (M, 1) what it would measure
