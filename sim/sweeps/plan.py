@@ -279,6 +279,23 @@ def luck_note(u: np.ndarray, w: np.ndarray, shared_sd: float, full: int) -> str:
             "measured")
 
 
+def one_reading(s: Scored, best: int, shared_sd: float, study: Study) -> str:
+    """A warning when a move rests on one run to the target read against the one reference run: their ratio carries
+    the reference run's own luck (sd `shared_sd` in log T), which only a second run at the reference's size tells
+    apart ('' otherwise)."""
+    full = [j for j, o in s.observed.items() if not o.prefix]
+    if best == s.ref or full != [best] or not shared_sd > 0:
+        return ""
+    P, G = s.sizes[s.ref], s.preds[s.ref].group
+    steps = max(int(math.ceil(study.n_star_ref / (P * G))), 1)
+    seed = int(study.models.config.get("seed") or 0) + 1
+    again = _command(study, P, G, steps).replace(f"--out pilot_p{P}", f"--seed {seed} --out reference_2")
+    return (f"the move to P={s.sizes[best]} rests on one pilot run read against one reference run, and that reading "
+            f"carries the reference run's own luck (sd {shared_sd:.2f} in log T, as large as the gaps between sizes): "
+            f"before acting on it, run the reference's configuration again with another seed ({again}); if it "
+            "reaches the target much sooner, plan again from it")
+
+
 def scores(T: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(expected regret (n,), p_within_5pct (n,)) of each candidate over draws T (K, n) with weights w (K,)."""
     best = T.min(axis=1, keepdims=True)
@@ -414,7 +431,8 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     cands, er, p5 = _rows(s)
     best = pick(s.T, s.w, s.ref, cfg.confidence, sorted(s.measured), cfg.measured_confidence, _barred(s, cfg))
     d = np.log2(np.array(s.sizes, float) * G / study.b_ref)
-    warnings = [w for w in [errors.span_note(d, [f"P={P}" for P in s.sizes])] if w] + s.warnings + fit_warnings
+    warnings = [w for w in [errors.span_note(d, [f"P={P}" for P in s.sizes]),
+                            one_reading(s, best, errors.shared_sd, study)] if w] + s.warnings + fit_warnings
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, _why(cands, best, s.ref, cfg),
                    tuple(s.notes), tuple(warnings), mode_line=line, asked=_asked(cfg.fixed) if not line else "")
     unusable = fit_check(study).warning(reference.name, reference.config)

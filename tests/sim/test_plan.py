@@ -450,3 +450,22 @@ def test_plan_eval_takes_any_study_folder(tmp_path):
                                    "--sizes", "32,512"])))
     with pytest.raises(SystemExit, match="--ref-p 64 is not one of"):
         folder_spec(_args(["--folder", "x", "--sizes", "16,32", "--ref-p", "64"]))
+
+
+def test_a_move_on_one_pilot_run_asks_for_a_second_reference_run():
+    from types import SimpleNamespace as NS
+
+    from rlsim.sweeps.plan import one_reading
+
+    study = NS(framework="rlrun", n_star_ref=6000.0,
+               models=NS(config={"algo": "grpo", "task": "add4", "seed": 0, "eval_every": 2}))
+    full, prefix = NS(prefix=False), NS(prefix=True)
+    s = NS(ref=2, sizes=[8, 16, 32], preds=[NS(group=8)] * 3, observed={0: full, 1: prefix})
+    w = one_reading(s, 0, 0.28, study)
+    assert w.startswith("the move to P=8 rests on one pilot run") and "sd 0.28" in w
+    assert "rlrun record --algo grpo --prompts 32 --group 8 --task add4" in w  # 6,000 / 256 responses: 24 steps
+    assert "--steps 24 --seed 1 --out reference_2.parquet" in w
+    assert one_reading(s, 2, 0.28, study) == ""  # no move
+    assert one_reading(s, 1, 0.28, study) == ""  # a move on a prefix: that reading does not share the luck
+    assert one_reading(NS(**{**vars(s), "observed": {0: full, 1: full}}), 0, 0.28, study) == ""  # two runs: the
+    # shared-luck model reads the reference's luck from them
