@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from rlsim.replay.errors import RlsimError
+from rlsim.runner.model import Recipe, build_model, make_tokenizer, warm_up
+from rlsim.runner.tasks import BUILTIN_TASKS, ArithmeticTask
+
 
 def pass_rate(task: str, steps: int, prompts: int, max_tokens: int = 48) -> tuple[float, float]:
     """(pass rate over `prompts` held-out prompts at temperature 1, final warm-up loss) after `steps` warm-up steps."""
-    import torch
-
-    from rlsim.runner.model import Recipe, build_model, make_tokenizer, warm_up
-    from rlsim.runner.tasks import ArithmeticTask
+    import torch  # (why here: the engine extra; `--help` and bad input answer without it)
 
     recipe = replace(Recipe.for_task(task), sft_steps=steps)
     tok = make_tokenizer()
@@ -46,9 +47,21 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", default="200,300,400", help="warm-up lengths, comma list")
     ap.add_argument("--prompts", type=int, default=256, help="held-out prompts, one sample each")
     a = ap.parse_args(argv)
+    if a.task not in BUILTIN_TASKS:
+        raise SystemExit(f"error: --task {a.task!r} is not a built-in task; choose one of {', '.join(BUILTIN_TASKS)}")
+    try:
+        lengths = [int(x) for x in a.steps.split(",")]
+    except ValueError:
+        raise SystemExit(f"error: --steps takes warm-up lengths as a comma list of integers, e.g. 200,300, got "
+                         f"{a.steps!r}") from None
+    if min(lengths) < 1 or a.prompts < 1:
+        raise SystemExit("error: --steps and --prompts must be positive")
     print(f"{'warm-up steps':>13} {'pass rate':>9} {'final loss':>10}")
-    for n in (int(x) for x in a.steps.split(",")):
-        rate, loss = pass_rate(a.task, n, a.prompts)
+    for n in lengths:
+        try:
+            rate, loss = pass_rate(a.task, n, a.prompts)
+        except (ImportError, RlsimError) as e:
+            raise SystemExit(f"error: {e}") from None
         print(f"{n:>13} {rate:>9.1%} {loss:>10.3f}", flush=True)
     return 0
 

@@ -364,8 +364,9 @@ class SplitConfig:
         if self.staleness < 0:
             raise RlsimError(f"{name('staleness')} must be a non-negative number, got {self.staleness}")
         if self.inflight < 0:
-            raise RlsimError(f"{name('concurrent_samples_per_replica')} must be a positive integer, got "
-                             f"{self.inflight}")
+            raise RlsimError(f"the cap on prompts in flight per replica must be 0 (none) or more, got {self.inflight}; "
+                             f"give {name('concurrent_samples_per_replica')} or {name('max_concurrent_rollouts')} "
+                             "as a positive integer")
         if self.gen_tp < 1 or self.gen_gpus % self.gen_tp:
             raise RlsimError(f"{setting(gen_gpus=self.gen_gpus)} do not split into rollout replicas of "
                              f"{setting(gen_tp=self.gen_tp)} devices; pick a multiple of {self.gen_tp}")

@@ -289,11 +289,11 @@ def one_reading(s: Scored, best: int, shared_sd: float, study: Study) -> str:
     P, G = s.sizes[s.ref], s.preds[s.ref].group
     steps = max(int(math.ceil(study.n_star_ref / (P * G))), 1)
     seed = int(study.models.config.get("seed") or 0) + 1
-    again = _command(study, P, G, steps).replace(f"--out pilot_p{P}", f"--seed {seed} --out reference_2")
+    again = _command(study, P, G, steps, out="reference_2", seed=seed)
     return (f"the move to P={s.sizes[best]} rests on one pilot run read against one reference run, and that reading "
-            f"carries the reference run's own luck (sd {shared_sd:.2f} in log T, as large as the gaps between sizes): "
-            f"before acting on it, run the reference's configuration again with another seed ({again}); if it "
-            "reaches the target much sooner, plan again from it")
+            f"carries the reference run's own luck (sd {shared_sd:.2f} in log T): before acting on it, run the "
+            f"reference's configuration again with another seed ({again}); if it reaches the target much sooner, plan "
+            "again from it")
 
 
 def scores(T: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -708,12 +708,14 @@ def _weighted_quantiles(x: np.ndarray, w: np.ndarray, qs: Sequence[float]) -> li
     return [float(x[o][min(int(np.searchsorted(c, q)), len(x) - 1)]) for q in qs]
 
 
-def _command(study: Study, P: int, G: int, steps: int) -> str:
+def _command(study: Study, P: int, G: int, steps: int, out: str | None = None, seed: int | None = None) -> str:
     """The rlrun record command of a pilot: the reference's configuration at P prompts (an imported reference: its
-    framework's run, imported)."""
+    framework's run, imported), written to `out`.parquet (default pilot_pP), with `seed` where given."""
+    out = out or f"pilot_p{P}"
     if study.framework != "rlrun":
-        return (f"run {study.framework} as the reference was, at P={P}, G={G}, for {steps} updates, then "
-                f"rlsim import {study.framework} LOG -o pilot_p{P}.parquet")
+        return (f"run {study.framework} as the reference was, at P={P}, G={G}, for {steps} updates"
+                f"{'' if seed is None else ' with another seed'}, then rlsim import {study.framework} LOG -o "
+                f"{out}.parquet")
     c = study.models.config
     parts = ["rlrun record", f"--algo {c.get('algo') or 'grpo'}", f"--prompts {P}"]
     if (c.get("algo") or "grpo") != "ppo":
@@ -722,5 +724,5 @@ def _command(study: Study, P: int, G: int, steps: int) -> str:
                       ("max_tokens", "--max-tokens"), ("eval_every", "--eval-every")):
         if c.get(key) is not None:
             parts.append(f"{flag} {c[key]}")
-    parts += [f"--steps {steps}", f"--out pilot_p{P}.parquet"]
+    parts += [f"--steps {steps}"] + ([] if seed is None else [f"--seed {seed}"]) + [f"--out {out}.parquet"]
     return " ".join(parts)

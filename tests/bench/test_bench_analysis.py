@@ -192,3 +192,16 @@ def test_calibration_cost_of_a_shipped_trace():
     v = lolo("traces/ppo_b256.parquet")  # one held-out error per measured level, as rlsim run prints them
     assert v["gen_form"] in ("linear", "knee", "interp") and v["train_levels"] == len(cal["train_levels"])
     assert 0 < v["gen_cv"] <= v["gen_cv_max"] and 0 < v["train_cv"] <= v["train_cv_max"]
+
+
+def test_warmup_pass_rate_scores_a_tiny_warm_up_and_refuses_bad_input():
+    pytest.importorskip("torch")
+    from bench import warmup_pass_rate as wp
+
+    rate, loss = wp.pass_rate("add4", 2, 4)  # two warm-up steps: a share of 4 prompts, a finite loss
+    assert rate in (0.0, 0.25, 0.5, 0.75, 1.0) and math.isfinite(loss)
+    for argv, says in ((["--task", "mul9"], "is not a built-in task"), (["--task", "add4", "--steps", "1,x"],
+                       "comma list of integers"), (["--task", "add4", "--prompts", "0"], "must be positive")):
+        with pytest.raises(SystemExit) as e:
+            wp.main(argv)
+        assert says in str(e.value) and str(e.value).startswith("error: ")

@@ -9,7 +9,7 @@ import simpy
 from typer.testing import CliRunner
 
 from rlsim.cli import app
-from rlsim.core.config import EngineConfig, SimConfig, WhatIf
+from rlsim.core.config import EngineConfig, SimConfig, SplitConfig, WhatIf
 from rlsim.modes.registry import MODES, check, simulate, spec_of, split_config
 from rlsim.modes.requests import AdmissionGate, FinishedGroups
 from rlsim.replay.errors import RlsimError
@@ -167,6 +167,8 @@ def test_fully_async_holds_at_most_its_cap_of_prompts_in_flight():
     assert run.step_time == pytest.approx([7.0, 7.0])
     assert any("at most 1 prompt in flight per replica" in n for n in run.notes)
     assert split_config(WhatIf(mode="fully_async", gen_gpus=1, train_gpus=1), _stream_models(), None).inflight == 16
+    with pytest.raises(RlsimError, match="the cap on prompts in flight per replica must be 0 .* or more, got -1"):
+        SplitConfig(inflight=-1).validate(64, 8)
 
 
 def test_areal_holds_at_most_max_concurrent_rollouts_in_flight():
