@@ -470,5 +470,5 @@ def test_a_move_on_one_pilot_run_asks_for_a_second_reference_run():
     assert one_reading(NS(**{**vars(s), "observed": {0: full, 1: full}}), 0, 0.28, study) == ""  # two runs: the
     # shared-luck model reads the reference's luck from them
     imported = one_reading(s, 0, 0.28, NS(**{**vars(study), "framework": "verl"}))
-    assert "run verl as the reference was, at P=32, G=8, for 24 updates with another seed, then rlsim import verl LOG " \
-           "-o reference_2.parquet" in imported
+    assert ("run verl as the reference was, at P=32, G=8, for 24 updates with another seed, then rlsim import verl "
+            "LOG -o reference_2.parquet") in imported
