@@ -76,11 +76,12 @@ EVAL_PROMPTS, EVAL_K = 128, 2
 TASK = "add2"
 
 
-def runs(sizes, seeds, task: str = TASK, fixed: bool = True) -> list[tuple[str, int, str, int]]:
-    """(name, P, lr rule, seed), seed-major so that a partial study has every size; `fixed`: also P = 64 at fixed lr."""
+def runs(sizes, seeds, task: str = TASK, fixed: bool = True, first: int = 0) -> list[tuple[str, int, str, int]]:
+    """(name, P, lr rule, seed), seed-major so that a partial study has every size; `fixed`: also P = 64 at fixed lr;
+    seeds `first`..`first + seeds - 1`."""
     pre = "grpo" if task == TASK else f"grpo_{task}"
     out = []
-    for s in range(seeds):
+    for s in range(first, first + seeds):
         for P in sizes:
             out.append((f"{pre}_p{P}_s{s}", P, "sqrt", s))
         if fixed and 64 in sizes:
@@ -101,9 +102,9 @@ def rlrun_cmd(P: int, steps: int, lr: float, rule: str, seed: int, path: Path, *
 
 
 def record(out: Path, sizes, seeds: int, budget: int, task: str = TASK, log=print, lr: float = LR,
-           fixed: bool = True) -> None:
+           fixed: bool = True, first: int = 0) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    for name, P, rule, seed in runs(sizes, seeds, task, fixed):
+    for name, P, rule, seed in runs(sizes, seeds, task, fixed, first):
         steps = steps_for(P, budget)
         path = out / f"{name}.parquet"
         if complete(path, steps):
@@ -119,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "traces" / "study"), help="folder of the study's traces")
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="prompts per update to record")
     ap.add_argument("--seeds", type=int, default=SEEDS)
+    ap.add_argument("--first-seed", type=int, default=0, help="record seeds from this one on (a second run of the "
+                                                              "references: --sizes 32 --first-seed 3 --record-only)")
     ap.add_argument("--budget", type=int, default=BUDGET, help="responses per run")
     ap.add_argument("--task", default=TASK, help="built-in task")
     ap.add_argument("--lr", type=float, default=LR, help="lr of the reference P = %d (the sqrt rule scales it)" % REF_P)
@@ -159,7 +162,7 @@ def main(argv=None) -> int:
                                 if dest.exists() else "its folder does not exist"))
     out = Path(a.out)
     if not a.no_record:
-        record(out, sizes, a.seeds, a.budget, a.task, lr=a.lr, fixed=not a.no_fixed)
+        record(out, sizes, a.seeds, a.budget, a.task, lr=a.lr, fixed=not a.no_fixed, first=a.first_seed)
     if a.record_only:
         return 0
     try:

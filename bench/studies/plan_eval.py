@@ -4,8 +4,9 @@ For every study (traces/study, traces/study_addmix, traces/study_addmix_lr1e-4) 
 1. `rlsim plan` from seed s's reference run alone (P = 32), its rho uncertainty the error curves of the *other*
    studies (leave-one-study-out);
 2. each pilot it asks for is seed s's own recorded run at that size (a run to the target costs the responses it took
-   to get there, or its whole budget where it never did; a prefix is the run cut after its length, and costs that),
-   and the plan is made again with it, until it decides or its budget (one reference run) is spent;
+   to get there, or its whole budget where it never did; a prefix is the run cut after its length, and costs that;
+   the reference again is the reference's configuration recorded with seed s + seeds, where the study has it, never
+   part of a truth), and the plan is made again with it, until it decides or its budget (one reference run) is spent;
 3. the pick is scored against the truth, the seed means of the *other* seeds: regret = T(pick) / T(best) - 1, with
    a bootstrap interval over those seeds (`rlsim.replay.evaluation.regret_interval`).
 Baselines in the same terms: keep the reference, the largest batch, and rlsim's reference-alone pick (least
@@ -119,17 +120,28 @@ def runs_of(spec: StudySpec) -> dict[int, list[dict]]:
                          "prefix, seeds and sizes it was recorded with")
     if not math.isfinite(spec.target):
         spec = replace(spec, target=target_of([read_trace(spec.path(spec.ref_p, s)) for s in range(spec.seeds)]))
-    out: dict[int, list[dict]] = {}
-    for P in spec.sizes:
-        for s in range(spec.seeds):
-            path = spec.path(P, s)
-            t = read_trace(path)
-            curve = fit_learning_curve(t)
-            r = samples_to_target(curve, spec.target)
-            out.setdefault(P, []).append(dict(path=path, n=r.n, censored=r.censored, rps=split_stats(t).responses_per_s,
-                                              trained=float(np.sum(t.rows("update")["num_responses"])),
-                                              target=spec.target, evals=curve.cum_responses))
-    return out
+    return {P: [_run(spec.path(P, s), spec.target) for s in range(spec.seeds)] for P in spec.sizes}
+
+
+def _run(path: Path, target: float) -> dict:
+    """One run: its path, samples-to-target (censored: the budget), steady responses/s, responses trained, evals."""
+    t = read_trace(path)
+    curve = fit_learning_curve(t)
+    r = samples_to_target(curve, target)
+    return dict(path=path, n=r.n, censored=r.censored, rps=split_stats(t).responses_per_s,
+                trained=float(np.sum(t.rows("update")["num_responses"])), target=target, evals=curve.cum_responses)
+
+
+def rerun_of(spec: StudySpec, s: int, target: float) -> dict | None:
+    """Seed s's second reference run, the pilot `rlsim plan` may ask for: the reference's configuration recorded with
+    seed s + spec.seeds (never part of any truth); None where the study has none, or has one from another build of
+    the model (its warm-up ended elsewhere: `rlsim plan` refuses it)."""
+    path = spec.path(spec.ref_p, s + spec.seeds)
+    if not path.exists():
+        return None
+    build = lambda p: {k: v for k, v in ((read_trace(p).meta.get("model") or {}).get("recipe") or {}).items()  # noqa: E731
+                       if k != "sft_seconds"}  # the warm-up's wall time differs between builds of one model
+    return _run(path, target) if build(path) == build(spec.path(spec.ref_p, s)) else None
 
 
 def truth(runs: dict[int, list[dict]], seeds: list[int], ref_p: int = REF_P) -> np.ndarray:
@@ -152,6 +164,7 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
     curves: dict[str, list] = {"noise-scale": [], "invariant": []}
     pilot, pilot_sig, sig, pilot_T, prefix = [], [], [], [], {f: [] for f in PREFIX_F}
     prefix_at: dict[tuple[int, float], list] = {}  # (P, f) -> the prefix samples of that size
+    by_seed: dict[tuple[int, int, float], float] = {}  # (seed, P, f) -> that prefix's error
     cross: dict[float, list] = {f: [] for f in PREFIX_F}  # a prefix's error x another size's run-to-target error
     R = spec.ref_p
     lc = {P: [fit_learning_curve(read_trace(r[s]["path"])) for s in range(spec.seeds)] for P, r in runs.items()}
@@ -173,6 +186,7 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
                     if math.isfinite(e):
                         prefix[f].append(e)
                         prefix_at.setdefault((P, f), []).append(e)
+                        by_seed[(s, P, f)] = e
                         cross[f] += [e * full[Q] for Q in full if Q != P]
         try:
             study = prepare([read_trace(runs[R][s]["path"])], rho_model="noise-scale", target=spec.target)
@@ -185,7 +199,7 @@ def error_curves(spec: StudySpec, runs: dict[int, list[dict]]) -> dict:
                 pilot.append(math.log(runs[P][s]["n"] / runs[R][s]["n"]) - math.log(rho_true[P]))
                 sig.append(math.log(sig_true[P] / preds[P].sigma))
     return dict(curves=curves, pilot=pilot, pilot_sigma=pilot_sig, sigma=sig, prefix=prefix, pilot_T=pilot_T,
-                prefix_at=prefix_at, ref_p=R, cross=cross)
+                prefix_at=prefix_at, ref_p=R, cross=cross, prefix_by_seed=by_seed)
 
 
 def prefix_tables(per_study: dict[str, dict], least: int = 4) -> dict:
@@ -220,8 +234,29 @@ def shared_table(per_study: dict[str, dict]) -> dict:
         cov = float(np.mean([np.mean([a * b for i, a in enumerate(e) for j, b in enumerate(e) if i != j])
                              for e in st["pilot_T"] if len(e) > 1]))
         return dict(shared_cov=cov, variance=float(np.mean([x * x for e in st["pilot_T"] for x in e])),
-                    prefix_x_full={str(f): float(np.mean(v)) if v else math.nan for f, v in st["cross"].items()})
+                    prefix_x_full={str(f): float(np.mean(v)) if v else math.nan for f, v in st["cross"].items()},
+                    prefix_x_prefix=prefix_shared(st["prefix_by_seed"]))
     return {name: row(st) for name, st in per_study.items()}
+
+
+def prefix_shared(by_seed: dict[tuple[int, int, float], float]) -> dict:
+    """What the prefixes of one seed share (read against its one reference run's curve): per length f, the mean
+    product of two prefixes' errors at other sizes, each less the mean error of its size and length (its bias), the
+    mean variance of those, and the pairs (JSON key `shared_noise`, `prefix_x_prefix`)."""
+    mean: dict[tuple[int, float], list] = {}
+    for (_, P, f), e in by_seed.items():
+        mean.setdefault((P, f), []).append(e)
+    d = {k: e - float(np.mean(mean[k[1:]])) for k, e in by_seed.items()}
+    out = {}
+    for f in sorted({k[2] for k in d}):
+        prods, var = [], []
+        for s in sorted({k[0] for k in d}):
+            xs = [e for (s_, _, f_), e in sorted(d.items()) if s_ == s and f_ == f]
+            prods += [a * b for i, a in enumerate(xs) for b in xs[i + 1:]]
+            var += [a * a for a in xs]
+        out[str(f)] = dict(shared_cov=float(np.mean(prods)) if prods else math.nan, variance=float(np.mean(var)),
+                           pairs=len(prods))
+    return out
 
 
 def all_errors(per_study: dict[str, dict], model: str) -> RhoErrors:
@@ -274,34 +309,37 @@ def plan_seed(spec: StudySpec, runs: dict[int, list[dict]], s: int, errors: dict
     responses it took to get there, or its budget where it never did; a prefix costs its length), until it decides."""
     ref = read_trace(runs[spec.ref_p][s]["path"])
     budget = runs[spec.ref_p][s]["trained"]
-    given: dict[int, tuple] = {}  # P -> (trace, prefix?)
+    again = rerun_of(spec, s, runs[spec.ref_p][s]["target"])
+    given: dict[int, tuple] = {}  # P -> (trace, prefix?); the reference's P: its second run
     spent = 0.0
 
-    def again(left: float):
+    def plan_again(left: float):
         least = min(spec.sizes) * spec.group  # the budget spent: no pilot costs this little, and it is valid
         cfg = PlanConfig(prompts=spec.sizes, group=spec.group, budget=max(left, least), **(rule or {}))
         return plan(ref, cfg, pilots=[t for t, _ in given.values()], errors=errors, target=spec.target, bounds_ok=True)
 
-    first = p = again(budget)
+    first = p = plan_again(budget)
     while p.decision is None:
-        nxt = next((x for x in p.pilots if x.prompts not in given or (given[x.prompts][1] and not x.prefix)), None)
+        nxt = next((x for x in p.pilots if (again is not None or not x.again)
+                    and (x.prompts not in given or (given[x.prompts][1] and not x.prefix))), None)
         if nxt is None:
             break
-        run = runs[nxt.prompts][s]
+        run = again if nxt.again else runs[nxt.prompts][s]
         length = max(nxt.responses, run["evals"][min(2, len(run["evals"]) - 1)])  # its recording's evals: two past 0
         cost = min(length, run["trained"]) if nxt.prefix else run["n"]
         if spent + cost > budget:
             break
         given[nxt.prompts] = (cut(run["path"], length) if nxt.prefix else read_trace(run["path"]), nxt.prefix)
         spent += cost
-        p = again(budget - spent)
+        p = plan_again(budget - spent)
     if p.decision is None:  # a pilot it asked for costs more than is left: plan once more with none affordable
-        p = again(0.0)
+        p = plan_again(0.0)
     chosen = p.decision or next(c for c in p.candidates if c.prompts == spec.ref_p)  # no move: the reference runs on
     ref_alone = min(first.candidates, key=lambda c: c.time_to_target_ratio)
     return dict(seed=s, pick=chosen.prompts, decided=p.decision is not None, p_within_5pct=chosen.p_within_5pct,
                 expected_regret=chosen.expected_regret, why=p.why,
-                pilots=[f"{P}{' prefix' if pre else ''}" for P, (_, pre) in given.items()],
+                pilots=[f"{P}{' prefix' if pre else ' again' if P == spec.ref_p else ''}"
+                        for P, (_, pre) in given.items()],
                 pilot_cost=spent / budget, ref_alone_pick=ref_alone.prompts)
 
 
@@ -396,6 +434,8 @@ def _args(argv) -> argparse.Namespace:
                     help="PlanConfig.slack: how far a truth may lie off the recorded error curves (sd, log T)")
     ap.add_argument("--no-prefix-moves", dest="prefix_moves", action="store_false",
                     help="PlanConfig.prefix_moves False: a move needs a run to the target, prefixes only steer")
+    ap.add_argument("--no-again", dest="again", action="store_false",
+                    help="PlanConfig.again False: no second run of the reference among the pilots, an ablation")
     ap.add_argument("--draw-seed", type=int, default=PlanConfig.seed,
                     help="PlanConfig.seed: the seed of every plan's draws (the scores' Monte Carlo noise: run several)")
     ap.add_argument("--shared-sd", type=float, default=None,
@@ -424,7 +464,7 @@ def main(argv=None) -> int:
         return 0
     rng, rule = np.random.default_rng(0), dict(confidence=a.confidence, slack=a.slack,
                                                   measured_confidence=a.measured_confidence, seed=a.draw_seed,
-                                                  prefix_moves=a.prefix_moves)
+                                                  prefix_moves=a.prefix_moves, again=a.again)
     if a.shared_sd is not None and not a.shared_sd >= 0:
         raise SystemExit(f"error: --shared-sd must be 0 or more (an sd in log T), got {a.shared_sd}")
     force = (lambda es: es) if a.shared_sd is None else (  # noqa: E731
@@ -447,6 +487,9 @@ def main(argv=None) -> int:
                "fresh": [evaluate_study(_with_target(f), runs_of(_with_target(f)), force(errors), rng, rule)
                          for f in FRESH] if a.fresh else [], "prefix_noise": prefix_table(per),
                "prefix_by_ratio": _json_tables(prefix_tables(per)), "shared_noise": shared_table(per)}
+        if a.fresh:  # measured on the fresh studies too, for the record: nothing the plan uses comes from them
+            fresh = {f.name: error_curves(f, runs_of(f)) for f in map(_with_target, FRESH)}
+            out["shared_noise_fresh"] = shared_table(fresh)
     out.update(method=__doc__.split("\n\n")[0], rule=rule)
     _table(out["studies"] + out["fresh"])
     if a.json:

@@ -75,8 +75,11 @@ def _print(p: Plan) -> None:
         for x in p.pilots[:PILOTS_SHOWN]:
             what = (f"a prefix, {x.responses:,} responses, set against the reference at equal responses"
                     if x.prefix else f"to the target, about {x.responses:,} responses")
-            con.print(f"  P={x.prompts} for {x.steps} updates ({what}) -> expected regret "
-                      f"{x.expected_regret_after:.1%}\n    {x.command}")
+            head = (f"the reference again, another seed, up to {x.steps} updates (stop it at the target, about "
+                    f"{x.responses:,} responses: it reads the reference run's own luck)" if x.again
+                    else f"P={x.prompts} for {x.steps} updates ({what}) -> expected regret "
+                         f"{x.expected_regret_after:.1%}")
+            con.print(f"  {head}\n    {x.command}")
         if len(p.pilots) > PILOTS_SHOWN:
             con.print(f"  ... and {len(p.pilots) - PILOTS_SHOWN} more, of less value (--json lists every one)")
         con.print("then plan again with the pilots' traces added: rlsim plan --trace REF --trace pilot_pN.parquet ...")
@@ -90,7 +93,9 @@ def register(app: typer.Typer) -> None:
     @command(app, "plan", whatif="grid",
              help="Which batch size to run, or which pilot runs would decide it most cheaply (by expected regret).",
              study_help={"trace": "Recorded trace: the first is the reference; repeat to add the pilot runs' traces "
-                                  "(other batch sizes, each run to the target), which measure rho there."})
+                                  "(other batch sizes, run to the target or a prefix of one, which measure rho "
+                                  "there; or the reference's configuration again with another seed, which reads "
+                                  "the reference run's own luck)."})
     def plan_cmd(axes: dict, so: StudyOptions,
                  budget: Optional[float] = typer.Option(None, "--budget", help=default_text(
                      "Responses the pilots may spend in all.", "one reference run's")),

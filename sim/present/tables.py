@@ -327,5 +327,8 @@ def plan_lines(meta: Mapping[str, Any]) -> list[str]:
         return [f"plan: {what}: within 5 % of the best with probability {d['p_within_5pct']:.2f}, expected regret "
                 f"{d['expected_regret']:.1%}{sure}"]
     x = p["pilots"][0]
+    if x.get("again"):
+        return [f"plan: the reference again with another seed first ({x['steps']} updates; it reads the reference "
+                f"run's own luck): {x['command']}"]
     return [f"plan: a pilot first, P={x['prompts']} ({x['steps']} updates) lowers the expected regret from "
             f"{p['expected_regret']:.1%} to {x['expected_regret_after']:.1%}: {x['command']}"]

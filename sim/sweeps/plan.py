@@ -6,8 +6,8 @@ So the plan's uncertainty about rho is *measured*: error curves e(d) = log(rho m
 reference alone) at d = log2(B / B_ref), one per reference seed of the recorded batch-size studies
 (`rlsim.replay.rho_errors`); a draw of the truth is one such curve plus the studies' seed noise. Its uncertainty
 about sigma is each candidate's sigma interval as `rlsim run` gives it, read as a log-normal spread. Pilots run to
-the target are read against one reference run and share its luck (`weigh`, `RhoErrors.shared_sd`). A trace whose
-cost fits cannot be used (`rlsim.replay.fit_quality`) gets no move: the plan names the recording that would fix it.
+the target share the one reference run's luck (`weigh`, `RhoErrors.shared_sd`), which that configuration run again
+reads (`_again`). A trace whose cost fits cannot be used gets no move (`rlsim.replay.fit_quality`).
 
 Over the draws (weights w), for each candidate i: expected regret E_w[T_i / min_j T_j - 1] and p_within_5pct
 P_w[T_i <= 1.05 min_j T_j]. Keeping the reference is a choice with its own expected regret: the pick is the least
@@ -15,7 +15,8 @@ expected regret among the reference and the candidates that beat it with probabi
 predictions alone, or `measured_confidence` once a pilot (a run at candidate j, to the target or a prefix of one)
 measured them; `Plan.why` says why in one line. It is a **decision** when its p_within_5pct reaches the confidence or
 no pilot would lower the expected regret; otherwise the plan lists **pilots**, ranked by the regret they are
-expected to remove (preposterior) per response spent. The method in full: docs/usage.md, "Planning".
+expected to remove (preposterior) per response spent. A move that the reference run's own luck could undo waits for
+the reference again (`_confirm`). The method in full: docs/usage.md, "Planning".
 """
 from __future__ import annotations
 
@@ -71,6 +72,9 @@ class PlanConfig:
     prefix_moves: bool = field(default=True, metadata={
         "help": "whether a candidate read only by a prefix (a pilot short of the target) may be picked; False: a "
                 "prefix only steers the pilots, a move needs a run to the target"})
+    again: bool = field(default=True, metadata={
+        "help": "whether the plan may ask for the reference's configuration run again with another seed, the one "
+                "pilot that reads the reference run's own luck (False: pilots at other sizes only)"})
     fixed: tuple = field(default=(), metadata={
         "help": "((WhatIf field, value), ...) every candidate shares: the execution mode, its settings and devices "
                 "(e.g. (('mode', 'fully_async'),))"})
@@ -136,13 +140,17 @@ class Pilot:
     group: int = field(metadata={"help": "G"})
     steps: int = field(metadata={
         "help": "updates: a run to the target, the reference's samples-to-target times the candidate's predicted rho; "
-                "or a prefix, `responses` long"})
-    responses: int = field(metadata={"help": "responses it trains on (steps x P x G): its price"})
+                "a prefix, `responses` long; the reference again, the reference's recorded updates (stop it at the "
+                "target)"})
+    responses: int = field(metadata={"help": "responses it trains on to the target or the prefix's end: its price"})
     expected_regret_after: float = field(metadata={"help": "expected regret of the pick once it is measured"})
     command: str = field(metadata={"help": "the rlrun record command line"})
     prefix: bool = field(default=False, metadata={
         "help": "a prefix: a run stopped before the target, set against the reference's learning curve at equal "
                 "responses (noisier than a run to the target; measured in `RhoErrors.prefix_sd`)"})
+    again: bool = field(default=False, metadata={
+        "help": "a second run of the reference's configuration with another seed, to the target: it reads the first "
+                "run's own luck, which every pilot run to the target is read against"})
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -250,30 +258,36 @@ def measured_column(log_T: np.ndarray, y, s: float, slack: float, z: np.ndarray)
 
 
 def weigh(T: np.ndarray, readings: Sequence[tuple[int, float, float, bool]], u: np.ndarray, shared_sd: float,
-          slack: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+          slack: float, rng: np.random.Generator, ref: int = -1) -> tuple[np.ndarray, np.ndarray]:
     """(weights (K,), T (K, n)): the draws T (K, n) once the pilots' readings (candidate j, measured log T, its noise sd
     in log T, whether it is a run to the target) are weighed in. A run to the target, less its draw's offset u (K,)
     (the reference run's luck at the target, sd `shared_sd`, common to every such pilot), measures its candidate
     with its own noise (`own_sd`); a prefix, read against the reference's curve where it stopped, shares no
     measurable part of it (docs/usage.md, Planning). Each reweighs the draws (their errors move together) and sets
-    its own column (`measured_column`)."""
+    its own column (`measured_column`); a second run of the reference (j = `ref`, its log rho over the first's) reads
+    u alone and sets no column."""
     w, T = np.ones(len(T)), T.copy()
     for j, y, sd, full in readings:
         y, sd = (y - u, own_sd(sd, shared_sd)) if full else (y, sd)
+        if j == ref:  # the recorded configuration run again: it reads 0 + u, whatever the plan's mode makes of it
+            w = w * measured_column(np.zeros(len(T)), y, sd, 0.0, np.zeros(len(T)))[0]
+            continue
         wj, T[:, j] = measured_column(np.log(T[:, j]), y, sd, slack, rng.standard_normal(len(T)))
         w = w * wj
     return w, T
 
 
-def luck_note(u: np.ndarray, w: np.ndarray, shared_sd: float, full: int) -> str:
-    """A note when two or more runs to the target read the reference run as lucky or unlucky: the weighted mean of
-    the draws' shared offset u (K,) in log T, where it is at least half its prior sd ('' otherwise)."""
-    if full < 2 or not shared_sd > 0:
+def luck_note(u: np.ndarray, w: np.ndarray, shared_sd: float, full: int, again: bool = False) -> str:
+    """A note when two or more runs to the target, or a second run of the reference (`again`), read the reference
+    run as lucky or unlucky: the weighted mean of the draws' shared offset u (K,) in log T, where it is at least half
+    its prior sd ('' otherwise)."""
+    if (full < 2 and not again) or not shared_sd > 0:
         return ""
     m = float((w / w.sum()) @ u)
     if abs(m) < 0.5 * shared_sd:
         return ""
-    return (f"the pilots run to the target read the reference run as {'slow' if m < 0 else 'fast'}: each reads its "
+    who = "the second run of the reference reads" if again else "the pilots run to the target read"
+    return (f"{who} the reference run as {'slow' if m < 0 else 'fast'}: each pilot reads its "
             f"candidate about {abs(math.expm1(m)):.0%} {'faster' if m < 0 else 'slower'} than it is (the reference's "
             "own luck, shared by every pilot read against it); the decision takes it out, their rows show what they "
             "measured")
@@ -286,14 +300,10 @@ def one_reading(s: Scored, best: int, shared_sd: float, study: Study) -> str:
     full = [j for j, o in s.observed.items() if not o.prefix]
     if best == s.ref or full != [best] or not shared_sd > 0:
         return ""
-    P, G = s.sizes[s.ref], s.preds[s.ref].group
-    steps = max(int(math.ceil(study.n_star_ref / (P * G))), 1)
-    seed = int(study.models.config.get("seed") or 0) + 1
-    again = _command(study, P, G, steps, out="reference_2", seed=seed)
+    again = _again(study, s.sizes[s.ref], s.preds[s.ref].group)
     return (f"the move to P={s.sizes[best]} rests on one pilot run read against one reference run, and that reading "
             f"carries the reference run's own luck (sd {shared_sd:.2f} in log T): before acting on it, run the "
-            f"reference's configuration again with another seed ({again}); if it reaches the target much sooner, plan "
-            "again from it")
+            f"reference's configuration again with another seed ({again.command}) and plan again with it as a pilot")
 
 
 def scores(T: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -323,18 +333,30 @@ def own_sd(sd: float, shared_sd: float) -> float:
 
 
 def regret_after_pilot(T: np.ndarray, w: np.ndarray, j: int, ref: int, sd: float, rng: np.random.Generator,
-                       truths: int = 400, confidence: float = 0.8, measured: Sequence[int] = (),
-                       slack: float = 0.3, measured_confidence: float = 0.0, u: np.ndarray | None = None,
-                       barred: Sequence[int] = ()) -> float:
-    """Expected regret of the pick once candidate j (not the reference) is measured (preposterior over `truths` draws
-    taken as the truth): T (K, n) draws of T, w (K,) the current weights, sd a pilot's own noise in log T, u (K,) the
-    draws' offset shared by every pilot of the reference (`Scored.u`; None: none), `barred` the candidates the pick
-    may not take. As `score` does with a pilot given back (`measured_column`), then `pick`. All truths at once: (M, K)
-    arrays."""
+                       truths: int = 400, **rule) -> float:
+    """Expected regret of the pick once candidate j is measured (`picks_after_pilot`, its arguments), over the truths
+    drawn there."""
+    idx, c = picks_after_pilot(T, w, j, ref, sd, rng, truths, **rule)
+    return float(np.mean(T[idx, c] / T[idx].min(axis=1) - 1.0))
+
+
+def picks_after_pilot(T: np.ndarray, w: np.ndarray, j: int, ref: int, sd: float, rng: np.random.Generator,
+                      truths: int = 400, confidence: float = 0.8, measured: Sequence[int] = (),
+                      slack: float = 0.3, measured_confidence: float = 0.0, u: np.ndarray | None = None,
+                      barred: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+    """(the truths drawn (M,) as indices of the draws, the pick made after each one's reading (M,)) once candidate j
+    is measured (preposterior over `truths` draws taken as the
+    truth): T (K, n) draws of T, w (K,) the current weights, sd a pilot's own noise in log T, u (K,) the draws' offset
+    shared by every pilot of the reference (`Scored.u`; None: none), `barred` the candidates the pick may not take;
+    j = `ref`: a second run of the reference, which reads u alone. As `score` does with a pilot given back
+    (`measured_column`), then `pick`. All truths at once: (M, K) arrays."""
     u = np.zeros(len(w)) if u is None else u
     idx = rng.choice(len(w), size=min(truths, len(w)), p=w / w.sum())
-    y = (np.log(T[idx, j]) + u[idx] + rng.standard_normal(len(idx)) * sd)[:, None]  # (M, 1) what it would measure
-    W, col = measured_column(np.log(T[:, j])[None, :], y - u[None, :], sd, slack, rng.standard_normal(len(w)))
+    log_T = np.zeros(len(w)) if j == ref else np.log(T[:, j])  # the reference run again reads 0 + u (`weigh`)
+    y = (log_T[idx] + u[idx] + rng.standard_normal(len(idx)) * sd)[:, None]  # (M, 1) what it would measure
+    W, col = measured_column(log_T[None, :], y - u[None, :], sd, 0.0 if j == ref else slack,
+                             rng.standard_normal(len(w)))
+    col = np.broadcast_to(T[:, ref], W.shape) if j == ref else col
     W = w[None, :] * W
     W = np.where(W.sum(axis=1, keepdims=True) > 0, W, w[None, :])
     P = W / W.sum(axis=1, keepdims=True)
@@ -350,8 +372,7 @@ def regret_after_pilot(T: np.ndarray, w: np.ndarray, j: int, ref: int, sd: float
     ok[:, ref] = True
     key = np.where(ok, er, np.inf)
     key[:, ref] = np.nextafter(key[:, ref], -np.inf)  # ties: the reference
-    c = key.argmin(axis=1)
-    return float(np.mean(T[idx, c] / T[idx].min(axis=1) - 1.0))
+    return idx, key.argmin(axis=1)
 
 
 # ------------------------------------------------------------------------------------------------ the plan
@@ -377,7 +398,7 @@ class Scored:
 
 
 def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErrors, rng: np.random.Generator,
-          model_name: str | None = None, bounds_ok: bool = False, ref_rps: float = math.nan) -> Scored:
+          model: Mapping | None = None, bounds_ok: bool = False, ref_rps: float = math.nan) -> Scored:
     """Predict every candidate, draw its truth from the measured errors, weigh the draws by the pilots' measurements."""
     G = cfg.group or study.reference.group
     sizes = sorted(set(cfg.prompts) | {study.reference.prompts})
@@ -393,16 +414,17 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     notes = [n for n in notes if n] + _memory_notes(preds)
     warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing "
                 "resamples its fits): taken as exact, which understates the uncertainty"] if bare else []
-    observed = observe(study, pilots, sizes, G, preds, errors, model_name, bounds_ok, notes, ref_rps)
+    observed = observe(study, pilots, sizes, G, preds, errors, model, bounds_ok, notes, ref_rps)
     u = np.random.default_rng(cfg.seed + 2).standard_normal(cfg.draws) * errors.shared_sd
-    readings = [(j, o.log_rho - math.log(o.sigma), math.hypot(o.rho_sd, o.sigma_sd), not o.prefix)
+    readings = [(j, o.log_rho, o.rho_sd, True) if j == ref else  # its speed on another day reads the host, not u
+                (j, o.log_rho - math.log(o.sigma), math.hypot(o.rho_sd, o.sigma_sd), not o.prefix)
                 for j, o in observed.items()]
-    w, T = weigh(np.exp(T_log), readings, u, errors.shared_sd, cfg.slack, rng)
+    w, T = weigh(np.exp(T_log), readings, u, errors.shared_sd, cfg.slack, rng, ref)
     measured = {ref, *observed}
     if not w.sum() > 0:
         raise RlsimError("the pilots' measurements lie outside every recorded error curve; check that they come from "
                          "the same task, model and lr rule as the reference")
-    luck = luck_note(u, w, errors.shared_sd, sum(full for *_, full in readings))
+    luck = luck_note(u, w, errors.shared_sd, sum(full for j, *_, full in readings if j != ref), ref in observed)
     notes += [luck] if luck else []
     return Scored(sizes, ref, preds, T, e, w, measured, notes, warnings, observed, u)
 
@@ -425,7 +447,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
         raise RlsimError(f"{reference.name} never reaches its target, so no samples-to-target to plan from; pass a "
                          "lower --target")
     s = score(study, cfg, pilots, errors, np.random.default_rng(cfg.seed),
-              (reference.meta.get("model") or {}).get("name"),
+              reference.meta.get("model") or None,
               bounds_ok, split_stats(reference).responses_per_s if pilots else math.nan)
     s, fit_warnings = _feasible(s)
     cands, er, p5 = _rows(s)
@@ -441,9 +463,14 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
                       for c in cands)
         return replace(decided, candidates=blank, decision=None, expected_regret=math.nan, why="",
                        warnings=(unusable, *warnings), no_move=unusable)
+    budget = cfg.budget if cfg.budget is not None else _reference_responses(study)
+    first = _confirm(study, s, best, errors, cfg)
+    if first is not None and first[0].responses <= budget:
+        return replace(decided, decision=None, pilots=(first[0],),
+                       why=f"{decided.why}; but it changes with probability {first[1]:.2f} once the reference run's "
+                           "own luck is read, so the reference again first")
     if p5[best] >= cfg.confidence:
         return decided
-    budget = cfg.budget if cfg.budget is not None else _reference_responses(study)
     options = _pilots(study, s, errors, cfg.seed + 1, cfg)
     useful = [p for p in options if p.responses <= budget and p.expected_regret_after < er[best] - 0.005]
     if useful:
@@ -460,7 +487,7 @@ def _rows(s: Scored) -> tuple[tuple[Candidate, ...], np.ndarray, np.ndarray]:
     rows = []
     for i, (P, p) in enumerate(zip(s.sizes, s.preds)):
         lo, hi = _weighted_quantiles(s.T[:, i], s.w, (0.05, 0.95))
-        o = s.observed.get(i)
+        o = s.observed.get(i) if i != s.ref else None  # a second run of the reference reads its luck, a note says
         rho, sigma = (math.exp(o.log_rho), o.sigma) if o else (p.rho, p.sigma)
         source = "reference" if i == s.ref else ("pilot prefix" if o.prefix else "pilot") if o else "prediction"
         noise = (o.rho_sd, o.sigma_sd) if o else (0.0, 0.0) if i == s.ref else (math.nan, math.nan)
@@ -563,14 +590,19 @@ def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:
 
 
 def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, preds: Sequence[Outcome],
-            errors: RhoErrors, model_name: str | None, bounds_ok: bool, notes: list[str],
+            errors: RhoErrors, model: Mapping | None, bounds_ok: bool, notes: list[str],
             ref_rps: float) -> dict[int, Observation]:
     """The pilots' observations by candidate index: at one size, runs to the target supersede prefixes, and what is
     left is pooled (inverse-variance mean of log rho, mean of log sigma); one note per pilot says what it measured."""
     by: dict[int, list[Observation]] = {}
     for tr in pilots:
-        o = pilot_observation(study, tr, sizes, G, preds, errors, model_name, bounds_ok, ref_rps)
+        o = pilot_observation(study, tr, sizes, G, preds, errors, model, bounds_ok, ref_rps)
         by.setdefault(o.index, []).append(o)
+        if sizes[o.index] == study.reference.prompts:
+            notes.append(f"second run of the reference {tr.name}: it reached the target after "
+                         f"{math.exp(o.log_rho):.2f}x the first run's responses (seed noise {o.rho_sd:.2f} in log), "
+                         "a reading of the first run's own luck, which every pilot run to the target is read against")
+            continue
         how = "a prefix short of the target, read at equal responses" if o.prefix else "to the target"
         notes.append(f"pilot {tr.name}: P={sizes[o.index]}, {how}: rho {math.exp(o.log_rho):.3f} (seed noise "
                      f"{o.rho_sd:.2f} in log), sigma {o.sigma:.3f} ({o.sigma_sd:.2f}), "
@@ -586,13 +618,13 @@ def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, pre
 
 
 def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: Sequence[Outcome], errors: RhoErrors,
-                      model_name: str | None, bounds_ok: bool = False, ref_rps: float = math.nan) -> Observation:
+                      model: Mapping | None, bounds_ok: bool = False, ref_rps: float = math.nan) -> Observation:
     """What a pilot trace measured: its samples-to-target over the reference's (one seed each: noise
     `errors.seed_sd`), or, short of the target, the rho its prefix gives against the reference's curve at equal
     responses (`prefix_log_rho`, its measured bias at its length and batch ratio removed, noise `errors.prefix_sd`);
     its responses/s over the reference's (noise `errors.pilot_sigma_sd`; the prediction's sigma where either has
     none)."""
-    _same_setup(study, tr, model_name)
+    _same_setup(study, tr, model)
     c = tr.config
     P, g = int(c.get("prompts") or 0), int(c.get("group") or 1)
     if P not in sizes or g != G:
@@ -608,7 +640,10 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: 
         raise RlsimError(f"pilot {tr.name} has no eval after training started, so it measures nothing; run it longer "
                          "(more --steps than --eval-every)")
     log_rho, sd, prefix = math.log(reached.n / study.n_star_ref), errors.seed_sd, reached.censored
-    if prefix:
+    if P == study.reference.prompts:  # a second run of the reference: its samples-to-target read the first's luck
+        _another_seed(study, tr, reached, bounds_ok)
+        prefix = False  # short of the target (bounds_ok): counted at its budget, a lower bound
+    elif prefix:
         bias, p_sd = errors.prefix_noise(reached.n / study.n_star_ref, math.log2(P * G / study.b_ref))
         est = prefix_log_rho(study.curves[0], curve, reached.n)
         if math.isfinite(est) and math.isfinite(p_sd):
@@ -624,29 +659,60 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: 
     return Observation(j, float(log_rho), float(sd), float(sigma), float(s_sd), bool(prefix))
 
 
-def _same_setup(study: Study, tr: Trace, model_name: str | None) -> None:
-    """Refuse a pilot of another algorithm, task, lr rule or model than the reference's."""
+def _another_seed(study: Study, tr: Trace, reached, bounds_ok: bool) -> None:
+    """Refuse a second run of the reference that has the reference's seed (it would repeat the first run's luck, not
+    read it) or, unless `bounds_ok`, that stopped short of the target (`reached`, samples_to_target's)."""
+    seed, first = tr.config.get("seed"), study.models.config.get("seed")
+    if seed is not None and seed == first:
+        raise RlsimError(f"pilot {tr.name} is the reference's configuration with the reference's seed ({seed}): a "
+                         "second run of the reference reads the first run's luck only with another seed (--seed)")
+    if reached.censored and not bounds_ok:
+        again = _again(study, study.reference.prompts, study.reference.group)
+        raise RlsimError(f"pilot {tr.name}, a second run of the reference, stopped short of the target (trained "
+                         f"{reached.n:.0f} responses): it reads the first run's luck only at the target; run it to "
+                         f"the end ({again.command})")
+
+
+def _same_setup(study: Study, tr: Trace, model: Mapping | None) -> None:
+    """Refuse a pilot of another algorithm, task, lr rule or model than the reference's (`model`: its trace's model
+    metadata), or of another build of the same built-in model: the warm-up that makes it, run on another host or
+    software, may end elsewhere, and a run from other weights measures them, not the batch size."""
     c = tr.config
     for key in ("algo", "task", "lr_rule"):
         if str(c.get(key)) != str(study.models.config.get(key)):
             raise RlsimError(f"pilot {tr.name} has {key} {c.get(key)!r}, the reference "
                              f"{study.models.config.get(key)!r}: a pilot must be the reference's run at another size")
-    if model_name is not None and (tr.meta.get("model") or {}).get("name") != model_name:
+    if not model or model.get("name") is None:
+        return
+    mine = tr.meta.get("model") or {}
+    if mine.get("name") != model.get("name"):
         raise RlsimError(f"pilot {tr.name} trains another model than the reference; record it with the reference's "
                          "--model")
+    a, b = ((m.get("recipe") or {}).get("sft_final_loss") for m in (mine, model))
+    if a is not None and b is not None and a != b:
+        raise RlsimError(f"pilot {tr.name} trains another build of {model.get('name')} than the reference (its "
+                         f"warm-up ended at loss {a:.6g}, the reference's at {b:.6g}): record it with the reference's "
+                         "model folder (--model PATH, the folder the reference's trace names)")
 
 
 def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConfig) -> list[Pilot]:
     """The pilots worth pricing, by expected regret removed per response, best first: at each candidate not yet run to
     the target, a run to the target (priced at the reference's samples-to-target times its predicted rho) and the
     prefixes shorter than that whose noise was measured (`RhoErrors.prefix_sd`), as successive halving would spend
-    little on a candidate before running it to the end. Every option is scored on the same random truths and noise
+    little on a candidate before running it to the end; and once, the reference again with another seed (`_again`),
+    whose worth is what it tells of the reference run's luck. Every option is scored on the same random truths and noise
     draws (common random numbers, `seed`), so their ranking is not the draws' noise."""
     measured = sorted(s.measured)
     barred = _barred(s, cfg)
     er_now = float(scores(s.T, s.w)[0][pick(s.T, s.w, s.ref, cfg.confidence, measured, cfg.measured_confidence,
                                             barred)])
     out = []
+    if cfg.again and s.ref not in s.observed:  # its luck, shared by runs to the target
+        x = _again(study, s.sizes[s.ref], s.preds[s.ref].group, float((s.w / s.w.sum()) @ np.exp(s.u)))
+        after = regret_after_pilot(s.T, s.w, s.ref, s.ref, own_sd(errors.seed_sd, errors.shared_sd),
+                                   np.random.default_rng(seed), confidence=cfg.confidence, measured=measured,
+                                   slack=cfg.slack, measured_confidence=cfg.measured_confidence, u=s.u, barred=barred)
+        out.append(((er_now - after) / x.responses, replace(x, expected_regret_after=after)))
     for j, P in enumerate(s.sizes):
         o = s.observed.get(j)
         if j == s.ref or (o is not None and not o.prefix) or s.preds[j].fits is False:  # none where it does not fit
@@ -673,6 +739,26 @@ def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConf
             out.append(((er_now - after) / (steps * P * G),
                         Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps), prefix)))
     return [p for _, p in sorted(out, key=lambda x: -x[0])]
+
+
+def _confirm(study: Study, s: Scored, best: int, errors: RhoErrors, cfg: PlanConfig) -> tuple[Pilot, float] | None:
+    """(the reference again, the probability that its reading changes the pick) where a move to `best` is read
+    against the one reference run through runs to the target and that run's luck, as a second run would read it,
+    changes the pick with probability 1 - confidence or more (None otherwise). The preposterior ranks pilots by
+    expected regret, which a second run of the reference seldom lowers where the draws put the reference far behind;
+    the studies' misses were such moves, whose draws a slow reference had misled (docs/results.md)."""
+    full = any(not o.prefix for j, o in s.observed.items() if j != s.ref)
+    if best == s.ref or not full or not cfg.again or s.ref in s.observed or not errors.shared_sd > 0:
+        return None
+    idx, c = picks_after_pilot(s.T, s.w, s.ref, s.ref, own_sd(errors.seed_sd, errors.shared_sd),
+                               np.random.default_rng(cfg.seed + 3), confidence=cfg.confidence,
+                               measured=sorted(s.measured), slack=cfg.slack,
+                               measured_confidence=cfg.measured_confidence, u=s.u, barred=_barred(s, cfg))
+    flip = float(np.mean(c != best))
+    if flip < 1 - cfg.confidence:
+        return None
+    x = _again(study, s.sizes[s.ref], s.preds[s.ref].group, float((s.w / s.w.sum()) @ np.exp(s.u)))
+    return replace(x, expected_regret_after=float(np.mean(s.T[idx, c] / s.T[idx].min(axis=1) - 1.0))), flip
 
 
 def _barred(s: Scored, cfg: PlanConfig) -> list[int]:
@@ -706,6 +792,18 @@ def _weighted_quantiles(x: np.ndarray, w: np.ndarray, qs: Sequence[float]) -> li
     o = np.argsort(x)
     c = np.cumsum(w[o]) / w.sum()
     return [float(x[o][min(int(np.searchsorted(c, q)), len(x) - 1)]) for q in qs]
+
+
+def _again(study: Study, P: int, G: int, luck: float = 1.0) -> Pilot:
+    """The reference's configuration run again with the next seed for its recorded updates (another seed may need
+    more responses to the target than the first), priced, as a run to the target, at the first's samples-to-target
+    times `luck`, what the pilots read of the first run's luck (E[e^u]: below 1 where they read it as slow; expected
+    regret after it: nan, for the caller to set)."""
+    to_target = max(int(math.ceil(study.n_star_ref * luck / (P * G))), 1)
+    steps = max(int(study.models.config.get("steps") or 0), to_target)
+    seed = int(study.models.config.get("seed") or 0) + 1
+    return Pilot(P, G, steps, to_target * P * G, math.nan,
+                 _command(study, P, G, steps, out="reference_2", seed=seed), again=True)
 
 
 def _command(study: Study, P: int, G: int, steps: int, out: str | None = None, seed: int | None = None) -> str:

@@ -1,6 +1,7 @@
 """`rlsim plan`: decisions and pilots from measured rho uncertainty; regret; the measured error curves reproduce."""
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -426,8 +427,13 @@ def test_the_shared_pilot_noise_is_the_within_seed_covariance_by_hand():
 def test_the_shared_noise_table_by_hand():
     from bench.studies.plan_eval import PREFIX_F, main, shared_table
 
-    st = {"pilot_T": [[1.0, 2.0, 3.0]], "cross": {f: ([0.5, -0.5, 0.2] if f == PREFIX_F[0] else []) for f in PREFIX_F}}
+    # prefixes: seed 0 at P 8 / 16 errs 1 / 2, seed 1 3 / 0; less their sizes' means (2, 1): -1 / +1 and +1 / -1,
+    # so each seed's pair multiplies to -1 (one prefix fast where the other is slow: nothing shared)
+    by_seed = {(0, 8, 0.5): 1.0, (0, 16, 0.5): 2.0, (1, 8, 0.5): 3.0, (1, 16, 0.5): 0.0}
+    st = {"pilot_T": [[1.0, 2.0, 3.0]], "cross": {f: ([0.5, -0.5, 0.2] if f == PREFIX_F[0] else []) for f in PREFIX_F},
+          "prefix_by_seed": by_seed}
     row = shared_table({"x": st})["x"]
+    assert row["prefix_x_prefix"] == {"0.5": dict(shared_cov=-1.0, variance=1.0, pairs=2)}
     assert row["shared_cov"] == pytest.approx(22 / 6) and row["variance"] == pytest.approx(14 / 3)
     assert row["prefix_x_full"][str(PREFIX_F[0])] == pytest.approx(0.2 / 3)
     assert math.isnan(row["prefix_x_full"][str(PREFIX_F[1])])
@@ -436,7 +442,7 @@ def test_the_shared_noise_table_by_hand():
 
 
 def test_plan_eval_takes_any_study_folder(tmp_path):
-    from bench.studies.plan_eval import _args, folder_spec, runs_of, truth
+    from bench.studies.plan_eval import _args, folder_spec, rerun_of, runs_of, truth
 
     a = _args(["--folder", "traces/study_addmix_lr1e-4", "--prefix", "grpo_addmix", "--seeds", "2", "--ref-p", "32",
                "--sizes", "16,32", "--target", "0.647"])
@@ -445,6 +451,10 @@ def test_plan_eval_takes_any_study_folder(tmp_path):
     runs = runs_of(spec)
     assert list(runs) == [16, 32] and all(len(r) == 2 for r in runs.values())
     assert truth(runs, [0, 1], 32)[1] == pytest.approx(1.0)
+    # the reference again for seed s is the recording of seed s + seeds, never one of the study's own seeds
+    again = rerun_of(spec, 0, 0.647)
+    assert again["path"].name == "grpo_addmix_p32_s2.parquet" and again["n"] > 0
+    assert rerun_of(replace(spec, seeds=6), 0, 0.647) is None
     with pytest.raises(RlsimError, match="2 run\\(s\\) missing"):
         runs_of(folder_spec(_args(["--folder", "traces/study_addmix_lr1e-4", "--prefix", "grpo_addmix", "--seeds", "2",
                                    "--sizes", "32,512"])))
@@ -472,3 +482,101 @@ def test_a_move_on_one_pilot_run_asks_for_a_second_reference_run():
     imported = one_reading(s, 0, 0.28, NS(**{**vars(study), "framework": "verl"}))
     assert ("run verl as the reference was, at P=32, G=8, for 24 updates with another seed, then rlsim import verl "
             "LOG -o reference_2.parquet") in imported
+
+
+# ------------------------------------------------------------------------------------------------ the reference again
+
+def test_a_second_reference_run_reads_the_reference_runs_luck_by_hand():
+    # u ~ N(0, 0.28^2) the reference run's luck; the reference run again reads y0 = u + e0, a pilot y1 = t1 + u + e1,
+    # e ~ N(0, 0.3^2) (own_sd of a total 0.41 with 0.28 shared), t1 ~ N(0, slack^2 = 0.09). As one Gaussian:
+    # E[u | y0] = y0 x 0.0784 / (0.0784 + 0.09); E[t1 | y0, y1] = [0.09, 0] S^-1 [y1, y0], S = [[0.2584, 0.0784],
+    # [0.0784, 0.1684]]: a second run that reads the reference as slow (y0 = -0.5) pulls a fast pilot back further.
+    from rlsim.sweeps.plan import weigh
+
+    K, sd = 200_000, math.hypot(0.28, 0.3)
+    u = np.random.default_rng(1).standard_normal(K) * 0.28
+    T0 = np.ones((K, 2))
+    T0[:, 0] = 1.3  # the reference's size in a mode the plan asks: its column is never the reading's
+    w, T = weigh(T0, [(0, -0.5, sd, True)], u, 0.28, 0.3, np.random.default_rng(2), ref=0)
+    assert (w / w.sum()) @ u == pytest.approx(-0.5 * 0.0784 / 0.1684, abs=0.004)
+    assert T[:, 0] == pytest.approx(1.3) and T[:, 1] == pytest.approx(1.0)
+    S = np.array([[0.2584, 0.0784], [0.0784, 0.1684]])
+    pilot, again = (1, -0.6, sd, True), (0, -0.5, sd, True)
+    for readings, n in (([pilot], 1), ([again, pilot], 2)):  # without the second run, then with it
+        w, T = weigh(np.ones((K, 2)), readings, u, 0.28, 0.3, np.random.default_rng(2), ref=0)
+        expect = float(np.array([0.09, 0.0])[:n] @ np.linalg.solve(S[:n, :n], np.array([-0.6, -0.5])[:n]))
+        assert (w / w.sum()) @ np.log(T[:, 1]) == pytest.approx(expect, abs=0.006)
+
+
+def test_the_reference_again_is_worth_a_run_only_once_a_pilot_shares_its_luck():
+    # candidate 1 is 0.86x or 1.16x the reference (even odds); a pilot there reads log T = -0.15 plus the reference
+    # run's luck u (sd 0.28) and its own noise (0.1): the reference or the candidate may be the fast one. The
+    # reference run again (noise 0.1) reads u, and so tells them apart; with no pilot, u moves no pick.
+    from rlsim.sweeps.plan import weigh
+
+    K, sd = 20_000, math.hypot(0.28, 0.1)
+    rng = np.random.default_rng(3)
+    u = rng.standard_normal(K) * 0.28
+    T = np.exp(np.column_stack([np.zeros(K), np.where(rng.random(K) < 0.5, -0.15, 0.15)]))
+    now = lambda w, T: scores(T, w)[0][pick(T, w, 0, measured=[1], measured_confidence=0.5)]  # noqa: E731
+    after = lambda w, T: regret_after_pilot(T, w, 0, 0, sd=0.1, rng=np.random.default_rng(4), u=u,  # noqa: E731
+                                             measured=[1], measured_confidence=0.5, slack=0.0, truths=2000)
+    assert after(np.ones(K), T) == pytest.approx(now(np.ones(K), T), abs=0.01)
+    w, T1 = weigh(T, [(1, -0.15, sd, True)], u, 0.28, 0.0, np.random.default_rng(2), ref=0)
+    assert after(w, T1) < 0.6 * now(w, T1)
+
+
+def test_a_second_reference_run_is_a_pilot(tmp_path):
+    # add2's seed 4: a slow reference (15,500 responses to the target, the other seeds' mean 10,700), and its P=16 run
+    # to the target reads fast against it; whether that is P=16 or the reference run's luck, a second run tells
+    ref, again, p16 = (read_trace(STUDY / f"grpo_p{P}_s{s}.parquet") for P, s in ((32, 4), (32, 5), (16, 4)))
+    cfg = PlanConfig(prompts=SIZES, draws=1000, budget=1e6)
+    alone = plan(ref, cfg, pilots=[p16], target=0.566)
+    x = next(x for x in alone.pilots if x.again)
+    assert (x.prompts, x.steps) == (32, 64) and "--seed 5 --out reference_2.parquet" in x.command
+    assert x.expected_regret_after < alone.expected_regret - 0.05
+    assert not any(x.again for x in plan(ref, replace(cfg, again=False), pilots=[p16], target=0.566).pilots)
+    both = plan(ref, cfg, pilots=[again, p16], target=0.566)
+    r = next(c for c in both.candidates if c.prompts == 32)
+    assert (r.source, r.rho, r.sigma, r.time_to_target_ratio) == ("reference", 1.0, 1.0, 1.0)
+    assert any(n.startswith("second run of the reference grpo_p32_s5: it reached the target after") for n in both.notes)
+    assert any("the second run of the reference reads the reference run as slow" in n for n in both.notes)
+    assert not any(x.again for x in both.pilots)
+    # the reference's own seed, or short of the target: one line each
+    same = read_trace(_cut(STUDY / "grpo_p32_s4.parquet", tmp_path / "ref_cut.parquet", 40))
+    short = read_trace(_cut(STUDY / "grpo_p32_s1.parquet", tmp_path / "again_short.parquet", 10))
+    for pilot, msg in ((same, "with the reference's seed \\(4\\)"), (short, "stopped short of the target .* run it to "
+                                                                          "the end \\(rlrun record .* --steps 64")):
+        with pytest.raises(RlsimError, match=msg):
+            plan(ref, cfg, pilots=[pilot], target=0.566)
+
+
+def test_a_pilot_from_another_build_of_the_model_is_refused():
+    # sub3's model rebuilt from the same recipe on another day: its warm-up ended at another loss (0.041048 against
+    # 0.041), and its runs start from other weights
+    sub3 = ROOT / "traces" / "study_sub3"
+    ref, rebuilt = read_trace(sub3 / "grpo_sub3_p32_s0.parquet"), read_trace(sub3 / "rebuilt_model" /
+                                                                               "grpo_sub3_p32_s3.parquet")
+    with pytest.raises(RlsimError, match="trains another build of tiny-llama-sub3-.* than the reference .*warm-up "
+                                         "ended at loss 0.0410479, the reference's at 0.041"):
+        plan(ref, PlanConfig(prompts=(8, 32), draws=200), pilots=[rebuilt])
+
+
+def test_a_move_that_the_reference_runs_luck_could_undo_asks_for_the_reference_again():
+    # add4's seed 0: a slow reference (8,237 responses to the target; its second run 6,696) and a P=8 pilot that
+    # reached the target within the 2,112 responses asked: read against the reference alone it moves to P=8
+    from bench.studies.plan_eval import cut
+
+    add4 = ROOT / "traces" / "study_add4"
+    ref = read_trace(add4 / "grpo_add4_p32_s0.parquet")
+    p8 = cut(add4 / "grpo_add4_p8_s0.parquet", 2112)
+    cfg = PlanConfig(prompts=(8, 16, 32, 64, 128, 256), group=8, budget=16384, draws=2000)
+    p = plan(ref, cfg, pilots=[p8], target=0.831)
+    assert p.decision is None and [x.again for x in p.pilots] == [True]
+    assert p.why.startswith("run P=8") and "changes with probability" in p.why
+    assert "--seed 1 --out reference_2.parquet" in p.pilots[0].command
+    assert plan(ref, replace(cfg, again=False), pilots=[p8], target=0.831).decision.prompts == 8
+    assert plan(ref, replace(cfg, budget=3000), pilots=[p8], target=0.831).decision.prompts == 8  # unaffordable
+    both = plan(ref, cfg, pilots=[p8, read_trace(add4 / "grpo_add4_p32_s3.parquet")], target=0.831)
+    assert both.why.startswith("keep the reference")  # read back: P=8 no longer clears the guard
+    assert not any(x.again for x in both.pilots)
