@@ -300,7 +300,7 @@ def cut(path: Path, responses: float):
     step, is_eval = t.table["step"], pc.equal(t.table["kind"], "eval")
     keep = pc.if_else(is_eval, pc.less_equal(t.table["cum_responses"], responses),
                       pc.or_(pc.is_null(step), pc.less(step, last)))
-    return replace(t, table=t.table.filter(keep), _cache={})
+    return replace(t, table=t.table.filter(keep), _cache={}, _columns=None)  # views of the cut table, not the run's
 
 
 def plan_seed(spec: StudySpec, runs: dict[int, list[dict]], s: int, errors: dict[str, RhoErrors],
@@ -432,8 +432,9 @@ def _args(argv) -> argparse.Namespace:
                     help="PlanConfig.measured_confidence: the guard on moves to a measured candidate")
     ap.add_argument("--slack", type=float, default=PlanConfig.slack,
                     help="PlanConfig.slack: how far a truth may lie off the recorded error curves (sd, log T)")
-    ap.add_argument("--no-prefix-moves", dest="prefix_moves", action="store_false",
-                    help="PlanConfig.prefix_moves False: a move needs a run to the target, prefixes only steer")
+    ap.add_argument("--prefix-moves", action=argparse.BooleanOptionalAction, default=PlanConfig.prefix_moves,
+                    help="PlanConfig.prefix_moves: whether a candidate read by a prefix alone may be picked (off: a "
+                         "move needs a run to the target, prefixes only steer)")
     ap.add_argument("--no-again", dest="again", action="store_false",
                     help="PlanConfig.again False: no second run of the reference among the pilots, an ablation")
     ap.add_argument("--draw-seed", type=int, default=PlanConfig.seed,

@@ -69,9 +69,10 @@ class PlanConfig:
     model_params: float | None = field(default=None, metadata={
         "help": "the model's parameter count, e.g. 7e9, for the candidates' memory when the trace names a model rlsim "
                 "cannot size (None: the trace's model; WhatIf.model_params)"})
-    prefix_moves: bool = field(default=True, metadata={
+    prefix_moves: bool = field(default=False, metadata={
         "help": "whether a candidate read only by a prefix (a pilot short of the target) may be picked; False: a "
-                "prefix only steers the pilots, a move needs a run to the target"})
+                "prefix only steers the pilots, a move needs a run to the target (chosen on the recorded studies: "
+                "docs/results.md, 'The harness read prefixes whole')"})
     again: bool = field(default=True, metadata={
         "help": "whether the plan may ask for the reference's configuration run again with another seed, the one "
                 "pilot that reads the reference run's own luck (False: pilots at other sizes only)"})

@@ -563,13 +563,11 @@ def test_a_pilot_from_another_build_of_the_model_is_refused():
 
 
 def test_a_move_that_the_reference_runs_luck_could_undo_asks_for_the_reference_again():
-    # add4's seed 0: a slow reference (8,237 responses to the target; its second run 6,696) and a P=8 pilot that
-    # reached the target within the 2,112 responses asked: read against the reference alone it moves to P=8
-    from bench.studies.plan_eval import cut
-
+    # add4's seed 0: a slow reference (8,237 responses to the target; its second run 6,696) and its P=8 run (3,467):
+    # read against the reference alone, P=8 looks 0.42x the samples
     add4 = ROOT / "traces" / "study_add4"
     ref = read_trace(add4 / "grpo_add4_p32_s0.parquet")
-    p8 = cut(add4 / "grpo_add4_p8_s0.parquet", 2112)
+    p8 = read_trace(add4 / "grpo_add4_p8_s0.parquet")
     cfg = PlanConfig(prompts=(8, 16, 32, 64, 128, 256), group=8, budget=16384, draws=2000)
     p = plan(ref, cfg, pilots=[p8], target=0.831)
     assert p.decision is None and [x.again for x in p.pilots] == [True]
@@ -580,3 +578,16 @@ def test_a_move_that_the_reference_runs_luck_could_undo_asks_for_the_reference_a
     both = plan(ref, cfg, pilots=[p8, read_trace(add4 / "grpo_add4_p32_s3.parquet")], target=0.831)
     assert both.why.startswith("keep the reference")  # read back: P=8 no longer clears the guard
     assert not any(x.again for x in both.pilots)
+
+
+def test_plan_eval_cuts_a_pilot_where_it_stopped():
+    # a prefix pilot is the run cut after its length: its rows, learning curve and speed are the cut's, not the run's
+    from bench.studies.plan_eval import cut
+    from rlsim.replay.evaluation import samples_to_target
+    from rlsim.replay.learning import fit_learning_curve
+
+    path = ROOT / "traces" / "study_add4" / "grpo_add4_p8_s0.parquet"
+    full, short = read_trace(path), cut(path, 2112)
+    assert len(short.rows("update")["step"]) == 33 < len(full.rows("update")["step"])
+    curve = fit_learning_curve(short)
+    assert curve.cum_responses[-1] <= 2112 and samples_to_target(curve, 0.831).censored
