@@ -192,14 +192,16 @@ class Trace:
 
     @property
     def columns(self) -> Columns:
-        """Numpy views of the table's columns (rlsim.replay.columns), made on first use."""
-        if self._columns is None:
-            self._columns = Columns(self.table)
+        """Numpy views of the table's columns (rlsim.replay.columns), made on first use, and made anew (the rows
+        cached from the old ones dropped) for a table swapped in by `dataclasses.replace`, e.g. a run cut short."""
+        if self._columns is None or self._columns.table is not self.table:
+            self._columns, self._cache = Columns(self.table), {}
         return self._columns
 
     def rows(self, kind: str) -> dict[str, np.ndarray]:
         """Columns of one event kind as numpy arrays: int64 for an integer column, float64 for an integer column
         with nulls in these rows and for a float column (NaN where null), object (str or None) for text."""
+        self.columns  # noqa: B018 (views of this table, not of one it replaced)
         if kind not in self._cache:
             pos, out = self.columns.positions(kind), {}
             for name, dtype, _, _ in COLUMNS:

@@ -300,7 +300,7 @@ def cut(path: Path, responses: float):
     step, is_eval = t.table["step"], pc.equal(t.table["kind"], "eval")
     keep = pc.if_else(is_eval, pc.less_equal(t.table["cum_responses"], responses),
                       pc.or_(pc.is_null(step), pc.less(step, last)))
-    return replace(t, table=t.table.filter(keep), _cache={}, _columns=None)  # views of the cut table, not the run's
+    return replace(t, table=t.table.filter(keep))
 
 
 def plan_seed(spec: StudySpec, runs: dict[int, list[dict]], s: int, errors: dict[str, RhoErrors],

@@ -581,7 +581,8 @@ def test_a_move_that_the_reference_runs_luck_could_undo_asks_for_the_reference_a
 
 
 def test_plan_eval_cuts_a_pilot_where_it_stopped():
-    # a prefix pilot is the run cut after its length: its rows, learning curve and speed are the cut's, not the run's
+    # a prefix pilot is the run cut after its length (`cut` reads the run's updates first, then swaps in the cut
+    # table): its rows, learning curve and speed are the cut's, not the run's
     from bench.studies.plan_eval import cut
     from rlsim.replay.evaluation import samples_to_target
     from rlsim.replay.learning import fit_learning_curve
