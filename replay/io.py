@@ -201,18 +201,18 @@ class Trace:
     def rows(self, kind: str) -> dict[str, np.ndarray]:
         """Columns of one event kind as numpy arrays: int64 for an integer column, float64 for an integer column
         with nulls in these rows and for a float column (NaN where null), object (str or None) for text."""
-        self.columns  # noqa: B018 (views of this table, not of one it replaced)
+        cols = self.columns  # first: it drops the rows cached from a table this one replaced
         if kind not in self._cache:
-            pos, out = self.columns.positions(kind), {}
+            pos, out = cols.positions(kind), {}
             for name, dtype, _, _ in COLUMNS:
                 if name not in _KIND_COLUMNS[kind]:
                     continue
                 if name == "kind":
                     out[name] = np.full(len(pos), kind, object)
                 elif pa.types.is_string(dtype):
-                    out[name] = self.columns.text(name)[pos]
+                    out[name] = cols.text(name)[pos]
                 else:
-                    values, null = self.columns.numbers(name)
+                    values, null = cols.numbers(name)
                     values, null = values[pos], null[pos]
                     whole = pa.types.is_integer(dtype) and not null.any()
                     out[name] = values.astype(np.int64) if whole else as_float(values, null)

@@ -152,6 +152,8 @@ def main(argv=None) -> int:
     except ValueError:
         raise SystemExit("--sizes takes integers (8,16,32) and --lr-aware two numbers B_BEND,KAPPA "
                          "(2896,0.64)") from None
+    if a.first_seed < 0:
+        raise SystemExit(f"error: --first-seed must be 0 or more, got {a.first_seed}")
     if not a.lr > 0:
         raise SystemExit(f"--lr must be positive, got {a.lr:g}")
     if a.predict:  # written once, before the runs it predicts: never over a file that already holds predictions

@@ -139,9 +139,31 @@ def rerun_of(spec: StudySpec, s: int, target: float) -> dict | None:
     path = spec.path(spec.ref_p, s + spec.seeds)
     if not path.exists():
         return None
-    build = lambda p: {k: v for k, v in ((read_trace(p).meta.get("model") or {}).get("recipe") or {}).items()  # noqa: E731
-                       if k != "sft_seconds"}  # the warm-up's wall time differs between builds of one model
-    return _run(path, target) if build(path) == build(spec.path(spec.ref_p, s)) else None
+    return _run(path, target) if _build(path) == _build(spec.path(spec.ref_p, s)) else None
+
+
+def _build(path: Path) -> dict:
+    """The recipe of the built-in model a run trained, less the warm-up's wall time (which differs between builds of
+    one model): equal for two runs of the same weights."""
+    recipe = (read_trace(path).meta.get("model") or {}).get("recipe") or {}
+    return {k: v for k, v in recipe.items() if k != "sft_seconds"}
+
+
+def second_runs(spec: StudySpec) -> list[dict]:
+    """Per seed s: samples-to-target of its reference and of its second run (seed s + seeds, in the study's folder or
+    in `rebuilt_model/` beside it), and each one's warm-up loss (`--second-runs`; docs/results.md section 25)."""
+    out = []
+    for s in range(spec.seeds):
+        first = spec.path(spec.ref_p, s)
+        name = spec.path(spec.ref_p, s + spec.seeds).name
+        again = next((p for p in (first.parent / name, first.parent / "rebuilt_model" / name) if p.exists()), None)
+        if again is None:
+            continue
+        n = [_run(p, spec.target)["n"] for p in (first, again)]
+        loss = [_build(p).get("sft_final_loss") for p in (first, again)]
+        out.append(dict(seed=s, first=n[0], second=n[1], log_ratio=math.log(n[1] / n[0]), first_loss=loss[0],
+                        second_loss=loss[1], same_model=_build(first) == _build(again)))
+    return out
 
 
 def truth(runs: dict[int, list[dict]], seeds: list[int], ref_p: int = REF_P) -> np.ndarray:
@@ -435,6 +457,9 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--prefix-moves", action=argparse.BooleanOptionalAction, default=PlanConfig.prefix_moves,
                     help="PlanConfig.prefix_moves: whether a candidate read by a prefix alone may be picked (off: a "
                          "move needs a run to the target, prefixes only steer)")
+    ap.add_argument("--second-runs", action="store_true",
+                    help="print each study's references against their second runs (samples-to-target, warm-up loss), "
+                         "and stop")
     ap.add_argument("--no-again", dest="again", action="store_false",
                     help="PlanConfig.again False: no second run of the reference among the pilots, an ablation")
     ap.add_argument("--draw-seed", type=int, default=PlanConfig.seed,
@@ -457,6 +482,13 @@ def _args(argv) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     a = _args(argv)
+    if a.second_runs:
+        for spec in (*STUDIES, *map(_with_target, FRESH)):
+            for r in second_runs(spec):
+                print(f"{spec.name:16s} seed {r['seed']}: {r['first']:8.0f} -> {r['second']:8.0f} responses, log ratio "
+                      f"{r['log_ratio']:+.2f}; warm-up loss {r['first_loss']:.6g} / {r['second_loss']:.6g}"
+                      f"{'' if r['same_model'] else ' (another build of the model: left out)'}")
+        return 0
     if a.preregister:
         try:
             preregister(folder_spec(a) if a.folder else FRESH[-1], Path(a.preregister))

@@ -301,7 +301,7 @@ def one_reading(s: Scored, best: int, shared_sd: float, study: Study) -> str:
     full = [j for j, o in s.observed.items() if not o.prefix]
     if best == s.ref or full != [best] or not shared_sd > 0:
         return ""
-    again = _again(study, s.sizes[s.ref], s.preds[s.ref].group)
+    again = _again_of(study, s)
     return (f"the move to P={s.sizes[best]} rests on one pilot run read against one reference run, and that reading "
             f"carries the reference run's own luck (sd {shared_sd:.2f} in log T): before acting on it, run the "
             f"reference's configuration again with another seed ({again.command}) and plan again with it as a pilot")
@@ -709,7 +709,7 @@ def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConf
                                             barred)])
     out = []
     if cfg.again and s.ref not in s.observed:  # its luck, shared by runs to the target
-        x = _again(study, s.sizes[s.ref], s.preds[s.ref].group, float((s.w / s.w.sum()) @ np.exp(s.u)))
+        x = _again_of(study, s)
         after = regret_after_pilot(s.T, s.w, s.ref, s.ref, own_sd(errors.seed_sd, errors.shared_sd),
                                    np.random.default_rng(seed), confidence=cfg.confidence, measured=measured,
                                    slack=cfg.slack, measured_confidence=cfg.measured_confidence, u=s.u, barred=barred)
@@ -758,7 +758,7 @@ def _confirm(study: Study, s: Scored, best: int, errors: RhoErrors, cfg: PlanCon
     flip = float(np.mean(c != best))
     if flip < 1 - cfg.confidence:
         return None
-    x = _again(study, s.sizes[s.ref], s.preds[s.ref].group, float((s.w / s.w.sum()) @ np.exp(s.u)))
+    x = _again_of(study, s)
     return replace(x, expected_regret_after=float(np.mean(s.T[idx, c] / s.T[idx].min(axis=1) - 1.0))), flip
 
 
@@ -793,6 +793,12 @@ def _weighted_quantiles(x: np.ndarray, w: np.ndarray, qs: Sequence[float]) -> li
     o = np.argsort(x)
     c = np.cumsum(w[o]) / w.sum()
     return [float(x[o][min(int(np.searchsorted(c, q)), len(x) - 1)]) for q in qs]
+
+
+def _again_of(study: Study, s: Scored) -> Pilot:
+    """`_again` at the reference's size, priced with what the draws read of the reference run's luck, E_w[e^u]."""
+    luck = float((s.w / s.w.sum()) @ np.exp(s.u)) if s.u is not None else 1.0
+    return _again(study, s.sizes[s.ref], s.preds[s.ref].group, luck)
 
 
 def _again(study: Study, P: int, G: int, luck: float = 1.0) -> Pilot:

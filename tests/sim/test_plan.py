@@ -470,7 +470,8 @@ def test_a_move_on_one_pilot_run_asks_for_a_second_reference_run():
     study = NS(framework="rlrun", n_star_ref=6000.0,
                models=NS(config={"algo": "grpo", "task": "add4", "seed": 0, "eval_every": 2}))
     full, prefix = NS(prefix=False), NS(prefix=True)
-    s = NS(ref=2, sizes=[8, 16, 32], preds=[NS(group=8)] * 3, observed={0: full, 1: prefix})
+    s = NS(ref=2, sizes=[8, 16, 32], preds=[NS(group=8)] * 3, observed={0: full, 1: prefix}, w=np.ones(4),
+           u=np.zeros(4))  # draws that read no luck: the second run priced at the reference's samples-to-target
     w = one_reading(s, 0, 0.28, study)
     assert w.startswith("the move to P=8 rests on one pilot run") and "sd 0.28" in w
     assert "rlrun record --algo grpo --prompts 32 --group 8 --task add4" in w  # 6,000 / 256 responses: 24 steps
@@ -592,3 +593,23 @@ def test_plan_eval_cuts_a_pilot_where_it_stopped():
     assert len(short.rows("update")["step"]) == 33 < len(full.rows("update")["step"])
     curve = fit_learning_curve(short)
     assert curve.cum_responses[-1] <= 2112 and samples_to_target(curve, 0.831).censored
+
+
+def test_the_sweep_says_when_the_plan_asks_for_the_reference_again():
+    from rlsim.present.tables import plan_lines
+
+    x = dict(prompts=32, group=8, steps=64, responses=7936, expected_regret_after=0.14, again=True,
+             command="rlrun record --prompts 32 --seed 1 --out reference_2.parquet")
+    lines = plan_lines({"plan": {"pilots": [x], "expected_regret": 0.127}})
+    assert lines == ["plan: the reference again with another seed first (64 updates; it reads the reference run's own "
+                     "luck): rlrun record --prompts 32 --seed 1 --out reference_2.parquet"]
+
+
+def test_second_runs_read_the_studies_references_against_their_seconds():
+    from bench.studies.plan_eval import FRESH, _with_target, second_runs
+
+    by = {f.name: second_runs(_with_target(f)) for f in FRESH if f.name in ("add4", "sub3")}
+    add4, sub3 = by["add4"], by["sub3"]
+    assert [round(r["first"]) for r in add4] == [8237, 5851, 4521] and all(r["same_model"] for r in add4)
+    assert [round(r["second"]) for r in add4] == [6696, 5688, 7222]
+    assert not any(r["same_model"] for r in sub3) and len(sub3) == 3  # rebuilt_model/: another build
