@@ -62,7 +62,7 @@ class RunConfig:
     eval_every: int = _f(5, "evaluate on held-out prompts every N updates (0: only before and after)")
     eval_prompts: int = _f(128, "held-out prompts per evaluation")
     eval_k: int = _f(4, "samples per held-out prompt (score is mean@k accuracy)")
-    task: str = _f("add2", "built-in task: add2, add3, add4, addmix or sub3 (ignored with --dataset)", cli=ALL)
+    task: str = _f("add2", "built-in task: add2, add3, add4, addmix, sum3 or sub3 (ignored with --dataset)", cli=ALL)
     dataset: str | None = _f(None, "JSONL or Parquet file with prompt/answer columns instead of a built-in task",
                              cli=ALL)
     reward: str = _f("exact", "dataset reward: exact (whole response) or numeric (last number)", cli=ALL)

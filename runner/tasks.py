@@ -7,6 +7,8 @@ Built-in tasks (no network, character vocabulary of `runner.model.CHARS`):
 - `add3`: the same with three-digit operands (about 30 tokens).
 - `add4`: the same with four-digit operands (about 40 tokens).
 - `addmix`: operands of 1 to 3 digits, so responses range from about 8 to 30 tokens.
+- `sum3`: three two-digit operands, the same column scratchpad with three digits and the carry per column:
+  `12+34+56=` -> `2+4+6+0=12;1+3+5+1=10#102` (the carry can be 2; about 26 tokens).
 - `sub3`: three-digit subtraction, the larger operand first, column by column with the borrow:
   `523-187=` -> `3-7-0=6;2-8-1=3;5-1-1=13#336` (each column writes 10 + x - y - borrow: two digits mean no
   borrow into the next column, one digit a borrow; about 30 tokens).
@@ -29,9 +31,9 @@ from typing import Callable
 
 from rlsim.replay.errors import RlsimError
 
-# task: (fewest and most digits of an operand, operator)
-ARITHMETIC = {"add2": ((2, 2), "+"), "add3": ((3, 3), "+"), "add4": ((4, 4), "+"), "addmix": ((1, 3), "+"),
-              "sub3": ((3, 3), "-")}
+# task: (fewest and most digits of an operand, operator, operands)
+ARITHMETIC = {"add2": ((2, 2), "+", 2), "add3": ((3, 3), "+", 2), "add4": ((4, 4), "+", 2),
+              "addmix": ((1, 3), "+", 2), "sum3": ((2, 2), "+", 3), "sub3": ((3, 3), "-", 2)}
 BUILTIN_TASKS = tuple(ARITHMETIC)
 
 
@@ -41,17 +43,17 @@ class Example:
     answer: str
 
 
-def scratchpad(a: int, b: int) -> str:
-    """Digit-by-digit column addition, least significant first: `9+3+0=12;5+6+1=12#122`."""
-    da, db = str(a)[::-1], str(b)[::-1]
+def scratchpad(*operands: int) -> str:
+    """Digit-by-digit column addition of any number of operands, least significant first: `59+63` ->
+    `9+3+0=12;5+6+1=12#122`; each column writes its digits, the carry in, and their sum."""
+    rev = [str(n)[::-1] for n in operands]
     steps, carry = [], 0
-    for i in range(max(len(da), len(db))):
-        x = int(da[i]) if i < len(da) else 0
-        y = int(db[i]) if i < len(db) else 0
-        s = x + y + carry
-        steps.append(f"{x}+{y}+{carry}={s}")
+    for i in range(max(map(len, rev))):
+        digits = [int(d[i]) if i < len(d) else 0 for d in rev]
+        s = sum(digits) + carry
+        steps.append("+".join(map(str, digits)) + f"+{carry}={s}")
         carry = s // 10
-    return ";".join(steps) + f"#{a + b}"
+    return ";".join(steps) + f"#{sum(operands)}"
 
 
 def scratchpad_sub(a: int, b: int) -> str:
@@ -67,18 +69,18 @@ def scratchpad_sub(a: int, b: int) -> str:
     return ";".join(steps) + f"#{a - b}"
 
 
-def _is_eval_pair(a: int, b: int) -> bool:
-    # a fixed hash split of the pair space: ~1/8 of pairs are held out, never trained on
-    return ((a * 7919 + b * 104729) * 2654435761) % 8 == 0
+def _is_eval_pair(*operands: int) -> bool:
+    # a fixed hash split of the operand space: ~1/8 of pairs (or triples) are held out, never trained on
+    return (sum(n * k for n, k in zip(operands, (7919, 104729, 1299709))) * 2654435761) % 8 == 0
 
 
-def _sample_pair(rng: random.Random, task: str) -> tuple[int, int]:
-    (lo, hi), op = ARITHMETIC[task]
+def _sample_operands(rng: random.Random, task: str) -> tuple[int, ...]:
+    (lo, hi), op, count = ARITHMETIC[task]
     def num() -> int:
         d = rng.randint(lo, hi)
         return rng.randint(10 ** (d - 1) if d > 1 else 0, 10 ** d - 1)
-    a, b = num(), num()
-    return (max(a, b), min(a, b)) if op == "-" else (a, b)
+    ops = tuple(num() for _ in range(count))
+    return tuple(sorted(ops, reverse=True)) if op == "-" else ops
 
 
 class Task:
@@ -103,24 +105,25 @@ class ArithmeticTask(Task):
         self.name = name
         self.op = ARITHMETIC[name][1]
 
-    def example(self, a: int, b: int) -> Example:
-        return Example(prompt=f"{a}{self.op}{b}=", answer=str(a + b if self.op == "+" else a - b))
+    def example(self, *operands: int) -> Example:
+        answer = sum(operands) if self.op == "+" else operands[0] - sum(operands[1:])
+        return Example(prompt=self.op.join(map(str, operands)) + "=", answer=str(answer))
 
     def train_stream(self, seed: int):
         rng = random.Random(f"train-{self.name}-{seed}")
         while True:
-            a, b = _sample_pair(rng, self.name)
-            if not _is_eval_pair(a, b):
-                yield self.example(a, b)
+            ops = _sample_operands(rng, self.name)
+            if not _is_eval_pair(*ops):
+                yield self.example(*ops)
 
     def eval_set(self, n: int, seed: int = 0) -> list[Example]:
         rng = random.Random(f"eval-{self.name}")  # fixed across seeds so scores compare between runs
         out, seen = [], set()
         while len(out) < n:
-            a, b = _sample_pair(rng, self.name)
-            if _is_eval_pair(a, b) and (a, b) not in seen:
-                seen.add((a, b))
-                out.append(self.example(a, b))
+            ops = _sample_operands(rng, self.name)
+            if _is_eval_pair(*ops) and ops not in seen:
+                seen.add(ops)
+                out.append(self.example(*ops))
             if len(seen) == 0 and len(out) > 10 * n:  # pragma: no cover
                 break
         return out
@@ -130,8 +133,8 @@ class ArithmeticTask(Task):
         return 1.0 if len(tail) == 2 and tail[1].strip() == ex.answer else 0.0
 
     def sft_text(self, ex: Example) -> str:
-        a, b = ex.prompt[:-1].split(self.op)
-        return (scratchpad if self.op == "+" else scratchpad_sub)(int(a), int(b))
+        operands = map(int, ex.prompt[:-1].split(self.op))
+        return (scratchpad if self.op == "+" else scratchpad_sub)(*operands)
 
 
 _NUM = re.compile(r"-?\d+(?:\.\d+)?")

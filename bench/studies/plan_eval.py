@@ -77,10 +77,12 @@ STUDIES = (StudySpec("add2", "traces/study", "grpo", 6, 0.566),
 # used to make them.
 # sub3 (three-digit subtraction) likewise, after the rule of results section 13 was chosen
 # (docs/study/sub3_plan_preregistered.json); add4 (four-digit addition) likewise, after the prefix-moves ablation of
-# results section 23 (docs/study/add4_plan_preregistered.json).
+# results section 23 (docs/study/add4_plan_preregistered.json); sum3 (three two-digit operands) likewise, after the
+# rule of results section 26, with its references' second runs (docs/study/sum3_plan_preregistered.json).
 FRESH = (StudySpec("add3", "traces/study_add3", "grpo_add3", 3, math.nan),
          StudySpec("sub3", "traces/study_sub3", "grpo_sub3", 3, math.nan),
-         StudySpec("add4", "traces/study_add4", "grpo_add4", 3, math.nan))
+         StudySpec("add4", "traces/study_add4", "grpo_add4", 3, math.nan),
+         StudySpec("sum3", "traces/study_sum3", "grpo_sum3", 3, math.nan))
 
 
 def _commit() -> str:
@@ -415,13 +417,17 @@ def _with_target(spec: StudySpec) -> StudySpec:
     return replace(spec, target=float(pre["target"]))
 
 
+def _rounded(v):
+    """Floats (in lists, to any depth) to 4 decimals: what the studies resolve."""
+    return round(v, 4) if isinstance(v, float) else [_rounded(x) for x in v] if isinstance(v, list) else v
+
+
 def write_errors(errors: dict[str, RhoErrors]) -> None:
     """Store the measured curves in rlsim/replay/rho_errors.py's DATA (the line after its marker)."""
     path = ROOT / "replay" / "rho_errors.py"
     text = path.read_text()
     def block(e: RhoErrors) -> str:  # one curve a line, rounded to what the studies resolve, within 120 columns
-        rnd = lambda v: round(v, 4) if isinstance(v, float) else [rnd(x) for x in v] if isinstance(v, list) else v  # noqa: E731
-        d = {k: rnd(v) for k, v in e.to_dict().items()}
+        d = {k: _rounded(v) for k, v in e.to_dict().items()}
         rows = ",\n".join("        " + json.dumps(c) for c in d.pop("curves"))
         head = pprint.pformat(d, width=112, sort_dicts=False).replace("\n", "\n    ")[1:-1]  # Python literals
         return "{" + head + ',\n     "curves": [\n' + rows + "]}"

@@ -108,9 +108,9 @@ def parse_whatif(kw: dict[str, Any], *, as_list: bool) -> dict[str, Any]:
         raw = kw.pop("wi_" + s.field, None)
         if raw is None:
             continue
-        vals = parse_list(str(raw), s.type, s.label)
+        vals = parse_list(str(raw), s.type, s.spellings)
         if not as_list and len(vals) != 1:
-            raise RlsimError(f"{s.label}: give one value here (lists are for `rlsim sweep`)")
+            raise RlsimError(f"{s.spellings}: give one value here (lists are for `rlsim sweep`)")
         out[s.field] = vals if as_list else vals[0]
     return out
 

@@ -61,6 +61,11 @@ class Spec:
         return self.flags[0]
 
     @property
+    def spellings(self) -> str:
+        """Its long flags, as an error names it (the spelling typed is not known): `--prompts/--batch`."""
+        return "/".join(f for f in self.flags if f.startswith("--")) or self.label
+
+    @property
     def base(self) -> Any:
         return base_type(self.type)[0]
 
@@ -183,12 +188,12 @@ def value(spec: Spec, raw: Any, *, as_list: bool = False) -> Any:
     if not isinstance(raw, str):
         return raw
     if as_list:
-        return parse_list(raw, spec.type, spec.label)
+        return parse_list(raw, spec.type, spec.spellings)
     if spec.base is str:
         return raw  # names and paths as typed; the config's validate() checks choices
     if not raw.strip():
-        raise RlsimError(f"{spec.label} is empty; give a value")
-    return parse_value(raw, spec.type, spec.label)
+        raise RlsimError(f"{spec.spellings} is empty; give a value")
+    return parse_value(raw, spec.type, spec.spellings)
 
 
 def values(group: list[Spec], kw: dict[str, Any], prefix: str, *, as_list: bool = False) -> dict[str, Any]:

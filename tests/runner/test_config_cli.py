@@ -114,6 +114,21 @@ def test_four_digit_addition_fits_the_default_response_length():
     assert not {e.prompt for e in t.eval_set(100)} & {e.prompt for e in pairs}
 
 
+def test_three_operand_sum_scratchpad_and_stream():
+    # one column per digit: the three digits and the carry in (which can be 2), then their sum
+    assert scratchpad(12, 34, 56) == "2+4+6+0=12;1+3+5+1=10#102"
+    assert scratchpad(99, 99, 99) == "9+9+9+0=27;9+9+9+2=29#297"
+    t = ArithmeticTask("sum3")
+    s = t.train_stream(0)
+    triples = [next(s) for _ in range(300)]
+    for ex in triples:
+        ops = list(map(int, ex.prompt[:-1].split("+")))
+        assert len(ops) == 3 and all(10 <= n <= 99 for n in ops) and ex.answer == str(sum(ops))
+        assert t.reward(t.sft_text(ex), ex) == 1.0
+        assert len(t.sft_text(ex)) + 1 <= RunConfig().max_tokens
+    assert not {e.prompt for e in t.eval_set(100)} & {e.prompt for e in triples}
+
+
 def test_streams_deterministic_and_eval_disjoint():
     t = ArithmeticTask("add2")
     a = [next(s) for s in [t.train_stream(1)] for _ in range(200)]
@@ -299,8 +314,8 @@ def test_cli_values_reach_the_config(recorded, tmp_path):
 
 @pytest.mark.parametrize("cmd", ["record", "calibrate"])
 @pytest.mark.parametrize("args,line", [
-    (["--prompts", "abc"], "error: --prompts: 'abc' is not a valid value (expected int)"),
-    (["-P", "1.5"], "error: --prompts: '1.5' is not a valid value (expected an integer)"),
+    (["--prompts", "abc"], "error: --prompts/--batch: 'abc' is not a valid value (expected int)"),
+    (["-P", "1.5"], "error: --prompts/--batch: '1.5' is not a valid value (expected an integer)"),
     (["--temperature", "hot"], "error: --temperature: 'hot' is not a valid value (expected float)"),
     (["--max-tokens", ""], "error: --max-tokens is empty; give a value"),
 ])

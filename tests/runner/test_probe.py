@@ -42,7 +42,7 @@ runner = CliRunner()
      "error: at --prompts 4: batch per rank 32 is not divisible by --minibatches 3; choose P or "
      "--minibatches so it divides"),
     (["--prompts", "4,8", "--task", "sudoku"],
-     "error: unknown --task 'sudoku'; choose one of add2, add3, add4, addmix, sub3 or pass --dataset FILE"),
+     "error: unknown --task 'sudoku'; choose one of add2, add3, add4, addmix, sum3, sub3 or pass --dataset FILE"),
     (["--prompts", "4,8", "--train-gpus", "2"],
      "error: rlrun probe with --train-gpus 2 needs --micro-batch N with N at most 16 (the smallest size's responses "
      "per rank and minibatch), so that every size trains in micro-batches of N on every rank"),

@@ -222,6 +222,6 @@ def test_prompts_is_batch(trace, tmp_path):
     r = runner.invoke(app, ["run", str(trace), "--prompts", "0"])
     assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"
     r = runner.invoke(app, ["run", str(trace), "--prompts", "x"])
-    assert r.exit_code == 2 and r.output.strip() == "error: --prompts: 'x' is not a valid value (expected int)"
+    assert r.exit_code == 2 and r.output.strip() == "error: --prompts/--batch: 'x' is not a valid value (expected int)"
     r = runner.invoke(app, ["run", str(trace), "--batch", "0"])
     assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"

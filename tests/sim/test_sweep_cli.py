@@ -71,9 +71,9 @@ def test_sweep_local_pool_equals_in_process_and_single_evaluate(trace_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--batch", "64,,x"], "--prompts: empty element in the list"),
-    (["--batch", "64,x"], "--prompts: 'x' is not a valid value"),
-    (["--batch", ""], "--prompts: empty list"),
+    (["--batch", "64,,x"], "--prompts/--batch: empty element in the list"),
+    (["--batch", "64,x"], "--prompts/--batch: 'x' is not a valid value"),
+    (["--batch", ""], "--prompts/--batch: empty list"),
     (["--batch", "0,64"], "--prompts must be a positive integer"),
     (["--lr-rule", "sqrt,cubic"], "--lr-rule must be one of"),
     ([], "nothing to sweep"),
