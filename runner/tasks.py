@@ -4,11 +4,9 @@ Built-in tasks (no network, character vocabulary of `runner.model.CHARS`):
 
 - `add2`: two-digit addition with a digit-by-digit scratchpad, e.g. `59+63=` -> `9+3+0=12;5+6+1=12#122`
   (about 21 tokens with the end token).
-- `add3`: the same with three-digit operands (about 30 tokens).
-- `add4`: the same with four-digit operands (about 40 tokens).
+- `add3`, `add4`: the same with three- and four-digit operands (about 30 and 40 tokens).
 - `addmix`: operands of 1 to 3 digits, so responses range from about 8 to 30 tokens.
-- `sum3`: three two-digit operands, the same column scratchpad with three digits and the carry per column:
-  `12+34+56=` -> `2+4+6+0=12;1+3+5+1=10#102` (the carry can be 2; about 26 tokens).
+- `sum3`: three two-digit operands, three digits and the carry (up to 2) a column, `2+4+6+0=12;1+3+5+1=10#102`.
 - `sub3`: three-digit subtraction, the larger operand first, column by column with the borrow:
   `523-187=` -> `3-7-0=6;2-8-1=3;5-1-1=13#336` (each column writes 10 + x - y - borrow: two digits mean no
   borrow into the next column, one digit a borrow; about 30 tokens).
