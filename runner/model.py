@@ -24,7 +24,7 @@ SPECIALS = ("<pad>", "<s>", "</s>", "<unk>")
 
 
 # Warm-up steps per task, chosen on 2 CPU cores for a held-out pass rate of roughly 10-50% at temperature 1, so
-# RL has signal (the pass rates they gave: docs/results.md section 10). add3 is not calibrated.
+# RL has signal (the pass rates they gave: docs/results.md sections 10, 24, 27). add3 is not calibrated.
 SFT_STEPS = {"add2": 140, "addmix": 115, "add3": 300, "add4": 250, "sub3": 300, "sum3": 350}
 
 

@@ -67,7 +67,7 @@ def scratchpad_sub(a: int, b: int) -> str:
     return ";".join(steps) + f"#{a - b}"
 
 
-def _is_eval_pair(*operands: int) -> bool:
+def _is_held_out(*operands: int) -> bool:
     # a fixed hash split of the operand space: ~1/8 of pairs (or triples) are held out, never trained on
     return (sum(n * k for n, k in zip(operands, (7919, 104729, 1299709))) * 2654435761) % 8 == 0
 
@@ -111,7 +111,7 @@ class ArithmeticTask(Task):
         rng = random.Random(f"train-{self.name}-{seed}")
         while True:
             ops = _sample_operands(rng, self.name)
-            if not _is_eval_pair(*ops):
+            if not _is_held_out(*ops):
                 yield self.example(*ops)
 
     def eval_set(self, n: int, seed: int = 0) -> list[Example]:
@@ -119,7 +119,7 @@ class ArithmeticTask(Task):
         out, seen = [], set()
         while len(out) < n:
             ops = _sample_operands(rng, self.name)
-            if _is_eval_pair(*ops) and ops not in seen:
+            if _is_held_out(*ops) and ops not in seen:
                 seen.add(ops)
                 out.append(self.example(*ops))
             if len(seen) == 0 and len(out) > 10 * n:  # pragma: no cover
