@@ -49,7 +49,7 @@ def table_lines(p: Plan) -> list[str]:
 
 
 def _print(p: Plan) -> None:
-    con = Console(highlight=False)
+    con = Console(highlight=False, soft_wrap=True)  # a pilot's command stays one line to copy (as in `rlsim run`)
     for line in (p.mode_line, p.asked):
         if line:
             con.print(line, markup=False)

@@ -22,7 +22,9 @@ from rlsim.whatif.predict import run
 
 
 def _console():
-    return Console(highlight=False)
+    # soft wrap: the terminal wraps long lines, and a command in a message stays one line to copy (rich would break
+    # it at the width, 80 columns when piped)
+    return Console(highlight=False, soft_wrap=True)
 
 
 def _print_run(res) -> None:

@@ -361,6 +361,9 @@ def test_prefixes_cut_at_one_length_are_one_pilot():
     shown = [x for x in r.output.splitlines() if x.startswith("  P=")]
     assert r.exit_code == 0 and len(every) > 5 and len(shown) == 5, r.output  # the table lists the best five
     assert f"and {len(every) - 5} more, of less value (--json lists every one)" in r.output
+    # each shown command is one line to copy, at any width (piped output is 80 columns to rich)
+    cmds = [x.strip() for x in r.output.splitlines() if x.startswith("    rlrun record")]
+    assert cmds == [x["command"] for x in every[:5]], r.output
 
 
 def test_span_note_names_the_candidates_beyond_the_data():
