@@ -51,7 +51,7 @@ def print_verdict(console: Any, rows: list, meta: dict, axes: list, names: dict)
 
 def _print_sweep(res: Any, axes: list, names: dict, top: int) -> None:
     """The mode line (where the trace's recorded mode was asked), the ranking, the verdict and where it was written."""
-    console = Console(highlight=False)
+    console = Console(highlight=False, soft_wrap=True)  # a command in the verdict stays one line to copy
     for line in res.meta.get("mode_from_trace", ()):
         console.print(line, markup=False)
     console.print(ranking_table(res.rows, axes, top=top, labels=names, meta=res.meta, width=console.width))
