@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import typer
+from rich.console import Console
 
 from rlsim.cli import opts as cliopts
 from rlsim.cli.opts import Group, Spec, generated
@@ -99,6 +100,12 @@ def _study_options(kw: dict[str, Any]) -> StudyOptions:
     if args:
         vals["trace"] = args + vals.get("trace", ())
     return StudyOptions(**vals)
+
+
+def console() -> Console:
+    """The commands' output console. Soft wrap: the terminal wraps long lines, and a command named in a message stays
+    one line to copy (rich would break it at the width, 80 columns when piped); tables keep their widths."""
+    return Console(highlight=False, soft_wrap=True)
 
 
 def parse_whatif(kw: dict[str, Any], *, as_list: bool) -> dict[str, Any]:

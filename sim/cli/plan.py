@@ -6,12 +6,11 @@ from dataclasses import fields
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from rlsim.cli.opts import default_text
 from rlsim.core.config import WhatIf
 from rlsim.modes.registry import GENERAL
-from rlsim.cli.options import StudyOptions, command, labels, read_traces
+from rlsim.cli.options import StudyOptions, command, console, labels, read_traces
 from rlsim.sweeps.plan import Plan, PlanConfig, plan
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.util import dumps, fmt
@@ -49,7 +48,7 @@ def table_lines(p: Plan) -> list[str]:
 
 
 def _print(p: Plan) -> None:
-    con = Console(highlight=False, soft_wrap=True)  # a pilot's command stays one line to copy (as in `rlsim run`)
+    con = console()
     for line in (p.mode_line, p.asked):
         if line:
             con.print(line, markup=False)

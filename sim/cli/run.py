@@ -6,25 +6,18 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from rlsim.core.config import WhatIf, help_text
 from rlsim.whatif.fidelity import replay_trace
 from rlsim.whatif.memory import memory_line
-from rlsim.cli.options import StudyOptions, command, read_calibrations, read_traces
+from rlsim.cli.options import StudyOptions, command, console, read_calibrations, read_traces
 from rlsim.sweeps.rank import rank_file
 from rlsim.replay.errors import cli_errors
 from rlsim.replay.io import read_trace
 from rlsim.replay.probe import refuse_probe
 from rlsim.replay.util import cores, dumps, fmt
 from rlsim.whatif.predict import run
-
-
-def _console():
-    # soft wrap: the terminal wraps long lines, and a command in a message stays one line to copy (rich would break
-    # it at the width, 80 columns when piped)
-    return Console(highlight=False, soft_wrap=True)
 
 
 def _print_run(res) -> None:
@@ -61,7 +54,7 @@ def _print_run(res) -> None:
 
     for label, key, kind in rows:
         t.add_row(label, cell(ref, key, kind), cell(cand, key, kind))
-    con = _console()
+    con = console()
     if res.mode_line:
         con.print(res.mode_line, markup=False)
     con.print(t)
@@ -147,7 +140,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(dumps(res.to_dict(), indent=2))
             return
 
-        con = _console()
+        con = console()
         errs = res.errors()
         t = Table(caption="per-update relative errors; recorded/simulated: means over the updates",
                   title=f"rlsim replay {res.trace}: {len(res.step)} updates"
@@ -194,7 +187,7 @@ def register(app: typer.Typer) -> None:
             t.add_column(c, justify="left" if c in ("config", "regime") else "right")
         for r in ranked:
             t.add_row(r.config, f"{r.sigma:.3f}", f"{r.rho:.3f}", f"{r.time_to_target_ratio:.3f}", r.regime)
-        con = _console()
+        con = console()
         con.print(t)
         if not present:
             con.print("note: no --reference; sigma and rho are taken as already relative to the reference")

@@ -14,7 +14,7 @@ from rlsim.present import perfetto as pf
 from rlsim.core.config import WhatIf
 from rlsim.core.grid import build_grid
 from rlsim.cli.opts import App, default_text
-from rlsim.cli.options import StudyOptions, command, labels, read_calibrations, read_traces
+from rlsim.cli.options import StudyOptions, command, console, labels, read_calibrations, read_traces
 from rlsim.replay.errors import RlsimError
 from rlsim.present.report import build_report
 from rlsim.sweeps.study import export_simulated, sweep_study
@@ -51,15 +51,15 @@ def print_verdict(console: Any, rows: list, meta: dict, axes: list, names: dict)
 
 def _print_sweep(res: Any, axes: list, names: dict, top: int) -> None:
     """The mode line (where the trace's recorded mode was asked), the ranking, the verdict and where it was written."""
-    console = Console(highlight=False, soft_wrap=True)  # a command in the verdict stays one line to copy
+    con = console()
     for line in res.meta.get("mode_from_trace", ()):
-        console.print(line, markup=False)
-    console.print(ranking_table(res.rows, axes, top=top, labels=names, meta=res.meta, width=console.width))
-    print_verdict(console, res.rows, res.meta, axes, names)
-    console.print(f"{len(res.rows)} configs in {res.seconds:.1f} s ({res.meta['backend']['kind']})")
+        con.print(line, markup=False)
+    con.print(ranking_table(res.rows, axes, top=top, labels=names, meta=res.meta, width=con.width))
+    print_verdict(con, res.rows, res.meta, axes, names)
+    con.print(f"{len(res.rows)} configs in {res.seconds:.1f} s ({res.meta['backend']['kind']})")
     p = res.paths
-    console.print(f"results: {p['parquet']}, {p['csv']}, {p['json']}"
-                  + (f", charts in {p['charts']}" if "charts" in p else ""))
+    con.print(f"results: {p['parquet']}, {p['csv']}, {p['json']}"
+              + (f", charts in {p['charts']}" if "charts" in p else ""))
 
 
 def register(app: typer.Typer) -> None:

@@ -3,19 +3,30 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from bench.studies.plan_eval import (FRESH, PREFIX_F, STUDIES, _args, _with_target, cut, error_curves, folder_spec,
+                                      main, prefix_tables, rerun_of, runs_of, second_runs, shared_table, shared_var,
+                                      truth)
 from rlsim.cli import app
 from rlsim.core.config import WhatIf
-from rlsim.sweeps.plan import PlanConfig, pick, plan, regret_after_pilot, scores
+from rlsim.sweeps.plan import (PlanConfig, luck_note, measured_column, one_reading, pick, plan, regret_after_pilot,
+                               scores, sigma_spread, weigh)
 from rlsim.replay.errors import RlsimError
-from rlsim.replay.evaluation import regret, regret_interval
+from rlsim.replay.evaluation import regret, regret_interval, samples_to_target
 from rlsim.replay.io import read_trace
 from rlsim.replay.rho_errors import DATA, RhoErrors, measured_errors
 from rlsim.replay.synthetic import SynthSpec, synthetic_trace
+from rlsim.present.results import read_results
+from rlsim.present.tables import plan_lines
+from rlsim.replay.learning import LearningCurve, fit_learning_curve, prefix_log_rho
+from rlsim.replay.split_stats import split_stats
+from rlsim.whatif.predict import evaluate
+from rlsim.whatif.study import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDY = ROOT / "traces" / "study"
@@ -77,9 +88,6 @@ def test_exact_predictions_decide_without_pilots(synth):
 
 
 def test_sigma_uncertainty_comes_from_the_traces_own_intervals(synth):
-    from rlsim.sweeps.plan import sigma_spread
-    from rlsim.whatif.predict import evaluate
-    from rlsim.whatif.study import prepare
 
     cfg = PlanConfig(prompts=(8, 32, 64), draws=2000)
     spans = {}
@@ -121,7 +129,6 @@ def test_wide_errors_ask_for_pilots_and_a_pilot_trace_is_measured():
 
 
 def test_the_shipped_error_curves_are_what_the_studies_measure():
-    from bench.studies.plan_eval import STUDIES, error_curves, runs_of
 
     spec = STUDIES[2]  # the smallest study (3 seeds): its curves must be the stored ones
     e = error_curves(spec, runs_of(spec))
@@ -166,7 +173,6 @@ def test_sweep_and_report_show_the_plan(tmp_path):
     assert "plan: " in r.output and "exp. regret" in r.output
     meta = json.loads((out / "sweep.json").read_text())
     assert ("decision" in meta["plan"]) != ("pilots" in meta["plan"])
-    from rlsim.present.results import read_results
 
     rows, _ = read_results(out)
     assert all(math.isfinite(x["expected_regret"]) for x in rows)
@@ -236,7 +242,6 @@ def test_without_prefix_moves_a_prefix_only_steers():
 
 
 def test_a_measurement_weighed_against_the_curves_by_hand():
-    from rlsim.sweeps.plan import measured_column
 
     log_T, z = np.log([0.5, 1.0, 2.0]), np.array([0.0, 1.0, -1.0])
     w, T = measured_column(log_T, 0.0, s=0.5, slack=0.0, z=z)  # the curves only: reweighted, T unchanged
@@ -254,7 +259,6 @@ def test_pilots_read_against_one_reference_share_its_luck_by_hand():
     # y_j = t_j + u + e_j, u ~ N(0, 0.28^2), e_j ~ N(0, 0.3^2): E[t_1 | y] = 0.09 (S^-1 y)_1, S = [[a, b], [b, a]],
     # a = 0.09 + 0.0784 + 0.09, b = 0.0784, so -0.6 x 0.09 / (a + b) = -0.160; taken as independent (noise 0.41
     # each), -0.6 x 0.09 / (0.09 + 0.1684) = -0.209: the shared part pulls both readings back towards the reference.
-    from rlsim.sweeps.plan import weigh
 
     K, sd = 200_000, math.hypot(0.28, 0.3)
     readings = [(1, -0.6, sd, True), (2, -0.6, sd, True)]
@@ -270,7 +274,6 @@ def test_pilots_read_against_one_reference_share_its_luck_by_hand():
 
 
 def test_the_plan_says_when_its_pilots_read_the_reference_as_slow_by_hand():
-    from rlsim.sweeps.plan import luck_note
 
     u, w = np.array([-0.4, -0.4, 0.2]), np.array([1.0, 1.0, 0.0])  # the weighted mean offset: -0.4 in log T
     note = luck_note(u, w, 0.28, full=2)
@@ -281,7 +284,6 @@ def test_the_plan_says_when_its_pilots_read_the_reference_as_slow_by_hand():
 
 
 def test_prefix_log_rho_by_hand():
-    from rlsim.replay.learning import LearningCurve, prefix_log_rho
 
     n = np.arange(0, 20001, 1000.0)
     ref = LearningCurve(cum_responses=n, score=n / 20000)  # score 1 at 20,000 responses
@@ -304,9 +306,6 @@ def _cut(path: Path, out: Path, updates: int) -> Path:
 
 
 def test_a_pilots_row_shows_what_it_measured_with_its_seed_noise(tmp_path):
-    from rlsim.replay.evaluation import samples_to_target
-    from rlsim.replay.learning import fit_learning_curve, prefix_log_rho
-    from rlsim.replay.split_stats import split_stats
 
     errs = _errors(np.zeros((3, 6)), seed_sd=0.3)
     e = errs["noise-scale"]
@@ -336,8 +335,6 @@ def test_a_pilots_row_shows_what_it_measured_with_its_seed_noise(tmp_path):
 def test_pilots_are_priced_from_the_references_samples_to_target_and_predicted_rho():
     wide = _errors([[-0.6, -0.4, 0, 0.4, 0.6, 0.8], [0.6, 0.4, 0, -0.4, -0.6, -0.8]], mirrored=True)
     p = plan(read_trace(REF), PlanConfig(prompts=SIZES, draws=1000, budget=1e6), errors=wide, target=0.566)
-    from rlsim.replay.evaluation import samples_to_target
-    from rlsim.replay.learning import fit_learning_curve
 
     n_ref = samples_to_target(fit_learning_curve(read_trace(REF)), 0.566).n
     rho = {c.prompts: c.rho for c in p.candidates}
@@ -407,7 +404,6 @@ def test_prefix_noise_by_length_and_batch_ratio_by_hand():
 
 
 def test_prefix_tables_by_size_fall_back_to_the_pooled_length_by_hand():
-    from bench.studies.plan_eval import PREFIX_F, prefix_tables
 
     f0 = PREFIX_F[0]
     study = {"prefix": {f: [1.0, 2.0, 3.0, 4.0, 5.0] if f == f0 else [0.0] for f in PREFIX_F},
@@ -419,7 +415,6 @@ def test_prefix_tables_by_size_fall_back_to_the_pooled_length_by_hand():
 
 
 def test_the_shared_pilot_noise_is_the_within_seed_covariance_by_hand():
-    from bench.studies.plan_eval import shared_var
 
     # seed 0's pilots err by 1, 2, 3 (their pairwise products average 22 / 6), seed 1's by 1, -1 (-1)
     assert shared_var({"a": {"pilot_T": [[1.0, 2.0, 3.0]]}, "b": {"pilot_T": [[1.0, -1.0]]}}) == pytest.approx(
@@ -428,7 +423,6 @@ def test_the_shared_pilot_noise_is_the_within_seed_covariance_by_hand():
 
 
 def test_the_shared_noise_table_by_hand():
-    from bench.studies.plan_eval import PREFIX_F, main, shared_table
 
     # prefixes: seed 0 at P 8 / 16 errs 1 / 2, seed 1 3 / 0; less their sizes' means (2, 1): -1 / +1 and +1 / -1,
     # so each seed's pair multiplies to -1 (one prefix fast where the other is slow: nothing shared)
@@ -445,7 +439,6 @@ def test_the_shared_noise_table_by_hand():
 
 
 def test_plan_eval_takes_any_study_folder(tmp_path):
-    from bench.studies.plan_eval import _args, folder_spec, rerun_of, runs_of, truth
 
     a = _args(["--folder", "traces/study_addmix_lr1e-4", "--prefix", "grpo_addmix", "--seeds", "2", "--ref-p", "32",
                "--sizes", "16,32", "--target", "0.647"])
@@ -466,9 +459,7 @@ def test_plan_eval_takes_any_study_folder(tmp_path):
 
 
 def test_a_move_on_one_pilot_run_asks_for_a_second_reference_run():
-    from types import SimpleNamespace as NS
 
-    from rlsim.sweeps.plan import one_reading
 
     study = NS(framework="rlrun", n_star_ref=6000.0,
                models=NS(config={"algo": "grpo", "task": "add4", "seed": 0, "eval_every": 2}))
@@ -495,7 +486,6 @@ def test_a_second_reference_run_reads_the_reference_runs_luck_by_hand():
     # e ~ N(0, 0.3^2) (own_sd of a total 0.41 with 0.28 shared), t1 ~ N(0, slack^2 = 0.09). As one Gaussian:
     # E[u | y0] = y0 x 0.0784 / (0.0784 + 0.09); E[t1 | y0, y1] = [0.09, 0] S^-1 [y1, y0], S = [[0.2584, 0.0784],
     # [0.0784, 0.1684]]: a second run that reads the reference as slow (y0 = -0.5) pulls a fast pilot back further.
-    from rlsim.sweeps.plan import weigh
 
     K, sd = 200_000, math.hypot(0.28, 0.3)
     u = np.random.default_rng(1).standard_normal(K) * 0.28
@@ -516,7 +506,6 @@ def test_the_reference_again_is_worth_a_run_only_once_a_pilot_shares_its_luck():
     # candidate 1 is 0.86x or 1.16x the reference (even odds); a pilot there reads log T = -0.15 plus the reference
     # run's luck u (sd 0.28) and its own noise (0.1): the reference or the candidate may be the fast one. The
     # reference run again (noise 0.1) reads u, and so tells them apart; with no pilot, u moves no pick.
-    from rlsim.sweeps.plan import weigh
 
     K, sd = 20_000, math.hypot(0.28, 0.1)
     rng = np.random.default_rng(3)
@@ -587,9 +576,6 @@ def test_a_move_that_the_reference_runs_luck_could_undo_asks_for_the_reference_a
 def test_plan_eval_cuts_a_pilot_where_it_stopped():
     # a prefix pilot is the run cut after its length (`cut` reads the run's updates first, then swaps in the cut
     # table): its rows, learning curve and speed are the cut's, not the run's
-    from bench.studies.plan_eval import cut
-    from rlsim.replay.evaluation import samples_to_target
-    from rlsim.replay.learning import fit_learning_curve
 
     path = ROOT / "traces" / "study_add4" / "grpo_add4_p8_s0.parquet"
     full, short = read_trace(path), cut(path, 2112)
@@ -599,7 +585,6 @@ def test_plan_eval_cuts_a_pilot_where_it_stopped():
 
 
 def test_the_sweep_says_when_the_plan_asks_for_the_reference_again():
-    from rlsim.present.tables import plan_lines
 
     x = dict(prompts=32, group=8, steps=64, responses=7936, expected_regret_after=0.14, again=True,
              command="rlrun record --prompts 32 --seed 1 --out reference_2.parquet")
@@ -609,7 +594,6 @@ def test_the_sweep_says_when_the_plan_asks_for_the_reference_again():
 
 
 def test_second_runs_read_the_studies_references_against_their_seconds():
-    from bench.studies.plan_eval import FRESH, _with_target, second_runs
 
     by = {f.name: second_runs(_with_target(f)) for f in FRESH if f.name in ("add4", "sub3")}
     add4, sub3 = by["add4"], by["sub3"]

@@ -1,5 +1,6 @@
 """`rlsim run | replay | rank` through typer's CliRunner, and bad input: one line, exit 2, no traceback."""
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -225,3 +226,12 @@ def test_prompts_is_batch(trace, tmp_path):
     assert r.exit_code == 2 and r.output.strip() == "error: --prompts/--batch: 'x' is not a valid value (expected int)"
     r = runner.invoke(app, ["run", str(trace), "--batch", "0"])
     assert r.exit_code == 2 and r.output.strip() == "error: --prompts must be a positive integer, got 0"
+
+
+def test_run_keeps_a_command_on_one_line():
+    # piped output is 80 columns to rich: the probe command an undecided verdict names must not be broken
+    trace = Path(__file__).resolve().parents[2] / "traces" / "grpo_p128.parquet"
+    r = runner.invoke(app, ["run", "--trace", str(trace), "--batch", "256"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if "rlrun probe" in x)
+    assert "rlrun probe --algo grpo --prompts 128,256 --group 8 --task add2)" in line, r.output

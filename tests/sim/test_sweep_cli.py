@@ -1,6 +1,7 @@
 """`rlsim sweep` and `rlsim export perfetto` end to end on a synthetic trace with the real simulator;
 sweep rows equal single `evaluate` results; bad input is one line and exit 2."""
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -305,3 +306,13 @@ def test_a_sweep_folder_with_the_older_column_name_reads(tmp_path):
     rows, _ = results.read_results(tmp_path)
     assert rows == [{"rank": 1, "prompts": 32, "responses_per_update": 256},
                     {"rank": 2, "prompts": 64, "responses_per_update": 512}]
+
+
+def test_sweep_verdict_keeps_a_command_on_one_line(tmp_path):
+    # piped output is 80 columns to rich: the probe command the undecided warning names must not be broken
+    trace = Path(__file__).resolve().parents[2] / "traces" / "grpo_p128.parquet"
+    r = _invoke(["sweep", "--trace", trace, "--batch", "128,256", "--updates", "10", "--no-charts", "--out",
+                 tmp_path / "s"])
+    assert r.exit_code == 0, r.output
+    line = next(x for x in r.output.splitlines() if "rlrun probe" in x)
+    assert "rlrun probe --algo grpo --prompts 128,256 --group 8 --task add2)" in line, r.output
