@@ -48,8 +48,9 @@ WITHIN = 0.05  # "within 5 % of the best"
 class PlanConfig:
     """What `rlsim plan` is asked."""
 
-    prompts: tuple[int, ...] = field(metadata={"help": "candidate P (prompts per update), two or more; the reference's "
-                                                       "is added"})
+    prompts: tuple[int, ...] = field(default=(), metadata={
+        "help": "candidate P (prompts per update), two or more; the reference's is added (none: the ladder P/4, P/2, "
+                "2P, 4P around the reference's P, `ladder`)"})
     group: int | None = field(default=None, metadata={"help": "G of every candidate (None: the reference's)"})
     budget: float | None = field(default=None,
                                  metadata={"help": "responses the pilots may spend in all (None: one reference run's)"})
@@ -82,8 +83,9 @@ class PlanConfig:
 
     def validate(self) -> None:
         ps = list(self.prompts)
-        if len(ps) < 2:
-            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --prompts 16,32,64,128")
+        if len(ps) == 1:
+            raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --prompts 16,32,64,128 (or none: "
+                             "P/4, P/2, 2P and 4P around the reference's P)")
         if any(not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in ps):
             raise RlsimError(f"{name('prompts')} sizes must be positive integers, got {ps}")
         if len(set(ps)) != len(ps):
@@ -441,6 +443,9 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     study = prepare([reference], rho_model="noise-scale" if _has_noise_scale(reference) else "invariant", target=target)
     errors = (errors or {}).get(study.rho_requested) or measured_errors(study.rho_requested)
     G = cfg.group or study.reference.group
+    asked_sizes = bool(cfg.prompts)
+    if not asked_sizes:
+        cfg = replace(cfg, prompts=ladder(study.reference.prompts))
     if cfg.budget is not None and cfg.budget < min(cfg.prompts) * G:
         raise RlsimError(f"--budget {cfg.budget:g} responses is below one update of the smallest candidate "
                          f"({min(cfg.prompts)} x {G} = {min(cfg.prompts) * G}); give at least that")
@@ -456,8 +461,10 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     d = np.log2(np.array(s.sizes, float) * G / study.b_ref)
     warnings = [w for w in [errors.span_note(d, [f"P={P}" for P in s.sizes]),
                             one_reading(s, best, errors.shared_sd, study)] if w] + s.warnings + fit_warnings
+    notes = s.notes if asked_sizes else [f"candidates: P={', '.join(map(str, s.sizes))}, the reference's P with P/4, "
+                                         "P/2, 2P and 4P (--prompts names others)", *s.notes]
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, _why(cands, best, s.ref, cfg),
-                   tuple(s.notes), tuple(warnings), mode_line=line, asked=_asked(cfg.fixed) if not line else "")
+                   tuple(notes), tuple(warnings), mode_line=line, asked=_asked(cfg.fixed) if not line else "")
     unusable = fit_check(study).warning(reference.name, reference.config)
     if unusable:  # the fits say nothing of sigma: no decision and no pilot rests on them, nor a regret
         blank = tuple(replace(c, p_within_5pct=math.nan, expected_regret=math.nan, p_beats_reference=math.nan)
@@ -518,6 +525,11 @@ def _why(cands: Sequence[Candidate], best: int, ref: int, cfg: PlanConfig) -> st
            f"predicted to beat the reference with probability {c.p_beats_reference:.2f} >= {cfg.confidence:.2f}")
     return (f"run P={c.prompts}: expected regret {c.expected_regret:.1%} ({how}), against {r.expected_regret:.1%} for "
             "keeping the reference")
+
+
+def ladder(P: int) -> tuple[int, ...]:
+    """The candidate sizes a plan weighs when none are named: P/4, P/2, 2P and 4P (at least 1, without P)."""
+    return tuple(sorted({max(1, round(P * f)) for f in (0.25, 0.5, 2, 4)} - {P}))
 
 
 def _as_recorded(cfg: PlanConfig, reference: Trace) -> tuple[PlanConfig, str]:

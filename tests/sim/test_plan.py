@@ -14,8 +14,8 @@ from bench.studies.plan_eval import (FRESH, PREFIX_F, STUDIES, _args, _with_targ
                                       truth)
 from rlsim.cli import app
 from rlsim.core.config import WhatIf
-from rlsim.sweeps.plan import (PlanConfig, luck_note, measured_column, one_reading, pick, plan, regret_after_pilot,
-                               scores, sigma_spread, weigh)
+from rlsim.sweeps.plan import (PlanConfig, ladder, luck_note, measured_column, one_reading, pick, plan,
+                               regret_after_pilot, scores, sigma_spread, weigh)
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.evaluation import regret, regret_interval, samples_to_target
 from rlsim.replay.io import read_trace
@@ -163,6 +163,17 @@ def test_cli_json_keys():
     assert all(math.isfinite(c["expected_regret"]) for c in d["candidates"])
     with pytest.raises(RlsimError):
         PlanConfig(prompts=(8,)).validate()
+
+
+def test_no_sizes_plans_the_ladder_around_the_reference(synth):
+    assert ladder(32) == (8, 16, 64, 128) and ladder(2) == (1, 4, 8) and ladder(6) == (2, 3, 12, 24)
+    p = plan(synth["quiet"], PlanConfig(draws=500), errors=_errors(np.zeros((3, 6))))
+    ref = p.reference_prompts
+    assert [c.prompts for c in p.candidates] == sorted({*ladder(ref), ref})
+    assert any(n.startswith("candidates: P=") for n in p.notes)
+    r = runner.invoke(app, ["plan", str(REF), "--target", "0.566", "--json"])
+    assert r.exit_code == 0, r.output
+    assert [c["prompts"] for c in json.loads(r.output)["candidates"]] == [8, 16, 32, 64, 128]
 
 
 def test_sweep_and_report_show_the_plan(tmp_path):
