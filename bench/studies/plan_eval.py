@@ -64,6 +64,7 @@ class StudySpec:
     sizes: tuple[int, ...] = SIZES
     ref_p: int = REF_P
     group: int = G
+    registered: str = ""  # the pre-registration that fixed a fresh study's target (docs/study/...; "": the name's)
 
     def path(self, P: int, seed: int) -> Path:
         return ROOT / self.folder / f"{self.prefix}_p{P}_s{seed}.parquet"
@@ -78,11 +79,15 @@ STUDIES = (StudySpec("add2", "traces/study", "grpo", 6, 0.566),
 # sub3 (three-digit subtraction) likewise, after the rule of results section 13 was chosen
 # (docs/study/sub3_plan_preregistered.json); add4 (four-digit addition) likewise, after the prefix-moves ablation of
 # results section 23 (docs/study/add4_plan_preregistered.json); sum3 (three two-digit operands) likewise, after the
-# rule of results section 26, with its references' second runs (docs/study/sum3_plan_preregistered.json).
+# rule of results section 26, with its references' second runs (docs/study/sum3_plan_preregistered.json). sum3 again
+# with its P 8 and P 16 runs as the reference (two sizes its P 32 runs beat), scored after sum3 with the rule unchanged
+# (results section 29): whether the rule moves where it should, on runs no rule was chosen on.
 FRESH = (StudySpec("add3", "traces/study_add3", "grpo_add3", 3, math.nan),
          StudySpec("sub3", "traces/study_sub3", "grpo_sub3", 3, math.nan),
          StudySpec("add4", "traces/study_add4", "grpo_add4", 3, math.nan),
-         StudySpec("sum3", "traces/study_sum3", "grpo_sum3", 3, math.nan))
+         StudySpec("sum3", "traces/study_sum3", "grpo_sum3", 3, math.nan),
+         StudySpec("sum3 ref P 8", "traces/study_sum3", "grpo_sum3", 3, math.nan, ref_p=8, registered="sum3"),
+         StudySpec("sum3 ref P 16", "traces/study_sum3", "grpo_sum3", 3, math.nan, ref_p=16, registered="sum3"))
 
 
 def _commit() -> str:
@@ -413,7 +418,8 @@ def evaluate_study(spec: StudySpec, runs: dict[int, list[dict]], errors: dict[st
 
 def _with_target(spec: StudySpec) -> StudySpec:
     """The fresh study with the target its pre-registration fixed."""
-    pre = json.loads((ROOT / "docs" / "study" / f"{spec.name}_plan_preregistered.json").read_text())
+    reg = spec.registered or spec.name
+    pre = json.loads((ROOT / "docs" / "study" / f"{reg}_plan_preregistered.json").read_text())
     return replace(spec, target=float(pre["target"]))
 
 
@@ -451,7 +457,7 @@ def _args(argv) -> argparse.Namespace:
     ap.add_argument("--write-errors", action="store_true", help="store every study's error curves for rlsim plan")
     ap.add_argument("--studies", default=",".join(s.name for s in STUDIES), help="comma list of study names")
     ap.add_argument("--preregister", help="write a fresh study's target and plans from its references here, and stop "
-                    "(the study --folder names, else the newest in FRESH)")
+                    "(the study --folder names, else the newest study in FRESH)")
     ap.add_argument("--fresh", action="store_true",
                     help="also score the fresh study (FRESH) with the shipped error curves")
     ap.add_argument("--confidence", type=float, default=PlanConfig.confidence,
@@ -497,7 +503,7 @@ def main(argv=None) -> int:
         return 0
     if a.preregister:
         try:
-            preregister(folder_spec(a) if a.folder else FRESH[-1], Path(a.preregister))
+            preregister(folder_spec(a) if a.folder else [f for f in FRESH if not f.registered][-1], Path(a.preregister))
         except RlsimError as e:
             raise SystemExit(f"error: {e}")
         return 0

@@ -611,3 +611,9 @@ def test_second_runs_read_the_studies_references_against_their_seconds():
     assert [round(r["first"]) for r in add4] == [8237, 5851, 4521] and all(r["same_model"] for r in add4)
     assert [round(r["second"]) for r in add4] == [6696, 5688, 7222]
     assert not any(r["same_model"] for r in sub3) and len(sub3) == 3  # rebuilt_model/: another build
+
+
+def test_a_study_scored_from_another_reference_size_keeps_its_registered_target():
+    by = {f.name: _with_target(f) for f in FRESH}
+    assert by["sum3 ref P 8"].target == by["sum3"].target == 0.36 and by["sum3 ref P 8"].ref_p == 8
+    assert second_runs(by["sum3 ref P 16"]) == []  # no second runs at P 16: the plan cannot ask for them
