@@ -23,12 +23,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields, replace
 from statistics import NormalDist
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from rlsim.core.config import WhatIf
-from rlsim.modes.registry import as_recorded, check as check_mode
+from rlsim.modes.registry import as_recorded, check as check_mode, recorded_mode
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
@@ -36,6 +36,7 @@ from rlsim.replay.learning import fit_learning_curve, noise_scale, prefix_log_rh
 from rlsim.replay.models import INTERVAL
 from rlsim.replay.util import json_safe
 from rlsim.replay.rho_errors import RhoErrors, measured_errors
+from rlsim.replay.schema import placement
 from rlsim.replay.split_stats import split_stats
 from rlsim.whatif.outcome import Outcome
 from rlsim.whatif.predict import evaluate, reference_outcome
@@ -417,7 +418,8 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     notes = [n for n in notes if n] + _memory_notes(preds)
     warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing "
                 "resamples its fits): taken as exact, which understates the uncertainty"] if bare else []
-    observed = observe(study, pilots, sizes, G, preds, errors, model, bounds_ok, notes, ref_rps)
+    to_asked = mode_ratio(study, cfg, sizes, G, preds) if pilots else None
+    observed = observe(study, pilots, sizes, G, preds, errors, model, bounds_ok, notes, ref_rps, to_asked)
     u = np.random.default_rng(cfg.seed + 2).standard_normal(cfg.draws) * errors.shared_sd
     readings = [(j, o.log_rho, o.rho_sd, True) if j == ref else  # its speed on another day reads the host, not u
                 (j, o.log_rho - math.log(o.sigma), math.hypot(o.rho_sd, o.sigma_sd), not o.prefix)
@@ -604,12 +606,13 @@ def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:
 
 def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, preds: Sequence[Outcome],
             errors: RhoErrors, model: Mapping | None, bounds_ok: bool, notes: list[str],
-            ref_rps: float) -> dict[int, Observation]:
+            ref_rps: float, to_asked: Callable[[int], float] | None = None) -> dict[int, Observation]:
     """The pilots' observations by candidate index: at one size, runs to the target supersede prefixes, and what is
-    left is pooled (inverse-variance mean of log rho, mean of log sigma); one note per pilot says what it measured."""
+    left is pooled (inverse-variance mean of log rho, mean of log sigma); one note per pilot says what it measured.
+    `to_asked` (`mode_ratio`): where the plan asks another execution setup than the one the pilots were recorded in."""
     by: dict[int, list[Observation]] = {}
     for tr in pilots:
-        o = pilot_observation(study, tr, sizes, G, preds, errors, model, bounds_ok, ref_rps)
+        o = pilot_observation(study, tr, sizes, G, preds, errors, model, bounds_ok, ref_rps, to_asked)
         by.setdefault(o.index, []).append(o)
         if sizes[o.index] == study.reference.prompts:
             notes.append(f"second run of the reference {tr.name}: it reached the target after "
@@ -617,8 +620,10 @@ def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, pre
                          "a reading of the first run's own luck, which every pilot run to the target is read against")
             continue
         how = "a prefix short of the target, read at equal responses" if o.prefix else "to the target"
+        asked = (f" in the asked setup (x{to_asked(o.index):.3f} from as recorded, the simulator's ratio)"
+                 if to_asked is not None else "")
         notes.append(f"pilot {tr.name}: P={sizes[o.index]}, {how}: rho {math.exp(o.log_rho):.3f} (seed noise "
-                     f"{o.rho_sd:.2f} in log), sigma {o.sigma:.3f} ({o.sigma_sd:.2f}), "
+                     f"{o.rho_sd:.2f} in log), sigma {o.sigma:.3f} ({o.sigma_sd:.2f}){asked}, "
                      f"T {math.exp(o.log_rho) / o.sigma:.3f}")
     out = {}
     for j, obs in by.items():
@@ -631,12 +636,13 @@ def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, pre
 
 
 def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: Sequence[Outcome], errors: RhoErrors,
-                      model: Mapping | None, bounds_ok: bool = False, ref_rps: float = math.nan) -> Observation:
+                      model: Mapping | None, bounds_ok: bool = False, ref_rps: float = math.nan,
+                      to_asked: Callable[[int], float] | None = None) -> Observation:
     """What a pilot trace measured: its samples-to-target over the reference's (one seed each: noise
     `errors.seed_sd`), or, short of the target, the rho its prefix gives against the reference's curve at equal
     responses (`prefix_log_rho`, its measured bias at its length and batch ratio removed, noise `errors.prefix_sd`);
     its responses/s over the reference's (noise `errors.pilot_sigma_sd`; the prediction's sigma where either has
-    none)."""
+    none), times `to_asked(j)` where the plan asks another execution setup than the one both were recorded in."""
     _same_setup(study, tr, model)
     c = tr.config
     P, g = int(c.get("prompts") or 0), int(c.get("group") or 1)
@@ -669,6 +675,8 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: 
     sigma, s_sd = rps / ref_rps, errors.pilot_sigma_sd
     if not (math.isfinite(sigma) and sigma > 0):
         sigma, s_sd = preds[j].sigma, float(sigma_spread([preds[j]])[0][0])
+    elif to_asked is not None:
+        sigma *= to_asked(j)
     return Observation(j, float(log_rho), float(sd), float(sigma), float(s_sd), bool(prefix))
 
 
@@ -695,6 +703,11 @@ def _same_setup(study: Study, tr: Trace, model: Mapping | None) -> None:
         if str(c.get(key)) != str(study.models.config.get(key)):
             raise RlsimError(f"pilot {tr.name} has {key} {c.get(key)!r}, the reference "
                              f"{study.models.config.get(key)!r}: a pilot must be the reference's run at another size")
+    mine, ref = recorded_setup(c), recorded_setup(study.models.config)
+    if mine != ref:
+        raise RlsimError(f"pilot {tr.name} was recorded with {setting(**mine)}, the reference with {setting(**ref)}: "
+                         "record each pilot as the reference was (the plan's commands do); a mode asked beside the "
+                         "sizes reaches the pilots through the simulator")
     if not model or model.get("name") is None:
         return
     mine = tr.meta.get("model") or {}
@@ -706,6 +719,38 @@ def _same_setup(study: Study, tr: Trace, model: Mapping | None) -> None:
         raise RlsimError(f"pilot {tr.name} trains another build of {model.get('name')} than the reference (its "
                          f"warm-up ended at loss {a:.6g}, the reference's at {b:.6g}): record it with the reference's "
                          "model folder (--model PATH, the folder the reference's trace names)")
+
+
+def recorded_setup(config: Mapping) -> dict:
+    """The execution setup a trace's config records, comparable between traces: an imported log's mode and its
+    settings (`recorded_mode`), else rlrun's placement (a split's devices, staleness and partial rollout)."""
+    m, settings = recorded_mode(config)
+    if m:
+        return {"mode": m, **settings}
+    pl = placement(dict(config))
+    if pl["mode"] != "split":
+        return {"mode": "colocated"}
+    return {"mode": "split", "gen_gpus": pl["gen_devices"], "train_gpus": pl["train_devices"],
+            "staleness": pl["max_staleness"], **({"partial_rollout": True} if pl["partial_rollout"] else {})}
+
+
+def mode_ratio(study: Study, cfg: PlanConfig, sizes: list[int], G: int,
+               preds: Sequence[Outcome]) -> Callable[[int], float] | None:
+    """Where the plan asks another execution setup (`PlanConfig.fixed`) than the one the reference records: candidate
+    j's predicted sigma as asked (`preds[j]`) over its predicted sigma as recorded, by which a pilot recorded as the
+    reference was is read as asked (the pilots' commands record them so). None where the plan asks the recorded
+    setup."""
+    base = dict(updates=cfg.updates, model_params=cfg.model_params)
+    like, _ = as_recorded(WhatIf(**base), study.models.config)
+    if WhatIf(**base, **dict(cfg.fixed)) == like:
+        return None
+
+    def ratio(j: int) -> float:
+        P = sizes[j]
+        if P == study.reference.prompts and G == study.reference.group:
+            return preds[j].sigma / reference_outcome(study, cfg.updates, 0, like=like).sigma
+        return preds[j].sigma / evaluate(study, replace(like, prompts=P, group=G)).sigma
+    return ratio
 
 
 def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConfig) -> list[Pilot]:

@@ -617,3 +617,28 @@ def test_a_study_scored_from_another_reference_size_keeps_its_registered_target(
     by = {f.name: _with_target(f) for f in FRESH}
     assert by["sum3 ref P 8"].target == by["sum3"].target == 0.36 and by["sum3 ref P 8"].ref_p == 8
     assert second_runs(by["sum3 ref P 16"]) == []  # no second runs at P 16: the plan cannot ask for them
+
+
+def test_a_pilot_is_read_in_the_setup_the_plan_asks():
+    # the pilots are recorded as the reference was (colocated); a plan asking a split reads each one's measured sigma
+    # times the simulator's ratio of its size split to colocated, not as if it had run split
+    ref, pil = read_trace(STUDY / "grpo_p32_s0.parquet"), read_trace(STUDY / "grpo_p64_s0.parquet")
+    split = (("gen_gpus", 1), ("train_gpus", 1), ("staleness", 1))
+    rows = {}
+    for fixed in ((), split):
+        p = plan(ref, PlanConfig(prompts=(16, 64), draws=200, fixed=fixed), pilots=[pil], target=0.566)
+        rows[fixed] = next(c for c in p.candidates if c.prompts == 64)
+        assert any("in the asked setup" in n for n in p.notes) == bool(fixed)
+    study = prepare([ref], rho_model="noise-scale", target=0.566)
+    ask = WhatIf(prompts=64, group=8, updates=PlanConfig.updates)
+    ratio = evaluate(study, replace(ask, **dict(split))).sigma / evaluate(study, ask).sigma
+    assert rows[split].sigma / rows[()].sigma == pytest.approx(ratio, rel=1e-9) and abs(ratio - 1) > 0.05
+
+
+def test_a_pilot_recorded_in_another_setup_is_refused():
+    ref, pil = read_trace(STUDY / "grpo_p32_s0.parquet"), read_trace(STUDY / "grpo_p64_s0.parquet")
+    split = replace(pil, meta={**pil.meta, "config": {**pil.config, "mode": "split", "gen_devices": 1,
+                                                      "train_devices": 1, "max_staleness": 1}})
+    with pytest.raises(RlsimError, match="pilot grpo_p64_s0 was recorded with --mode split --gen-gpus 1 --train-gpus 1 "
+                                         "--staleness 1, the reference with --mode colocated: record each pilot as"):
+        plan(ref, PlanConfig(prompts=(16, 64), draws=200), pilots=[split], target=0.566)
