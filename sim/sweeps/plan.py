@@ -497,6 +497,10 @@ def _rows(s: Scored) -> tuple[tuple[Candidate, ...], np.ndarray, np.ndarray]:
     rows = []
     for i, (P, p) in enumerate(zip(s.sizes, s.preds)):
         lo, hi = _weighted_quantiles(s.T[:, i], s.w, (0.05, 0.95))
+        if i == s.ref and p.rho_model != "reference" and 0 < p.sigma_lo <= p.sigma_hi < math.inf:
+            # an asked setup: the reference's sigma there is predicted; its error, shared by every size, leaves the
+            # regrets unchanged, so the draws take it as exact and the row shows its own interval
+            lo, hi = p.rho / p.sigma_hi, p.rho / p.sigma_lo
         o = s.observed.get(i) if i != s.ref else None  # a second run of the reference reads its luck, a note says
         rho, sigma = (math.exp(o.log_rho), o.sigma) if o else (p.rho, p.sigma)
         source = "reference" if i == s.ref else ("pilot prefix" if o.prefix else "pilot") if o else "prediction"

@@ -642,3 +642,16 @@ def test_a_pilot_recorded_in_another_setup_is_refused():
     with pytest.raises(RlsimError, match="pilot grpo_p64_s0 was recorded with --mode split --gen-gpus 1 --train-gpus 1 "
                                          "--staleness 1, the reference with --mode colocated: record each pilot as"):
         plan(ref, PlanConfig(prompts=(16, 64), draws=200), pilots=[split], target=0.566)
+
+
+def test_the_reference_row_in_an_asked_setup_shows_its_predicted_interval():
+    ref = read_trace(ROOT / "traces" / "grpo_p128.parquet")
+    split = (("gen_gpus", 1), ("train_gpus", 1), ("staleness", 1))
+    rows = {f: next(c for c in plan(ref, PlanConfig(prompts=(64, 256), draws=200, fixed=f)).candidates
+                    if c.prompts == 128) for f in ((), split)}
+    assert rows[()].time_to_target_ratio_lo == rows[()].time_to_target_ratio_hi == 1.0
+    o = evaluate(prepare([ref], rho_model="noise-scale"), WhatIf(prompts=128, group=8, updates=PlanConfig.updates,
+                                                                 **dict(split)))
+    r = rows[split]
+    assert (r.time_to_target_ratio_lo, r.time_to_target_ratio_hi) == pytest.approx((1 / o.sigma_hi, 1 / o.sigma_lo))
+    assert r.time_to_target_ratio_lo < r.time_to_target_ratio < r.time_to_target_ratio_hi
