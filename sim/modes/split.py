@@ -259,7 +259,8 @@ def split_notes(models: FittedModels, cfg: SimConfig, split: SplitResult) -> lis
     gate = (f"AReaL's rule with eta = {eta:g} (rlsim.modes.split)" if split.mode == "split" else
             f"the rule of {split.mode} (below)")
     R = cfg.split.replicas
-    out = [f"split model: {N} generation devices in {R} replica{'s' if R > 1 else ''} of {cfg.split.gen_tp}, each the "
+    out = [f"split model: {N} generation device{'s' if N > 1 else ''} in {R} replica{'s' if R > 1 else ''} of "
+           f"{cfg.split.gen_tp}, each the "
            f"recorded engine at that size (its fitted step cost, max_num_seqs {e.max_num_seqs}, KV cache "
            f"{e.kv_cache_tokens:,} tokens; cost per replica unchanged by their number), one shared queue admitting by "
            f"{gate}; the fixed per-round generation "

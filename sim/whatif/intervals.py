@@ -15,7 +15,7 @@ import numpy as np
 
 from rlsim.core.config import WhatIf
 from rlsim.core.pipeline import SimRun
-from rlsim.modes.registry import simulate
+from rlsim.modes.registry import resolved, simulate
 from rlsim.replay.calibration import REPLICATES
 from rlsim.replay.cost import EngineStepCost, StepSums
 from rlsim.replay.devices import get_profile, other_roof, per_device, profile_for_hardware
@@ -76,7 +76,8 @@ def decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> st
             sizes = ",".join(map(str, sorted((study.reference.prompts, P))))
             return (f"the throughput decides it: measure both sizes in one process (rlrun probe --algo {study.algo} "
                     f"--prompts {sizes}{group}), paired, so the machine's drift cancels")
-        run = f"rlrun record --algo {study.algo} --prompts {P}{group} " + ("..." if rho_side else "--steps 5")
+        run = (f"rlrun record --algo {study.algo} --prompts {P}{group}{rlrun_setup(cfg)} "
+               + ("..." if rho_side else "--steps 5"))
         how = f"record a run at this size {what} ({run})"
     else:
         how = (f"run {study.framework} at P={P}, G={G} {what} and import its log (rlsim import {study.framework} LOG "
@@ -84,6 +85,17 @@ def decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> st
     if rho_side:
         return f"the sample cost decides it: {how}, then add it with --trace"
     return f"the throughput decides it: {how}, which measures it"
+
+
+def rlrun_setup(cfg: WhatIf) -> str:
+    """rlrun's flags for the setup a what-if asks ('' for the colocated loop): rlrun records the colocated loop and
+    AReaL's split, so another split mode is named as what rlrun cannot record."""
+    if not cfg.split:
+        return ""
+    if resolved(cfg) != "split":
+        return f" (rlrun records the colocated loop and --mode split, not {resolved(cfg)})"
+    return (f" --mode split --gen-gpus {cfg.gen_gpus} --train-gpus {cfg.train_gpus} --staleness {cfg.staleness or 0:g}"
+            + (" --partial-rollout" if cfg.partial_rollout else ""))
 
 
 def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, rho: float, ratio: float, B: int,

@@ -51,6 +51,12 @@ def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
     for cfg, G in ((WhatIf(prompts=512, group=16), 16), (WhatIf(prompts=512, gen_gpus=1, train_gpus=1), 8),
                    (WhatIf(prompts=512, device="h200"), 8), (WhatIf(prompts=512, max_num_seqs=64), 8)):
         assert "rlrun record --algo grpo --prompts 512" in decider(iv, 512, G, study, cfg)
+    # a split is recorded as asked (rlrun records AReaL's split); another split mode: what rlrun cannot record
+    split = decider(iv, 512, 8, study, WhatIf(prompts=512, gen_gpus=1, train_gpus=1, staleness=1, partial_rollout=True))
+    assert ("--prompts 512 --group 8 --task addmix --mode split --gen-gpus 1 --train-gpus 1 --staleness 1 "
+            "--partial-rollout --steps 5" in split)
+    fully = decider(iv, 512, 8, study, WhatIf(prompts=512, gen_gpus=1, train_gpus=1, mode="fully_async"))
+    assert "rlrun records the colocated loop and --mode split, not fully_async" in fully
     assert prepare([read_trace(TRACE)]).task == "add2"  # from the trace's config
     # rho the less sure: a recording to the target, added with --trace
     assert "sample cost decides it" in decider({**iv, "rho_lo": 0.5, "rho_hi": 3.0}, 512, 8, study, WhatIf(prompts=512))
