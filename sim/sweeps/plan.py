@@ -87,7 +87,7 @@ class PlanConfig:
         if len(ps) == 1:
             raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --prompts 16,32,64,128 (or none: "
                              "P/4, P/2, 2P and 4P around the reference's P)")
-        if any(not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in ps):
+        if not all(_count(p, 1) for p in ps):
             raise RlsimError(f"{name('prompts')} sizes must be positive integers, got {ps}")
         if len(set(ps)) != len(ps):
             raise RlsimError(f"{name('prompts')} lists a size twice ({ps}); give each candidate once")
@@ -96,6 +96,10 @@ class PlanConfig:
             cfg.validate()
             if cfg.mode is not None:  # else the mode the trace records may take them (`plan`)
                 check_mode(cfg)
+        if self.group is not None and not _count(self.group, 1):
+            raise RlsimError(f"{name('group')} must be a positive integer (responses per prompt), got {self.group!r}")
+        if not _count(self.draws, 100):
+            raise RlsimError(f"draws must be an integer of at least 100 (draws of the truth), got {self.draws!r}")
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
         if not 0.5 <= self.confidence < 1:
@@ -103,6 +107,11 @@ class PlanConfig:
         if not self.slack >= 0:
             raise RlsimError(f"slack must be 0 or more (sd in log T), got {self.slack}")
         WhatIf(model_params=self.model_params).validate()
+
+
+def _count(v, least: int) -> bool:
+    """Whether v is an integer (not a bool) of at least `least`."""
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
 @dataclass(frozen=True)

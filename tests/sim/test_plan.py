@@ -655,3 +655,11 @@ def test_the_reference_row_in_an_asked_setup_shows_its_predicted_interval():
     r = rows[split]
     assert (r.time_to_target_ratio_lo, r.time_to_target_ratio_hi) == pytest.approx((1 / o.sigma_hi, 1 / o.sigma_lo))
     assert r.time_to_target_ratio_lo < r.time_to_target_ratio < r.time_to_target_ratio_hi
+
+
+@pytest.mark.parametrize("kw,msg", [(dict(group=0), "--group must be a positive integer"),
+                                    (dict(draws=0), "draws must be an integer of at least 100"),
+                                    (dict(prompts=(8, True)), "sizes must be positive integers")])
+def test_bad_plan_settings_are_refused_before_the_fit(kw, msg):
+    with pytest.raises(RlsimError, match=msg):
+        PlanConfig(**kw).validate()
