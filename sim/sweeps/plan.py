@@ -450,7 +450,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     target whose prefix cannot be read counts at its budget (a lower bound) instead of being refused."""
     cfg.validate()
     _once(reference, pilots)
-    cfg, line = _as_recorded(cfg, reference)
+    cfg, line = _as_recorded(cfg, reference.config)
     study = prepare([reference], rho_model="noise-scale" if _has_noise_scale(reference) else "invariant", target=target)
     errors = (errors or {}).get(study.rho_requested) or measured_errors(study.rho_requested)
     G = cfg.group or study.reference.group
@@ -547,10 +547,10 @@ def ladder(P: int) -> tuple[int, ...]:
     return tuple(sorted({max(1, round(P * f)) for f in (0.25, 0.5, 2, 4)} - {P}))
 
 
-def _as_recorded(cfg: PlanConfig, reference: Trace) -> tuple[PlanConfig, str]:
-    """The plan with its shared settings `fixed` asking about the execution mode the reference records where they
-    name none (`rlsim.modes.registry.as_recorded`), and the line that says so."""
-    like, line = as_recorded(WhatIf(**dict(cfg.fixed)), reference.config)
+def _as_recorded(cfg: PlanConfig, config: Mapping) -> tuple[PlanConfig, str]:
+    """The plan with its shared settings `fixed` asking about the execution mode the reference's trace `config`
+    records where they name none (`rlsim.modes.registry.as_recorded`), and the line that says so."""
+    like, line = as_recorded(WhatIf(**dict(cfg.fixed)), config)
     if not line:
         return cfg, ""
     return replace(cfg, fixed=tuple((f.name, getattr(like, f.name)) for f in fields(WhatIf)
@@ -753,17 +753,10 @@ def mode_ratio(study: Study, cfg: PlanConfig, sizes: list[int], G: int,
     j's predicted sigma as asked (`preds[j]`) over its predicted sigma as recorded, by which a pilot recorded as the
     reference was is read as asked (the pilots' commands record them so). None where the plan asks the recorded
     setup."""
-    base = dict(updates=cfg.updates, model_params=cfg.model_params)
-    like, _ = as_recorded(WhatIf(**base), study.models.config)
-    if WhatIf(**base, **dict(cfg.fixed)) == like:
+    recorded, _ = _as_recorded(replace(cfg, fixed=()), study.models.config)
+    if recorded.fixed == cfg.fixed:
         return None
-
-    def ratio(j: int) -> float:
-        P = sizes[j]
-        if P == study.reference.prompts and G == study.reference.group:
-            return preds[j].sigma / reference_outcome(study, cfg.updates, 0, like=like).sigma
-        return preds[j].sigma / evaluate(study, replace(like, prompts=P, group=G)).sigma
-    return ratio
+    return lambda j: preds[j].sigma / _predict(study, sizes[j], G, recorded).sigma
 
 
 def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConfig) -> list[Pilot]:
