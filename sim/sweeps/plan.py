@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 
 from rlsim.core.config import WhatIf
-from rlsim.modes.registry import as_recorded, check as check_mode, recorded_mode
+from rlsim.modes.registry import as_recorded, check as check_mode, recorded_mode, resolved
 from rlsim.replay.errors import RlsimError, name, setting
 from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
@@ -180,6 +180,9 @@ class Observation:
     sigma: float = field(metadata={"help": "sigma measured: its steady responses/s over the reference's"})
     sigma_sd: float = field(metadata={"help": "seed noise of log sigma"})
     prefix: bool = field(default=False, metadata={"help": "it stopped short of the target: read from its prefix"})
+    to_asked: float = field(default=1.0, metadata={
+        "help": "the factor its measured sigma was carried by to the setup the plan asks (`setup_factor`; 1: "
+                "recorded as asked)"})
 
 
 @dataclass(frozen=True)
@@ -427,8 +430,8 @@ def score(study: Study, cfg: PlanConfig, pilots: Sequence[Trace], errors: RhoErr
     notes = [n for n in notes if n] + _memory_notes(preds)
     warnings = [f"sigma of P={', '.join(str(sizes[i]) for i in bare)} has no interval from this trace (nothing "
                 "resamples its fits): taken as exact, which understates the uncertainty"] if bare else []
-    to_asked = mode_ratio(study, cfg, sizes, G, preds) if pilots else None
-    observed = observe(study, pilots, sizes, G, preds, errors, model, bounds_ok, notes, ref_rps, to_asked)
+    factor = setup_factor(study, cfg, sizes, G, preds)
+    observed = observe(study, pilots, sizes, G, preds, errors, model, bounds_ok, notes, ref_rps, factor)
     u = np.random.default_rng(cfg.seed + 2).standard_normal(cfg.draws) * errors.shared_sd
     readings = [(j, o.log_rho, o.rho_sd, True) if j == ref else  # its speed on another day reads the host, not u
                 (j, o.log_rho - math.log(o.sigma), math.hypot(o.rho_sd, o.sigma_sd), not o.prefix)
@@ -619,13 +622,13 @@ def _predict(study: Study, P: int, G: int, cfg: PlanConfig) -> Outcome:
 
 def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, preds: Sequence[Outcome],
             errors: RhoErrors, model: Mapping | None, bounds_ok: bool, notes: list[str],
-            ref_rps: float, to_asked: Callable[[int], float] | None = None) -> dict[int, Observation]:
+            ref_rps: float, factor: Callable[[int, Trace], float] | None = None) -> dict[int, Observation]:
     """The pilots' observations by candidate index: at one size, runs to the target supersede prefixes, and what is
     left is pooled (inverse-variance mean of log rho, mean of log sigma); one note per pilot says what it measured.
-    `to_asked` (`mode_ratio`): where the plan asks another execution setup than the one the pilots were recorded in."""
+    `factor` (`setup_factor`): what carries a pilot's sigma to the setup the plan asks."""
     by: dict[int, list[Observation]] = {}
     for tr in pilots:
-        o = pilot_observation(study, tr, sizes, G, preds, errors, model, bounds_ok, ref_rps, to_asked)
+        o = pilot_observation(study, tr, sizes, G, preds, errors, model, bounds_ok, ref_rps, factor)
         by.setdefault(o.index, []).append(o)
         if sizes[o.index] == study.reference.prompts:
             notes.append(f"second run of the reference {tr.name}: it reached the target after "
@@ -633,8 +636,8 @@ def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, pre
                          "a reading of the first run's own luck, which every pilot run to the target is read against")
             continue
         how = "a prefix short of the target, read at equal responses" if o.prefix else "to the target"
-        asked = (f" in the asked setup (x{to_asked(o.index):.3f} from as recorded, the simulator's ratio)"
-                 if to_asked is not None else "")
+        asked = (f" in the asked setup (x{o.to_asked:.3f} from as recorded, the simulator's ratio)"
+                 if o.to_asked != 1.0 else "")
         notes.append(f"pilot {tr.name}: P={sizes[o.index]}, {how}: rho {math.exp(o.log_rho):.3f} (seed noise "
                      f"{o.rho_sd:.2f} in log), sigma {o.sigma:.3f} ({o.sigma_sd:.2f}){asked}, "
                      f"T {math.exp(o.log_rho) / o.sigma:.3f}")
@@ -650,12 +653,12 @@ def observe(study: Study, pilots: Sequence[Trace], sizes: list[int], G: int, pre
 
 def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: Sequence[Outcome], errors: RhoErrors,
                       model: Mapping | None, bounds_ok: bool = False, ref_rps: float = math.nan,
-                      to_asked: Callable[[int], float] | None = None) -> Observation:
+                      factor: Callable[[int, Trace], float] | None = None) -> Observation:
     """What a pilot trace measured: its samples-to-target over the reference's (one seed each: noise
     `errors.seed_sd`), or, short of the target, the rho its prefix gives against the reference's curve at equal
     responses (`prefix_log_rho`, its measured bias at its length and batch ratio removed, noise `errors.prefix_sd`);
     its responses/s over the reference's (noise `errors.pilot_sigma_sd`; the prediction's sigma where either has
-    none), times `to_asked(j)` where the plan asks another execution setup than the one both were recorded in."""
+    none), carried to the setup the plan asks by `factor(j, tr)` (`setup_factor`)."""
     _same_setup(study, tr, model)
     c = tr.config
     P, g = int(c.get("prompts") or 0), int(c.get("group") or 1)
@@ -684,13 +687,12 @@ def pilot_observation(study: Study, tr: Trace, sizes: list[int], G: int, preds: 
             raise RlsimError(f"pilot {tr.name} never reached the target {study.target:.4g} (trained {reached.n:.0f} "
                              "responses) and its learning curve cannot be set against the reference's (it never passed "
                              "the reference's first eval score): run it longer (more --steps)")
+    f = factor(j, tr) if factor is not None else 1.0
     rps = split_stats(tr).responses_per_s
-    sigma, s_sd = rps / ref_rps, errors.pilot_sigma_sd
+    sigma, s_sd = f * rps / ref_rps, errors.pilot_sigma_sd
     if not (math.isfinite(sigma) and sigma > 0):
-        sigma, s_sd = preds[j].sigma, float(sigma_spread([preds[j]])[0][0])
-    elif to_asked is not None:
-        sigma *= to_asked(j)
-    return Observation(j, float(log_rho), float(sd), float(sigma), float(s_sd), bool(prefix))
+        sigma, s_sd, f = preds[j].sigma, float(sigma_spread([preds[j]])[0][0]), 1.0
+    return Observation(j, float(log_rho), float(sd), float(sigma), float(s_sd), bool(prefix), float(f))
 
 
 def _another_seed(study: Study, tr: Trace, reached, bounds_ok: bool) -> None:
@@ -716,11 +718,6 @@ def _same_setup(study: Study, tr: Trace, model: Mapping | None) -> None:
         if str(c.get(key)) != str(study.models.config.get(key)):
             raise RlsimError(f"pilot {tr.name} has {key} {c.get(key)!r}, the reference "
                              f"{study.models.config.get(key)!r}: a pilot must be the reference's run at another size")
-    mine, ref = recorded_setup(c), recorded_setup(study.models.config)
-    if mine != ref:
-        raise RlsimError(f"pilot {tr.name} was recorded with {setting(**mine)}, the reference with {setting(**ref)}: "
-                         "record each pilot as the reference was (the plan's commands do); a mode asked beside the "
-                         "sizes reaches the pilots through the simulator")
     if not model or model.get("name") is None:
         return
     mine = tr.meta.get("model") or {}
@@ -747,16 +744,38 @@ def recorded_setup(config: Mapping) -> dict:
             "staleness": pl["max_staleness"], **({"partial_rollout": True} if pl["partial_rollout"] else {})}
 
 
-def mode_ratio(study: Study, cfg: PlanConfig, sizes: list[int], G: int,
-               preds: Sequence[Outcome]) -> Callable[[int], float] | None:
-    """Where the plan asks another execution setup (`PlanConfig.fixed`) than the one the reference records: candidate
-    j's predicted sigma as asked (`preds[j]`) over its predicted sigma as recorded, by which a pilot recorded as the
-    reference was is read as asked (the pilots' commands record them so). None where the plan asks the recorded
-    setup."""
+def asked_setup(fixed: tuple) -> dict:
+    """The execution setup the plan's shared settings ask, as `recorded_setup` writes a trace's."""
+    w = WhatIf(**dict(fixed))
+    m = resolved(w)
+    if m == "colocated":
+        return {"mode": m}
+    if m == "split":
+        return {"mode": m, "gen_gpus": w.gen_gpus, "train_gpus": w.train_gpus, "staleness": w.staleness or 0,
+                **({"partial_rollout": True} if w.partial_rollout else {})}
+    return {"mode": m, **{k: v for k, v in fixed if k != "mode"}}
+
+
+def setup_factor(study: Study, cfg: PlanConfig, sizes: list[int], G: int,
+                 preds: Sequence[Outcome]) -> Callable[[int, Trace], float]:
+    """What a pilot's measured sigma (its responses/s over the reference's) is multiplied by to read it in the setup
+    the plan asks (`PlanConfig.fixed`): 1 for a pilot recorded as asked; for one recorded as the reference was (the
+    pilots' commands record them so) where another setup is asked, candidate j's predicted sigma as asked
+    (`preds[j]`) over its predicted sigma as recorded. A pilot recorded otherwise is refused."""
     recorded, _ = _as_recorded(replace(cfg, fixed=()), study.models.config)
-    if recorded.fixed == cfg.fixed:
-        return None
-    return lambda j: preds[j].sigma / _predict(study, sizes[j], G, recorded).sigma
+    ref = recorded_setup(study.models.config)
+    asked = ref if recorded.fixed == cfg.fixed else asked_setup(cfg.fixed)
+
+    def factor(j: int, tr: Trace) -> float:
+        mine = recorded_setup(tr.config)
+        if mine == asked:
+            return 1.0
+        if mine == ref:
+            return preds[j].sigma / _predict(study, sizes[j], G, recorded).sigma
+        also = "" if asked == ref else f", the plan asks {setting(**asked)}"
+        raise RlsimError(f"pilot {tr.name} was recorded with {setting(**mine)}, the reference with {setting(**ref)}"
+                         f"{also}: record each pilot as the reference was (the plan's commands do) or as asked")
+    return factor
 
 
 def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConfig) -> list[Pilot]:

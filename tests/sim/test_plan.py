@@ -642,6 +642,14 @@ def test_a_pilot_recorded_in_another_setup_is_refused():
     with pytest.raises(RlsimError, match="pilot grpo_p64_s0 was recorded with --mode split --gen-gpus 1 --train-gpus 1 "
                                          "--staleness 1, the reference with --mode colocated: record each pilot as"):
         plan(ref, PlanConfig(prompts=(16, 64), draws=200), pilots=[split], target=0.566)
+    # recorded as the plan asks: its sigma read as measured, no ratio; asked otherwise: refused, naming the ask
+    asked = (("gen_gpus", 1), ("train_gpus", 1), ("staleness", 1))
+    rows = [next(c for c in plan(ref, PlanConfig(prompts=(16, 64), draws=200, fixed=f), pilots=[t],
+                                 target=0.566).candidates if c.prompts == 64) for f, t in (((), pil), (asked, split))]
+    assert rows[0].sigma == rows[1].sigma and rows[1].source == "pilot"
+    other = (("gen_gpus", 1), ("train_gpus", 1), ("staleness", 2))
+    with pytest.raises(RlsimError, match="the plan asks --mode split --gen-gpus 1 --train-gpus 1 --staleness 2: "):
+        plan(ref, PlanConfig(prompts=(16, 64), draws=200, fixed=other), pilots=[split], target=0.566)
 
 
 def test_the_reference_row_in_an_asked_setup_shows_its_predicted_interval():
