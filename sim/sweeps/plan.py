@@ -763,15 +763,15 @@ def setup_factor(study: Study, cfg: PlanConfig, sizes: list[int], G: int,
     pilots' commands record them so) where another setup is asked, candidate j's predicted sigma as asked
     (`preds[j]`) over its predicted sigma as recorded. A pilot recorded otherwise is refused."""
     recorded, _ = _as_recorded(replace(cfg, fixed=()), study.models.config)
-    ref = recorded_setup(study.models.config)
-    asked = ref if recorded.fixed == cfg.fixed else asked_setup(cfg.fixed)
+    ref, same = recorded_setup(study.models.config), recorded.fixed == cfg.fixed
+    asked = ref if same else asked_setup(cfg.fixed)
 
     def factor(j: int, tr: Trace) -> float:
         mine = recorded_setup(tr.config)
+        if mine == ref:
+            return 1.0 if same else preds[j].sigma / _predict(study, sizes[j], G, recorded).sigma
         if mine == asked:
             return 1.0
-        if mine == ref:
-            return preds[j].sigma / _predict(study, sizes[j], G, recorded).sigma
         also = "" if asked == ref else f", the plan asks {setting(**asked)}"
         raise RlsimError(f"pilot {tr.name} was recorded with {setting(**mine)}, the reference with {setting(**ref)}"
                          f"{also}: record each pilot as the reference was (the plan's commands do) or as asked")
