@@ -463,6 +463,10 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     if cfg.budget is not None and cfg.budget < min(cfg.prompts) * G:
         raise RlsimError(f"--budget {cfg.budget:g} responses is below one update of the smallest candidate "
                          f"({min(cfg.prompts)} x {G} = {min(cfg.prompts) * G}); give at least that")
+    if not len(study.curves[0].score):
+        raise RlsimError(f"{reference.name} has no eval scores, so no learning curve to plan from: record the "
+                         "reference with evals (rlrun record --eval-every N) or import a log that prints validation "
+                         "scores")
     if not np.isfinite(study.n_star_ref):
         raise RlsimError(f"{reference.name} never reaches its target, so no samples-to-target to plan from; pass a "
                          "lower --target")

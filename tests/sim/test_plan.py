@@ -1,11 +1,14 @@
 """`rlsim plan`: decisions and pilots from measured rho uncertainty; regret; the measured error curves reproduce."""
 import json
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace as NS
 
 import numpy as np
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -88,7 +91,6 @@ def test_exact_predictions_decide_without_pilots(synth):
 
 
 def test_sigma_uncertainty_comes_from_the_traces_own_intervals(synth):
-
     cfg = PlanConfig(prompts=(8, 32, 64), draws=2000)
     spans = {}
     for name in ("quiet", "noisy"):
@@ -129,7 +131,6 @@ def test_wide_errors_ask_for_pilots_and_a_pilot_trace_is_measured():
 
 
 def test_the_shipped_error_curves_are_what_the_studies_measure():
-
     spec = STUDIES[2]  # the smallest study (3 seeds): its curves must be the stored ones
     e = error_curves(spec, runs_of(spec))
     stored = DATA["noise-scale"]
@@ -199,9 +200,6 @@ def test_sweep_and_report_show_the_plan(tmp_path):
 
 
 def test_a_pilot_without_evals_is_one_line(tmp_path):
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
     t = pq.read_table(STUDY / "grpo_p64_s0.parquet")
     path = tmp_path / "noeval_p64.parquet"
     pq.write_table(t.filter(pc.not_equal(t["kind"], "eval")).replace_schema_metadata(t.schema.metadata), path)
@@ -210,8 +208,6 @@ def test_a_pilot_without_evals_is_one_line(tmp_path):
 
 
 def test_the_reference_is_refused_as_its_own_pilot(tmp_path):
-    import shutil
-
     copy = tmp_path / "copy.parquet"
     shutil.copy(REF, copy)
     for pilot, how in ((REF, "the same file"), (copy, "the same events")):
@@ -253,7 +249,6 @@ def test_without_prefix_moves_a_prefix_only_steers():
 
 
 def test_a_measurement_weighed_against_the_curves_by_hand():
-
     log_T, z = np.log([0.5, 1.0, 2.0]), np.array([0.0, 1.0, -1.0])
     w, T = measured_column(log_T, 0.0, s=0.5, slack=0.0, z=z)  # the curves only: reweighted, T unchanged
     assert w == pytest.approx(np.exp(-0.5 * log_T ** 2 / 0.25)) and T == pytest.approx(np.exp(log_T))
@@ -285,7 +280,6 @@ def test_pilots_read_against_one_reference_share_its_luck_by_hand():
 
 
 def test_the_plan_says_when_its_pilots_read_the_reference_as_slow_by_hand():
-
     u, w = np.array([-0.4, -0.4, 0.2]), np.array([1.0, 1.0, 0.0])  # the weighted mean offset: -0.4 in log T
     note = luck_note(u, w, 0.28, full=2)
     assert "reference run as slow" in note and "about 33% faster" in note
@@ -295,7 +289,6 @@ def test_the_plan_says_when_its_pilots_read_the_reference_as_slow_by_hand():
 
 
 def test_prefix_log_rho_by_hand():
-
     n = np.arange(0, 20001, 1000.0)
     ref = LearningCurve(cum_responses=n, score=n / 20000)  # score 1 at 20,000 responses
     slow = LearningCurve(cum_responses=n[:9], score=n[:9] / 40000)  # half as fast, 8,000 responses run
@@ -307,8 +300,6 @@ def test_prefix_log_rho_by_hand():
 
 def _cut(path: Path, out: Path, updates: int) -> Path:
     """The first `updates` updates of a recording (rows of later steps dropped), as a pilot stopped early."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     t = pq.read_table(path)
     keep = pc.or_(pc.is_null(t["step"]), pc.less_equal(t["step"], updates))
@@ -317,7 +308,6 @@ def _cut(path: Path, out: Path, updates: int) -> Path:
 
 
 def test_a_pilots_row_shows_what_it_measured_with_its_seed_noise(tmp_path):
-
     errs = _errors(np.zeros((3, 6)), seed_sd=0.3)
     e = errs["noise-scale"]
     errs["noise-scale"] = RhoErrors(e.d, e.curves, e.sources, 0.3, 0.0, 0.0, "noise-scale", False, pilot_sigma_sd=0.05,
@@ -415,7 +405,6 @@ def test_prefix_noise_by_length_and_batch_ratio_by_hand():
 
 
 def test_prefix_tables_by_size_fall_back_to_the_pooled_length_by_hand():
-
     f0 = PREFIX_F[0]
     study = {"prefix": {f: [1.0, 2.0, 3.0, 4.0, 5.0] if f == f0 else [0.0] for f in PREFIX_F},
              "prefix_at": {(64, f0): [1.0, 2.0, 3.0, 4.0], (128, f0): [5.0]}, "ref_p": 32}
@@ -426,7 +415,6 @@ def test_prefix_tables_by_size_fall_back_to_the_pooled_length_by_hand():
 
 
 def test_the_shared_pilot_noise_is_the_within_seed_covariance_by_hand():
-
     # seed 0's pilots err by 1, 2, 3 (their pairwise products average 22 / 6), seed 1's by 1, -1 (-1)
     assert shared_var({"a": {"pilot_T": [[1.0, 2.0, 3.0]]}, "b": {"pilot_T": [[1.0, -1.0]]}}) == pytest.approx(
         (22 / 6 - 1) / 2)
@@ -434,7 +422,6 @@ def test_the_shared_pilot_noise_is_the_within_seed_covariance_by_hand():
 
 
 def test_the_shared_noise_table_by_hand():
-
     # prefixes: seed 0 at P 8 / 16 errs 1 / 2, seed 1 3 / 0; less their sizes' means (2, 1): -1 / +1 and +1 / -1,
     # so each seed's pair multiplies to -1 (one prefix fast where the other is slow: nothing shared)
     by_seed = {(0, 8, 0.5): 1.0, (0, 16, 0.5): 2.0, (1, 8, 0.5): 3.0, (1, 16, 0.5): 0.0}
@@ -450,7 +437,6 @@ def test_the_shared_noise_table_by_hand():
 
 
 def test_plan_eval_takes_any_study_folder(tmp_path):
-
     a = _args(["--folder", "traces/study_addmix_lr1e-4", "--prefix", "grpo_addmix", "--seeds", "2", "--ref-p", "32",
                "--sizes", "16,32", "--target", "0.647"])
     spec = folder_spec(a)
@@ -596,7 +582,6 @@ def test_plan_eval_cuts_a_pilot_where_it_stopped():
 
 
 def test_the_sweep_says_when_the_plan_asks_for_the_reference_again():
-
     x = dict(prompts=32, group=8, steps=64, responses=7936, expected_regret_after=0.14, again=True,
              command="rlrun record --prompts 32 --seed 1 --out reference_2.parquet")
     lines = plan_lines({"plan": {"pilots": [x], "expected_regret": 0.127}})
@@ -605,7 +590,6 @@ def test_the_sweep_says_when_the_plan_asks_for_the_reference_again():
 
 
 def test_second_runs_read_the_studies_references_against_their_seconds():
-
     by = {f.name: second_runs(_with_target(f)) for f in FRESH if f.name in ("add4", "sub3")}
     add4, sub3 = by["add4"], by["sub3"]
     assert [round(r["first"]) for r in add4] == [8237, 5851, 4521] and all(r["same_model"] for r in add4)
@@ -671,3 +655,11 @@ def test_the_reference_row_in_an_asked_setup_shows_its_predicted_interval():
 def test_bad_plan_settings_are_refused_before_the_fit(kw, msg):
     with pytest.raises(RlsimError, match=msg):
         PlanConfig(**kw).validate()
+
+
+def test_a_reference_without_evals_is_refused_naming_what_gives_them():
+    t = read_trace(STUDY / "grpo_p32_s0.parquet")
+    bare = replace(t, table=t.table.filter(pc.not_equal(t.table["kind"], "eval")))
+    with pytest.raises(RlsimError, match="has no eval scores, so no learning curve to plan from: record the reference "
+                                         "with evals"):
+        plan(bare, PlanConfig(prompts=(16, 64), draws=200))
