@@ -252,13 +252,14 @@ def test_grpo_raises_the_validation_score(tmp_path, tiny_model, small_config):
     """A short real GRPO run: the held-out mean@k rises measurably (base policy ~30%)."""
     from rlsim.runner.loop import record
 
+    # the studies' lr: 3e-4 at 1,024 responses, by the sqrt rule 1.1e-4 at this batch of 128 (at 3e-4 itself the tiny
+    # policy's score can fall instead: docs/results.md section 1d)
     cfg = small_config(tmp_path, prompts=16, group=8, steps=20, eval_every=10, eval_prompts=200, eval_k=2,
-                       lr=3e-4, lr_ref_batch=128, max_num_seqs=128, record_steps=False)
+                       lr=3e-4, lr_ref_batch=1024, max_num_seqs=128, record_steps=False)
     t = read_trace(record(cfg))
     s = t.rows("eval")["score"]
     assert len(s) == 3
-    # 400 samples per eval: standard error ~0.024; demand a rise of 0.08 at either later eval (a tiny policy at this
-    # lr occasionally dips back at step 20 after rising by 0.15 at step 10: seen once in five runs on 2026-12-01)
+    # 400 samples per eval: standard error ~0.024; demand a rise of 0.08 at either later eval
     assert max(s[1:]) - s[0] >= 0.08, list(s)
 
 

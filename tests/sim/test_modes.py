@@ -411,7 +411,7 @@ def test_api_sweep_and_plan_ask_about_the_recorded_mode(tmp_path):
     assert res.exit_code == 0 and any(line.startswith("mode: fully_async (from the trace: --mode")
                                       for line in res.output.splitlines())  # after the progress bar (stderr)
     assert sw.iloc[0]["responses_per_s"] == pytest.approx(df.loc["candidate", "responses_per_s"], rel=1e-12)
-    cfg, line = _as_recorded(PlanConfig(prompts=(8, 16)), read_trace(t))
+    cfg, line = _as_recorded(PlanConfig(prompts=(8, 16)), read_trace(t).config)
     assert dict(cfg.fixed) == {"mode": "fully_async", **FULLY_ASYNC} and line.startswith("mode: fully_async")
 
 
