@@ -15,6 +15,7 @@ import json
 import math
 import os
 from contextlib import contextmanager
+from numbers import Integral
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -123,6 +124,11 @@ def exclusive(path: str | os.PathLike, *, what: str = "output") -> Iterator[None
 # Defaults used wherever a trace or a config leaves a value out, in one place.
 # vLLM's own defaults for the engine limits; block size and model length as vLLM's defaults.
 ENGINE_DEFAULTS = {"max_num_seqs": 256, "kv_cache_tokens": 65536, "block_size": 16, "max_model_len": 4096}
+
+
+def is_count(v: Any, least: int) -> bool:
+    """Whether v is an integer (not a bool) of at least `least`."""
+    return isinstance(v, Integral) and not isinstance(v, bool) and v >= least
 
 
 def default_group(algo: str | None) -> int:

@@ -27,7 +27,7 @@ import math
 import os
 import warnings
 from collections.abc import Iterable, Iterator
-from numbers import Integral, Real
+from numbers import Real
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -39,6 +39,7 @@ from rlsim.replay.io import Trace, read_trace
 from rlsim.replay.probe import refuse_probe
 from rlsim.replay.split_stats import split_stats as measure
 from rlsim.replay.steps import step_table
+from rlsim.replay.util import is_count
 from rlsim.sweeps.study import sweep_study
 from rlsim.whatif.predict import evaluate, reference_outcome
 from rlsim.whatif.study import Study, prepare
@@ -63,10 +64,6 @@ def _traces_like(v: Any) -> bool:
         isinstance(t, Trace) or _path_like(t) for t in v)
 
 
-def _count(v: Any, least: int) -> bool:
-    return isinstance(v, Integral) and not isinstance(v, bool) and v >= least
-
-
 def _number(v: Any) -> bool:
     return isinstance(v, Real) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -84,13 +81,13 @@ CHECKS: dict[str, tuple[Callable[[Any], bool], str] | None] = {
     "study_or_traces": (lambda v: isinstance(v, Study) or _traces_like(v), f"a Study from rlsim.fit, or {_TRACES}"),
     "drop_invalid": (lambda v: isinstance(v, bool), "True or False"),
     "overwrite": (lambda v: isinstance(v, bool), "True or False"),
-    "skip": (lambda v: _count(v, 0), "a non-negative integer (updates)"),
-    "seed": (lambda v: _count(v, 0), "a non-negative integer"),
+    "skip": (lambda v: is_count(v, 0), "a non-negative integer (updates)"),
+    "seed": (lambda v: is_count(v, 0), "a non-negative integer"),
     "sampled": (lambda v: isinstance(v, bool), "True or False (draw lengths from the fit, not the recorded ones)"),
     "axes": (lambda v: isinstance(v, Mapping), "a dict of WhatIf field -> values, e.g. {'prompts': [256, 1024]}"),
     "out": (lambda v: v is None or _path_like(v), "None or a folder path"),
-    "workers": (lambda v: v is None or _count(v, 1), "None or a positive integer"),
-    "chunk_size": (lambda v: v is None or _count(v, 1), "None or a positive integer"),
+    "workers": (lambda v: v is None or is_count(v, 1), "None or a positive integer"),
+    "chunk_size": (lambda v: v is None or is_count(v, 1), "None or a positive integer"),
     "ray_address": (lambda v: v is None or isinstance(v, str), "None or a Ray address (text)"),
     "name": (lambda v: isinstance(v, str), "a trace's name, e.g. 'grpo_p128' (rlsim.example_traces() lists them)"),
     "bend_batch": (lambda v: v is None or _number(v), "None or a number (responses; with kappa and rho='lr-aware')"),

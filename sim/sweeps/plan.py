@@ -20,6 +20,7 @@ the reference again (`_confirm`). The method in full: docs/usage.md, "Planning".
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, fields, replace
 from statistics import NormalDist
@@ -34,7 +35,7 @@ from rlsim.replay.evaluation import samples_to_target
 from rlsim.replay.io import Trace
 from rlsim.replay.learning import fit_learning_curve, noise_scale, prefix_log_rho
 from rlsim.replay.models import INTERVAL
-from rlsim.replay.util import json_safe
+from rlsim.replay.util import is_count, json_safe
 from rlsim.replay.rho_errors import RhoErrors, measured_errors
 from rlsim.replay.schema import placement
 from rlsim.replay.split_stats import split_stats
@@ -87,7 +88,7 @@ class PlanConfig:
         if len(ps) == 1:
             raise RlsimError("rlsim plan needs two or more candidate sizes, e.g. --prompts 16,32,64,128 (or none: "
                              "P/4, P/2, 2P and 4P around the reference's P)")
-        if not all(_count(p, 1) for p in ps):
+        if not all(is_count(p, 1) for p in ps):
             raise RlsimError(f"{name('prompts')} sizes must be positive integers, got {ps}")
         if len(set(ps)) != len(ps):
             raise RlsimError(f"{name('prompts')} lists a size twice ({ps}); give each candidate once")
@@ -96,9 +97,9 @@ class PlanConfig:
             cfg.validate()
             if cfg.mode is not None:  # else the mode the trace records may take them (`plan`)
                 check_mode(cfg)
-        if self.group is not None and not _count(self.group, 1):
+        if self.group is not None and not is_count(self.group, 1):
             raise RlsimError(f"{name('group')} must be a positive integer (responses per prompt), got {self.group!r}")
-        if not _count(self.draws, 100):
+        if not is_count(self.draws, 100):
             raise RlsimError(f"draws must be an integer of at least 100 (draws of the truth), got {self.draws!r}")
         if self.budget is not None and not self.budget > 0:
             raise RlsimError(f"--budget must be a positive number of responses, got {self.budget}")
@@ -107,11 +108,6 @@ class PlanConfig:
         if not self.slack >= 0:
             raise RlsimError(f"slack must be 0 or more (sd in log T), got {self.slack}")
         WhatIf(model_params=self.model_params).validate()
-
-
-def _count(v, least: int) -> bool:
-    """Whether v is an integer (not a bool) of at least `least`."""
-    return isinstance(v, int) and not isinstance(v, bool) and v >= least
 
 
 @dataclass(frozen=True)
@@ -480,7 +476,7 @@ def plan(reference: Trace, cfg: PlanConfig, *, pilots: Sequence[Trace] = (),
     warnings = [w for w in [errors.span_note(d, [f"P={P}" for P in s.sizes]),
                             one_reading(s, best, errors.shared_sd, study)] if w] + s.warnings + fit_warnings
     notes = s.notes if asked_sizes else [f"candidates: P={', '.join(map(str, s.sizes))}, the reference's P with P/4, "
-                                         "P/2, 2P and 4P (--prompts names others)", *s.notes]
+                                         f"P/2, 2P and 4P ({name('prompts')} names others)", *s.notes]
     decided = Plan(cands, cands[best], (), float(er[best]), study.reference.prompts, _why(cands, best, s.ref, cfg),
                    tuple(notes), tuple(warnings), mode_line=line, asked=_asked(cfg.fixed) if not line else "")
     unusable = fit_check(study).warning(reference.name, reference.config)
@@ -770,10 +766,14 @@ def setup_factor(study: Study, cfg: PlanConfig, sizes: list[int], G: int,
     ref, same = recorded_setup(study.models.config), recorded.fixed == cfg.fixed
     asked = ref if same else asked_setup(cfg.fixed)
 
+    @functools.cache
+    def ratio(j: int) -> float:  # (one simulation a size, however many pilots it has)
+        return preds[j].sigma / _predict(study, sizes[j], G, recorded).sigma
+
     def factor(j: int, tr: Trace) -> float:
         mine = recorded_setup(tr.config)
         if mine == ref:
-            return 1.0 if same else preds[j].sigma / _predict(study, sizes[j], G, recorded).sigma
+            return 1.0 if same else ratio(j)
         if mine == asked:
             return 1.0
         also = "" if asked == ref else f", the plan asks {setting(**asked)}"

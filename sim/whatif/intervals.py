@@ -76,9 +76,9 @@ def decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> st
             sizes = ",".join(map(str, sorted((study.reference.prompts, P))))
             return (f"the throughput decides it: measure both sizes in one process (rlrun probe --algo {study.algo} "
                     f"--prompts {sizes}{group}), paired, so the machine's drift cancels")
-        run = (f"rlrun record --algo {study.algo} --prompts {P}{group}{rlrun_setup(cfg)} "
-               + ("..." if rho_side else "--steps 5"))
-        how = f"record a run at this size {what} ({run})"
+        flags, caveat = rlrun_setup(cfg)
+        run = f"rlrun record --algo {study.algo} --prompts {P}{group}{flags} " + ("..." if rho_side else "--steps 5")
+        how = f"record a run at this size {what} ({run}){caveat}"
     else:
         how = (f"run {study.framework} at P={P}, G={G} {what} and import its log (rlsim import {study.framework} LOG "
                "-o run.parquet)")
@@ -87,15 +87,15 @@ def decider(iv: dict[str, Any], P: int, G: int, study: Study, cfg: WhatIf) -> st
     return f"the throughput decides it: {how}, which measures it"
 
 
-def rlrun_setup(cfg: WhatIf) -> str:
-    """rlrun's flags for the setup a what-if asks ('' for the colocated loop): rlrun records the colocated loop and
-    AReaL's split, so another split mode is named as what rlrun cannot record."""
+def rlrun_setup(cfg: WhatIf) -> tuple[str, str]:
+    """(rlrun's flags for the setup a what-if asks, a caveat after the command): rlrun records the colocated loop and
+    AReaL's split, so another split mode gets no flags and a caveat naming it."""
     if not cfg.split:
-        return ""
+        return "", ""
     if resolved(cfg) != "split":
-        return f" (rlrun records the colocated loop and --mode split, not {resolved(cfg)})"
+        return "", f", though rlrun records the colocated loop and --mode split, not {resolved(cfg)}"
     return (f" --mode split --gen-gpus {cfg.gen_gpus} --train-gpus {cfg.train_gpus} --staleness {cfg.staleness or 0:g}"
-            + (" --partial-rollout" if cfg.partial_rollout else ""))
+            + (" --partial-rollout" if cfg.partial_rollout else "")), ""
 
 
 def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: float, rho: float, ratio: float, B: int,
