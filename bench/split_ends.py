@@ -1,5 +1,5 @@
-"""A split what-if's interval ends simulated over END_UPDATES updates (read as a ratio to the point simulated as
-long) against ends simulated at full length: how far the ends move, and what each costs.
+"""A split what-if's interval ends simulated over the first END_UPDATES updates (read as a ratio to the point's own
+first as many) against ends simulated at full length: how far the ends move, and what each costs.
 
     python -m bench.split_ends [--imported]     # CPU splits of the shipped traces; --imported: bench/published logs
     python -m bench.split_ends --steady         # the point simulation stopped early, against every update

@@ -184,8 +184,8 @@ def _colocated(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator
 
 
 def _split_mode(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,
-                max_rounds: int | None = None, **_colocated_only: Any) -> SimRun:
-    return simulate_split(models, cfg, rng=rng, record_timeline=record_timeline, max_rounds=max_rounds)
+                max_rounds: int | None = None, head: int | None = None, **_colocated_only: Any) -> SimRun:
+    return simulate_split(models, cfg, rng=rng, record_timeline=record_timeline, max_rounds=max_rounds, head=head)
 
 
 VERL = "volcengine/verl"
@@ -266,12 +266,14 @@ def mode_of(cfg: SimConfig) -> str:
 
 
 def simulate(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,
-             round_by_round: bool | None = None, max_rounds: int | None = None) -> SimRun:
+             round_by_round: bool | None = None, max_rounds: int | None = None, head: int | None = None) -> SimRun:
     """Simulate `cfg.updates` RL steps with the fitted models in the config's mode; deterministic given the rng
     state. round_by_round applies to the colocated loop only (`rlsim.core.pipeline.simulate`); max_rounds bounds the
-    distinct rounds (colocated) or updates (split modes, `rlsim.modes.split.simulate_split`) simulated."""
+    distinct rounds (colocated) or updates (split modes, `rlsim.modes.split.simulate_split`) simulated; head (split
+    modes only) ends the run after its first `head` updates."""
     name_ = mode_of(cfg)
     if name_ not in MODES:
         raise RlsimError(f"no execution mode {name_!r}; registered: {', '.join(MODES)}")
+    extra = {} if head is None else {"head": head}
     return MODES[name_].simulate(models, cfg, rng=rng, record_timeline=record_timeline, round_by_round=round_by_round,
-                                 max_rounds=max_rounds)
+                                 max_rounds=max_rounds, **extra)

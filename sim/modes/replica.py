@@ -310,7 +310,7 @@ class Replica:
         for lo, hi in parts:
             if q.v0[lo] < 0:  # never started (a preempted sequence is a range of one)
                 q.a[lo:hi] = s
-                q.fin[lo:hi] = s + q.L[lo:hi] - 1
+                q.fin[lo:hi] = q.L[lo:hi] + (s - 1)
                 q.v0[lo:hi] = b.version
                 q.rep[lo:hi] = self.r
                 pre += float(q.cpre[hi] - q.cpre[lo])
@@ -374,11 +374,13 @@ class Replica:
         ids = b.run[by_v]
         heap = list(zip(b.last[by_v].tolist(), ids.tolist(), q.a[ids].tolist(), q.p[ids].tolist()))
         heapq.heapify(heap)
-        w = np.fromiter(itertools.islice(itertools.chain.from_iterable(itertools.starmap(range, b.wait)),
-                                         min(nwait, SEGMENT_FINISHES)), np.int64)  # the waiting ones it may admit
-        wait = iter(zip(w.tolist(), q.p[w].tolist(), q.L[w].tolist(), q.pre0[w].tolist(),
-                        (q.v0[w] >= 0).tolist(), q.done[w].tolist()))
-        capped, nwait = len(w) < nwait, len(w)  # capped: more wait than it took, so running out ends it too
+        wait, capped = iter(()), False  # capped: more wait than it took, so running out ends it too
+        if nwait:  # the waiting ones it may admit
+            w = np.fromiter(itertools.islice(itertools.chain.from_iterable(itertools.starmap(range, b.wait)),
+                                             min(nwait, SEGMENT_FINISHES)), np.int64)
+            wait = iter(zip(w.tolist(), q.p[w].tolist(), q.L[w].tolist(), q.pre0[w].tolist(),
+                            (q.v0[w] >= 0).tolist(), q.done[w].tolist()))
+            capped, nwait = len(w) < nwait, len(w)
         sum_p, sum_a, nadm, seg, left, togo = b.sum_p, b.sum_a, 0, Segment([self.env.now]), q.left, {}
         shared = q.shared if q.shared_any else None
         rows, t, T, stretch, gap, maxs = seg.rows, seg.t, seg.t[0], sp.cost.stretch, sp.gap, sp.max_seqs
@@ -408,7 +410,8 @@ class Replica:
             n, s, pre, host, nadm = n - nfin, f + 1, 0.0, 0.0, 0
             if not (n and heap) or ((pull or capped) and nwait < maxs - n):  # drained; next finish untracked;
                 # a pull is due (or the wait taken runs out)
-                q.v0[[i for i, new in zip(seg.ids, seg.fresh) if new]] = b.version  # read by the trainer (staleness)
+                if seg.ids:  # their start version, read by the trainer (staleness)
+                    q.v0[[i for i, new in zip(seg.ids, seg.fresh) if new]] = b.version
                 self.used = sum(row[6] for row in rows)
                 return seg
             if not admit or not nwait:
@@ -452,8 +455,8 @@ class Replica:
                 self.finished.put(np.array(seg.rows[T][8], np.int64))
                 self.holding -= len(seg.rows[T][8])
                 seg.put = T + 1
-        undo = [i for i, new in zip(seg.ids[seg.took:], seg.fresh[seg.took:]) if new]
-        self.q.v0[undo] = -1  # planned admissions dropped by a cut: not started
+        if seg.took < len(seg.ids):  # planned admissions dropped by a cut: not started
+            self.q.v0[[i for i, new in zip(seg.ids[seg.took:], seg.fresh[seg.took:]) if new]] = -1
         st.stretch_start, self.ahead = None, False
 
     def cut(self, seg: Segment):
@@ -539,12 +542,19 @@ class Replica:
     def leave(self, out: np.ndarray) -> np.ndarray:
         """Sequences `out` finished: their prompts' counts go down. Returns the prompts now complete."""
         b, q = self.b, self.q
+        if len(out) <= 64:  # the common case, a few sequences: numpy's per-call overhead would dominate
+            b.sum_p -= sum(q.p[out].tolist())
+            b.sum_a -= sum(q.a[out].tolist())
+            left, complete = q.left, []
+            for i in (out // q.group).tolist():
+                left[i] -= 1
+                if not left[i]:
+                    complete.append(i)
+            complete.sort()
+            return np.array(complete, np.int64)
         b.sum_p -= int(q.p[out].sum())
         b.sum_a -= int(q.a[out].sum())
         g = out // q.group
-        if len(out) == 1:  # the common case: numpy's per-call overhead dominates at one sequence
-            q.left[g] -= 1
-            return g if not q.left[g[0]] else g[:0]
         g0 = int(g.min())
         cnt = np.bincount(g - g0)  # sequences finished per prompt, from prompt g0
         gg = np.flatnonzero(cnt)

@@ -55,24 +55,26 @@ class Requests:
     done: np.ndarray   # (S,) int64 tokens generated when preempted (0: never preempted)
     v0: np.ndarray     # (S,) int64 policy version its generation started under (-1: not started)
     v1: np.ndarray     # (S,) int64 policy version of its last token (timeline only)
-    t0: np.ndarray     # (S,) start of the step that computed its first token
+    t0: np.ndarray     # (S,) start of the step that computed its first token (timeline only)
     t1: np.ndarray     # (S,) end of the step that computed its last token (timeline only; nan: not finished)
     rep: np.ndarray    # (S,) int64 replica that ran it
-    cons: np.ndarray   # (S,) int64 update that consumed it (-1: none)
+    cons: np.ndarray   # (S,) int64 update that consumed it (-1: none; timeline only)
     left: np.ndarray   # (NP,) int64 per prompt: sequences not finished
     pv: np.ndarray     # (NP,) int64 per prompt: the policy version it started under (int64 max: not started)
     shared: np.ndarray  # (NP,) bool per prompt: handed back by a reclaimed replica, so maybe on several replicas
     shared_any: bool = False  # whether any prompt is
 
     @classmethod
-    def of(cls, p: np.ndarray, L: np.ndarray, group: int, prefill_ratio: float) -> Requests:
+    def of(cls, p: np.ndarray, L: np.ndarray, group: int, prefill_ratio: float, timeline: bool = True) -> Requests:
+        """The queue; without `timeline` the arrays only the timeline reads are left uninitialised (written, never
+        read: filling S entries of each would cost a long run's queue a share of its simulation)."""
         S, NP = len(p), len(p) // group
         pre0 = p * prefill_ratio
+        full = np.full if timeline else (lambda n, _fill, dtype=float: np.empty(n, dtype))
         return cls(group, p, L, pre0, np.concatenate([[0], np.cumsum(p)]), np.concatenate([[0.0], np.cumsum(pre0)]),
                    a=np.zeros(S, np.int64), fin=np.zeros(S, np.int64), done=np.zeros(S, np.int64),
-                   v0=np.full(S, -1, np.int64), v1=np.full(S, -1, np.int64), t0=np.full(S, np.nan),
-                   t1=np.full(S, np.nan),
-                   rep=np.full(S, -1, np.int64), cons=np.full(S, -1, np.int64), left=np.full(NP, group, np.int64),
+                   v0=np.full(S, -1, np.int64), v1=full(S, -1, np.int64), t0=full(S, np.nan), t1=full(S, np.nan),
+                   rep=full(S, -1, np.int64), cons=full(S, -1, np.int64), left=np.full(NP, group, np.int64),
                    pv=np.full(NP, np.iinfo(np.int64).max, np.int64), shared=np.zeros(NP, bool))
 
 
@@ -93,11 +95,14 @@ class AdmissionGate:
     released: int = 0     # prompts trained or dropped so far
     listeners: list = field(default_factory=list)  # (refill) told when the bound moves: idle replicas wake
     resume: deque = field(default_factory=deque)   # [lo, hi) sequence ranges a reclaimed replica handed back
+    bounds: dict = field(default_factory=dict)     # version -> bound (without refill), asked at every engine segment
 
     def bound(self, version: int) -> int:
         if self.refill:  # (eta + 1) x P dispatched ahead, one more per prompt released
             return min(admitted(self.staleness, 0, self.prompts) + self.released, len(self.pv))
-        return min(admitted(self.staleness, version, self.prompts), len(self.pv))
+        if version not in self.bounds:
+            self.bounds[version] = min(admitted(self.staleness, version, self.prompts), len(self.pv))
+        return self.bounds[version]
 
     def release(self, n: int, wake: bool = False) -> None:
         """(trainer) n prompts trained or dropped: with refill, as many new ones may start (`wake`: tell the replicas

@@ -154,14 +154,17 @@ def steady_enough(step_time: np.ndarray) -> bool:
 
 
 def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Generator, record_timeline: bool = False,
-                   max_rounds: int | None = None) -> SimRun:
+                   max_rounds: int | None = None, head: int | None = None) -> SimRun:
     """Simulate `cfg.updates` updates of the split asynchronous loop (module doc). Deterministic given the rng.
     max_rounds: updates simulated (at least 2; >= updates simulates every one); None: a run of more than
     STEADY_REQUESTS responses stops once steady (`steady_enough`). The updates not simulated repeat the simulated
-    ones after the first (`steady_run`)."""
+    ones after the first (`steady_run`). head: the run of only the first `head` updates of the `cfg.updates`-update
+    run, not extended (the same draws and queue: the first updates of the long run itself)."""
     cfg.validate()
     if cfg.split is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
+    if head is not None and head < cfg.updates:
+        return _simulate_split(models, cfg, rng, record_timeline, stop=lambda x: len(x) >= head)
     k = steady_updates(cfg, record_timeline, max_rounds)
     if k is not None and k < cfg.updates:
         return steady_run(_simulate_split(models, replace(cfg, updates=k), rng, record_timeline), cfg.updates)
@@ -200,7 +203,7 @@ def _simulate_split(models: FittedModels, cfg: SimConfig, rng: np.random.Generat
                          f"every request at once and needs about {est / 2**30:.1f} GB of memory, over the simulator's "
                          f"limit of {MEMORY_LIMIT_BYTES / 2**30:g} GB; pass fewer --updates or a smaller --prompts")
     p, L = queue_lengths(models, cfg, rng, NP)
-    q = Requests.of(p, L, G, models.lengths.prefill_ratio)
+    q = Requests.of(p, L, G, models.lengths.prefill_ratio, timeline=record_timeline)
     kv_bind = cfg.exact_engine or cfg.engine.kv_can_bind(int((p + L).max()) if len(p) else 0)
     env = simpy.Environment()
     rec = Recorder(record_timeline)

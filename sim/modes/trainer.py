@@ -72,9 +72,10 @@ class RankWork:
 
 
 def balanced(seqs: np.ndarray, tokens: np.ndarray, ranks: int) -> np.ndarray:
-    """(ranks, B / ranks) shares of `seqs` with near-equal tokens, as verl's balance_batch and packing trainers
-    do: sequences by tokens, longest first, dealt out in a snake (0..M-1, M-1..0, ...); each share in id order."""
-    order = seqs[np.argsort(-tokens[seqs], kind="stable")]
+    """(ranks, B / ranks) shares of `seqs` ((B,) ids, (B,) `tokens` each) with near-equal tokens, as verl's
+    balance_batch and packing trainers do: sequences by tokens, longest first, dealt out in a snake (0..M-1, M-1..0,
+    ...); each share in id order."""
+    order = seqs[np.argsort(-tokens, kind="stable")]
     sh = order.reshape(-1, ranks).copy()
     sh[1::2] = sh[1::2, ::-1]
     return np.sort(sh.T, axis=1)
@@ -93,7 +94,7 @@ def rank_work(models: FittedModels, q: Requests, seqs: np.ndarray, ranks: int, c
     """The batch `seqs` ((B,) sequence ids) split into `ranks` shares balanced by tokens (`balanced`); one of
     `chunks` fetches of a step (`chunk_cost`)."""
     p, L, G = q.p, q.L, q.group
-    sh = balanced(seqs, p + L, ranks) if ranks > 1 else seqs.reshape(1, -1)
+    sh = balanced(seqs, p[seqs] + L[seqs], ranks) if ranks > 1 else seqs.reshape(1, -1)
     if models.shared_prompts:  # one prompt per group on each rank that trains any of its responses
         gid = sh // G
         first = np.ones(sh.shape, bool)

@@ -39,6 +39,7 @@ from rlsim.replay.util import is_count, json_safe
 from rlsim.replay.rho_errors import RhoErrors, measured_errors
 from rlsim.replay.schema import placement
 from rlsim.replay.split_stats import split_stats
+from rlsim.whatif.intervals import rlrun_setup
 from rlsim.whatif.outcome import Outcome
 from rlsim.whatif.predict import evaluate, reference_outcome
 from rlsim.whatif.study import Study, fit_check, prepare
@@ -759,9 +760,10 @@ def asked_setup(fixed: tuple) -> dict:
 def setup_factor(study: Study, cfg: PlanConfig, sizes: list[int], G: int,
                  preds: Sequence[Outcome]) -> Callable[[int, Trace], float]:
     """What a pilot's measured sigma (its responses/s over the reference's) is multiplied by to read it in the setup
-    the plan asks (`PlanConfig.fixed`): 1 for a pilot recorded as asked; for one recorded as the reference was (the
-    pilots' commands record them so) where another setup is asked, candidate j's predicted sigma as asked
-    (`preds[j]`) over its predicted sigma as recorded. A pilot recorded otherwise is refused."""
+    the plan asks (`PlanConfig.fixed`): 1 for a pilot recorded as asked (the pilots' commands record them so where
+    rlrun can, `pilot_setup`); for one recorded as the reference was, where another setup is asked, candidate j's
+    predicted sigma as asked (`preds[j]`) over its predicted sigma as recorded. A pilot recorded otherwise is
+    refused."""
     recorded, _ = _as_recorded(replace(cfg, fixed=()), study.models.config)
     ref, same = recorded_setup(study.models.config), recorded.fixed == cfg.fixed
     asked = ref if same else asked_setup(cfg.fixed)
@@ -778,7 +780,8 @@ def setup_factor(study: Study, cfg: PlanConfig, sizes: list[int], G: int,
             return 1.0
         also = "" if asked == ref else f", the plan asks {setting(**asked)}"
         raise RlsimError(f"pilot {tr.name} was recorded with {setting(**mine)}, the reference with {setting(**ref)}"
-                         f"{also}: record each pilot as the reference was (the plan's commands do) or as asked")
+                         f"{also}: record each pilot as asked (the plan's commands do where rlrun can) or as the "
+                         "reference was")
     return factor
 
 
@@ -791,6 +794,7 @@ def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConf
     draws (common random numbers, `seed`), so their ranking is not the draws' noise."""
     measured = sorted(s.measured)
     barred = _barred(s, cfg)
+    setup = pilot_setup(cfg)
     er_now = float(scores(s.T, s.w)[0][pick(s.T, s.w, s.ref, cfg.confidence, measured, cfg.measured_confidence,
                                             barred)])
     out = []
@@ -824,7 +828,7 @@ def _pilots(study: Study, s: Scored, errors: RhoErrors, seed: int, cfg: PlanConf
                                        barred=[b for b in barred if b != j] + ([j] if prefix and not cfg.prefix_moves
                                                                                else []))
             out.append(((er_now - after) / (steps * P * G),
-                        Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps), prefix)))
+                        Pilot(P, G, steps, steps * P * G, after, _command(study, P, G, steps, setup=setup), prefix)))
     return [p for _, p in sorted(out, key=lambda x: -x[0])]
 
 
@@ -899,9 +903,19 @@ def _again(study: Study, P: int, G: int, luck: float = 1.0) -> Pilot:
                  _command(study, P, G, steps, out="reference_2", seed=seed), again=True)
 
 
-def _command(study: Study, P: int, G: int, steps: int, out: str | None = None, seed: int | None = None) -> str:
+def pilot_setup(cfg: PlanConfig) -> str:
+    """rlrun's flags that record a pilot in the setup the plan asks, where rlrun records it (a split as AReaL runs it:
+    the pilot then measures its sigma and its rho under that staleness); else none, and the pilot, recorded as the
+    reference was, is carried to the asked setup by the simulator (`setup_factor`)."""
+    flags, caveat = rlrun_setup(WhatIf(**dict(cfg.fixed)))
+    return "" if caveat else flags
+
+
+def _command(study: Study, P: int, G: int, steps: int, out: str | None = None, seed: int | None = None,
+             setup: str = "") -> str:
     """The rlrun record command of a pilot: the reference's configuration at P prompts (an imported reference: its
-    framework's run, imported), written to `out`.parquet (default pilot_pP), with `seed` where given."""
+    framework's run, imported), in the setup `setup` (rlrun's flags; none: the reference's), written to
+    `out`.parquet (default pilot_pP), with `seed` where given."""
     out = out or f"pilot_p{P}"
     if study.framework != "rlrun":
         return (f"run {study.framework} as the reference was, at P={P}, G={G}, for {steps} updates"
@@ -915,5 +929,6 @@ def _command(study: Study, P: int, G: int, steps: int, out: str | None = None, s
                       ("max_tokens", "--max-tokens"), ("eval_every", "--eval-every")):
         if c.get(key) is not None:
             parts.append(f"{flag} {c[key]}")
+    parts += [setup.strip()] if setup else []
     parts += [f"--steps {steps}"] + ([] if seed is None else [f"--seed {seed}"]) + [f"--out {out}.parquet"]
     return " ".join(parts)

@@ -30,9 +30,10 @@ from rlsim.whatif.study import (Study, fit_check, models_for, reference_config, 
 # their colocated runs per device by about this much more than overlap allows (docs/results.md sections 7, 10, 20).
 SPLIT_GAIN_HI = 2.0
 
-# A split's interval ends are simulated over at most this many updates, each read as its ratio to the point
-# simulated over as many: the pipeline's fill is in both and cancels (docs/results.md section 19 measures the
-# difference to full-length ends), and each end costs a tenth of the point's 100-update simulation.
+# A split's interval ends are simulated over at most this many updates (the first updates of the run as long as the
+# point's), each read as its ratio to the point's own first as many: the pipeline's fill is in both and cancels
+# (docs/results.md sections 19 and 31 measure the difference to full-length ends), and each end costs a tenth of the
+# point's 100-update simulation.
 END_UPDATES = 10
 
 
@@ -94,6 +95,8 @@ def rlrun_setup(cfg: WhatIf) -> tuple[str, str]:
         return "", ""
     if resolved(cfg) != "split":
         return "", f", though rlrun records the colocated loop and --mode split, not {resolved(cfg)}"
+    if (cfg.staleness or 0) != int(cfg.staleness or 0):
+        return "", f", though rlrun records a whole number of versions of staleness, not {cfg.staleness:g}"
     return (f" --mode split --gen-gpus {cfg.gen_gpus} --train-gpus {cfg.train_gpus} --staleness {cfg.staleness or 0:g}"
             + (" --partial-rollout" if cfg.partial_rollout else "")), ""
 
@@ -128,7 +131,7 @@ def outcome_intervals(study: Study, cfg: WhatIf, run_: SimRun, q: float, sigma: 
         methods.append(how + (f", widened by the fits' held-out error ({100 * held_out:.1f} % RMS"
                               f"{'' if check.usable else ', at least the bound of fits that cannot be used'})"
                               if held_out > 0 else ""))
-    ends = _other_ends(study, cfg, reference, q) + _split_side_ends(study, cfg, reference, q)
+    ends = _other_ends(study, cfg, reference, q, run_) + _split_side_ends(study, cfg, reference, q, run_)
     widened = False  # whether an end lies beyond the sigma interval of the replicates
     for q_end, s_end, how in ends:  # what the evidence cannot decide: the other end widens the interval (or makes one)
         out["responses_per_s_lo"] = min(out.get("responses_per_s_lo", q), q_end)
@@ -172,35 +175,45 @@ def _alt_study(study: Study) -> Study:
     return replace(study, models=study.models.alternative)
 
 
-def _rate(study: Study, cfg: WhatIf, reference: bool, point: Study | None = None,
-          q_point: float = math.nan) -> tuple[float, float]:
+def _rate(study: Study, cfg: WhatIf, reference: bool, point: Study | None = None, q_point: float = math.nan,
+          point_run: SimRun | None = None) -> tuple[float, float]:
     """(responses/s, sigma) of `cfg` simulated on `study` (the reference configuration when `reference`). A split
     longer than END_UPDATES with its `point` study and responses/s given: q_point times the ratio of the two studies'
-    rates over END_UPDATES updates."""
+    rates over the run's first END_UPDATES updates (the point's read off `point_run`, its simulated run, if given)."""
     if reference:
         return simulate_reference(study, cfg).responses_per_s, 1.0
     if point is not None and cfg.split and cfg.updates > END_UPDATES and math.isfinite(q_point):
-        short = replace(cfg, updates=END_UPDATES)
-        q = q_point * _simulated_rate(study, short) / _simulated_rate(point, short)
+        q = q_point * _simulated_rate(study, cfg, END_UPDATES) / _head_rate(point, cfg, point_run)
     else:
         q = _simulated_rate(study, cfg)
     return q, q / simulate_reference(study, reference_config(study, cfg)).responses_per_s
 
 
-def _simulated_rate(study: Study, cfg: WhatIf) -> float:
-    """Responses/s of `cfg` simulated on `study`: as `prefetch_ends` left it, else simulated (and cached)."""
-    return _PRIMED[study, cfg] if (study, cfg) in _PRIMED else _simulate_rate(study, cfg)
+def _head_rate(point: Study, cfg: WhatIf, run_: SimRun | None) -> float:
+    """Responses/s of the point's first END_UPDATES updates: off its simulated run where that run simulated them
+    (a run that stops once steady simulates more, and its first updates are the head's), else simulated."""
+    if run_ is None or run_.rounds_simulated < END_UPDATES:
+        return _simulated_rate(point, cfg, END_UPDATES)
+    return float(run_.responses[:END_UPDATES].sum() / run_.step_time[:END_UPDATES].sum())
+
+
+def _simulated_rate(study: Study, cfg: WhatIf, head: int | None = None) -> float:
+    """Responses/s of `cfg` simulated on `study` (its first `head` updates alone, if given): as `prefetch_ends` left
+    it, else simulated (and cached)."""
+    key = (study, cfg, head)
+    return _PRIMED[key] if key in _PRIMED else _simulate_rate(*key)
 
 
 @functools.lru_cache(maxsize=16)
-def _simulate_rate(study: Study, cfg: WhatIf) -> float:
-    """(cached: the point's short run serves every end; Study is eq=False, so keyed by the object)"""
-    run_ = simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed))
+def _simulate_rate(study: Study, cfg: WhatIf, head: int | None = None) -> float:
+    """(cached: Study is eq=False, so keyed by the object)"""
+    run_ = simulate(models_for(study, cfg)[0], sim_config(study, cfg), rng=np.random.default_rng(cfg.seed), head=head)
     return run_.responses_per_s
 
 
-_PRIMED: dict[tuple[Study, WhatIf], float] = {}  # rates simulated ahead in worker processes (`prefetch_ends`)
-_JOBS: list[tuple[Study, WhatIf]] = []           # what the forked workers simulate, inherited at the fork
+# rates simulated ahead in worker processes (`prefetch_ends`), keyed as `_simulated_rate`'s arguments
+_PRIMED: dict[tuple[Study, WhatIf, int | None], float] = {}
+_JOBS: list[tuple[Study, WhatIf, int | None]] = []  # what the forked workers simulate, inherited at the fork
 
 
 def _job_rate(i: int) -> float:
@@ -222,8 +235,7 @@ def prefetch_ends(study: Study, cfg: WhatIf, workers: int) -> Callable[[], None]
 
     if mp.parent_process() is not None:
         return lambda: None
-    short = replace(cfg, updates=END_UPDATES)
-    _JOBS[:] = [(s, short) for s in [study] + ends]
+    _JOBS[:] = [(s, cfg, END_UPDATES) for s in ends]
     # the point runs here meanwhile, then waits; a worker that dies (out of memory) fails its future, not the wait
     pool = ProcessPoolExecutor(min(workers, len(_JOBS)), mp_context=mp.get_context("fork"))
     pending = [pool.submit(_job_rate, i) for i in range(len(_JOBS))]
@@ -261,11 +273,12 @@ def _end_studies(study: Study, cfg: WhatIf) -> list[tuple[Study, str]]:
     return out
 
 
-def _other_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan) -> list[tuple[float, float, str]]:
+def _other_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan,
+                point_run: SimRun | None = None) -> list[tuple[float, float, str]]:
     """(responses/s, sigma, how) at the far ends of what the evidence cannot decide: the trace's unidentified terms
     and a split's gain (`_end_studies`), and for another device, its datasheet gain against none (frameworks reach a
     different share of peak on new hardware, which no datasheet states)."""
-    out = [(*_rate(end, cfg, reference, study, q), how) for end, how in _end_studies(study, cfg)]
+    out = [(*_rate(end, cfg, reference, study, q, point_run), how) for end, how in _end_studies(study, cfg)]
     if cfg.device is not None and other_device(study, cfg.device):
         out.append((*_rate(study, replace(cfg, device=None), reference),
                     f"{cfg.device}'s datasheet gain at one end, the recorded device's own speed at the other"))
@@ -284,7 +297,8 @@ def split_side_spreads(study: Study) -> tuple[float, float]:
     return check.spread("engine-step"), check.spread("training")
 
 
-def _split_side_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan) -> list[tuple[float, float, str]]:
+def _split_side_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math.nan,
+                     point_run: SimRun | None = None) -> list[tuple[float, float, str]]:
     """A split measured one device at a time (a CPU recording's calibration) has no bootstrap of its rate (its sides
     wait on each other): both sides at the near and the far end of their costs' error instead, each end simulated.
     The rate is about the slower side's, so moving both together spans it without the corners' overstatement."""
@@ -298,7 +312,8 @@ def _split_side_ends(study: Study, cfg: WhatIf, reference: bool, q: float = math
     for sign in (-1.0, 1.0):
         dm = study.device_models
         moved = per_device(dm, math.exp(sign * z * sg), math.exp(sign * z * st), dm.config["one_device"]["note"])
-        out.append((*_rate(replace(study, device_models=replace(moved, config=dm.config)), cfg, False, study, q),
+        out.append((*_rate(replace(study, device_models=replace(moved, config=dm.config)), cfg, False, study, q,
+                           point_run),
                     f"each side's one-device costs at the {'near' if sign < 0 else 'far'} end of their error (engine "
                     f"steps +-{100 * sg:.0f} %, training +-{100 * st:.0f} % RMS: the fits' held-out error)"))
     return out

@@ -172,6 +172,19 @@ def test_a_long_split_simulates_its_first_updates_and_repeats_those_past_the_fil
         every.step_time.tolist()
 
 
+def test_a_split_runs_head_is_the_first_updates_of_the_long_run_itself():
+    m = hand_models([([1, 1], [2, 3]), ([1, 1], [4, 1]), ([1, 1], [1, 2])], c=(1.0, 0.25, 0.0, 0.0),
+                    update=(3.0, 0.0), sync=0.5, max_num_seqs=4)
+    eng = EngineConfig(max_num_seqs=4, kv_cache_tokens=4096, block_size=16, max_model_len=256)
+    cfg = SimConfig(prompts=1, group=2, updates=7, engine=eng, lengths="recorded", split=SplitConfig(1, 1, staleness=1))
+    every = simulate_split(m, cfg, rng=np.random.default_rng(0))
+    head = simulate(m, cfg, rng=np.random.default_rng(0), head=3)
+    assert head.rounds_simulated == 3 and head.approximation == ""
+    assert head.step_time.tolist() == every.step_time[:3].tolist()  # the first updates of the 7-update run
+    assert head.responses_per_s == every.responses[:3].sum() / every.step_time[:3].sum()
+    assert simulate_split(m, cfg, rng=np.random.default_rng(0), head=7).step_time.tolist() == every.step_time.tolist()
+
+
 def test_a_long_split_stops_once_its_mean_update_time_is_known_within_the_bound(monkeypatch):
     from rlsim.modes import split
     m = hand_models([([1, 1], [2, 3]), ([1, 1], [4, 1]), ([1, 1], [1, 2])], c=(1.0, 0.25, 0.0, 0.0),

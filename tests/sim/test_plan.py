@@ -604,8 +604,8 @@ def test_a_study_scored_from_another_reference_size_keeps_its_registered_target(
 
 
 def test_a_pilot_is_read_in_the_setup_the_plan_asks():
-    # the pilots are recorded as the reference was (colocated); a plan asking a split reads each one's measured sigma
-    # times the simulator's ratio of its size split to colocated, not as if it had run split
+    # a pilot recorded as the reference was (colocated): a plan asking a split reads its measured sigma times the
+    # simulator's ratio of its size split to colocated, not as if it had run split
     ref, pil = read_trace(STUDY / "grpo_p32_s0.parquet"), read_trace(STUDY / "grpo_p64_s0.parquet")
     split = (("gen_gpus", 1), ("train_gpus", 1), ("staleness", 1))
     rows = {}
@@ -617,6 +617,19 @@ def test_a_pilot_is_read_in_the_setup_the_plan_asks():
     ask = WhatIf(prompts=64, group=8, updates=PlanConfig.updates)
     ratio = evaluate(study, replace(ask, **dict(split))).sigma / evaluate(study, ask).sigma
     assert rows[split].sigma / rows[()].sigma == pytest.approx(ratio, rel=1e-9) and abs(ratio - 1) > 0.05
+
+
+def test_pilot_commands_record_the_asked_setup_where_rlrun_records_it():
+    # an asked split as AReaL runs it: every pilot recorded so (it measures rho under the staleness too); the
+    # reference's second run as the reference was; a mode rlrun cannot record: the pilots as the reference was
+    ref = read_trace(STUDY / "grpo_p32_s0.parquet")
+    split = (("gen_gpus", 1), ("train_gpus", 1), ("staleness", 1))
+    nemo = (("mode", "nemo_async"), ("gen_gpus", 1), ("train_gpus", 1), ("max_trajectory_age_steps", 1))
+    flags = "--mode split --gen-gpus 1 --train-gpus 1 --staleness 1 --steps"
+    for fixed, want in (((), False), (split, True), (nemo, False)):
+        p = plan(ref, PlanConfig(prompts=(16, 64), draws=200, fixed=fixed), target=0.566)
+        assert p.pilots and all((flags in x.command) == (want and not x.again) for x in p.pilots), fixed
+        assert all("--mode" not in x.command for x in p.pilots if x.again)
 
 
 def test_a_pilot_recorded_in_another_setup_is_refused():

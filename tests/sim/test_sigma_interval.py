@@ -3,6 +3,7 @@ fits, weighted by the candidate's generation and training time (the bootstrap ov
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -10,10 +11,13 @@ import numpy as np
 import pytest
 
 from rlsim.core.config import WhatIf
+from rlsim.modes.registry import simulate
 from rlsim.replay.io import read_trace
-from rlsim.whatif.intervals import decider, held_out_error
+from rlsim.replay.util import dumps
+from rlsim.whatif import intervals
+from rlsim.whatif.intervals import decider, held_out_error, split_side_spreads
 from rlsim.whatif.predict import evaluate, timeline
-from rlsim.whatif.study import fit_check, prepare
+from rlsim.whatif.study import fit_check, models_for, prepare, sim_config
 
 TRACE = Path(__file__).resolve().parents[2] / "traces" / "grpo_p32.parquet"
 
@@ -57,6 +61,8 @@ def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
             "--partial-rollout --steps 5" in split)
     fully = decider(iv, 512, 8, study, WhatIf(prompts=512, gen_gpus=1, train_gpus=1, mode="fully_async"))
     assert "rlrun records the colocated loop and --mode split, not fully_async" in fully
+    half = decider(iv, 512, 8, study, WhatIf(prompts=512, gen_gpus=1, train_gpus=1, staleness=0.5))
+    assert "--staleness" not in half and "rlrun records a whole number of versions of staleness, not 0.5" in half
     assert prepare([read_trace(TRACE)]).task == "add2"  # from the trace's config
     # rho the less sure: a recording to the target, added with --trace
     assert "sample cost decides it" in decider({**iv, "rho_lo": 0.5, "rho_hi": 3.0}, 512, 8, study, WhatIf(prompts=512))
@@ -74,7 +80,6 @@ def test_an_undecided_throughput_names_a_paired_probe_where_one_measures_it():
 def test_a_cpu_split_has_an_interval_from_its_sides_cost_errors():
     # a split's sides wait on each other, so nothing resamples its rate: both sides are simulated at the ends of their
     # one-device costs' error, which must hold the point and widen as the fits' held-out error does
-    from rlsim.whatif.intervals import split_side_spreads
 
     study = prepare([read_trace(TRACE)])
     assert study.device_models is not None
@@ -89,49 +94,54 @@ def test_a_cpu_split_has_an_interval_from_its_sides_cost_errors():
     assert o.time_to_target_ratio_lo < o.time_to_target_ratio < o.time_to_target_ratio_hi
 
 
-
 def test_a_splits_ends_are_read_over_end_updates_as_a_ratio_to_the_point():
-    # an end longer than END_UPDATES is the point's rate times (end over point, both END_UPDATES long): the point's own
-    # study as its end gives the point back exactly; another study's end is that ratio, computed by hand
-    from rlsim.whatif import intervals
+    # an end longer than END_UPDATES is the point's rate times (end over point, each over the first END_UPDATES
+    # updates of the run as long as the point's): the point's own study as its end gives the point back exactly,
+    # whether its head is read off its run or simulated; another study's end is that ratio, computed by hand from
+    # both studies' full runs
 
+    E = intervals.END_UPDATES
     study = prepare([read_trace(TRACE)])
-    cfg = WhatIf(prompts=64, updates=intervals.END_UPDATES + 5, gen_gpus=1, train_gpus=1, staleness=1)
+    cfg = WhatIf(prompts=64, updates=E + 5, gen_gpus=1, train_gpus=1, staleness=1)
+
+    def full(s):  # every update simulated (64 x 15 responses: no steady stop)
+        return simulate(models_for(s, cfg)[0], sim_config(s, cfg), rng=np.random.default_rng(cfg.seed))
+
+    def head(run_):
+        return run_.responses[:E].sum() / run_.step_time[:E].sum()
+
+    run_ = full(study)
+    assert run_.rounds_simulated == E + 5
     q = evaluate(study, cfg).responses_per_s
+    assert q == pytest.approx(run_.responses_per_s, rel=1e-12)
+    assert intervals._rate(study, cfg, False, study, q, run_)[0] == pytest.approx(q, rel=1e-12)
     assert intervals._rate(study, cfg, False, study, q)[0] == pytest.approx(q, rel=1e-12)
     alt = intervals._gain_study(study, 2.0)
-    short = WhatIf(prompts=64, updates=intervals.END_UPDATES, gen_gpus=1, train_gpus=1, staleness=1)
-    expect = q * evaluate(alt, short).responses_per_s / evaluate(study, short).responses_per_s
+    expect = q * head(full(alt)) / head(run_)
+    assert intervals._rate(alt, cfg, False, study, q, run_)[0] == pytest.approx(expect, rel=1e-9)
     assert intervals._rate(alt, cfg, False, study, q)[0] == pytest.approx(expect, rel=1e-9)
     # at or under END_UPDATES (or with no point given) the end is simulated at its own length
-    full = WhatIf(prompts=64, updates=intervals.END_UPDATES, gen_gpus=1, train_gpus=1, staleness=1)
-    assert intervals._rate(alt, full, False, study, q)[0] == pytest.approx(evaluate(alt, full).responses_per_s)
+    short = WhatIf(prompts=64, updates=E, gen_gpus=1, train_gpus=1, staleness=1)
+    assert intervals._rate(alt, short, False, study, q)[0] == pytest.approx(evaluate(alt, short).responses_per_s)
 
 
 def test_a_long_splits_ends_simulated_in_worker_processes_give_the_serial_outcome(monkeypatch):
     # the ends' short runs depend on nothing the point computes: forked workers run them beside it, and the outcome
-    # is the serial one, the parent simulating none of them
-    from rlsim.replay.util import dumps
-    from rlsim.whatif import intervals
+    # is the serial one, the parent simulating none of them; the point's own head is read off its run, never simulated
 
     study = prepare([read_trace(TRACE)], split_gain=2.0)  # a device-sharing gain: its 1x end is simulated
     cfg = WhatIf(prompts=64, updates=intervals.END_UPDATES + 5, gen_gpus=1, train_gpus=1, staleness=1)
     calls, real = [], intervals._simulate_rate
-    monkeypatch.setattr(intervals, "_simulate_rate", lambda s, c: calls.append(s) or real(s, c))
+    monkeypatch.setattr(intervals, "_simulate_rate", lambda s, c, head=None: calls.append(s) or real(s, c, head))
     serial = dumps(evaluate(study, cfg).to_dict())
-    ahead = {study, intervals._gain_study(study, 1.0)}  # the point's and the gain end's short runs
-    assert ahead <= set(calls) and "device-sharing costs" in serial
+    ahead = intervals._gain_study(study, 1.0)  # the gain end's short run
+    assert ahead in calls and study not in calls and "device-sharing costs" in serial
     calls.clear()
     assert dumps(evaluate(study, cfg, workers=2).to_dict()) == serial
-    assert not ahead & set(calls) and not intervals._PRIMED and not intervals._JOBS
+    assert ahead not in calls and not intervals._PRIMED and not intervals._JOBS
 
 
 def test_a_worker_that_dies_leaves_its_end_to_the_parent(monkeypatch):
-    import os
-
-    from rlsim.replay.util import dumps
-    from rlsim.whatif import intervals
-
     study = prepare([read_trace(TRACE)], split_gain=2.0)
     cfg = WhatIf(prompts=64, updates=intervals.END_UPDATES + 5, gen_gpus=1, train_gpus=1, staleness=1)
     serial = dumps(evaluate(study, cfg).to_dict())
