@@ -41,6 +41,7 @@ from rlsim.replay.devices import profile_for_hardware
 from rlsim.replay.errors import RlsimError
 from rlsim.replay.models import FittedModels
 from rlsim.replay.rollout_costs import weight_sync_seconds
+from rlsim.replay.util import is_count
 
 # per-sequence arrays of a split run (14 x 8 bytes: `Requests`), all of the run's requests at once
 BYTES_PER_SEQUENCE = 112
@@ -163,6 +164,8 @@ def simulate_split(models: FittedModels, cfg: SimConfig, *, rng: np.random.Gener
     cfg.validate()
     if cfg.split is None:
         raise RlsimError("simulate_split needs a SimConfig with a split")
+    if head is not None and not is_count(head, 1):
+        raise RlsimError(f"head must be a positive number of updates, got {head!r}")
     if head is not None and head < cfg.updates:
         return _simulate_split(models, cfg, rng, record_timeline, stop=lambda x: len(x) >= head)
     k = steady_updates(cfg, record_timeline, max_rounds)

@@ -92,9 +92,11 @@ def _hardware(study: Study, cfg: WhatIf, ref_cfg: WhatIf) -> tuple[list[str], li
     warnings = [w for w in models.warnings if w not in study.models.warnings]  # the rescale's own caveat
     recorded = reference_config(study, WhatIf(), updates=ref_cfg.updates, seed=ref_cfg.seed)
     gain = simulate_reference(study, ref_cfg).responses_per_s / simulate_reference(study, recorded).responses_per_s
-    notes = [f"compared with the reference configuration (P={ref_cfg.prompts}, G={ref_cfg.group}, colocated) on the "
-             f"same hardware, {hardware_label(study, ref_cfg)}: it runs {gain:.3g}x the recorded responses/s there, a "
-             "change of hardware and not of batch size, which sigma leaves out"] + list(notes)
+    as_recorded = ref_cfg.device is None and ref_cfg.gpus is None  # (a split on the recorded devices)
+    notes = ([] if as_recorded else [
+        f"compared with the reference configuration (P={ref_cfg.prompts}, G={ref_cfg.group}, colocated) on the same "
+        f"hardware, {hardware_label(study, ref_cfg)}: it runs {gain:.3g}x the recorded responses/s there, a change of "
+        "hardware and not of batch size, which sigma leaves out"]) + list(notes)
     if cfg.split:  # where each side's one-device costs come from
         notes += [n for n in models_for(study, cfg)[2] if n not in notes]
     return warnings, notes, float(gain)

@@ -226,7 +226,7 @@ def _one_device(study: Study, device: str | None) -> tuple[FittedModels, EngineC
             f"each engine replica and trainer rank: {study.device_models.config['one_device']['note']}",)
     if device is None and recorded_devices(study) == 1:
         return study.models, study.engine, ()
-    return _rescaled(study, device, 1)
+    return _rescaled(study, device, 1, one_device=True)
 
 
 def reference_config(study: Study, cfg: WhatIf, *, updates: int | None = None, seed: int | None = None) -> WhatIf:
@@ -254,14 +254,18 @@ def hardware_label(study: Study, cfg: WhatIf) -> str:
 
 
 @functools.lru_cache(maxsize=32)
-def _rescaled(study: Study, device: str | None, gpus: int | None) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
+def _rescaled(study: Study, device: str | None, gpus: int | None, one_device: bool = False
+              ) -> tuple[FittedModels, EngineConfig, tuple[str, ...]]:
+    """The models on `gpus` of `device` (None: the recorded one); `one_device`: a split side's one device, which the
+    user did not ask as --gpus."""
     hw = study.hardware or study.models.config.get("hardware") or {}
     n = gpus or recorded_devices(study)
     assumed: list[str] = []
     if device is None:  # --gpus alone: more (or fewer) of the recorded device, which needs no datasheet
         prof = profile_for_hardware(hw) or recorded_profile(hw)
-        assumed.append(f"--gpus {n} without --device: {n} x the recorded device ({prof.short_name}); its costs scale "
-                       f"with the device count from the {recorded_devices(study)} recorded")
+        asked = "one device of a split side" if one_device else f"{name('gpus')} {n} without {name('device')}"
+        assumed.append(f"{asked}: {n} x the recorded device ({prof.short_name}); its costs scale with the device "
+                       f"count from the {recorded_devices(study)} recorded")
         device = prof
     models, notes = rescale(study.models, device, n, source_profile=hw or None, source_gpus=recorded_devices(study))
     return models, engine_of(models), tuple(assumed + notes)

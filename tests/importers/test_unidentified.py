@@ -111,6 +111,11 @@ def test_a_split_from_a_colocated_gpu_run_takes_the_sharing_gain_and_spans_none_
     assert m.responses_per_s_hi >= q_far * 0.9999
     assert "device-sharing costs" in o.interval and "device-sharing" not in evaluate(none, cfg).interval
     assert any(f"each split side {g:g}x the colocated log's speed per device" in n for n in o.notes)
+    # on the recorded 8 devices: no hardware change to compare, and the one-device rescale is no --gpus the user asked
+    assert any(n.startswith("one device of a split side: 1 x the recorded device") for n in o.notes)
+    assert not any("without --device" in n or "compared with the reference configuration" in n for n in o.notes)
+    moved = evaluate(study, replace(cfg, gen_gpus=8))  # 12 devices: the reference colocated on 12 is a change
+    assert any(n.startswith("compared with the reference configuration") for n in moved.notes)
     assert "device-sharing" not in evaluate(study, WhatIf(gpus=16, updates=4)).interval  # colocated: no such end
     with pytest.raises(RlsimError, match="split_gain must be a positive number"):
         prepare([read_trace(tmp_path / "t.parquet")], split_gain=0)

@@ -183,6 +183,8 @@ def test_a_split_runs_head_is_the_first_updates_of_the_long_run_itself():
     assert head.step_time.tolist() == every.step_time[:3].tolist()  # the first updates of the 7-update run
     assert head.responses_per_s == every.responses[:3].sum() / every.step_time[:3].sum()
     assert simulate_split(m, cfg, rng=np.random.default_rng(0), head=7).step_time.tolist() == every.step_time.tolist()
+    with pytest.raises(RlsimError, match="head must be a positive number of updates, got 0"):
+        simulate_split(m, cfg, rng=np.random.default_rng(0), head=0)
 
 
 def test_a_long_split_stops_once_its_mean_update_time_is_known_within_the_bound(monkeypatch):
