@@ -79,7 +79,7 @@ def _print_run(res) -> None:
         rec = (f", recorded wall time {res.recorded_time_to_target_s:.4g} s incl. evals"
                if math.isfinite(res.recorded_time_to_target_s) else "")
         con.print(f"target: eval score {res.target:.4g}; reference reached it after {n}{rec}")
-    if moved:
+    if moved and cand.hardware_gain != 1.0:  # (a split on the recorded devices: the same hardware, nothing to add)
         con.print(f"hardware: {cand.hardware}; there the reference configuration runs {cand.hardware_gain:.3g}x its "
                   "recorded responses/s. T vs the reference as recorded (batch and hardware together): "
                   f"{fmt(cand.time_to_target_vs_recorded, 'x')}")

@@ -144,6 +144,10 @@ def test_cli_prints_the_verdict_and_separates_notes(tmp_path):
                                        "8", "--updates", "10", "--json"]).output)
     assert "reference (same hardware)" in out and f"verdict: {d['regime']}" in out
     assert "hardware: 8 x h200" in out
+    # a split on the recorded cores: the same hardware, no hardware line to read
+    split = runner.invoke(app, ["run", "--trace", str(P128), "--batch", "256", "--gen-gpus", "1", "--train-gpus", "1",
+                                "--staleness", "1", "--updates", "10"], env={"COLUMNS": "200"})
+    assert split.exit_code == 0 and "both on 2 x" in split.output and "\nhardware: " not in split.output
     warnings = [ln for ln in out.splitlines() if ln.startswith("warning:")]
     notes = [ln for ln in out.splitlines() if ln.startswith("note:")]
     assert len(notes) >= 8 and len(warnings) <= 3  # the per-term rescale factors are notes, not warnings
