@@ -32,8 +32,8 @@ SPLIT_GAIN_HI = 2.0
 
 # A split's interval ends are simulated over at most this many updates (the first updates of the run as long as the
 # point's), each read as its ratio to the point's own first as many: the pipeline's fill is in both and cancels
-# (docs/results.md sections 19 and 31 measure the difference to full-length ends), and each end costs a tenth of the
-# point's 100-update simulation.
+# (docs/results.md sections 19 and 31 measure the difference to full-length ends), and each end costs what that many
+# of the point's updates cost, whatever the run's length.
 END_UPDATES = 10
 
 
